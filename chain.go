@@ -1,0 +1,82 @@
+package spillway
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+type atomicBool struct{ v atomic.Bool }
+
+// swap sets the flag and reports whether it was already set.
+func (b *atomicBool) swap() bool { return b.v.Swap(true) }
+
+type chain []Limiter
+
+// Chain runs limiters in order (put the cheapest first: rate → concurrency →
+// fleet shedder → worker shedder → global ceiling) and stops at the first
+// denial or error, releasing what the earlier limiters acquired (their Done
+// is called with Ignored). An allowed chain returns the most restrictive
+// decision — the lowest Remaining among the decisions that carry a Limit —
+// so that headers tell the truth, and a Done that releases every limiter in
+// reverse order. A decision is Degraded when any limiter's was.
+//
+// A malformed request (Request.Validate) is denied with ReasonInvalid before
+// any limiter runs. Nil limiters are skipped.
+func Chain(limiters ...Limiter) Limiter {
+	c := make(chain, 0, len(limiters))
+	for _, l := range limiters {
+		if l != nil {
+			c = append(c, l)
+		}
+	}
+	return c
+}
+
+func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
+	if err := r.Validate(); err != nil {
+		return Decision{Reason: ReasonInvalid, Limiter: "request"}, Noop, nil
+	}
+	switch len(c) {
+	case 0:
+		return Decision{Allowed: true}, Noop, nil
+	case 1:
+		return c[0].Admit(ctx, r)
+	}
+	var (
+		best     Decision
+		haveBest bool
+		degraded bool
+		dones    = make([]Done, 0, len(c))
+	)
+	release := func() {
+		for i := len(dones) - 1; i >= 0; i-- {
+			dones[i](Ignored)
+		}
+	}
+	for _, l := range c {
+		d, done, err := l.Admit(ctx, r)
+		if err != nil {
+			release()
+			return Decision{}, Noop, err
+		}
+		degraded = degraded || d.Degraded
+		if !d.Allowed {
+			release()
+			d.Degraded = degraded
+			return d, Noop, nil
+		}
+		if done == nil {
+			done = Noop
+		}
+		dones = append(dones, done)
+		if !haveBest || (d.Limit > 0 && (best.Limit == 0 || d.Remaining < best.Remaining)) {
+			best, haveBest = d, true
+		}
+	}
+	best.Degraded = degraded
+	return best, Once(func(o Outcome) {
+		for i := len(dones) - 1; i >= 0; i-- {
+			dones[i](o)
+		}
+	}), nil
+}

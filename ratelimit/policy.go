@@ -1,0 +1,161 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Algorithm selects how a Policy counts. The zero value is TokenBucket.
+//
+// All algorithms work in integer microseconds. Let L = Limit, P = Period in
+// µs, B = Burst (0 means L), n = cost, and T = ceil(P / L), the emission
+// interval (µs per token; rounding up means a policy never admits more than
+// it says). Every algorithm is a pure function of (state, now, n):
+//
+//   - TokenBucket, GCRA, LeakyBucket keep one value per key, the theoretical
+//     arrival time TAT (µs). Capacity in time is τ = B·T. A request of n is
+//     allowed iff max(TAT, now) + n·T − now ≤ τ; then TAT' = max(TAT, now) +
+//     n·T. Remaining = floor((now + τ − TAT') / T); ResetAfter = TAT' − now
+//     (≥ 0); RetryAfter on denial = max(TAT, now) + n·T − τ − now. The three
+//     admit the same sequences (a meter-style leaky bucket and GCRA are the
+//     token bucket seen from the other side); LeakyBucket additionally
+//     offers the smoothing delay (see Limiter.Reserve), and reports its
+//     Limit as the bucket capacity B.
+//   - FixedWindow: windows [k·P, (k+1)·P); one counter per key for the
+//     current window, created with its expiry at the window end. Allowed iff
+//     count + n ≤ L. Remaining = L − count'; ResetAfter = RetryAfter = end of
+//     window − now.
+//   - SlidingWindowLog: one entry per admitted unit in the last P, each with
+//     a unique member; allowed iff entries + n ≤ L; RetryAfter is when enough
+//     of the oldest entries leave the window; ResetAfter when the newest does.
+//   - SlidingWindowCounter: Cloudflare's estimate from the previous and the
+//     current fixed window: est = floor(prev·(P − e) / P) + cur, e = now −
+//     start of the current window. Allowed iff est + n ≤ L.
+//
+// A cost above what the policy can ever admit (n > B for the bucket family,
+// n > L for the windows) is denied with spillway.ReasonCostExceedsLimit and
+// RetryAfter 0: it can never succeed. Cost 0 is a peek: always allowed,
+// writes nothing, reports Remaining. A denial changes no state. Time going
+// backwards is treated as no time passing.
+type Algorithm uint8
+
+const (
+	TokenBucket Algorithm = iota
+	GCRA
+	FixedWindow
+	SlidingWindowLog
+	SlidingWindowCounter
+	LeakyBucket
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{"token_bucket", "gcra", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket"}
+
+// String returns the snake_case name used in configs ("token_bucket").
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm parses the name returned by String.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown algorithm %q (want one of token_bucket, gcra, fixed_window, sliding_window_log, sliding_window_counter, leaky_bucket)", s)
+}
+
+// Policy is a rate: Limit requests per Period, with a Burst capacity for the
+// bucket family. It is a plain comparable value.
+type Policy struct {
+	Algorithm Algorithm     // zero value: TokenBucket
+	Limit     int64         // requests per Period; must be > 0
+	Period    time.Duration // must be ≥ 1µs and a whole number of µs... see Validate
+	Burst     int64         // capacity for TokenBucket, GCRA, LeakyBucket; 0 means Limit; ignored (must be 0 or Limit) by the windows
+}
+
+// maxExact is the largest integer Redis Lua (IEEE doubles) represents
+// exactly; every product the scripts form stays at or below it.
+const maxExact = 1 << 53
+
+// ErrInvalidPolicy is wrapped by every policy validation error.
+var ErrInvalidPolicy = errors.New("ratelimit: invalid policy")
+
+// Validate reports what is wrong with p, naming the field. Limits: Limit and
+// Period > 0, Period a whole number of microseconds, Burst ≥ 0, Period/Limit
+// at least 1µs, and Burst·T and Limit·Period (in µs) at most 2^53 so that the
+// Redis scripts, which compute in doubles, stay exact.
+func (p Policy) Validate() error {
+	if p.Algorithm >= numAlgorithms {
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidPolicy, uint8(p.Algorithm))
+	}
+	if p.Limit <= 0 {
+		return fmt.Errorf("%w: limit %d must be positive", ErrInvalidPolicy, p.Limit)
+	}
+	if p.Period <= 0 {
+		return fmt.Errorf("%w: period %v must be positive", ErrInvalidPolicy, p.Period)
+	}
+	if p.Period%time.Microsecond != 0 {
+		return fmt.Errorf("%w: period %v must be a whole number of microseconds", ErrInvalidPolicy, p.Period)
+	}
+	if p.Burst < 0 {
+		return fmt.Errorf("%w: burst %d must not be negative", ErrInvalidPolicy, p.Burst)
+	}
+	periodUS := p.Period.Microseconds()
+	if periodUS < p.Limit {
+		return fmt.Errorf("%w: limit %d per %v is more than one per microsecond", ErrInvalidPolicy, p.Limit, p.Period)
+	}
+	switch p.Algorithm {
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+		if p.Burst != 0 && p.Burst != p.Limit {
+			return fmt.Errorf("%w: burst %d is not supported by %s (windows admit Limit per Period; leave burst 0)", ErrInvalidPolicy, p.Burst, p.Algorithm)
+		}
+		if p.Limit > maxExact/periodUS {
+			return fmt.Errorf("%w: limit %d × period %v exceeds 2^53 µs", ErrInvalidPolicy, p.Limit, p.Period)
+		}
+	default:
+		if p.EffectiveBurst() > maxExact/p.EmissionInterval() {
+			return fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^53 µs", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval())
+		}
+	}
+	return nil
+}
+
+// EffectiveBurst returns Burst, or Limit when Burst is 0.
+func (p Policy) EffectiveBurst() int64 {
+	if p.Burst == 0 {
+		return p.Limit
+	}
+	return p.Burst
+}
+
+// Capacity is the largest cost the policy can ever admit in one request and
+// the Limit reported in decisions: the burst for the bucket family, the limit
+// for the windows.
+func (p Policy) Capacity() int64 {
+	switch p.Algorithm {
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+		return p.Limit
+	}
+	return p.EffectiveBurst()
+}
+
+// EmissionInterval is T = ceil(Period/Limit) in microseconds.
+func (p Policy) EmissionInterval() int64 {
+	periodUS := p.Period.Microseconds()
+	return (periodUS + p.Limit - 1) / p.Limit
+}
+
+// String formats p as "token_bucket 100/1s burst 50".
+func (p Policy) String() string {
+	s := fmt.Sprintf("%s %d/%v", p.Algorithm, p.Limit, p.Period)
+	if p.Burst != 0 {
+		s += fmt.Sprintf(" burst %d", p.Burst)
+	}
+	return s
+}

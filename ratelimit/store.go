@@ -1,0 +1,39 @@
+package ratelimit
+
+import (
+	"context"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Item is one (key, policy, cost) to decide. Scope names the rule or limiter
+// the key belongs to (so two rules that limit the same IP keep separate
+// state); Key is the entity (an IP, a user id, an API key). Stores build the
+// physical key from both in one place (see the package doc): user-supplied
+// Key values cannot choose a Redis Cluster slot or collide with another
+// scope, and long values are hashed. Items that share a Key share a hash tag.
+type Item struct {
+	Scope  string
+	Key    string
+	Policy Policy
+	Cost   int64 // 0 peeks: allowed, charges nothing
+}
+
+// Store decides batches of items. Both stores implement the same semantics,
+// so the memory store is the oracle for the Redis scripts.
+type Store interface {
+	// Decide decides items together, all or nothing: if any item is
+	// denied, none is charged. It writes one decision per item into
+	// out[:len(items)] (out must be at least that long) and reports whether
+	// the whole batch was allowed. Each item's decision is what that item
+	// alone would see: out[i].Allowed says whether it had room, and its
+	// Remaining is counted as if it had been charged. When the batch is
+	// denied nothing is written, whatever the allowed items report.
+	// err != nil means the backend failed; nothing is charged then (a
+	// Redis store that charged part of a Cluster batch refunds it).
+	Decide(ctx context.Context, items []Item, out []spillway.Decision) (allowed bool, err error)
+
+	// Reset forgets the state of (scope, key) under policy p (the policy
+	// selects the algorithm's physical layout).
+	Reset(ctx context.Context, scope, key string, p Policy) error
+}
