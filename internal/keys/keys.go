@@ -1,0 +1,97 @@
+// Package keys builds every Redis key spillway writes, in one place.
+//
+// A physical key is prefix + scope + ":{" + entity + "}". The entity (an IP,
+// a user id, an API key, possibly with its dimension name) is the Redis
+// Cluster hash tag, so all state of one entity lives in one slot and
+// different entities spread over the cluster; there is never one tag for
+// everything. User-supplied text cannot pick the slot or collide with
+// another scope: '%', '{', '}' and a leading '#' are percent-encoded, so the
+// only braces in a key are ours, and a value longer than MaxPart bytes is
+// replaced by '#' and a SHA-256 digest (base64url, 22 characters) of it.
+package keys
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"strings"
+)
+
+// MaxPart is the longest scope or entity kept verbatim; longer ones are
+// hashed so an attacker cannot make keys (and Redis memory) grow without
+// bound.
+const MaxPart = 64
+
+// Escape makes s safe inside a key: it percent-encodes '%', '{', '}' and a
+// leading '#', and hashes values longer than MaxPart bytes. It returns s
+// itself (no allocation) when nothing needs changing.
+func Escape(s string) string {
+	if len(s) > MaxPart {
+		return hash(s)
+	}
+	if !needsEscape(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '%' || c == '{' || c == '}' || (c == '#' && i == 0):
+			fmt.Fprintf(&b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	if b.Len() > MaxPart {
+		return hash(s)
+	}
+	return b.String()
+}
+
+func needsEscape(s string) bool {
+	if len(s) > 0 && s[0] == '#' {
+		return true
+	}
+	return strings.ContainsAny(s, "%{}")
+}
+
+func hash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "#" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Key returns prefix + Escape(scope) + ":{" + Escape(entity) + "}".
+func Key(prefix, scope, entity string) string {
+	scope, entity = Escape(scope), Escape(entity)
+	var b strings.Builder
+	b.Grow(len(prefix) + len(scope) + len(entity) + 3)
+	b.WriteString(prefix)
+	b.WriteString(scope)
+	b.WriteString(":{")
+	b.WriteString(entity)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// ValidatePrefix reports a prefix that would break the hash-tag scheme.
+func ValidatePrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("keys: prefix %q must not contain '{' or '}' (it would become the cluster hash tag)", prefix)
+	}
+	return nil
+}
+
+// Tag returns the hash tag of a key built by Key: the text between the
+// first '{' and the next '}', as Redis Cluster reads it.
+func Tag(key string) string {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return key
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	if j <= 0 {
+		return key
+	}
+	return key[i+1 : i+1+j]
+}

@@ -1,0 +1,66 @@
+package keys
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestKey(t *testing.T) {
+	cases := []struct{ scope, entity, want string }{
+		{"login", "ip=10.0.0.1", "sp:login:{ip=10.0.0.1}"},
+		{"login", "user={evil}", "sp:login:{user=%7Bevil%7D}"},
+		{"a{b}", "x", "sp:a%7Bb%7D:{x}"},
+		{"s", "#abc", "sp:s:{%23abc}"},
+		{"s", "50%", "sp:s:{50%25}"},
+	}
+	for _, c := range cases {
+		if got := Key("sp:", c.scope, c.entity); got != c.want {
+			t.Errorf("Key(%q, %q) = %q, want %q", c.scope, c.entity, got, c.want)
+		}
+	}
+}
+
+func TestLongValuesAreHashed(t *testing.T) {
+	long := strings.Repeat("a", MaxPart+1)
+	got := Escape(long)
+	if len(got) != 23 || got[0] != '#' {
+		t.Fatalf("Escape(long) = %q, want '#' + 22 chars", got)
+	}
+	if Escape(long+"b") == got {
+		t.Fatal("different long values hashed alike")
+	}
+	if Escape(strings.Repeat("a", MaxPart)) != strings.Repeat("a", MaxPart) {
+		t.Fatal("value of exactly MaxPart bytes was changed")
+	}
+	// A value that escapes past the bound is hashed too.
+	if e := Escape(strings.Repeat("{", 30)); e[0] != '#' || len(e) != 23 {
+		t.Fatalf("escaped-long value = %q, want a hash", e)
+	}
+}
+
+func TestTagIsTheEntity(t *testing.T) {
+	k := Key("p:", "rule{x}", "user=}{")
+	if tag := Tag(k); tag != "user=%7D%7B" {
+		t.Fatalf("Tag(%q) = %q", k, tag)
+	}
+	if err := ValidatePrefix("bad{"); err == nil {
+		t.Fatal("prefix with a brace accepted")
+	}
+}
+
+func FuzzKeyStructure(f *testing.F) {
+	f.Add("scope", "entity")
+	f.Add("{", "}")
+	f.Fuzz(func(t *testing.T, scope, entity string) {
+		k := Key("p:", scope, entity)
+		if strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 {
+			t.Fatalf("key %q has user-controlled braces", k)
+		}
+		if Tag(k) != Escape(entity) {
+			t.Fatalf("tag of %q is not the entity", k)
+		}
+		if len(k) > len("p:")+2*(MaxPart)+3 {
+			t.Fatalf("key %q is longer than the bound", k)
+		}
+	})
+}

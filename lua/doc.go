@@ -1,0 +1,10 @@
+// Package lua holds spillway's Redis scripts: one .lua file per script,
+// embedded with go:embed and exposed as *redis.Script values (EVALSHA with
+// an EVAL fallback on NOSCRIPT, via go-redis Script.Run). Each file opens
+// with its contract: KEYS, ARGV, the reply, and what it writes. Scripts
+// touch only the keys in KEYS, so they are safe on Redis Cluster as long as
+// a call's keys share a hash tag.
+//
+// Each building block declares its scripts in its own file here
+// (ratelimit.go, concurrency.go, …).
+package lua
