@@ -1,0 +1,295 @@
+package httpx
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Middleware returns net/http middleware that admits every request through
+// l before the handler runs. See the package doc for what it sends.
+func Middleware(l spillway.Limiter, opts ...Option) func(http.Handler) http.Handler {
+	c := newConfig(opts)
+	return func(next http.Handler) http.Handler {
+		return &handler{c: c, l: l, next: next}
+	}
+}
+
+type handler struct {
+	c    config
+	l    spillway.Limiter
+	next http.Handler
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := &h.c
+	if c.skip != nil && c.skip(r) {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	req := h.request(r)
+	if err := req.Validate(); err != nil {
+		h.deny(w, r, spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, err.Error())
+		return
+	}
+	d, done, err := h.l.Admit(r.Context(), req)
+	if err != nil {
+		if c.onError != nil {
+			c.onError(r, err)
+		}
+		if c.failMode == FailClosed {
+			h.deny(w, r, spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}, "")
+			return
+		}
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	if done == nil {
+		done = spillway.Noop
+	}
+	h.setRateHeaders(w.Header(), d)
+	if !d.Allowed {
+		done(spillway.Ignored) // harmless: a denial acquires nothing, but a sloppy block might
+		h.deny(w, r, d, "")
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	finished := false
+	defer func() {
+		if !finished {
+			// The handler panicked: release, and let the panic go on
+			// with its stack intact. A panic is a bug, not overload.
+			done(spillway.Ignored)
+		}
+	}()
+	h.next.ServeHTTP(sw, r)
+	finished = true
+	done(outcome(r.Context(), sw.status))
+}
+
+// outcome maps how a response ended to what adaptive limiters learn.
+func outcome(ctx context.Context, status int) spillway.Outcome {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return spillway.Ignored // the client went away
+	}
+	if status >= 500 || ctx.Err() != nil {
+		return spillway.Dropped
+	}
+	return spillway.Success
+}
+
+func (h *handler) request(r *http.Request) *spillway.Request {
+	c := &h.c
+	req := &spillway.Request{Method: r.Method, Priority: c.priority(r)}
+	switch {
+	case c.endpoint != nil:
+		req.Endpoint = c.endpoint(r)
+	case r.Pattern != "":
+		req.Endpoint = r.Pattern
+	default:
+		req.Endpoint = r.Method + " " + r.URL.Path
+	}
+	if c.cost != nil {
+		req.Cost = c.cost(r)
+	}
+	req.Dims = make([]spillway.Dimension, 0, 3)
+	if ip, ok := ClientIP(r, c.trusted, c.fwdHeader); ok {
+		req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimIP, Value: ip.String()})
+	}
+	if c.user != nil {
+		if u := c.user(r); u != "" {
+			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimUser, Value: u})
+		}
+	}
+	if c.apiKey != "" {
+		if k := r.Header.Get(c.apiKey); k != "" {
+			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimAPIKey, Value: k})
+		}
+	}
+	return req
+}
+
+// Status returns the HTTP status for a denial: 400 for a malformed request,
+// 503 Service Unavailable for shedding, the ceiling and a failed-closed
+// store (Reason.IsShed), 429 Too Many Requests for the rest. It returns 200
+// for an allowed decision.
+func Status(d spillway.Decision) int {
+	switch {
+	case d.Allowed:
+		return http.StatusOK
+	case d.Reason == spillway.ReasonInvalid:
+		return http.StatusBadRequest
+	case d.Reason.IsShed():
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusTooManyRequests
+}
+
+// RetryAfterSeconds returns the Retry-After of a denial in whole seconds,
+// rounded up and at least 1, and false when the denial has none: the
+// request was malformed or costs more than the limit can ever admit.
+func RetryAfterSeconds(d spillway.Decision) (int64, bool) {
+	if d.Allowed || d.Reason == spillway.ReasonInvalid || d.Reason == spillway.ReasonCostExceedsLimit {
+		return 0, false
+	}
+	return max(ceilSeconds(d.RetryAfter), 1), true
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
+	if d.Limit <= 0 {
+		return
+	}
+	remaining := max(d.Remaining, 0)
+	if h.c.legacy {
+		reset := h.c.now().Add(d.ResetAfter)
+		epoch := reset.Unix()
+		if reset.Nanosecond() > 0 {
+			epoch++ // round up: never claim it resets sooner than it does
+		}
+		hdr["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
+		hdr["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(remaining, 10)}
+		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(epoch, 10)}
+	}
+	if h.c.ietf {
+		name := sfString(d.Limiter)
+		hdr["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10)}
+		hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+	}
+}
+
+// sfString formats s as a structured-field string (RFC 8941): printable
+// ASCII only, quotes and backslashes escaped.
+func sfString(s string) string {
+	if s == "" {
+		s = "default"
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case ch == '"' || ch == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(ch)
+		case ch >= 0x20 && ch < 0x7f:
+			b.WriteByte(ch)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// Problem is the application/problem+json body (RFC 9457) of a denial.
+type Problem struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail,omitempty"`
+	RetryAfter int64  `json:"retry_after,omitempty"` // seconds, as in the Retry-After header
+	Limiter    string `json:"limiter,omitempty"`     // the limiter or rule that denied
+	Reason     string `json:"reason"`                // spillway.Reason.String()
+}
+
+func (h *handler) deny(w http.ResponseWriter, r *http.Request, d spillway.Decision, detail string) {
+	hdr := w.Header()
+	secs, hasRetry := RetryAfterSeconds(d)
+	if hasRetry {
+		hdr["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+	}
+	if h.c.denied != nil {
+		h.c.denied(w, r, d)
+		return
+	}
+	status := Status(d)
+	p := Problem{
+		Type:    "about:blank",
+		Title:   http.StatusText(status),
+		Status:  status,
+		Detail:  detail,
+		Limiter: d.Limiter,
+		Reason:  d.Reason.String(),
+	}
+	if h.c.problemURI != "" {
+		p.Type = h.c.problemURI + d.Reason.String()
+	}
+	if hasRetry {
+		p.RetryAfter = secs
+	}
+	if p.Detail == "" {
+		p.Detail = describe(d, secs)
+	}
+	body, _ := json.Marshal(p) // cannot fail: strings and ints
+	hdr["Content-Type"] = []string{"application/problem+json"}
+	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(body) + 1)}
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
+}
+
+func describe(d spillway.Decision, secs int64) string {
+	switch d.Reason {
+	case spillway.ReasonRateLimited:
+		return fmt.Sprintf("rate limit %q exceeded; retry in %d s", d.Limiter, secs)
+	case spillway.ReasonCostExceedsLimit:
+		return fmt.Sprintf("the request costs more than limit %q can ever admit; do not retry", d.Limiter)
+	case spillway.ReasonConcurrency:
+		return fmt.Sprintf("too many concurrent requests (%q); retry in %d s", d.Limiter, secs)
+	case spillway.ReasonShed:
+		return fmt.Sprintf("the service is shedding load (%q); retry in %d s", d.Limiter, secs)
+	case spillway.ReasonCeiling:
+		return fmt.Sprintf("a shared resource is at capacity (%q); retry in %d s", d.Limiter, secs)
+	case spillway.ReasonFailClosed:
+		return fmt.Sprintf("the limiter's store is unavailable; retry in %d s", secs)
+	case spillway.ReasonInvalid:
+		return "malformed request"
+	}
+	return fmt.Sprintf("denied by %q (%s)", d.Limiter, d.Reason)
+}
+
+// statusWriter records the status the handler wrote. It unwraps for
+// http.ResponseController (Hijack, deadlines) and passes Flush through.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap returns the wrapped ResponseWriter, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,187 @@
+package httpx
+
+import (
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Option configures Middleware.
+type Option func(*config)
+
+// FailMode says what Middleware does when the limiter returns an error
+// (its shared store failed and nothing below it decided).
+type FailMode uint8
+
+const (
+	// FailOpen serves the request unlimited; a store outage does not take
+	// the API down. It is the default: put a fallback block in the chain
+	// for bounded local limits instead of none.
+	FailOpen FailMode = iota
+	// FailClosed answers 503 Service Unavailable with Retry-After: 1.
+	FailClosed
+)
+
+// String returns "open" or "closed".
+func (m FailMode) String() string {
+	if m == FailClosed {
+		return "closed"
+	}
+	return "open"
+}
+
+type config struct {
+	endpoint   func(*http.Request) string
+	priority   func(*http.Request) spillway.Priority
+	cost       func(*http.Request) int64
+	user       func(*http.Request) string
+	apiKey     string // header name; empty: none
+	trusted    []netip.Prefix
+	fwdHeader  string
+	skip       func(*http.Request) bool
+	failMode   FailMode
+	onError    func(*http.Request, error)
+	ietf       bool
+	legacy     bool
+	now        func() time.Time
+	denied     func(http.ResponseWriter, *http.Request, spillway.Decision)
+	problemURI string
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		priority:  func(*http.Request) spillway.Priority { return spillway.Critical },
+		fwdHeader: "X-Forwarded-For",
+		legacy:    true,
+		now:       time.Now,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+// WithEndpoint sets how the Request's Endpoint is derived. The default is
+// the Go 1.22+ ServeMux pattern (r.Pattern, e.g. "POST /api/v1/login"),
+// which the mux sets only when it routes, so it is there when Middleware
+// wraps each route's handler (mux.Handle("POST /login", mw(h))). When
+// Middleware wraps the whole mux, use WithEndpoint(EndpointFromMux(mux)).
+// With no pattern the default falls back to the method and URL path
+// ("GET /x"), which is unbounded: prefer a pattern.
+func WithEndpoint(f func(*http.Request) string) Option {
+	return func(c *config) { c.endpoint = f }
+}
+
+// EndpointFromMux returns an endpoint func that asks mux which pattern would
+// serve r, for a Middleware wrapped around the whole mux. A request that no
+// pattern matches gets the endpoint "" (rules for all endpoints still apply).
+func EndpointFromMux(mux *http.ServeMux) func(*http.Request) string {
+	return func(r *http.Request) string {
+		if r.Pattern != "" {
+			return r.Pattern
+		}
+		_, p := mux.Handler(r)
+		return p
+	}
+}
+
+// WithPriority sets the classifier that gives a request its priority
+// (default: every request is spillway.Critical). The shedder package's HTTP
+// classifier fits here. A classifier returning an invalid priority gets the
+// request answered 400.
+func WithPriority(classify func(*http.Request) spillway.Priority) Option {
+	return func(c *config) { c.priority = classify }
+}
+
+// WithCost sets how many tokens a request costs (default 1). A negative cost
+// is a malformed request and is answered 400.
+func WithCost(f func(*http.Request) int64) Option {
+	return func(c *config) { c.cost = f }
+}
+
+// WithUser sets the func that returns the authenticated user of r (from its
+// context, typically, where an authentication middleware put it); "" means
+// anonymous and sets no "user" dimension.
+func WithUser(f func(*http.Request) string) Option {
+	return func(c *config) { c.user = f }
+}
+
+// WithAPIKeyHeader names the header that carries the API key (for example
+// "X-API-Key"); its value becomes the "api_key" dimension. Default: none.
+func WithAPIKeyHeader(name string) Option {
+	return func(c *config) { c.apiKey = http.CanonicalHeaderKey(name) }
+}
+
+// WithTrustedProxies lists the proxies whose forwarding header is believed.
+// The client IP is the peer address (RemoteAddr) unless the peer is in one
+// of these prefixes; then it is the right-most address of the forwarding
+// header that is not itself a trusted proxy (the left-most if all are).
+// A forwarding header from any other peer is ignored, so a client cannot
+// choose its own key. Default: no trusted proxies.
+func WithTrustedProxies(prefixes ...netip.Prefix) Option {
+	return func(c *config) { c.trusted = append(c.trusted[:0:0], prefixes...) }
+}
+
+// WithForwardedHeader chooses the forwarding header read from trusted
+// proxies: "X-Forwarded-For" (the default) or "Forwarded" (RFC 7239, its
+// for= parameters). Only one is read: a proxy that appends to one header
+// passes the other through from the client unchecked.
+func WithForwardedHeader(name string) Option {
+	return func(c *config) { c.fwdHeader = http.CanonicalHeaderKey(name) }
+}
+
+// WithSkip sets a filter: requests for which skip returns true bypass the
+// limiter entirely (health checks, metrics scrapes).
+func WithSkip(skip func(*http.Request) bool) Option {
+	return func(c *config) { c.skip = skip }
+}
+
+// WithFailMode sets what happens when the limiter returns an error
+// (default FailOpen).
+func WithFailMode(m FailMode) Option {
+	return func(c *config) { c.failMode = m }
+}
+
+// WithErrorHandler sets a func called with every limiter error, for
+// logging; the request then follows the fail mode.
+func WithErrorHandler(f func(*http.Request, error)) Option {
+	return func(c *config) { c.onError = f }
+}
+
+// WithIETFHeaders adds the IETF draft RateLimit and RateLimit-Policy headers
+// (draft-ietf-httpapi-ratelimit-headers: `RateLimit: "name";r=R;t=T` and
+// `RateLimit-Policy: "name";q=Q`) next to the X-RateLimit-* ones.
+func WithIETFHeaders() Option {
+	return func(c *config) { c.ietf = true }
+}
+
+// WithoutXRateLimitHeaders drops the X-RateLimit-Limit/-Remaining/-Reset
+// headers (sent by default).
+func WithoutXRateLimitHeaders() Option {
+	return func(c *config) { c.legacy = false }
+}
+
+// WithClock sets the clock used for X-RateLimit-Reset (default time.Now).
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.now = now }
+}
+
+// WithDeniedHandler replaces the application/problem+json body of denied
+// requests. Middleware has already set Retry-After and the rate-limit
+// headers when it is called; it must write the status (Status(d) is the
+// default choice) and a body.
+func WithDeniedHandler(f func(w http.ResponseWriter, r *http.Request, d spillway.Decision)) Option {
+	return func(c *config) { c.denied = f }
+}
+
+// WithProblemTypeBase sets the base URI of the problem "type" member; the
+// reason is appended ("https://example.com/problems/" + "rate_limited").
+// Default: the type is "about:blank", as RFC 9457 suggests when the status
+// says it all.
+func WithProblemTypeBase(uri string) Option {
+	return func(c *config) { c.problemURI = uri }
+}
