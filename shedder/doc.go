@@ -1,0 +1,34 @@
+// Package shedder holds spillway's priority-aware load shedders, which
+// protect a server or a fleet by dropping the least important work first,
+// and the classification that gives each request its priority.
+//
+//   - Worker, the worker utilization shedder, protects one server: as its
+//     in-flight work (and optionally its CPU, read from cgroup v1 or v2
+//     quotas by CgroupCPU) rises, it sheds Sheddable work first, then
+//     SheddablePlus, then Critical, and CriticalPlus only once everything
+//     below is shed. Shedding ramps in and out in steps, with hysteresis.
+//   - Fleet, the fleet usage shedder, protects a whole fleet: every server
+//     reports its in-flight work per priority to Redis about every 100ms
+//     and decides locally against the fleet-wide sum, keeping a fraction of
+//     the capacity (default 20%) for Critical and CriticalPlus work. When
+//     Redis is unreachable it decides on local counts and marks its
+//     decisions Degraded.
+//   - HTTPClassifier assigns priorities to HTTP requests (health checks are
+//     CriticalPlus, writes Critical, reads SheddablePlus, test traffic
+//     Sheddable), and NewContext, Header and MetadataKey carry a priority to
+//     downstream services so that they shed the same way.
+//
+// Both shedders implement spillway.Limiter. A denial has Reason
+// spillway.ReasonShed (answered with 503 by the adapters) and a RetryAfter.
+// Neither touches the network inside Admit.
+//
+// The shortest use:
+//
+//	w, err := shedder.NewWorker(64) // 64 requests in flight at most
+//	if err != nil { … }
+//	chain := spillway.Chain(rateLimits, w)
+//	d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: shedder.ClassifyHTTP(req)})
+//	if d.Allowed { defer done(spillway.Success) }
+//
+// Worker, Fleet and HTTPClassifier are safe for concurrent use.
+package shedder

@@ -1,0 +1,191 @@
+package shedder
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Option configures a Worker or a Fleet. Options that do not apply to a
+// shedder are ignored by it, as documented on each.
+type Option func(*options)
+
+type options struct {
+	name       string
+	now        func() time.Time
+	rand       func() float64
+	retryAfter time.Duration
+	reserve    float64
+
+	// Worker.
+	sources  []Source
+	tick     time.Duration
+	low      float64
+	high     float64
+	stepUp   float64
+	stepDown float64
+
+	// Fleet.
+	thresholds  [4]float64 // fractions of capacity; 0 means derive from reserve
+	prefix      string
+	serverID    string
+	interval    time.Duration
+	ttl         time.Duration
+	timeout     time.Duration
+	staleAfter  time.Duration
+	localShare  float64
+	serverClock bool // send the client clock to the script
+	autoRefresh bool
+}
+
+func defaultOptions(name string) options {
+	return options{
+		name:        name,
+		now:         time.Now,
+		rand:        rand.Float64,
+		retryAfter:  time.Second,
+		reserve:     0.2,
+		tick:        100 * time.Millisecond,
+		low:         0.75,
+		high:        0.9,
+		stepUp:      0.25,
+		stepDown:    0.05,
+		prefix:      "spillway:",
+		interval:    100 * time.Millisecond,
+		ttl:         2 * time.Second,
+		timeout:     50 * time.Millisecond,
+		staleAfter:  time.Second,
+		localShare:  0.2,
+		autoRefresh: true,
+	}
+}
+
+// WithName sets the name reported in Decision.Limiter (default "worker" or
+// "fleet").
+func WithName(name string) Option { return func(o *options) { o.name = name } }
+
+// WithClock sets the clock (default time.Now). For a Fleet it also makes
+// the Redis script use this clock instead of Redis TIME, so every server of
+// the fleet must then have synchronized clocks; use it for tests.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now; o.serverClock = true }
+}
+
+// WithRand sets the source of uniform random numbers in [0, 1) that decides
+// probabilistic shedding (default math/rand/v2.Float64). It must be safe
+// for concurrent use if the shedder is. Worker only.
+func WithRand(f func() float64) Option { return func(o *options) { o.rand = f } }
+
+// WithRetryAfter sets Decision.RetryAfter of a denial (default 1s).
+func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
+
+// WithReserve sets the fraction of capacity reserved for Critical and
+// CriticalPlus work (default 0.2): Sheddable and SheddablePlus work is shed
+// once usage passes the rest. It must be in [0, 1).
+func WithReserve(f float64) Option { return func(o *options) { o.reserve = f } }
+
+// WithSource adds a utilization source (for example a CgroupCPU). The
+// Worker's utilization is the largest of its in-flight ratio and every
+// source's reading; a source that fails is skipped for that tick. Worker
+// only; may be given more than once.
+func WithSource(s Source) Option { return func(o *options) { o.sources = append(o.sources, s) } }
+
+// WithTick sets how often the Worker re-evaluates its shed level (default
+// 100ms). Worker only.
+func WithTick(d time.Duration) Option { return func(o *options) { o.tick = d } }
+
+// WithBand sets the hysteresis band of the Worker (default 0.75, 0.9):
+// the shed level rises while utilization is at or above high, and falls
+// while it is at or below low or while the load offered in the last tick
+// would fit under high even unshed. In between it holds. Worker only.
+func WithBand(low, high float64) Option { return func(o *options) { o.low, o.high = low, high } }
+
+// WithSteps sets how far the Worker's shed level moves per tick (default
+// 0.25 up, 0.05 down): the level runs from 0 (nothing shed) to 4 (all
+// shed), one unit per priority, so the defaults shed a whole priority in
+// four ticks and give it back in twenty. Worker only.
+func WithSteps(up, down float64) Option { return func(o *options) { o.stepUp, o.stepDown = up, down } }
+
+// WithThresholds sets, as fractions of the fleet capacity, the usage at
+// which each priority is shed (default 1−reserve, 1−reserve, 1, +Inf):
+// a request of priority p is shed when fleet usage plus its cost would
+// exceed thresholds[p]×capacity. Thresholds must be positive and
+// non-decreasing in priority; math.Inf(1) means never. It overrides
+// WithReserve. Fleet only.
+func WithThresholds(sheddable, sheddablePlus, critical, criticalPlus float64) Option {
+	return func(o *options) { o.thresholds = [4]float64{sheddable, sheddablePlus, critical, criticalPlus} }
+}
+
+// WithPrefix sets the prefix of the Redis keys (default "spillway:"); it
+// must not contain '{' or '}'. Fleet only.
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithServerID sets this server's id in the fleet (default hostname, pid
+// and a random suffix). Ids must be unique across the fleet. Fleet only.
+func WithServerID(id string) Option { return func(o *options) { o.serverID = id } }
+
+// WithInterval sets how often a Fleet reports its in-flight counts and
+// refreshes its estimate of the fleet's (default 100ms). Fleet only.
+func WithInterval(d time.Duration) Option { return func(o *options) { o.interval = d } }
+
+// WithTTL sets how long a server's report counts after it was made
+// (default 2s): a crashed server's in-flight work stops counting this long
+// after its last report. It must exceed the interval. Fleet only.
+func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// WithTimeout sets the time budget of one Redis refresh (default 50ms).
+// Fleet only.
+func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+
+// WithStaleAfter sets how old the last successful refresh may be before the
+// Fleet decides in degraded mode on local counts (default 1s). Fleet only.
+func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleAfter = d } }
+
+// WithLocalShare sets the share of the fleet capacity this server uses in
+// degraded mode when it has never learned the fleet size (default 0.2).
+// Once it has, degraded mode uses capacity divided by the last known number
+// of servers. Fleet only.
+func WithLocalShare(f float64) Option { return func(o *options) { o.localShare = f } }
+
+// WithoutAutoRefresh stops Admit from starting refreshes when the estimate
+// is older than the interval; the caller then drives Refresh or Run. For
+// tests. Fleet only.
+func WithoutAutoRefresh() Option { return func(o *options) { o.autoRefresh = false } }
+
+func (o *options) validateCommon() error {
+	if o.now == nil {
+		return fmt.Errorf("shedder: clock is nil")
+	}
+	if o.rand == nil {
+		return fmt.Errorf("shedder: rand is nil")
+	}
+	if o.retryAfter < 0 {
+		return fmt.Errorf("shedder: retry after %v is negative", o.retryAfter)
+	}
+	if !(o.reserve >= 0 && o.reserve < 1) {
+		return fmt.Errorf("shedder: reserve %v must be in [0, 1)", o.reserve)
+	}
+	return nil
+}
+
+func (o *options) validateWorker() error {
+	if err := o.validateCommon(); err != nil {
+		return err
+	}
+	if o.tick <= 0 {
+		return fmt.Errorf("shedder: tick %v must be positive", o.tick)
+	}
+	if !(o.low > 0 && o.low < o.high) || math.IsInf(o.high, 0) || math.IsNaN(o.high) {
+		return fmt.Errorf("shedder: band low %v, high %v: want 0 < low < high", o.low, o.high)
+	}
+	if !(o.stepUp > 0 && o.stepUp <= 4) || !(o.stepDown > 0 && o.stepDown <= 4) {
+		return fmt.Errorf("shedder: steps up %v, down %v: each must be in (0, 4]", o.stepUp, o.stepDown)
+	}
+	for i, s := range o.sources {
+		if s == nil {
+			return fmt.Errorf("shedder: source %d is nil", i)
+		}
+	}
+	return nil
+}
