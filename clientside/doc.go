@@ -1,0 +1,30 @@
+// Package clientside keeps a client from making an overloaded backend
+// worse. It is pure logic with no transport: the HTTP client transport and
+// the gRPC client interceptor wire it in.
+//
+//   - Throttle is Google SRE's adaptive throttling: the client counts the
+//     requests it attempts and the ones the backend accepts over a sliding
+//     window (default two minutes) and rejects new requests locally with
+//     probability max(0, (requests − K·accepts) / (requests + 1)), K = 2 by
+//     default, so a backend that rejects most work stops receiving it.
+//   - RetryBudget caps retries at a fraction (default 10%) of requests:
+//     every request deposits 0.1 token, every retry spends one.
+//   - Backoff computes the wait before a retry: exponential with jitter, or
+//     the server's Retry-After plus jitter (never earlier than asked), and
+//     ParseRetryAfter reads the header.
+//
+// The shortest use, around one call:
+//
+//	th, _ := clientside.NewThrottle()
+//	budget, _ := clientside.NewRetryBudget()
+//	if !th.Allow() { return errThrottled } // rejected locally
+//	budget.Deposit()
+//	resp, err := call()
+//	if !overloaded(resp, err) { th.Accepted() }
+//	if retryable(resp, err) && budget.TryRetry() {
+//		wait, ok := clientside.Backoff{}.Delay(1, retryAfter)
+//		…
+//	}
+//
+// Throttle and RetryBudget are safe for concurrent use; Backoff is a value.
+package clientside

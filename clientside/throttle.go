@@ -1,0 +1,142 @@
+package clientside
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Throttle is Google SRE's client-side adaptive throttling. Over a sliding
+// window it counts requests (every call of Allow, including the ones it
+// rejects) and accepts (calls of Accepted, made when the backend did the
+// work rather than reject it for overload) and rejects a new request
+// locally with probability
+//
+//	max(0, (requests − K·accepts) / (requests + 1))
+//
+// While the backend accepts everything the probability is 0; once it
+// rejects more than a 1−1/K share of what it is sent, the client rejects the
+// excess itself, without spending the backend's resources, and still sends
+// enough to notice recovery.
+//
+// A Throttle is safe for concurrent use.
+type Throttle struct {
+	k     float64
+	width int64 // bucket width, ns
+	now   func() time.Time
+	rand  func() float64
+	mu    sync.Mutex
+	ring  []bucket
+}
+
+type bucket struct {
+	idx      int64 // absolute bucket number: UnixNano / width
+	requests int64
+	accepts  int64
+}
+
+// NewThrottle returns a Throttle. See WithK, WithWindow, WithClock and
+// WithRand.
+func NewThrottle(opts ...Option) (*Throttle, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if !(c.k >= 1) || bad(c.k) {
+		return nil, fmt.Errorf("clientside: K %v must be a number >= 1", c.k)
+	}
+	if c.buckets < 1 {
+		return nil, fmt.Errorf("clientside: window buckets %d must be positive", c.buckets)
+	}
+	if c.window < time.Duration(c.buckets) {
+		return nil, fmt.Errorf("clientside: window %v must be at least %d ns (one per bucket)", c.window, c.buckets)
+	}
+	t := &Throttle{k: c.k, width: int64(c.window) / int64(c.buckets), now: c.now, rand: c.rand, ring: make([]bucket, c.buckets)}
+	for i := range t.ring {
+		t.ring[i].idx = -1
+	}
+	return t, nil
+}
+
+// Allow is shorthand for AllowAt(now) with the Throttle's clock.
+func (t *Throttle) Allow() bool { return t.AllowAt(t.now()) }
+
+// AllowAt counts a request at now and reports whether to send it; false
+// means reject it locally (and do not call Accepted).
+func (t *Throttle) AllowAt(now time.Time) bool {
+	t.mu.Lock()
+	p := t.probability(now)
+	t.current(now).requests++
+	t.mu.Unlock()
+	return p <= 0 || t.rand() >= p
+}
+
+// Accepted is shorthand for AcceptedAt(now) with the Throttle's clock.
+func (t *Throttle) Accepted() { t.AcceptedAt(t.now()) }
+
+// AcceptedAt records at now that the backend accepted a request sent after
+// Allow: it did the work, whatever the result, rather than reject it as
+// overloaded or throttled.
+func (t *Throttle) AcceptedAt(now time.Time) {
+	t.mu.Lock()
+	t.current(now).accepts++
+	t.mu.Unlock()
+}
+
+// Probability is shorthand for ProbabilityAt(now) with the Throttle's clock.
+func (t *Throttle) Probability() float64 { return t.ProbabilityAt(t.now()) }
+
+// ProbabilityAt returns the probability that a request at now is rejected
+// locally.
+func (t *Throttle) ProbabilityAt(now time.Time) float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.probability(now)
+}
+
+// CountsAt returns the requests and accepts counted in the window that ends
+// at now.
+func (t *Throttle) CountsAt(now time.Time) (requests, accepts int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.counts(now)
+}
+
+func (t *Throttle) probability(now time.Time) float64 {
+	req, acc := t.counts(now)
+	p := (float64(req) - t.k*float64(acc)) / float64(req+1)
+	if p < 0 {
+		return 0
+	}
+	return p
+}
+
+// counts sums the buckets in the window: the current bucket and the
+// len(ring)−1 before it.
+func (t *Throttle) counts(now time.Time) (req, acc int64) {
+	cur := now.UnixNano() / t.width
+	lo := cur - int64(len(t.ring)) + 1
+	for i := range t.ring {
+		b := &t.ring[i]
+		if b.idx >= lo && b.idx <= cur {
+			req += b.requests
+			acc += b.accepts
+		}
+	}
+	return req, acc
+}
+
+func (t *Throttle) current(now time.Time) *bucket {
+	cur := now.UnixNano() / t.width
+	n := int64(len(t.ring))
+	b := &t.ring[((cur%n)+n)%n]
+	if b.idx != cur {
+		// A stale bucket is recycled. A clock that went backwards past a
+		// whole window finds a bucket from "the future" and resets it too.
+		*b = bucket{idx: cur}
+	}
+	return b
+}
