@@ -158,3 +158,5 @@ func TestWorkerLevelSteps(t *testing.T) {
 		t.Fatalf("level %v after idling, want 0", l)
 	}
 }
+
+func criticalPlus() *spillway.Request { return &spillway.Request{Priority: spillway.CriticalPlus} }
