@@ -1,0 +1,287 @@
+package concurrency
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+func TestLimiterDecisions(t *testing.T) {
+	clock := newFakeClock()
+	for _, f := range []struct {
+		name string
+		new  storeFactory
+	}{{"memory", memoryFactory}, {"redis", redisFactory}} {
+		t.Run(f.name, func(t *testing.T) {
+			lim, err := New(f.new(t, clock), 2, WithName("api"), WithTTL(10*time.Second), WithRetryAfter(500*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			d1, done1, err := lim.Acquire(ctx, "u1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 1}); d1 != want {
+				t.Fatalf("first: %+v, want %+v", d1, want)
+			}
+			d2, done2, _ := lim.Acquire(ctx, "u1")
+			if want := (spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 0}); d2 != want {
+				t.Fatalf("second: %+v, want %+v", d2, want)
+			}
+			d3, done3, _ := lim.Acquire(ctx, "u1")
+			want := spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "api", Limit: 2, RetryAfter: 500 * time.Millisecond}
+			if d3 != want {
+				t.Fatalf("third: %+v, want %+v", d3, want)
+			}
+			done3(spillway.Success) // Noop of a denial: harmless
+			// Near the TTL the reap comes sooner than the hint.
+			clock.Advance(9800 * time.Millisecond)
+			d3, _, _ = lim.Acquire(ctx, "u1")
+			if d3.Allowed || d3.RetryAfter != 200*time.Millisecond {
+				t.Fatalf("near ttl: %+v, want denied with RetryAfter 200ms", d3)
+			}
+			// done twice releases one slot, not two.
+			done1(spillway.Success)
+			done1(spillway.Success)
+			d4, done4, _ := lim.Acquire(ctx, "u1")
+			if !d4.Allowed || d4.Remaining != 0 {
+				t.Fatalf("after done: %+v, want allowed with 0 remaining", d4)
+			}
+			if d, _, _ := lim.Acquire(ctx, "u1"); d.Allowed {
+				t.Fatalf("double done freed a second slot: %+v", d)
+			}
+			done2(spillway.Dropped)
+			done4(spillway.Ignored)
+			if d, _, _ := lim.Acquire(ctx, "u2"); !d.Allowed || d.Remaining != 1 {
+				t.Fatalf("other key: %+v", d)
+			}
+		})
+	}
+}
+
+func TestPerKey(t *testing.T) {
+	lim, err := New(NewMemoryStore(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := PerKey(lim, spillway.DimUser)
+	ctx := context.Background()
+	r := &spillway.Request{Priority: spillway.Critical}
+	r.Set(spillway.DimUser, "alice")
+	d, done, err := l.Admit(ctx, r)
+	if err != nil || !d.Allowed {
+		t.Fatalf("alice: %+v %v", d, err)
+	}
+	if d, _, _ := l.Admit(ctx, r); d.Allowed || d.Reason != spillway.ReasonConcurrency {
+		t.Fatalf("alice again: %+v, want concurrency denial", d)
+	}
+	bob := &spillway.Request{Priority: spillway.Critical}
+	bob.Set(spillway.DimUser, "bob")
+	if d, _, _ := l.Admit(ctx, bob); !d.Allowed {
+		t.Fatalf("bob: %+v", d)
+	}
+	// Requests without the dimension share one key.
+	anon := &spillway.Request{Priority: spillway.Critical}
+	if d, _, _ := l.Admit(ctx, anon); !d.Allowed {
+		t.Fatalf("first anonymous: %+v", d)
+	}
+	if d, _, _ := l.Admit(ctx, anon); d.Allowed {
+		t.Fatalf("second anonymous admitted: %+v", d)
+	}
+	if d, _, _ := l.Admit(ctx, &spillway.Request{Cost: -1}); d.Allowed || d.Reason != spillway.ReasonInvalid {
+		t.Fatalf("malformed: %+v, want ReasonInvalid", d)
+	}
+	done(spillway.Success)
+	if d, _, _ := l.Admit(ctx, r); !d.Allowed {
+		t.Fatalf("alice after done: %+v", d)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	s := NewMemoryStore()
+	for name, c := range map[string]struct {
+		store Store
+		limit int64
+		opts  []Option
+	}{
+		"nil store":       {nil, 1, nil},
+		"limit":           {s, 0, nil},
+		"ttl":             {s, 1, []Option{WithTTL(0)}},
+		"name":            {s, 1, []Option{WithName("")}},
+		"retry after":     {s, 1, []Option{WithRetryAfter(-1)}},
+		"release timeout": {s, 1, []Option{WithReleaseTimeout(0)}},
+	} {
+		if _, err := New(c.store, c.limit, c.opts...); err == nil || !strings.HasPrefix(err.Error(), "concurrency: ") {
+			t.Errorf("%s: err = %v, want a concurrency: error", name, err)
+		}
+	}
+	if _, err := NewRedisStore(nil); err == nil {
+		t.Error("NewRedisStore(nil): no error")
+	}
+	if _, err := NewRedisStore(redis.NewClient(&redis.Options{}), WithPrefix("a{b")); err == nil {
+		t.Error("prefix with brace: no error")
+	}
+}
+
+// TestRedis200GoroutinesLimit20 is the acceptance test: 200 goroutines
+// hammer one key limited to 20 on a real Redis (with Redis TIME); the
+// handler counts what is in flight and it never exceeds 20.
+func TestRedis200GoroutinesLimit20(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 200})
+	t.Cleanup(func() { rdb.Close() })
+	store, err := NewRedisStore(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := New(store, 20, WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inFlight, maxSeen, admitted, denied atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	errc := make(chan error, 200)
+	for g := 0; g < 200; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10; i++ {
+				d, done, err := lim.Acquire(ctx, "hot")
+				if err != nil {
+					errc <- err
+					return
+				}
+				if !d.Allowed {
+					denied.Add(1)
+					continue
+				}
+				admitted.Add(1)
+				n := inFlight.Add(1)
+				for {
+					m := maxSeen.Load()
+					if n <= m || maxSeen.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				time.Sleep(time.Millisecond) // the work
+				inFlight.Add(-1)
+				done(spillway.Success)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	t.Logf("admitted %d, denied %d, max in flight %d", admitted.Load(), denied.Load(), maxSeen.Load())
+	if maxSeen.Load() > 20 {
+		t.Fatalf("max in flight %d > 20", maxSeen.Load())
+	}
+	if admitted.Load()+denied.Load() != 2000 || admitted.Load() < 20 {
+		t.Fatalf("admitted %d denied %d", admitted.Load(), denied.Load())
+	}
+	n, err := rdb.Exists(ctx, store.Key("concurrency", "hot")).Result()
+	if err != nil || n != 0 {
+		t.Fatalf("after every done the set should be gone: exists=%d err=%v", n, err)
+	}
+}
+
+// TestRedisCrashedServerBlocksOnlyUntilTTL: a "server" takes every slot and
+// dies without calling done; another server is denied until the TTL (Redis
+// TIME) reaps the leaked entries, then admitted again.
+func TestRedisCrashedServerBlocksOnlyUntilTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	const ttl = 400 * time.Millisecond
+
+	crashed := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	cs, _ := NewRedisStore(crashed)
+	a, _ := New(cs, 3, WithTTL(ttl))
+	for i := 0; i < 3; i++ {
+		if d, _, err := a.Acquire(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("crashing server acquire %d: %+v %v", i, d, err)
+		}
+	}
+	start := time.Now()
+	crashed.Close() // it dies; its done functions are never called
+
+	bs, _ := NewRedisStore(srv.Client(t))
+	b, _ := New(bs, 3, WithTTL(ttl), WithRetryAfter(10*time.Second))
+	d, _, err := b.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Reason != spillway.ReasonConcurrency || d.RetryAfter <= 0 || d.RetryAfter > ttl {
+		t.Fatalf("while leaked: %+v, want a denial with 0 < RetryAfter <= %v", d, ttl)
+	}
+	// Its key carries a TTL in Redis too.
+	pttl, err := srv.Client(t).PTTL(ctx, bs.Key("concurrency", "k")).Result()
+	if err != nil || pttl <= 0 || pttl > ttl {
+		t.Fatalf("PTTL = %v, %v; want in (0, %v]", pttl, err, ttl)
+	}
+	time.Sleep(time.Until(start.Add(ttl + 50*time.Millisecond)))
+	for i := 0; i < 3; i++ {
+		if d, _, err := b.Acquire(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("after ttl, acquire %d: %+v %v", i, d, err)
+		}
+	}
+	if d, _, _ := b.Acquire(ctx, "k"); d.Allowed {
+		t.Fatalf("fourth admitted: %+v", d)
+	}
+}
+
+func TestRedisErrorsAreWrapped(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	store, _ := NewRedisStore(rdb)
+	var releaseErr atomic.Value
+	lim, _ := New(store, 5, WithReleaseErrorHandler(func(err error) { releaseErr.Store(err) }))
+	ctx := context.Background()
+	d, done, err := lim.Acquire(ctx, "k")
+	if err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	srv.Stop()
+	done(spillway.Success)
+	if e, _ := releaseErr.Load().(error); e == nil || !strings.HasPrefix(e.Error(), "concurrency: release: ") {
+		t.Fatalf("release error = %v", e)
+	}
+	d, done, err = lim.Acquire(ctx, "k")
+	if err == nil || !strings.HasPrefix(err.Error(), "concurrency: acquire: ") || d.Allowed {
+		t.Fatalf("acquire on a dead Redis: %+v, %v", d, err)
+	}
+	var ne interface{ Timeout() bool }
+	_ = errors.As(err, &ne) // the cause is reachable with errors.As/Is
+	done(spillway.Success)  // Noop
+}
+
+func TestMemoryStoreSweepsOnCap(t *testing.T) {
+	clock := newFakeClock()
+	s := NewMemoryStore(WithClock(clock.Now), WithMaxKeys(32))
+	ctx := context.Background()
+	for i := 0; i < 1000; i++ {
+		// Every acquisition leaks; the TTL is 1 s and the clock moves 10 ms.
+		if _, err := s.Acquire(ctx, "s", "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26), "id", 1, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(10 * time.Millisecond)
+	}
+	// At most 100 acquisitions are younger than the TTL; the cap sweeps
+	// the rest (each shard holds up to 2 keys before sweeping).
+	if n := s.Len(); n > 100+64 {
+		t.Fatalf("memory store holds %d keys; the sweep is not bounding it", n)
+	}
+}

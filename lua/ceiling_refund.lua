@@ -1,0 +1,15 @@
+-- ceiling_refund.lua: take back a charge of ceiling_charge.lua after the
+-- admission that made it was denied.
+--
+-- KEYS[1]  the shard counter that was charged
+-- ARGV[1]  amount to take back (integer >= 1)
+--
+-- Reply: the shard's count after the refund, or -1 when the key no longer
+-- exists (the window expired; nothing to take back).
+--
+-- Writes: DECRBY on KEYS[1] only when it exists, so a late refund never
+-- creates a counter without a TTL.
+if redis.call("EXISTS", KEYS[1]) == 0 then
+  return -1
+end
+return redis.call("DECRBY", KEYS[1], ARGV[1])
