@@ -1,0 +1,47 @@
+// Package ratelimit limits the request rate of keys (IPs, users, API keys)
+// with one of six algorithms over a Store: a sharded in-process
+// MemoryStore, or a RedisStore shared by a fleet.
+//
+// The shortest use:
+//
+//	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 100, Period: time.Second})
+//	if err != nil { … }                         // the policy is invalid
+//	d, err := lim.Allow(ctx, clientIP)
+//	if err == nil && !d.Allowed {
+//		// answer 429 with Retry-After: d.RetryAfter
+//	}
+//
+// To put it in a spillway.Chain, key it by a request dimension:
+// lim.ByDimension(spillway.DimIP).
+//
+// # Algorithms
+//
+// See Algorithm for the exact arithmetic, shared by both stores: integer
+// microseconds, the same formulas in Go (algorithms.go) and in the Redis
+// scripts. TokenBucket, GCRA and LeakyBucket keep one integer per key (the
+// theoretical arrival time); FixedWindow a window and a count;
+// SlidingWindowCounter a window and two counts; SlidingWindowLog one
+// timestamp per admitted unit.
+//
+// # Decisions
+//
+// Limit is Policy.Capacity; Remaining what is left after the decision;
+// ResetAfter the time until the key's state is back to full; RetryAfter,
+// on a denial, when the same request can succeed. Durations are computed in
+// microseconds and reported rounded UP to whole milliseconds, so a caller
+// that waits RetryAfter is never early. A denial has Reason
+// spillway.ReasonRateLimited, or spillway.ReasonCostExceedsLimit with
+// RetryAfter 0 when the cost exceeds Capacity and can never succeed.
+// Decision.Limiter is the limiter's scope.
+//
+// # Batches
+//
+// Store.Decide takes several (scope, key, policy, cost) items and decides
+// them all or nothing: when one is denied, none is charged. Tiers use it to
+// check a per-IP, a per-user and a per-endpoint limit in one step (one
+// Redis round trip).
+//
+// # Concurrency
+//
+// Limiter, MemoryStore and RedisStore are safe for concurrent use.
+package ratelimit

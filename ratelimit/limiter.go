@@ -1,0 +1,233 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// ErrInvalidCost is wrapped by the errors about a negative cost.
+var ErrInvalidCost = errors.New("ratelimit: invalid cost")
+
+// ErrNoSmoothing is returned by Reserve and Wait for a policy whose
+// algorithm has no smoothing delay (the windows).
+var ErrNoSmoothing = errors.New("ratelimit: algorithm has no smoothing delay")
+
+// Limiter applies one Policy to many keys over a Store. Create it with New.
+// It is safe for concurrent use.
+type Limiter struct {
+	store  Store
+	mem    *MemoryStore // store, when it is a memory store: the allocation-free path
+	policy Policy
+	scope  string
+}
+
+// LimiterOption configures a Limiter.
+type LimiterOption func(*Limiter)
+
+// WithScope names the limiter: the scope under which its keys live in the
+// store (two limiters with different scopes keep separate state for the
+// same key) and the Limiter field of its decisions. The default is the
+// policy's String(), e.g. "token_bucket 100/1s burst 50", so two limiters
+// with the same policy on the same store share state unless named.
+func WithScope(scope string) LimiterOption { return func(l *Limiter) { l.scope = scope } }
+
+// New returns a limiter applying p over store. It returns an error when
+// store is nil or p is invalid (the error wraps ErrInvalidPolicy and names
+// the field).
+func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
+	if store == nil {
+		return nil, errors.New("ratelimit: store is nil")
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Limiter{store: store, policy: p, scope: p.String()}
+	if m, ok := store.(*MemoryStore); ok {
+		l.mem = m
+	}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(l)
+		}
+	}
+	return l, nil
+}
+
+// Policy returns the limiter's policy.
+func (l *Limiter) Policy() Policy { return l.policy }
+
+// Scope returns the limiter's scope (see WithScope).
+func (l *Limiter) Scope() string { return l.scope }
+
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN decides whether key may spend n now and charges it if so. n = 0
+// peeks (always allowed, charges nothing, reports Remaining); n above the
+// policy's Capacity is denied with spillway.ReasonCostExceedsLimit and
+// RetryAfter 0; a negative n is an error wrapping ErrInvalidCost. A denial
+// is not an error: err != nil only when the store failed.
+//
+// Durations in the decision are rounded up to whole milliseconds; Limit is
+// the policy's Capacity; Limiter is the scope.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (spillway.Decision, error) {
+	if n < 0 {
+		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
+	}
+	if l.mem != nil {
+		return l.mem.decideOne(l.scope, key, l.policy, n), nil
+	}
+	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
+	var out [1]spillway.Decision
+	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
+		return spillway.Decision{}, fmt.Errorf("ratelimit: %s: %w", l.scope, err)
+	}
+	return out[0], nil
+}
+
+// Reset forgets the state of key.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if err := l.store.Reset(ctx, l.scope, key, l.policy); err != nil {
+		return fmt.Errorf("ratelimit: %s: reset: %w", l.scope, err)
+	}
+	return nil
+}
+
+// Reservation is the outcome of Reserve: the decision, and when allowed,
+// how long to wait before doing the work.
+type Reservation struct {
+	spillway.Decision
+	// Delay is how long the caller should wait before acting so that
+	// admitted requests leave evenly spaced, one every Period/Limit: the
+	// time until this request's turn in a leaky bucket used as a queue of
+	// Burst places. 0 when the bucket was empty or the request was denied.
+	Delay time.Duration
+}
+
+// Reserve is shorthand for ReserveN(ctx, key, 1).
+func (l *Limiter) Reserve(ctx context.Context, key string) (Reservation, error) {
+	return l.ReserveN(ctx, key, 1)
+}
+
+// ReserveN is the smoothing form of a leaky bucket (it works for
+// TokenBucket and GCRA too, whose math is the same; the windows return
+// ErrNoSmoothing). Instead of admitting at once whatever fits in the
+// bucket, it treats the bucket as a queue of Burst places drained at
+// Limit/Period: the request is admitted (and charged) exactly when AllowN
+// would admit it — the queue has room — and Delay says when its turn
+// comes. A caller that waits Delay before acting emits at most one
+// request per Period/Limit, bursts included. A denied request gets Delay
+// 0 and the usual RetryAfter.
+//
+// Delay is the time until the request's slot, computed as ResetAfter −
+// n·T (T = Policy.EmissionInterval) from the millisecond-rounded ResetAfter (so every store
+// gives the same figure): never shorter than the exact delay, less than a
+// millisecond longer.
+func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (Reservation, error) {
+	switch l.policy.Algorithm {
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+		return Reservation{}, fmt.Errorf("%w: %s", ErrNoSmoothing, l.policy.Algorithm)
+	}
+	d, err := l.AllowN(ctx, key, n)
+	if err != nil || !d.Allowed {
+		return Reservation{Decision: d}, err
+	}
+	delay := d.ResetAfter - time.Duration(n*l.policy.EmissionInterval())*time.Microsecond
+	return Reservation{Decision: d, Delay: max(delay, 0)}, nil
+}
+
+// Wait is shorthand for WaitN(ctx, key, 1).
+func (l *Limiter) Wait(ctx context.Context, key string) (spillway.Decision, error) {
+	return l.WaitN(ctx, key, 1)
+}
+
+// WaitN reserves n (see ReserveN) and, when admitted, sleeps the Delay
+// before returning. A denied request returns at once with the denial (its
+// RetryAfter says when the queue will have room) and a nil error. When ctx
+// ends during the sleep, WaitN returns the decision and an error wrapping
+// ctx.Err(); the reservation stays charged (a shared store cannot take it
+// back without a race).
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (spillway.Decision, error) {
+	r, err := l.ReserveN(ctx, key, n)
+	if err != nil || !r.Allowed || r.Delay <= 0 {
+		return r.Decision, err
+	}
+	t := time.NewTimer(r.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return r.Decision, nil
+	case <-ctx.Done():
+		return r.Decision, fmt.Errorf("ratelimit: %s: wait: %w", l.scope, ctx.Err())
+	}
+}
+
+// DimensionLimiter is a Limiter keyed by one dimension of a
+// spillway.Request; see Limiter.ByDimension.
+type DimensionLimiter struct {
+	l       *Limiter
+	dim     string
+	scope   string
+	missing string
+}
+
+var _ spillway.Limiter = (*DimensionLimiter)(nil)
+
+// ByDimension adapts l to a spillway.Limiter that keys each request by the
+// value of its dimension dim (spillway.DimIP, spillway.DimUser, …; see
+// spillway.Request.Get) and charges Request.EffectiveCost.
+//
+// Its state lives under the scope "<l's scope>:<dim>", which is also the
+// Limiter name of its decisions, so adapters over different dimensions
+// never share state. A request without the dimension is allowed without
+// being charged, with Limit 0 (a Chain then ignores it for headers) and the
+// Limiter name "<scope>:<dim>:absent", so the gap is visible in telemetry;
+// put a limiter that denies such requests in front if that is wrong for
+// you. A negative cost is denied with spillway.ReasonInvalid. Done is
+// spillway.Noop: a rate limit has nothing to release.
+func (l *Limiter) ByDimension(dim string) *DimensionLimiter {
+	scope := l.scope + ":" + dim
+	return &DimensionLimiter{l: l, dim: dim, scope: scope, missing: scope + ":absent"}
+}
+
+// PerKey is l.ByDimension(dim).
+func PerKey(l *Limiter, dim string) *DimensionLimiter { return l.ByDimension(dim) }
+
+// Admit implements spillway.Limiter.
+func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if r.Cost < 0 {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.scope}, spillway.Noop, nil
+	}
+	v, ok := r.Get(d.dim)
+	if !ok {
+		return spillway.Decision{Allowed: true, Limiter: d.missing}, spillway.Noop, nil
+	}
+	l := d.l
+	n := r.EffectiveCost()
+	if l.mem != nil {
+		return l.mem.decideOne(d.scope, v, l.policy, n), spillway.Noop, nil
+	}
+	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
+	var out [1]spillway.Decision
+	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
+		return spillway.Decision{}, spillway.Noop, fmt.Errorf("ratelimit: %s: %w", d.scope, err)
+	}
+	return out[0], spillway.Noop, nil
+}
+
+// Reset forgets the state of the dimension value v.
+func (d *DimensionLimiter) Reset(ctx context.Context, v string) error {
+	if err := d.l.store.Reset(ctx, d.scope, v, d.l.policy); err != nil {
+		return fmt.Errorf("ratelimit: %s: reset: %w", d.scope, err)
+	}
+	return nil
+}
+
+// Scope returns the adapter's scope, "<limiter scope>:<dim>".
+func (d *DimensionLimiter) Scope() string { return d.scope }

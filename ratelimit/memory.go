@@ -1,0 +1,502 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+)
+
+// MemoryStore keeps rate-limit state in process memory. It is the reference
+// implementation of Store (the Redis scripts must decide exactly as it
+// does) and the local fallback when Redis is unavailable.
+//
+// State is spread over lock shards (WithShards) chosen by a hash of the
+// item's Key, so unrelated keys rarely contend and the items of one entity
+// (its tiers) share a shard. Keys longer than keys.MaxPart bytes are kept as
+// a 128-bit SHA-256 prefix, so memory per key is bounded whatever callers
+// send.
+//
+// The number of keys is capped (WithMaxKeys, split evenly over the shards).
+// Inserting a key into a full shard first drops every state that is back to
+// full among a sample of 32 entries of that shard (dropping such a state
+// changes no decision); when the sample holds none, it drops the sampled
+// state that will be full soonest, which forgets the least. Forgetting a
+// state that is not full lets that key start over, so set the cap above
+// the number of keys active within one period.
+//
+// A MemoryStore is safe for concurrent use. The zero value is not usable;
+// call NewMemoryStore.
+type MemoryStore struct {
+	clock     func() time.Time
+	seedKey   maphash.Seed
+	seedScope maphash.Seed
+	mask      uint64
+	shards    []shard
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+type shard struct {
+	mu    sync.Mutex
+	m     map[uint64]*entry
+	count int
+	limit int
+	_     [32]byte // keep hot mutexes on separate cache lines
+}
+
+// layout is the physical shape of an algorithm's state. Algorithms that
+// share a layout share state for the same (scope, key): TokenBucket, GCRA
+// and LeakyBucket are one TAT.
+type layout uint8
+
+const (
+	layoutBucket layout = iota
+	layoutFixed
+	layoutCounter
+	layoutLog
+)
+
+func layoutOf(a Algorithm) layout {
+	switch a {
+	case FixedWindow:
+		return layoutFixed
+	case SlidingWindowCounter:
+		return layoutCounter
+	case SlidingWindowLog:
+		return layoutLog
+	}
+	return layoutBucket
+}
+
+// entry is one key's state. The fields a, b, c hold the fixed-size states:
+// bucket a = TAT; fixed window (a, b) = (window, count); sliding window
+// counter (a, b, c) = (window, prev, cur). The log is log[start:].
+type entry struct {
+	next    *entry // chain of entries whose hashes collide
+	hash    uint64
+	scope   string
+	key     string   // the key itself when ≤ keys.MaxPart bytes, else ""
+	digest  [16]byte // SHA-256 prefix of a longer key, else zero
+	layout  layout
+	busy    bool  // touched by the batch in progress: not evictable
+	full    int64 // µs when the state is back to full (evictable for free)
+	a, b, c int64
+	log     []int64
+	start   int
+}
+
+// lookup is an item's prepared key.
+type lookup struct {
+	scope  string
+	key    string
+	digest [16]byte
+	layout layout
+	hash   uint64
+	shard  uint64
+}
+
+// NewMemoryStore returns a memory store. It honours WithClock (default
+// time.Now), WithMaxKeys (default 1<<20; n ≤ 0 means the default) and
+// WithShards (default 64, rounded up to a power of two and lowered so that
+// every shard holds at least one key); WithPrefix does not apply.
+func NewMemoryStore(opts ...Option) *MemoryStore {
+	o := defaultStoreOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	def := defaultStoreOptions()
+	if o.maxKeys <= 0 {
+		o.maxKeys = def.maxKeys
+	}
+	if o.shards <= 0 {
+		o.shards = def.shards
+	}
+	n := 1
+	for n < o.shards && n < 1<<16 {
+		n <<= 1
+	}
+	for n > o.maxKeys {
+		n >>= 1
+	}
+	s := &MemoryStore{
+		clock:     o.clock,
+		seedKey:   maphash.MakeSeed(),
+		seedScope: maphash.MakeSeed(),
+		mask:      uint64(n - 1),
+		shards:    make([]shard, n),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[uint64]*entry)
+		s.shards[i].limit = o.maxKeys / n
+		if i < o.maxKeys%n {
+			s.shards[i].limit++
+		}
+	}
+	return s
+}
+
+func (s *MemoryStore) now() int64 {
+	if s.clock == nil {
+		return time.Now().UnixMicro()
+	}
+	return s.clock().UnixMicro()
+}
+
+func (s *MemoryStore) prepare(scope, key string, a Algorithm) lookup {
+	k := lookup{scope: scope, layout: layoutOf(a)}
+	var hk uint64
+	if len(key) > keys.MaxPart {
+		sum := sha256.Sum256([]byte(key))
+		copy(k.digest[:], sum[:16])
+		hk = maphash.Bytes(s.seedKey, k.digest[:])
+	} else {
+		k.key = key
+		hk = maphash.String(s.seedKey, key)
+	}
+	k.shard = (hk >> 32) & s.mask
+	k.hash = hk ^ bits.RotateLeft64(maphash.String(s.seedScope, scope), 17) ^ uint64(k.layout)*0x9e3779b97f4a7c15
+	return k
+}
+
+func (sh *shard) find(k *lookup) *entry {
+	for e := sh.m[k.hash]; e != nil; e = e.next {
+		if e.layout == k.layout && e.key == k.key && e.scope == k.scope && e.digest == k.digest {
+			return e
+		}
+	}
+	return nil
+}
+
+func (sh *shard) insert(k *lookup, now int64) *entry {
+	if sh.count >= sh.limit {
+		sh.evict(now)
+	}
+	e := &entry{
+		next:   sh.m[k.hash],
+		hash:   k.hash,
+		scope:  strings.Clone(k.scope),
+		key:    strings.Clone(k.key),
+		digest: k.digest,
+		layout: k.layout,
+	}
+	sh.m[k.hash] = e
+	sh.count++
+	return e
+}
+
+func (sh *shard) remove(e *entry) {
+	head := sh.m[e.hash]
+	if head == e {
+		if e.next == nil {
+			delete(sh.m, e.hash)
+		} else {
+			sh.m[e.hash] = e.next
+		}
+		sh.count--
+		return
+	}
+	for p := head; p != nil; p = p.next {
+		if p.next == e {
+			p.next = e.next
+			sh.count--
+			return
+		}
+	}
+}
+
+// evictSample is how many entries one eviction looks at.
+const evictSample = 32
+
+// evict makes room for one entry: it drops the full states among a sample
+// and, when there is none, the sampled state that will be full soonest.
+// Entries busy in the current batch are never dropped (the shard may then
+// exceed its limit by the size of the batch).
+func (sh *shard) evict(now int64) {
+	var victim *entry
+	seen, freed := 0, 0
+	for _, head := range sh.m {
+		for e := head; e != nil; {
+			next := e.next
+			if !e.busy {
+				if e.full <= now {
+					sh.remove(e)
+					freed++
+				} else if victim == nil || e.full < victim.full {
+					victim = e
+				}
+			}
+			seen++
+			e = next
+		}
+		if seen >= evictSample {
+			break
+		}
+	}
+	if freed == 0 && victim != nil {
+		sh.remove(victim)
+	}
+}
+
+// undo is what rolls one item of a denied batch back.
+type undo struct {
+	e        *entry
+	created  bool
+	a, b, c  int64
+	full     int64
+	appended int
+}
+
+// apply decides one item against e (nil: no state) and, when allowed with
+// a cost, writes the new state, creating the entry if needed. u, when not
+// nil, records how to roll the write back.
+func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) outcome {
+	var o outcome
+	switch k.layout {
+	case layoutBucket:
+		var tat int64
+		if e != nil {
+			tat = e.a
+		}
+		var next int64
+		o, next = bucketDecide(tat, now, p, n)
+		if next != tat {
+			e = sh.prepareWrite(e, k, now, u)
+			e.a = next
+			e.full = next
+		}
+	case layoutFixed:
+		var st fixedState
+		if e != nil {
+			st = fixedState{e.a, e.b}
+		}
+		var next fixedState
+		o, next = fixedDecide(st, now, p, n)
+		if next != st {
+			e = sh.prepareWrite(e, k, now, u)
+			e.a, e.b = next.window, next.count
+			e.full = satAdd(max(now, 0), o.reset)
+		}
+	case layoutCounter:
+		var st counterState
+		if e != nil {
+			st = counterState{e.a, e.b, e.c}
+		}
+		var next counterState
+		o, next = counterDecide(st, now, p, n)
+		if next != st {
+			e = sh.prepareWrite(e, k, now, u)
+			e.a, e.b, e.c = next.window, next.prev, next.cur
+			e.full = satAdd(max(now, 0), o.reset)
+		}
+	case layoutLog:
+		var ts []int64
+		if e != nil {
+			ts = e.log[e.start:]
+		}
+		var trim int
+		var at int64
+		o, trim, at = logDecide(ts, now, p, n)
+		if trim > 0 { // expired entries: dropping them changes no decision
+			e.start += trim
+			if e.start == len(e.log) {
+				e.log, e.start = e.log[:0], 0
+			}
+		}
+		if o.allowed && n > 0 {
+			e = sh.prepareWrite(e, k, now, u)
+			e.appendLog(at, n, p.Limit)
+			if u != nil {
+				u.appended += int(n)
+			}
+			e.full = satAdd(at, p.Period.Microseconds())
+		}
+	}
+	return o
+}
+
+// prepareWrite returns the entry to write, creating it when e is nil, and
+// records the state before the write in u.
+func (sh *shard) prepareWrite(e *entry, k *lookup, now int64, u *undo) *entry {
+	created := false
+	if e == nil {
+		e = sh.insert(k, now)
+		created = true
+	}
+	if u != nil {
+		if u.e == nil {
+			*u = undo{e: e, created: created, a: e.a, b: e.b, c: e.c, full: e.full}
+		}
+		e.busy = true
+	}
+	return e
+}
+
+// appendLog appends n copies of at, reusing the space of trimmed entries
+// so that a steady log allocates nothing.
+func (e *entry) appendLog(at, n, limit int64) {
+	if e.start > 0 && len(e.log)+int(n) > cap(e.log) {
+		live := copy(e.log, e.log[e.start:])
+		e.log, e.start = e.log[:live], 0
+	}
+	if len(e.log)+int(n) > cap(e.log) {
+		c := max(2*cap(e.log), len(e.log)+int(n), 4)
+		c = min(c, max(int(limit), len(e.log)+int(n)))
+		grown := make([]int64, len(e.log), c)
+		copy(grown, e.log)
+		e.log = grown
+	}
+	for i := int64(0); i < n; i++ {
+		e.log = append(e.log, at)
+	}
+}
+
+// decideOne is the single-item fast path (no validation: the Limiter
+// validated its policy and cost).
+func (s *MemoryStore) decideOne(scope, key string, p Policy, n int64) spillway.Decision {
+	now := s.now()
+	k := s.prepare(scope, key, p.Algorithm)
+	sh := &s.shards[k.shard]
+	sh.mu.Lock()
+	o := sh.apply(sh.find(&k), &k, p, n, now, nil)
+	sh.mu.Unlock()
+	return o.decision(scope, p)
+}
+
+// batchStack is the batch size decided without allocating.
+const batchStack = 8
+
+// Decide implements Store. Items are decided in order and an item sees the
+// charges of the earlier items of the same batch (this only matters when
+// two items name the same scope, key and layout); if any item is denied,
+// every write of the batch is rolled back. The shards of a batch are
+// locked in ascending order, so concurrent batches cannot deadlock. The
+// context is not consulted: the memory store never blocks on I/O.
+func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	if len(out) < len(items) {
+		return false, fmt.Errorf("ratelimit: out has %d decisions for %d items", len(out), len(items))
+	}
+	for i := range items {
+		if err := validateItem(&items[i]); err != nil {
+			return false, fmt.Errorf("ratelimit: item %d: %w", i, err)
+		}
+	}
+	switch len(items) {
+	case 0:
+		return true, nil
+	case 1:
+		it := &items[0]
+		out[0] = s.decideOne(it.Scope, it.Key, it.Policy, it.Cost)
+		return out[0].Allowed, nil
+	}
+
+	var (
+		lkStack [batchStack]lookup
+		unStack [batchStack]undo
+		shStack [batchStack]uint64
+		lks     = lkStack[:0]
+		undos   = unStack[:0]
+		locked  = shStack[:0]
+	)
+	if len(items) > batchStack {
+		lks = make([]lookup, 0, len(items))
+		undos = make([]undo, 0, len(items))
+		locked = make([]uint64, 0, len(items))
+	}
+	for i := range items {
+		k := s.prepare(items[i].Scope, items[i].Key, items[i].Policy.Algorithm)
+		lks = append(lks, k)
+		undos = append(undos, undo{})
+		locked = insertSorted(locked, k.shard)
+	}
+	now := s.now()
+	for _, i := range locked {
+		s.shards[i].mu.Lock()
+	}
+	allowed := true
+	for i := range items {
+		it := &items[i]
+		sh := &s.shards[lks[i].shard]
+		o := sh.apply(sh.find(&lks[i]), &lks[i], it.Policy, it.Cost, now, &undos[i])
+		out[i] = o.decision(it.Scope, it.Policy)
+		allowed = allowed && o.allowed
+	}
+	for i := len(undos) - 1; i >= 0; i-- {
+		u := &undos[i]
+		if u.e == nil {
+			continue
+		}
+		u.e.busy = false
+		if allowed {
+			continue
+		}
+		if u.created {
+			s.shards[lks[i].shard].remove(u.e)
+			continue
+		}
+		u.e.a, u.e.b, u.e.c, u.e.full = u.a, u.b, u.c, u.full
+		if u.appended > 0 {
+			u.e.log = u.e.log[:len(u.e.log)-u.appended]
+		}
+	}
+	for j := len(locked) - 1; j >= 0; j-- {
+		s.shards[locked[j]].mu.Unlock()
+	}
+	return allowed, nil
+}
+
+// insertSorted inserts v into the ascending set xs (no duplicates).
+func insertSorted(xs []uint64, v uint64) []uint64 {
+	i := 0
+	for i < len(xs) && xs[i] < v {
+		i++
+	}
+	if i < len(xs) && xs[i] == v {
+		return xs
+	}
+	xs = append(xs, 0)
+	copy(xs[i+1:], xs[i:])
+	xs[i] = v
+	return xs
+}
+
+func validateItem(it *Item) error {
+	if it.Cost < 0 {
+		return fmt.Errorf("%w: cost %d is negative", ErrInvalidCost, it.Cost)
+	}
+	return it.Policy.Validate()
+}
+
+// Reset implements Store: it forgets the state of (scope, key) under the
+// layout of p (TokenBucket, GCRA and LeakyBucket share one).
+func (s *MemoryStore) Reset(ctx context.Context, scope, key string, p Policy) error {
+	k := s.prepare(scope, key, p.Algorithm)
+	sh := &s.shards[k.shard]
+	sh.mu.Lock()
+	if e := sh.find(&k); e != nil {
+		sh.remove(e)
+	}
+	sh.mu.Unlock()
+	return nil
+}
+
+// Len returns the number of keys the store holds.
+func (s *MemoryStore) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.count
+		sh.mu.Unlock()
+	}
+	return n
+}
