@@ -1,0 +1,31 @@
+// Package telemetry is the one place where spillway talks to OpenTelemetry.
+//
+// Instrument wraps any spillway.Limiter (a block, a Chain) so that every
+// decision is visible:
+//
+//   - on the request's span, an event "spillway.decision" with the limiter
+//     name, the rule that decided, the outcome (allowed, denied, error), the
+//     reason, limit, remaining, degraded, priority and the decision latency
+//     (or, WithChildSpan, a child span "spillway.admit" carrying the same
+//     attributes);
+//   - as metrics: the counter spillway.decisions by limiter, outcome,
+//     degraded, priority and reason, and the histogram
+//     spillway.decision.duration (seconds) by limiter and outcome.
+//
+// BreakerGauge publishes circuit-breaker states (spillway.breaker.state) for
+// the fallback package to feed.
+//
+// The shortest use:
+//
+//	chain = telemetry.Instrument(chain, "api")
+//
+// Providers come from WithTracerProvider and WithMeterProvider and default
+// to otel.GetTracerProvider() and otel.GetMeterProvider(); this package never
+// sets the globals. Instruments are created once, in Instrument. Limiter
+// keys (IPs, users, API keys) never become metric attributes: every metric
+// attribute has a small fixed set of values, except the limiter name, which
+// the caller chooses. The rule that decided (Decision.Limiter) goes only on
+// spans.
+//
+// Everything here is safe for concurrent use.
+package telemetry

@@ -1,0 +1,235 @@
+package telemetry
+
+import (
+	"context"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of the tracer and meter.
+const ScopeName = "github.com/spillway-go/spillway/telemetry"
+
+// Attribute keys used on spans and metrics.
+const (
+	KeyLimiter   = attribute.Key("spillway.limiter")    // the name given to Instrument
+	KeyDecidedBy = attribute.Key("spillway.decided_by") // Decision.Limiter; spans only
+	KeyOutcome   = attribute.Key("spillway.outcome")    // allowed, denied, error
+	KeyReason    = attribute.Key("spillway.reason")     // Reason.String()
+	KeyLimit     = attribute.Key("spillway.limit")      // spans only
+	KeyRemaining = attribute.Key("spillway.remaining")  // spans only
+	KeyDegraded  = attribute.Key("spillway.degraded")
+	KeyPriority  = attribute.Key("spillway.priority") // Priority.String()
+	KeyLatency   = attribute.Key("spillway.latency_us")
+	KeyRetry     = attribute.Key("spillway.retry_after_ms") // spans only, denials
+	KeyBreaker   = attribute.Key("spillway.breaker")
+)
+
+// Metric and event names.
+const (
+	EventDecision      = "spillway.decision"
+	SpanAdmit          = "spillway.admit"
+	MetricDecisions    = "spillway.decisions"
+	MetricDuration     = "spillway.decision.duration"
+	MetricBreakerState = "spillway.breaker.state"
+)
+
+// Outcome values of KeyOutcome.
+const (
+	OutcomeAllowed = "allowed"
+	OutcomeDenied  = "denied"
+	OutcomeError   = "error"
+)
+
+// DurationBuckets are the histogram bounds of spillway.decision.duration in
+// seconds: decisions take microseconds (memory) to milliseconds (Redis).
+var DurationBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+
+// Option configures Instrument and NewBreakerGauge.
+type Option func(*config)
+
+type config struct {
+	tp        trace.TracerProvider
+	mp        metric.MeterProvider
+	childSpan bool
+	now       func() time.Time
+}
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return c
+}
+
+// WithTracerProvider sets the tracer provider (default
+// otel.GetTracerProvider()); used for child spans (WithChildSpan).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// WithMeterProvider sets the meter provider (default otel.GetMeterProvider()).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.mp = mp }
+}
+
+// WithChildSpan records each decision as a child span "spillway.admit"
+// (which times the decision) instead of an event on the request's span.
+func WithChildSpan() Option {
+	return func(c *config) { c.childSpan = true }
+}
+
+// WithClock sets the clock that times decisions (default time.Now), for
+// tests.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.now = now }
+}
+
+var outcomes = [3]string{OutcomeAllowed, OutcomeDenied, OutcomeError}
+
+const numReasons = int(spillway.ReasonInvalid) + 1
+
+type instrumented struct {
+	next      spillway.Limiter
+	name      string
+	tracer    trace.Tracer
+	childSpan bool
+	now       func() time.Time
+	decisions metric.Int64Counter
+	duration  metric.Float64Histogram
+	// Precomputed attribute sets, so the hot path allocates none:
+	// counter by [outcome][degraded][priority][reason], histogram by
+	// [outcome][degraded].
+	counterAttrs [3][2][spillway.NumPriorities][numReasons]metric.MeasurementOption
+	durAttrs     [3][2]metric.MeasurementOption
+}
+
+// Instrument wraps l so that every decision is traced and counted under
+// name (bounded: a limiter or chain name, never a key). Instrument errors
+// from the meter go to otel.Handle and leave that instrument a no-op.
+func Instrument(l spillway.Limiter, name string, opts ...Option) spillway.Limiter {
+	c := newConfig(opts)
+	meter := c.mp.Meter(ScopeName)
+	in := &instrumented{
+		next:      l,
+		name:      name,
+		tracer:    c.tp.Tracer(ScopeName),
+		childSpan: c.childSpan,
+		now:       c.now,
+	}
+	var err error
+	in.decisions, err = meter.Int64Counter(MetricDecisions,
+		metric.WithDescription("Admission decisions by limiter, outcome, degraded, priority and reason."),
+		metric.WithUnit("{decision}"))
+	if err != nil {
+		otel.Handle(err)
+	}
+	in.duration, err = meter.Float64Histogram(MetricDuration,
+		metric.WithDescription("Time to decide one admission (store round trip included)."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	if err != nil {
+		otel.Handle(err)
+	}
+	lim := KeyLimiter.String(name)
+	for o := range 3 {
+		for g := range 2 {
+			in.durAttrs[o][g] = metric.WithAttributeSet(attribute.NewSet(lim, KeyOutcome.String(outcomes[o]), KeyDegraded.Bool(g == 1)))
+			for p := range spillway.NumPriorities {
+				for r := range numReasons {
+					in.counterAttrs[o][g][p][r] = metric.WithAttributeSet(attribute.NewSet(lim,
+						KeyOutcome.String(outcomes[o]), KeyDegraded.Bool(g == 1),
+						KeyPriority.String(spillway.Priority(p).String()), KeyReason.String(spillway.Reason(r).String())))
+				}
+			}
+		}
+	}
+	return in
+}
+
+func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	var span trace.Span
+	if in.childSpan {
+		ctx, span = in.tracer.Start(ctx, SpanAdmit, trace.WithSpanKind(trace.SpanKindInternal))
+	} else {
+		span = trace.SpanFromContext(ctx)
+	}
+	start := in.now()
+	d, done, err := in.next.Admit(ctx, r)
+	elapsed := in.now().Sub(start)
+
+	o := 0
+	switch {
+	case err != nil:
+		o = 2
+	case !d.Allowed:
+		o = 1
+	}
+	g := 0
+	if d.Degraded {
+		g = 1
+	}
+	if in.decisions != nil {
+		if p, rs := int(r.Priority), int(d.Reason); r.Priority.Valid() && rs < numReasons {
+			in.decisions.Add(ctx, 1, in.counterAttrs[o][g][p][rs])
+		} else {
+			in.decisions.Add(ctx, 1, metric.WithAttributes(KeyLimiter.String(in.name),
+				KeyOutcome.String(outcomes[o]), KeyDegraded.Bool(d.Degraded),
+				KeyPriority.String(r.Priority.String()), KeyReason.String(d.Reason.String())))
+		}
+	}
+	if in.duration != nil {
+		in.duration.Record(ctx, elapsed.Seconds(), in.durAttrs[o][g])
+	}
+	if span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, 10)
+		attrs = append(attrs,
+			KeyLimiter.String(in.name),
+			KeyDecidedBy.String(d.Limiter),
+			KeyOutcome.String(outcomes[o]),
+			KeyReason.String(d.Reason.String()),
+			KeyLimit.Int64(d.Limit),
+			KeyRemaining.Int64(d.Remaining),
+			KeyDegraded.Bool(d.Degraded),
+			KeyPriority.String(r.Priority.String()),
+			KeyLatency.Int64(elapsed.Microseconds()),
+		)
+		if o == 1 {
+			attrs = append(attrs, KeyRetry.Int64(d.RetryAfter.Milliseconds()))
+		}
+		if in.childSpan {
+			span.SetAttributes(attrs...)
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+		} else {
+			opts := []trace.EventOption{trace.WithAttributes(attrs...)}
+			if err != nil {
+				opts = append(opts, trace.WithAttributes(attribute.String("exception.message", err.Error())))
+			}
+			span.AddEvent(EventDecision, opts...)
+		}
+	} else if in.childSpan {
+		span.End()
+	}
+	return d, done, err
+}
