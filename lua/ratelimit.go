@@ -1,0 +1,31 @@
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The request-rate scripts of ratelimit.RedisStore. Their contracts (KEYS,
+// ARGV, reply, writes) open each .lua file.
+var (
+	//go:embed ratelimit_batch.lua
+	ratelimitBatchSrc string
+	//go:embed ratelimit_token_bucket.lua
+	ratelimitTokenBucketSrc string
+	//go:embed ratelimit_refund.lua
+	ratelimitRefundSrc string
+)
+
+// RateLimitBatch decides N (key, policy, cost) items of every algorithm all
+// or nothing in one call (ratelimit_batch.lua).
+var RateLimitBatch = redis.NewScript(ratelimitBatchSrc)
+
+// RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
+// the lean common path (ratelimit_token_bucket.lua).
+var RateLimitTokenBucket = redis.NewScript(ratelimitTokenBucketSrc)
+
+// RateLimitRefund gives back what RateLimitBatch charged, for the Redis
+// Cluster path where one slot group was charged and another denied
+// (ratelimit_refund.lua).
+var RateLimitRefund = redis.NewScript(ratelimitRefundSrc)

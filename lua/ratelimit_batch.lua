@@ -1,0 +1,272 @@
+-- ratelimit_batch.lua: decide N rate-limit items all or nothing, in one
+-- round trip. The arithmetic is ratelimit/algorithms.go line by line (the
+-- memory store runs that file; a differential test compares the two).
+--
+-- KEYS[i]  the state key of item i. All keys of one call hash to one
+--          Cluster slot (the Go store groups items by slot).
+-- ARGV[1]  now in µs, or "" to read Redis TIME
+-- ARGV[2 + 7(i-1) .. 8 + 7(i-1)], for item i:
+--          alg  0 token bucket, 1 GCRA, 2 fixed window, 3 sliding window
+--               log, 4 sliding window counter, 5 leaky bucket
+--          L    limit; P period in µs; B burst (effective, ≥ 1)
+--          T    emission interval ceil(P/L) in µs
+--          n    cost (≥ 0; 0 peeks)
+--          uid  unique id of this item in this call: the sliding window
+--               log's members are uid (n = 1) or uid..":"..j (j = 1..n)
+--
+-- Reply: {now, allowed, then 5 integers per item: ok, remaining, reset,
+--         retry, mark}
+--   now        the µs time the call decided at
+--   allowed    1 if every item was allowed (and so charged), else 0
+--   ok         1 if the item alone had room (0 peeks always do)
+--   remaining  what is left, counted as if charged when ok
+--   reset      µs until the state is back to full (also its key's TTL)
+--   retry      µs until the item can succeed; 0 when ok, and 0 with ok = 0
+--              when n exceeds the capacity (the Go side reports that as
+--              ReasonCostExceedsLimit)
+--   mark       the window index written (fixed window, window counter),
+--              which a refund needs; 0 otherwise
+--
+-- State, one key per item:
+--   bucket family   string "TAT" (µs)
+--   fixed window    string "w:count"       (w = window index)
+--   window counter  string "w:prev:cur"
+--   window log      zset member -> admission time (µs)
+--
+-- Writes: phase 1 only reads, except that it trims the log's expired
+-- entries (as the memory store does on every call; that changes no
+-- decision). Phase 2 runs only when every item is allowed and writes each
+-- item with n > 0, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
+-- state is full and a missing key means the same. A denied batch changes
+-- no state. A key of unexpected type or content (the policy
+-- changed algorithm) reads as empty and is overwritten. Two items on one
+-- key see each other's charge. Numbers sent to redis.call are formatted
+-- with %d: Lua's default %.14g would round 16-digit microsecond times.
+local floor = math.floor
+local fmt = string.format
+
+local now = tonumber(ARGV[1])
+if now == nil then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+if now < 0 then now = 0 end
+
+local function ttl(reset) -- ms, rounded up, at least 1
+  local m = floor((reset + 999) / 1000)
+  if m < 1 then m = 1 end
+  return m
+end
+
+-- the smallest x ≥ 0 with floor(p·(P−x)/P) ≤ m (m ≥ 0)
+local function drain(p, m, P)
+  if p <= m then return 0 end
+  return floor(((p - m - 1) * P + 1 + p - 1) / p)
+end
+
+local pending = {} -- key -> state string an earlier item of this call wrote
+local logs = {}    -- key -> {n added by earlier items, at}
+local writes = {}
+local reply = {now, 1}
+local all = 1
+
+local function getstr(key)
+  local v = pending[key]
+  if v ~= nil then return v end
+  v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then return nil end
+  return v
+end
+
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local b = 2 + 7 * (i - 1)
+  local alg = tonumber(ARGV[b])
+  local L = tonumber(ARGV[b + 1])
+  local P = tonumber(ARGV[b + 2])
+  local B = tonumber(ARGV[b + 3])
+  local T = tonumber(ARGV[b + 4])
+  local n = tonumber(ARGV[b + 5])
+  local ok, rem, reset, retry, mark = 0, 0, 0, 0, 0
+
+  if alg == 0 or alg == 1 or alg == 5 then
+    local tau = B * T
+    local s = getstr(key)
+    local tat = s and tonumber(s) or 0
+    local t = now
+    if t < tat - tau then t = tat - tau end -- time went backwards
+    local base = tat
+    if base < t then base = t end
+    local wait = base - t
+    local need = wait + n * T
+    if n > B or need > tau then
+      rem, reset = floor((tau - wait) / T), wait
+      if n <= B then retry = need - tau end
+    else
+      ok, rem, reset = 1, floor((tau - need) / T), need
+      if n > 0 then
+        local s = fmt('%d', t + need)
+        pending[key] = s
+        writes[#writes + 1] = {0, key, s, ttl(need)}
+      end
+    end
+
+  elseif alg == 2 then
+    local w, c = 0, 0
+    local s = getstr(key)
+    if s ~= nil then
+      local ws, cs = string.match(s, '^(%d+):(%d+)$')
+      if ws ~= nil then w, c = tonumber(ws), tonumber(cs) end
+    end
+    local t = now
+    if t < w * P then t = w * P end -- time went backwards: stay in the window
+    local k = floor(t / P)
+    if k ~= w then c = 0 end
+    local wend = (k + 1) * P
+    if n > L or c + n > L then
+      rem = L - c
+      if rem < 0 then rem = 0 end
+      if c > 0 then reset = wend - t end
+      if n <= L then retry = wend - t end
+    else
+      c = c + n
+      ok, rem = 1, L - c
+      if c > 0 then reset = wend - t end
+      if n > 0 then
+        mark = k
+        local v = fmt('%d:%d', k, c)
+        pending[key] = v
+        writes[#writes + 1] = {0, key, v, ttl(reset)}
+      end
+    end
+
+  elseif alg == 4 then
+    local w, prev, cur = 0, 0, 0
+    local s = getstr(key)
+    if s ~= nil then
+      local ws, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
+      if ws ~= nil then w, prev, cur = tonumber(ws), tonumber(ps), tonumber(cs) end
+    end
+    local t = now
+    if t < w * P then t = w * P end
+    local k = floor(t / P)
+    if k == w + 1 then
+      prev, cur = cur, 0
+    elseif k ~= w then
+      prev, cur = 0, 0
+    end
+    local e = t - k * P
+    local est = floor(prev * (P - e) / P) + cur
+    if n > L or est + n > L then
+      rem = L - est
+      if rem < 0 then rem = 0 end
+      if n <= L then
+        if L - cur - n >= 0 then
+          retry = drain(prev, L - cur - n, P) - e
+        else
+          retry = (P - e) + drain(cur, L - n, P)
+        end
+      end
+    else
+      ok, rem = 1, L - est - n
+      cur = cur + n
+    end
+    if cur > 0 then
+      reset = (P - e) + drain(cur, 0, P)
+    else
+      reset = drain(prev, 0, P) - e
+      if reset < 0 then reset = 0 end
+    end
+    if ok == 1 and n > 0 then
+      mark = k
+      local v = fmt('%d:%d:%d', k, prev, cur)
+      pending[key] = v
+      writes[#writes + 1] = {0, key, v, ttl(reset)}
+    end
+
+  elseif alg == 3 then
+    local zkey = true -- false: the key holds another type, replace it
+    local c, newest = 0, nil
+    local lg = logs[key]
+    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if top.err then
+      zkey = false
+    elseif top[2] ~= nil then
+      newest = tonumber(top[2])
+    end
+    if lg ~= nil then newest = lg[2] end
+    local t = now
+    if newest ~= nil and t < newest then t = newest end -- time went backwards
+    local cutoff = t - P -- entries ≤ cutoff have left the window
+    local stored = 0
+    if zkey and top[2] ~= nil then
+      -- trimmed on every call, as the memory store does (it changes no
+      -- decision, and the newest entry it keeps bounds a backwards clock)
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', cutoff))
+      stored = redis.call('ZCARD', key)
+    end
+    local added = 0
+    if lg ~= nil then added = lg[1] end
+    c = stored + added
+    if n > L or c + n > L then
+      rem = L - c
+      if rem < 0 then rem = 0 end
+      if n <= L then
+        -- the m-th oldest live entry must leave first
+        local m = c + n - L
+        if m <= stored then
+          local r = redis.call('ZRANGE', key, m - 1, m - 1, 'WITHSCORES')
+          retry = tonumber(r[2]) + P - t
+        else
+          retry = lg[2] + P - t
+        end
+      end
+    else
+      ok, rem = 1, L - c - n
+      c = c + n
+      if n > 0 then
+        newest = t
+        logs[key] = {added + n, t}
+        writes[#writes + 1] = {1, key, ARGV[b + 6], n, t, zkey}
+      end
+    end
+    if c > 0 then reset = newest + P - t end
+    if ok == 1 and n > 0 then writes[#writes][7] = ttl(reset) end
+  else
+    return redis.error_reply('ratelimit: unknown algorithm ' .. tostring(ARGV[b]))
+  end
+
+  if ok == 0 then all = 0 end
+  local o = #reply
+  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = ok, rem, reset, retry, mark
+end
+
+if all == 0 then
+  reply[2] = 0
+  return reply
+end
+
+for _, w in ipairs(writes) do
+  if w[1] == 0 then
+    redis.call('SET', w[2], w[3], 'PX', w[4])
+  else
+    local key, uid, n, at, zkey, px = w[2], w[3], w[4], w[5], w[6], w[7]
+    if not zkey then redis.call('DEL', key) end
+    local score = fmt('%d', at)
+    if n == 1 then
+      redis.call('ZADD', key, score, uid)
+    else
+      local args = {}
+      for j = 1, n do
+        args[#args + 1] = score
+        args[#args + 1] = uid .. ':' .. j
+        if #args >= 1000 or j == n then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+    end
+    redis.call('PEXPIRE', key, px)
+  end
+end
+return reply

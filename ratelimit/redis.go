@@ -1,0 +1,250 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// RedisStore keeps rate-limit state in Redis, shared by every server of a
+// fleet. Each decision is one Lua script call (one round trip), whatever
+// the number of items in the batch; see docs/ratelimit-redis.md.
+//
+// Keys are keys.Key(prefix, scope, key): the entity is the Redis Cluster
+// hash tag, so the tiers of one entity share a slot. TokenBucket, GCRA and
+// LeakyBucket share one string per (scope, key), the theoretical arrival
+// time in µs (as in the memory store); the windows add a suffix outside the
+// tag (":fw", ":swc", ":swl") so that a policy that changes algorithm never
+// reads another layout's state. Every key carries a millisecond TTL that
+// ends when its state is back to full.
+//
+// On a *redis.ClusterClient (and a *redis.Ring) the items of a batch are
+// grouped by slot (by shard), the groups run in parallel, and when one
+// group denies or fails after another charged, the charged groups are
+// refunded by a second script: the only second round trip, on the rare
+// path. No CROSSSLOT error reaches the caller.
+//
+// By default the scripts read Redis TIME, so servers with skewed clocks
+// agree; WithClock makes the client send its own time instead.
+//
+// A RedisStore is safe for concurrent use.
+type RedisStore struct {
+	client  redis.UniversalClient
+	prefix  string
+	clock   func() time.Time
+	err     error // a construction problem, returned by every call
+	sharded sharding
+	idBase  string
+	idSeq   atomic.Uint64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// sharding says how the client spreads keys over servers.
+type sharding uint8
+
+const (
+	oneServer sharding = iota // a *redis.Client, failover client, …: any keys in one script
+	bySlot                    // *redis.ClusterClient: one script per hash slot
+	byTag                     // *redis.Ring: one script per hash tag (ring shards hash the tag)
+)
+
+// NewRedisStore returns a store over client (a *redis.Client, a
+// *redis.ClusterClient, a failover client or a *redis.Ring). It honours
+// WithPrefix (default "spillway:") and WithClock (default: the scripts read
+// Redis TIME); WithMaxKeys and WithShards do not apply. A nil client or a
+// prefix containing '{' or '}' makes every call return an error saying so.
+func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
+	o := defaultStoreOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock}
+	if client == nil {
+		s.err = errors.New("ratelimit: redis: client is nil")
+	} else if err := keys.ValidatePrefix(o.prefix); err != nil {
+		s.err = fmt.Errorf("ratelimit: redis: %w", err)
+	}
+	switch client.(type) {
+	case *redis.ClusterClient:
+		s.sharded = bySlot
+	case *redis.Ring:
+		s.sharded = byTag
+	}
+	var b [9]byte
+	_, _ = rand.Read(b[:])
+	s.idBase = base64.RawURLEncoding.EncodeToString(b[:]) + "."
+	return s
+}
+
+// layout suffixes: the bucket family's key is the bare keys.Key (the
+// common, memory-bound case), the windows' keys end after the hash tag.
+func redisKey(prefix string, it *Item) string {
+	k := keys.Key(prefix, it.Scope, it.Key)
+	switch it.Policy.Algorithm {
+	case FixedWindow:
+		return k + ":fw"
+	case SlidingWindowCounter:
+		return k + ":swc"
+	case SlidingWindowLog:
+		return k + ":swl"
+	}
+	return k
+}
+
+// nowArg is ARGV[1] of the scripts: the client's µs time, or "" for TIME.
+func (s *RedisStore) nowArg() string {
+	if s.clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.clock().UnixMicro(), 10)
+}
+
+// Decide implements Store. One item of the bucket family runs the lean
+// token-bucket script; anything else runs the batch script, once per slot
+// on a Cluster (see RedisStore).
+func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	if s.err != nil {
+		return false, s.err
+	}
+	if len(out) < len(items) {
+		return false, fmt.Errorf("ratelimit: out has %d decisions for %d items", len(out), len(items))
+	}
+	for i := range items {
+		if err := validateItem(&items[i]); err != nil {
+			return false, fmt.Errorf("ratelimit: item %d: %w", i, err)
+		}
+	}
+	switch len(items) {
+	case 0:
+		return true, nil
+	case 1:
+		switch items[0].Policy.Algorithm {
+		case TokenBucket, GCRA, LeakyBucket:
+			return s.decideBucket(ctx, &items[0], &out[0])
+		}
+	}
+	if s.sharded != oneServer {
+		return s.decideGroups(ctx, items, out)
+	}
+	allowed, _, err := s.runBatch(ctx, items, out, nil)
+	return allowed, err
+}
+
+// decideBucket runs lua/ratelimit_token_bucket.lua for one item.
+func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.Decision) (bool, error) {
+	p := it.Policy
+	T := p.EmissionInterval()
+	key := redisKey(s.prefix, it)
+	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key},
+		s.nowArg(), T, p.EffectiveBurst()*T, it.Cost).Result()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
+	}
+	v, err := intSlice(res, 4)
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
+	}
+	*out = s.outcome(it, v).decision(it.Scope, p)
+	return out.Allowed, nil
+}
+
+// outcome reads {ok, remaining, reset, retry} from v.
+func (s *RedisStore) outcome(it *Item, v []int64) outcome {
+	ok := v[0] == 1
+	return outcome{
+		allowed:   ok,
+		exceeds:   !ok && it.Cost > it.Policy.Capacity(),
+		remaining: v[1],
+		reset:     v[2],
+		retry:     v[3],
+	}
+}
+
+// batchFields is the number of ARGV values per item of the batch script.
+const batchFields = 7
+
+// runBatch runs lua/ratelimit_batch.lua over items (all in one slot) and
+// writes their decisions to out. marks, when not nil, receives each item's
+// mark (for a refund); uids, the ids it sent. It returns whether the batch
+// was allowed and the script's now.
+func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, int64, error) {
+	keys := make([]string, len(items))
+	args := make([]any, 1, 1+batchFields*len(items))
+	args[0] = s.nowArg()
+	for i := range items {
+		it := &items[i]
+		p := it.Policy
+		keys[i] = redisKey(s.prefix, it)
+		uid := ""
+		if p.Algorithm == SlidingWindowLog && it.Cost > 0 {
+			uid = s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
+		}
+		if g != nil {
+			g.uids[i] = uid
+		}
+		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, uid)
+	}
+	res, err := lua.RateLimitBatch.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
+	}
+	v, err := intSlice(res, 2+5*len(items))
+	if err != nil {
+		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
+	}
+	for i := range items {
+		r := v[2+5*i : 7+5*i]
+		out[i] = s.outcome(&items[i], r).decision(items[i].Scope, items[i].Policy)
+		if g != nil {
+			g.marks[i] = r[4]
+		}
+	}
+	return v[1] == 1, v[0], nil
+}
+
+// Reset implements Store: it deletes the key of (scope, key) under the
+// layout of p (TokenBucket, GCRA and LeakyBucket share one).
+func (s *RedisStore) Reset(ctx context.Context, scope, key string, p Policy) error {
+	if s.err != nil {
+		return s.err
+	}
+	k := redisKey(s.prefix, &Item{Scope: scope, Key: key, Policy: p})
+	if err := s.client.Del(ctx, k).Err(); err != nil {
+		return fmt.Errorf("ratelimit: redis: reset %q: %w", k, err)
+	}
+	return nil
+}
+
+// intSlice checks that a script reply is an array of want integers.
+func intSlice(res any, want int) ([]int64, error) {
+	arr, ok := res.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected reply of type %T, want an array", res)
+	}
+	if len(arr) != want {
+		return nil, fmt.Errorf("unexpected reply of %d values, want %d", len(arr), want)
+	}
+	v := make([]int64, want)
+	for i, x := range arr {
+		n, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("unexpected reply value %d of type %T, want an integer", i, x)
+		}
+		v[i] = n
+	}
+	return v, nil
+}

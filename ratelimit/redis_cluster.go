@@ -1,0 +1,175 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// group is the part of a batch that lives in one Cluster slot (one Ring
+// shard): one script call.
+type group struct {
+	shard   int    // slot, or the index of the tag among the batch's tags
+	tag     string // byTag only
+	idx     []int  // positions in the caller's batch
+	items   []Item // items[idx[j]]
+	out     []spillway.Decision
+	uids    []string // the log ids sent, for a refund
+	marks   []int64  // the marks returned, for a refund
+	allowed bool
+	err     error
+}
+
+func (g *group) charged() bool {
+	if !g.allowed || g.err != nil {
+		return false
+	}
+	for i := range g.items {
+		if g.items[i].Cost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// decideGroups decides a batch whose items may live on several Cluster
+// slots (Ring shards): one batch script per group, in parallel; if a group
+// denies or fails while another charged, the charged groups are refunded.
+func (s *RedisStore) decideGroups(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	groups := s.split(items)
+	if len(groups) == 1 {
+		allowed, _, err := s.runBatch(ctx, items, out, nil)
+		return allowed, err
+	}
+	var eg errgroup.Group
+	for _, g := range groups {
+		eg.Go(func() error {
+			g.allowed, _, g.err = s.runBatch(ctx, g.items, g.out, g)
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	allowed := true
+	var errs []error
+	for _, g := range groups {
+		for j, i := range g.idx {
+			out[i] = g.out[j]
+		}
+		if g.err != nil {
+			errs = append(errs, g.err)
+		}
+		allowed = allowed && g.allowed && g.err == nil
+	}
+	if allowed {
+		return true, nil
+	}
+	// A group that failed may or may not have charged (a timeout after the
+	// script ran): it is not refunded, since refunding what was never
+	// charged would admit more than the policy allows.
+	if err := s.refund(ctx, groups); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return false, errors.Join(errs...)
+	}
+	return false, nil
+}
+
+// split groups items by slot (Cluster) or hash tag (Ring), in order of
+// first appearance.
+func (s *RedisStore) split(items []Item) []*group {
+	var groups []*group
+	for i := range items {
+		k := redisKey(s.prefix, &items[i])
+		tag := keys.Tag(k)
+		var g *group
+		for _, h := range groups {
+			if (s.sharded == bySlot && h.shard == slot(k)) || (s.sharded == byTag && h.tag == tag) {
+				g = h
+				break
+			}
+		}
+		if g == nil {
+			g = &group{shard: slot(k), tag: tag}
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.items = append(g.items, items[i])
+	}
+	for _, g := range groups {
+		g.out = make([]spillway.Decision, len(g.items))
+		g.uids = make([]string, len(g.items))
+		g.marks = make([]int64, len(g.items))
+	}
+	return groups
+}
+
+// refundFields is the number of ARGV values per item of the refund script.
+const refundFields = 8
+
+// refund gives back, with lua/ratelimit_refund.lua, what the charged groups
+// took; the groups run in parallel. It runs even when ctx is done: a
+// charge must not outlive the batch that was denied.
+func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
+	ctx = context.WithoutCancel(ctx)
+	var eg errgroup.Group
+	for _, g := range groups {
+		if !g.charged() {
+			continue
+		}
+		eg.Go(func() error {
+			keys := make([]string, len(g.items))
+			args := make([]any, 1, 1+refundFields*len(g.items))
+			args[0] = s.nowArg()
+			for i := range g.items {
+				it := &g.items[i]
+				p := it.Policy
+				keys[i] = redisKey(s.prefix, it)
+				args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, g.uids[i], g.marks[i])
+			}
+			if err := lua.RateLimitRefund.Run(ctx, s.client, keys, args...).Err(); err != nil {
+				return fmt.Errorf("ratelimit: redis: refund script: %w", err)
+			}
+			return nil
+		})
+	}
+	return eg.Wait()
+}
+
+// slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
+// hash tag (the text between the first '{' and the next '}', when not
+// empty) or of the whole key, modulo 16384. It agrees with CLUSTER KEYSLOT.
+func slot(key string) int {
+	return int(crc16(keys.Tag(key)) & 16383)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), the
+// checksum Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

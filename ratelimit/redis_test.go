@@ -1,0 +1,547 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// fakeClock is a settable clock for WithClock.
+type fakeClock struct{ us atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time       { return time.UnixMicro(c.us.Load()) }
+func (c *fakeClock) Add(d time.Duration)  { c.us.Add(d.Microseconds()) }
+func (c *fakeClock) Set(t time.Time)      { c.us.Store(t.UnixMicro()) }
+func newFakeClock(t time.Time) *fakeClock { c := &fakeClock{}; c.Set(t); return c }
+
+// redisServer starts one redis-server for the test and returns a client.
+func redisServer(t testing.TB) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, srv.Client(t)
+}
+
+var rt0 = time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
+
+func TestRedisStoreTokenBucketSteps(t *testing.T) {
+	_, c := redisServer(t)
+	clk := newFakeClock(rt0)
+	s := NewRedisStore(c, WithClock(clk.Now))
+	p := Policy{Limit: 10, Period: time.Second, Burst: 3} // T = 100ms, tau = 300ms
+	ctx := context.Background()
+	steps := []struct {
+		at        time.Duration
+		n         int64
+		allowed   bool
+		reason    spillway.Reason
+		remaining int64
+		reset     time.Duration
+		retry     time.Duration
+	}{
+		{0, 1, true, 0, 2, 100 * time.Millisecond, 0},
+		{0, 2, true, 0, 0, 300 * time.Millisecond, 0},
+		{0, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Millisecond, 100 * time.Millisecond},
+		{0, 0, true, 0, 0, 300 * time.Millisecond, 0},
+		{0, 4, false, spillway.ReasonCostExceedsLimit, 0, 300 * time.Millisecond, 0},
+		{150 * time.Millisecond, 1, true, 0, 0, 250 * time.Millisecond, 0},
+		// the clock goes back 50ms: now is clamped to TAT − τ (t+100ms), where the bucket is empty
+		{100 * time.Millisecond, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Millisecond, 100 * time.Millisecond},
+		{1000 * time.Millisecond, 3, true, 0, 0, 300 * time.Millisecond, 0},
+	}
+	for i, st := range steps {
+		clk.Set(rt0.Add(st.at))
+		var out [1]spillway.Decision
+		ok, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p, Cost: st.n}}, out[:])
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		want := spillway.Decision{Allowed: st.allowed, Reason: st.reason, Limiter: "s", Limit: 3, Remaining: st.remaining, ResetAfter: st.reset, RetryAfter: st.retry}
+		if ok != st.allowed || out[0] != want {
+			t.Errorf("step %d (t+%v, n=%d): got %v %+v, want %+v", i, st.at, st.n, ok, out[0], want)
+		}
+	}
+}
+
+func TestRedisStoreBatchAllOrNothing(t *testing.T) {
+	_, c := redisServer(t)
+	clk := newFakeClock(rt0)
+	s := NewRedisStore(c, WithClock(clk.Now))
+	ctx := context.Background()
+	tb := Policy{Limit: 5, Period: time.Second}
+	fw := Policy{Algorithm: FixedWindow, Limit: 2, Period: time.Second}
+	items := []Item{{Scope: "a", Key: "u", Policy: tb, Cost: 1}, {Scope: "b", Key: "u", Policy: fw, Cost: 1}}
+	out := make([]spillway.Decision, 2)
+	for i := 0; i < 2; i++ {
+		if ok, err := s.Decide(ctx, items, out); err != nil || !ok {
+			t.Fatalf("call %d: %v %v %+v", i, ok, err, out)
+		}
+	}
+	ok, err := s.Decide(ctx, items, out)
+	if err != nil || ok {
+		t.Fatalf("third call: %v %v", ok, err)
+	}
+	if !out[0].Allowed || out[0].Remaining != 2 || out[1].Allowed || out[1].Reason != spillway.ReasonRateLimited {
+		t.Fatalf("third call decisions %+v", out)
+	}
+	// the denial charged nothing: the token bucket still has 3 left
+	ok, err = s.Decide(ctx, items[:1], out)
+	if err != nil || !ok || out[0].Remaining != 2 {
+		t.Fatalf("after denial: %v %v %+v, want allowed with 2 remaining", ok, err, out[0])
+	}
+}
+
+// TestRedisStoreDifferential replays random sequences on the memory store
+// and on Redis (both on one fake clock) and compares every decision.
+func TestRedisStoreDifferential(t *testing.T) {
+	_, c := redisServer(t)
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			differential(t, c, seed, 600)
+		})
+	}
+}
+
+func randomPolicy(r *rand.Rand) Policy {
+	alg := Algorithm(r.IntN(int(numAlgorithms)))
+	limit := int64(1 + r.IntN(8))
+	var period time.Duration
+	switch r.IntN(3) {
+	case 0:
+		period = time.Duration(limit*int64(1+r.IntN(50))) * time.Millisecond
+	case 1:
+		period = time.Duration(1+r.IntN(3)) * time.Second
+	default:
+		period = time.Duration(int64(r.IntN(2_000_000))+limit) * time.Microsecond
+	}
+	p := Policy{Algorithm: alg, Limit: limit, Period: period}
+	switch alg {
+	case TokenBucket, GCRA, LeakyBucket:
+		if r.IntN(2) == 0 {
+			p.Burst = int64(1 + r.IntN(10))
+		}
+	}
+	return p
+}
+
+var debugKey = ""
+
+func differential(t *testing.T, c redis.UniversalClient, seed uint64, steps int) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
+	prefix := fmt.Sprintf("diff%d:", seed)
+	rs := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+	ms := NewMemoryStore(WithClock(clk.Now))
+	ctx := context.Background()
+
+	type scope struct {
+		name string
+		p    Policy
+	}
+	scopes := make([]scope, 6)
+	for i := range scopes {
+		scopes[i] = scope{fmt.Sprintf("s%d", i), randomPolicy(r)}
+	}
+	entities := []string{"alice", "bob", "{x}"}
+	outR := make([]spillway.Decision, 4)
+	outM := make([]spillway.Decision, 4)
+	for step := 0; step < steps; step++ {
+		switch x := r.IntN(20); {
+		case x < 12:
+			clk.Add(time.Duration(r.Int64N(int64(300 * time.Millisecond))))
+		case x < 14:
+			clk.Add(time.Duration(r.Int64N(int64(3 * time.Second))))
+		case x < 15:
+			clk.Add(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
+		case x < 16:
+			clk.Add(time.Duration(r.Int64N(1000)) * time.Microsecond)
+		}
+		n := 1 + r.IntN(3)
+		items := make([]Item, n)
+		for i := range items {
+			sc := scopes[r.IntN(len(scopes))]
+			cp := sc.p.Capacity()
+			var cost int64
+			switch x := r.IntN(10); {
+			case x == 0:
+				cost = 0
+			case x == 1:
+				cost = cp + 1 + r.Int64N(2)
+			case x < 5:
+				cost = 1 + r.Int64N(cp)
+			default:
+				cost = 1
+			}
+			items[i] = Item{Scope: sc.name, Key: entities[r.IntN(len(entities))], Policy: sc.p, Cost: cost}
+		}
+		if r.IntN(40) == 0 {
+			it := items[0]
+			if err := rs.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+			if err := ms.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+		}
+		okR, err := rs.Decide(ctx, items, outR)
+		if err != nil {
+			t.Fatalf("step %d: redis: %v", step, err)
+		}
+		if okR {
+			checkTTLsAndPersist(t, c, prefix, items, outR)
+		}
+		okM, err := ms.Decide(ctx, items, outM)
+		if err != nil {
+			t.Fatalf("step %d: memory: %v", step, err)
+		}
+		if okR != okM {
+			t.Fatalf("step %d at %v: batch allowed: redis %v, memory %v; items %+v", step, clk.Now().Sub(rt0), okR, okM, items)
+		}
+		if debugKey != "" {
+			for i := range items {
+				if items[i].Scope+"/"+items[i].Key == debugKey {
+					t.Logf("step %d at %v: %+v -> %v %+v", step, clk.Now().Sub(rt0), items, okM, outM[:len(items)])
+					break
+				}
+			}
+		}
+		for i := range items {
+			if outR[i] != outM[i] {
+				t.Fatalf("step %d at %v item %d (%+v):\n redis  %+v\n memory %+v", step, clk.Now().Sub(rt0), i, items[i], outR[i], outM[i])
+			}
+		}
+	}
+}
+
+// checkTTLsAndPersist checks that every key an allowed batch wrote has a
+// TTL in (0, ResetAfter], then removes it: Redis expires keys in real time,
+// which the fake clock of a differential test does not follow (a state
+// past its TTL is full, so expiry changes no decision; a state seen by a
+// clock that stands still or went back is another matter).
+func checkTTLsAndPersist(t *testing.T, c redis.UniversalClient, prefix string, items []Item, out []spillway.Decision) {
+	t.Helper()
+	ctx := context.Background()
+	maxReset := map[string]time.Duration{}
+	for i := range items {
+		if items[i].Cost == 0 {
+			continue
+		}
+		k := redisKey(prefix, &items[i])
+		maxReset[k] = max(maxReset[k], out[i].ResetAfter)
+	}
+	for k, reset := range maxReset {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 && ttl >= -2 && reset <= 250*time.Millisecond {
+			continue // already expired: the box is loaded and real time passes
+		}
+		if ttl <= 0 || ttl > reset {
+			t.Fatalf("PTTL %s = %v, want in (0, %v]; items %+v out %+v", k, ttl, reset, items, out[:len(items)])
+		}
+		if err := c.Persist(ctx, k).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRedisStoreContention: 64 goroutines over 4 clients on one key with no
+// refill admit exactly the burst.
+func TestRedisStoreContention(t *testing.T) {
+	srv, _ := redisServer(t)
+	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const burst = 100
+			p := Policy{Algorithm: alg, Limit: burst, Period: time.Hour} // no meaningful refill during the test
+			clk := newFakeClock(rt0)                                      // frozen: no refill at all
+			var stores [4]*RedisStore
+			for i := range stores {
+				stores[i] = NewRedisStore(srv.Client(t), WithClock(clk.Now))
+			}
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for g := 0; g < 64; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s := stores[g%4]
+					var out [2]spillway.Decision
+					for j := 0; j < 5; j++ {
+						// half single items, half two-item batches with a peek
+						items := []Item{{Scope: "hot", Key: "k", Policy: p, Cost: 1}}
+						if g%2 == 1 {
+							items = append(items, Item{Scope: "peek", Key: "k", Policy: p, Cost: 0})
+						}
+						ok, err := s.Decide(context.Background(), items, out[:])
+						if err != nil {
+							errs <- err
+							return
+						}
+						if ok {
+							admitted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			if got := admitted.Load(); got != burst {
+				t.Fatalf("admitted %d of 320, want exactly %d", got, burst)
+			}
+		})
+	}
+}
+
+func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
+	srv, c := redisServer(t)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	out := make([]spillway.Decision, 2)
+	p := Policy{Limit: 10, Period: time.Second}
+	w := Policy{Algorithm: SlidingWindowLog, Limit: 10, Period: time.Second}
+	single := []Item{{Scope: "s", Key: "k", Policy: p, Cost: 1}}
+	batch := []Item{{Scope: "s", Key: "k", Policy: p, Cost: 1}, {Scope: "w", Key: "k", Policy: w, Cost: 1}}
+	for round := 0; round < 3; round++ {
+		if _, err := srv.Do(ctx, "SCRIPT", "FLUSH"); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Decide(ctx, single, out); err != nil || !ok {
+			t.Fatalf("round %d single: %v %v", round, ok, err)
+		}
+		if ok, err := s.Decide(ctx, batch, out); err != nil || !ok {
+			t.Fatalf("round %d batch: %v %v", round, ok, err)
+		}
+	}
+	// 3 rounds × 2 charges on the bucket: 4 left
+	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p}}, out); err != nil || out[0].Remaining != 4 {
+		t.Fatalf("peek: %v %+v, want 4 remaining", err, out[0])
+	}
+	for _, sha := range []string{lua.RateLimitBatch.Hash(), lua.RateLimitTokenBucket.Hash()} {
+		v, err := srv.Do(ctx, "SCRIPT", "EXISTS", sha)
+		if err != nil || fmt.Sprint(v) != "[1]" {
+			t.Fatalf("SCRIPT EXISTS %s = %v %v, want loaded", sha, v, err)
+		}
+	}
+}
+
+// TestRedisStoreTTLOnEveryKey runs every algorithm (Redis TIME, the default
+// clock) and asserts that every key has a TTL no longer than its period.
+func TestRedisStoreTTLOnEveryKey(t *testing.T) {
+	_, c := redisServer(t)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	var items []Item
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		items = append(items, Item{Scope: "s", Key: "k", Policy: Policy{Algorithm: a, Limit: 50, Period: 2 * time.Second}, Cost: 1})
+	}
+	out := make([]spillway.Decision, len(items))
+	for i := 0; i < 20; i++ {
+		if _, err := s.Decide(ctx, items, out); err != nil {
+			t.Fatal(err)
+		}
+		for j := range items { // and singly, through the lean script
+			if _, err := s.Decide(ctx, items[j:j+1], out); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ks, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the three bucket algorithms share one key (one layout)
+	if len(ks) != 4 {
+		t.Fatalf("keys %v, want 4 (bucket, fixed, counter, log)", ks)
+	}
+	for _, k := range ks {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit := 2 * time.Second
+		if strings.HasSuffix(k, ":swc") {
+			limit *= 2 // the current window weighs until the end of the next
+		}
+		if ttl <= 0 || ttl > limit {
+			t.Errorf("PTTL %s = %v, want in (0, %v]", k, ttl, limit)
+		}
+	}
+}
+
+func TestRedisStoreReset(t *testing.T) {
+	_, c := redisServer(t)
+	s := NewRedisStore(c, WithPrefix("rs:"))
+	ctx := context.Background()
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		p := Policy{Algorithm: a, Limit: 2, Period: time.Minute}
+		it := []Item{{Scope: "s", Key: "k", Policy: p, Cost: 2}}
+		out := make([]spillway.Decision, 1)
+		if ok, err := s.Decide(ctx, it, out); err != nil || !ok {
+			t.Fatalf("%v: first: %v %v", a, ok, err)
+		}
+		if ok, _ := s.Decide(ctx, it, out); ok {
+			t.Fatalf("%v: second allowed, want denied", a)
+		}
+		if err := s.Reset(ctx, "s", "k", p); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Decide(ctx, it, out); err != nil || !ok {
+			t.Fatalf("%v: after reset: %v %v %+v", a, ok, err, out[0])
+		}
+		if err := s.Reset(ctx, "s", "k", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRedisStoreLogMembersUnique: many units admitted in the same
+// microsecond each get their own member (never the timestamp alone).
+func TestRedisStoreLogMembersUnique(t *testing.T) {
+	_, c := redisServer(t)
+	clk := newFakeClock(rt0)
+	s1 := NewRedisStore(c, WithClock(clk.Now))
+	s2 := NewRedisStore(c, WithClock(clk.Now))
+	p := Policy{Algorithm: SlidingWindowLog, Limit: 3000, Period: time.Minute}
+	ctx := context.Background()
+	out := make([]spillway.Decision, 1)
+	for _, s := range []*RedisStore{s1, s2, s1} {
+		if ok, err := s.Decide(ctx, []Item{{Scope: "l", Key: "k", Policy: p, Cost: 1}}, out); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if ok, err := s.Decide(ctx, []Item{{Scope: "l", Key: "k", Policy: p, Cost: 999}}, out); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	k := redisKey("spillway:", &Item{Scope: "l", Key: "k", Policy: p})
+	if n, err := c.ZCard(ctx, k).Result(); err != nil || n != 3000 {
+		t.Fatalf("ZCARD = %d %v, want 3000", n, err)
+	}
+	if out[0].Remaining != 0 {
+		t.Fatalf("remaining %d, want 0", out[0].Remaining)
+	}
+}
+
+// TestRedisStoreForeignState: a key written under another algorithm of
+// the same layout family, or garbage, reads as empty instead of failing.
+func TestRedisStoreForeignState(t *testing.T) {
+	_, c := redisServer(t)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		p := Policy{Algorithm: a, Limit: 3, Period: time.Minute}
+		it := Item{Scope: "f" + a.String(), Key: "k", Policy: p, Cost: 1}
+		it2 := Item{Scope: "g" + a.String(), Key: "k", Policy: p, Cost: 1}
+		k := redisKey("spillway:", &it)
+		for _, junk := range []func() error{
+			func() error { return c.Set(ctx, k, "garbage", time.Minute).Err() },
+			func() error { return c.HSet(ctx, k, "a", "b").Err() },
+		} {
+			c.Del(ctx, k, redisKey("spillway:", &it2))
+			if err := junk(); err != nil {
+				t.Fatal(err)
+			}
+			for _, items := range [][]Item{{it}, {it, it2}} {
+				ok, err := s.Decide(ctx, items, make([]spillway.Decision, len(items)))
+				if err != nil || !ok {
+					t.Fatalf("%v over foreign state: %v %v", a, ok, err)
+				}
+			}
+		}
+	}
+}
+
+// replyHook replaces every script reply, to check that replies of an
+// unexpected shape become errors, not panics.
+type replyHook struct{ val any }
+
+func (h replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.Cmd); ok && err == nil && strings.HasPrefix(strings.ToLower(cmd.Name()), "eval") {
+			c.SetVal(h.val)
+		}
+		return err
+	}
+}
+
+func TestRedisStoreUnexpectedReply(t *testing.T) {
+	srv, _ := redisServer(t)
+	ctx := context.Background()
+	p := Policy{Limit: 10, Period: time.Second}
+	w := Policy{Algorithm: FixedWindow, Limit: 10, Period: time.Second}
+	for _, val := range []any{nil, "OK", int64(1), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)}} {
+		c := srv.Client(t)
+		c.AddHook(replyHook{val})
+		s := NewRedisStore(c)
+		out := make([]spillway.Decision, 2)
+		for _, items := range [][]Item{{{Scope: "s", Key: "k", Policy: p, Cost: 1}}, {{Scope: "s", Key: "k", Policy: p, Cost: 1}, {Scope: "w", Key: "k", Policy: w, Cost: 1}}} {
+			ok, err := s.Decide(ctx, items, out)
+			if err == nil || ok || !strings.HasPrefix(err.Error(), "ratelimit: redis: ") {
+				t.Errorf("reply %#v: got %v, %v; want an error", val, ok, err)
+			}
+		}
+	}
+}
+
+func TestRedisStoreBadInput(t *testing.T) {
+	_, c := redisServer(t)
+	ctx := context.Background()
+	out := make([]spillway.Decision, 1)
+	it := []Item{{Scope: "s", Key: "k", Policy: Policy{Limit: 1, Period: time.Second}, Cost: 1}}
+	if _, err := NewRedisStore(nil).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "client is nil") {
+		t.Errorf("nil client: %v", err)
+	}
+	if _, err := NewRedisStore(c, WithPrefix("a{b}")).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "prefix") {
+		t.Errorf("bad prefix: %v", err)
+	}
+	s := NewRedisStore(c)
+	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: Policy{Limit: 1, Period: time.Second}, Cost: -1}}, out); err == nil {
+		t.Error("negative cost: no error")
+	}
+	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: Policy{Limit: 0, Period: time.Second}, Cost: 1}}, out); err == nil {
+		t.Error("zero limit: no error")
+	}
+	if _, err := s.Decide(ctx, it, nil); err == nil {
+		t.Error("short out: no error")
+	}
+}
+
+func TestSlotMatchesCluster(t *testing.T) {
+	// CLUSTER KEYSLOT works on a single node started in cluster mode.
+	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200; i++ {
+		b := make([]byte, r.IntN(20))
+		for j := range b {
+			b[j] = "ab{}:xyz0123"[r.IntN(12)]
+		}
+		k := string(b)
+		v, err := srv.Do(ctx, "CLUSTER", "KEYSLOT", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(slot(k)) != v.(int64) {
+			t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT = %d", k, slot(k), v)
+		}
+	}
+}
