@@ -264,7 +264,7 @@ func TestRedisStoreContention(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			const burst = 100
 			p := Policy{Algorithm: alg, Limit: burst, Period: time.Hour} // no meaningful refill during the test
-			clk := newFakeClock(rt0)                                      // frozen: no refill at all
+			clk := newFakeClock(rt0)                                     // frozen: no refill at all
 			var stores [4]*RedisStore
 			for i := range stores {
 				stores[i] = NewRedisStore(srv.Client(t), WithClock(clk.Now))
