@@ -198,7 +198,7 @@ func TestWorkerWithCgroupSource(t *testing.T) {
 		_, done, _ := w.Admit(t.Context(), criticalPlus())
 		done(0)
 	}
-	driveTick() // baseline
+	driveTick()                                                         // baseline
 	write(t, filepath.Join(dir, "fs/cpu.stat"), "usage_usec 5190000\n") // 0.19 s in 0.1 s on 2 cores: 0.95
 	driveTick()
 	if u := w.Utilization(); math.Abs(u-0.95) > 1e-9 {

@@ -321,3 +321,5 @@ func TestGoodputTable(t *testing.T) {
 	}
 	t.Log("goodput per priority (worker shedder, mix 60/20/15/5):\n" + b.String())
 }
+
+func itoa(n int) string { return fmt.Sprint(n) }

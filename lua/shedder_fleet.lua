@@ -1,0 +1,115 @@
+-- shedder_fleet.lua: report one server's in-flight work per priority and
+-- read the fleet's (the fleet usage load shedder).
+--
+-- KEYS[1]  hash: field = server id, value = "c0:c1:c2:c3", the in-flight
+--          cost of that server per priority (Sheddable … CriticalPlus)
+-- KEYS[2]  sorted set: member = server id, score = when its report
+--          expires (ms)
+-- KEYS[3]  hash: fields "0".."3" = the sum over live servers, kept
+--          incrementally so a report costs O(log N), not O(N)
+-- ARGV[1]  server id
+-- ARGV[2..5]  this server's in-flight cost per priority (integers >= 0)
+-- ARGV[6]  ttl in ms (integer >= 1): the report counts this long; 0 removes
+--          the server (it is leaving the fleet)
+-- ARGV[7]  now in ms from the client clock, or "" to read Redis TIME
+--
+-- Reply: {t0, t1, t2, t3, servers}
+--   t0..t3   the fleet's in-flight cost per priority, this report included
+--   servers  live servers, this one included unless it left
+--
+-- Writes: replaces this server's report; reaps up to 100 reports that
+-- expired (servers that crashed or stopped reporting), subtracting them
+-- from the sums; rebuilds the sums from the reports when the sums key is
+-- missing (evicted). All three keys expire when the last live report does,
+-- so an abandoned fleet leaves nothing behind.
+local reports, expiry, sums = KEYS[1], KEYS[2], KEYS[3]
+local id = ARGV[1]
+local new = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
+local ttl = tonumber(ARGV[6])
+local now
+if ARGV[7] == "" then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[7])
+end
+
+local function parse(v)
+  if not v then return nil end
+  local a, b, c, d = string.match(v, "^(%d+):(%d+):(%d+):(%d+)$")
+  if not a then return nil end
+  return {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+end
+
+local rebuild = redis.call("EXISTS", sums) == 0
+
+local function subtract(counts)
+  if rebuild or not counts then return end
+  for i = 1, 4 do
+    if counts[i] ~= 0 then redis.call("HINCRBY", sums, tostring(i - 1), -counts[i]) end
+  end
+end
+
+-- Reap expired reports.
+local expired = redis.call("ZRANGEBYSCORE", expiry, "-inf", now, "LIMIT", 0, 100)
+for _, sid in ipairs(expired) do
+  if sid ~= id then
+    subtract(parse(redis.call("HGET", reports, sid)))
+    redis.call("HDEL", reports, sid)
+    redis.call("ZREM", expiry, sid)
+  end
+end
+
+-- Replace this server's report.
+subtract(parse(redis.call("HGET", reports, id)))
+if ttl > 0 then
+  redis.call("HSET", reports, id, table.concat(new, ":"))
+  redis.call("ZADD", expiry, now + ttl, id)
+  if not rebuild then
+    for i = 1, 4 do
+      if new[i] ~= 0 then redis.call("HINCRBY", sums, tostring(i - 1), new[i]) end
+    end
+  end
+else
+  redis.call("HDEL", reports, id)
+  redis.call("ZREM", expiry, id)
+end
+
+if rebuild then
+  local total = {0, 0, 0, 0}
+  local all = redis.call("HGETALL", reports)
+  for i = 1, #all, 2 do
+    local score = redis.call("ZSCORE", expiry, all[i])
+    local counts = parse(all[i + 1])
+    if counts and score and tonumber(score) > now then
+      for j = 1, 4 do total[j] = total[j] + counts[j] end
+    else
+      redis.call("HDEL", reports, all[i])
+      redis.call("ZREM", expiry, all[i])
+    end
+  end
+  redis.call("HSET", sums, "0", total[1], "1", total[2], "2", total[3], "3", total[4])
+end
+
+local out = redis.call("HMGET", sums, "0", "1", "2", "3")
+for i = 1, 4 do
+  local v = tonumber(out[i]) or 0
+  if v < 0 then
+    -- Only a key evicted under memory pressure can cause this; repair it.
+    redis.call("HSET", sums, tostring(i - 1), 0)
+    v = 0
+  end
+  out[i] = v
+end
+
+local last = redis.call("ZRANGE", expiry, -1, -1, "WITHSCORES")
+if #last == 0 then
+  redis.call("DEL", reports, expiry, sums)
+else
+  local pttl = math.max(tonumber(last[2]) - now, 1)
+  redis.call("PEXPIRE", reports, pttl)
+  redis.call("PEXPIRE", expiry, pttl)
+  redis.call("PEXPIRE", sums, pttl)
+end
+out[5] = redis.call("ZCARD", expiry)
+return out

@@ -1,0 +1,310 @@
+package shedder
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// Fleet is Stripe's fleet usage load shedder. The fleet as a whole can work
+// on capacity units of cost at once; a fraction of that (the reserve,
+// default 20%) is kept for Critical and CriticalPlus work, so Sheddable and
+// SheddablePlus work is shed once fleet usage passes the rest, Critical
+// work once it passes the whole capacity, and CriticalPlus work never (see
+// WithThresholds to change any of these).
+//
+// Each server counts its own in-flight work per priority and, about every
+// interval (default 100ms), reports it to Redis and reads back the fleet's
+// sum in one script call (lua.ShedderFleet). Admit decides locally on the
+// fleet sum from the last refresh, minus this server's reported share,
+// plus its current one: no Redis round trip per request. A server that
+// crashes stops reporting, and its report stops counting after the TTL
+// (default 2s), so nothing leaks.
+//
+// When the last successful refresh is older than the stale limit (default
+// 1s) — Redis down or slow — the Fleet decides on its own counts against
+// its share of the capacity (capacity divided by the servers it last saw,
+// or WithLocalShare of it if it never saw any) and marks decisions
+// Degraded. Admit never returns an error.
+//
+// Allowed decisions carry Limit 0, so a chain's headers keep reporting the
+// client's own quota; denials carry the priority's threshold and what is
+// left below it.
+//
+// A Fleet is safe for concurrent use. Refreshes start from Admit when the
+// estimate is older than the interval (in a goroutine, so Admit never
+// waits), or from Run; call Close when the server stops so its in-flight
+// work stops counting at once.
+type Fleet struct {
+	client   redis.UniversalClient
+	capacity int64
+	thresh   [spillway.NumPriorities]float64 // fractions of capacity
+	o        options
+	keys     []string
+
+	local      [spillway.NumPriorities]atomic.Int64 // this server's in-flight cost
+	localTotal atomic.Int64
+	others     atomic.Int64 // fleet sum at the last refresh minus what this server reported
+	servers    atomic.Int64 // live servers at the last refresh
+	lastOK     atomic.Int64 // UnixNano of the last successful refresh, 0 never
+	lastTry    atomic.Int64 // UnixNano of the last refresh started
+	refreshing atomic.Bool
+
+	mu      sync.Mutex // serializes refreshes
+	byPrio  [spillway.NumPriorities]int64
+	lastErr error
+}
+
+// NewFleet returns the fleet shedder named name (every server of one fleet
+// uses the same name, capacity and options) on client.
+func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ...Option) (*Fleet, error) {
+	if client == nil {
+		return nil, fmt.Errorf("shedder: fleet redis client is nil")
+	}
+	if name == "" {
+		return nil, fmt.Errorf("shedder: fleet name is empty")
+	}
+	if capacity <= 0 {
+		return nil, fmt.Errorf("shedder: fleet capacity %d must be positive", capacity)
+	}
+	o := defaultOptions("fleet")
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.validateCommon(); err != nil {
+		return nil, err
+	}
+	if err := keys.ValidatePrefix(o.prefix); err != nil {
+		return nil, fmt.Errorf("shedder: %w", err)
+	}
+	if o.interval <= 0 {
+		return nil, fmt.Errorf("shedder: fleet interval %v must be positive", o.interval)
+	}
+	if o.ttl <= o.interval || o.ttl < time.Millisecond {
+		return nil, fmt.Errorf("shedder: fleet ttl %v must exceed the interval %v", o.ttl, o.interval)
+	}
+	if o.timeout <= 0 {
+		return nil, fmt.Errorf("shedder: fleet timeout %v must be positive", o.timeout)
+	}
+	if o.staleAfter <= 0 {
+		return nil, fmt.Errorf("shedder: fleet stale after %v must be positive", o.staleAfter)
+	}
+	if !(o.localShare > 0 && o.localShare <= 1) {
+		return nil, fmt.Errorf("shedder: fleet local share %v must be in (0, 1]", o.localShare)
+	}
+	th := o.thresholds
+	if th == [4]float64{} {
+		th = [4]float64{1 - o.reserve, 1 - o.reserve, 1, math.Inf(1)}
+	}
+	for p, v := range th {
+		if !(v > 0) {
+			return nil, fmt.Errorf("shedder: fleet threshold of %v is %v, want > 0", spillway.Priority(p), v)
+		}
+		if p > 0 && v < th[p-1] {
+			return nil, fmt.Errorf("shedder: fleet threshold of %v (%v) is below that of %v (%v): thresholds must not decrease with priority", spillway.Priority(p), v, spillway.Priority(p-1), th[p-1])
+		}
+	}
+	if o.serverID == "" {
+		o.serverID = defaultServerID()
+	}
+	f := &Fleet{client: client, capacity: capacity, thresh: th, o: o}
+	f.keys = []string{
+		keys.Key(o.prefix, "fleet:reports", name),
+		keys.Key(o.prefix, "fleet:expiry", name),
+		keys.Key(o.prefix, "fleet:sums", name),
+	}
+	return f, nil
+}
+
+func defaultServerID() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(b[:])
+}
+
+// ServerID returns this server's id in the fleet.
+func (f *Fleet) ServerID() string { return f.o.serverID }
+
+// Admit decides r against the fleet's usage. It never returns an error and
+// never waits on Redis.
+func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if err := r.Validate(); err != nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
+	}
+	now := f.o.now().UnixNano()
+	if f.o.autoRefresh && now-f.lastTry.Load() >= int64(f.o.interval) && f.refreshing.CompareAndSwap(false, true) {
+		f.lastTry.Store(now)
+		go func() {
+			defer f.refreshing.Store(false)
+			_ = f.Refresh(context.Background())
+		}()
+	}
+	c, p := r.EffectiveCost(), r.Priority
+	limit, base, degraded := f.limitFor(p, now)
+	usage := base + f.localTotal.Add(c)
+	if usage > limit {
+		f.localTotal.Add(-c)
+		rem := max(limit-(usage-c), 0)
+		return spillway.Decision{
+			Reason:     spillway.ReasonShed,
+			Limiter:    f.o.name,
+			Limit:      limit,
+			Remaining:  rem,
+			RetryAfter: f.o.retryAfter,
+			Degraded:   degraded,
+		}, spillway.Noop, nil
+	}
+	f.local[p].Add(c)
+	return spillway.Decision{Allowed: true, Limiter: f.o.name, Degraded: degraded}, spillway.Once(func(spillway.Outcome) {
+		f.local[p].Add(-c)
+		f.localTotal.Add(-c)
+	}), nil
+}
+
+// limitFor returns the usage limit of priority p, the usage of the rest of
+// the fleet to add to this server's, and whether this is degraded mode.
+func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit, others int64, degraded bool) {
+	capacity := float64(f.capacity)
+	ok := f.lastOK.Load()
+	degraded = ok == 0 || now-ok > int64(f.o.staleAfter)
+	if degraded {
+		if n := f.servers.Load(); n > 0 {
+			capacity /= float64(n)
+		} else {
+			capacity *= f.o.localShare
+		}
+	} else {
+		others = f.others.Load()
+	}
+	t := f.thresh[p]
+	if math.IsInf(t, 1) || t*capacity >= math.MaxInt64/2 {
+		return math.MaxInt64 / 2, others, degraded
+	}
+	return int64(math.Floor(t*capacity + 1e-9)), others, degraded
+}
+
+// Refresh reports this server's in-flight work to Redis and reads the
+// fleet's, within the time budget (WithTimeout). An error leaves the last
+// estimate in place until it goes stale.
+func (f *Fleet) Refresh(ctx context.Context) error {
+	return f.report(ctx, f.o.ttl)
+}
+
+// Close removes this server's report, so its in-flight work stops counting
+// now rather than after the TTL. Admit keeps working (degraded once the
+// estimate goes stale) unless Refresh or Run report again.
+func (f *Fleet) Close(ctx context.Context) error {
+	return f.report(ctx, 0)
+}
+
+// Run refreshes every interval until ctx is done, then removes this
+// server's report (Close) and returns ctx.Err(). Refresh errors do not stop
+// it; LastError reports the latest.
+func (f *Fleet) Run(ctx context.Context) error {
+	t := time.NewTicker(f.o.interval)
+	defer t.Stop()
+	for {
+		_ = f.Refresh(ctx)
+		select {
+		case <-ctx.Done():
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.o.timeout)
+			_ = f.Close(cctx)
+			cancel()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	started := f.o.now()
+	f.lastTry.Store(started.UnixNano())
+	var sent [spillway.NumPriorities]int64
+	args := make([]any, 0, 7)
+	args = append(args, f.o.serverID)
+	for p := range sent {
+		sent[p] = max(f.local[p].Load(), 0)
+		args = append(args, sent[p])
+	}
+	args = append(args, ttl.Milliseconds())
+	if f.o.serverClock {
+		args = append(args, started.UnixMilli())
+	} else {
+		args = append(args, "")
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
+	defer cancel()
+	res, err := lua.ShedderFleet.Run(ctx, f.client, f.keys, args...).Int64Slice()
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("reply has %d values, want 5", len(res))
+	}
+	if err != nil {
+		f.lastErr = fmt.Errorf("shedder: fleet refresh: %w", err)
+		return f.lastErr
+	}
+	var others int64
+	for p := range sent {
+		f.byPrio[p] = res[p]
+		others += res[p] - sent[p]
+	}
+	f.lastErr = nil
+	f.others.Store(max(others, 0))
+	f.servers.Store(res[4])
+	if ttl > 0 {
+		f.lastOK.Store(started.UnixNano())
+	} else {
+		f.lastOK.Store(0)
+	}
+	return nil
+}
+
+// FleetStats is a snapshot of a Fleet's view.
+type FleetStats struct {
+	// Fleet is the fleet's in-flight cost per priority at the last
+	// successful refresh (this server's report included).
+	Fleet [spillway.NumPriorities]int64
+	// Local is this server's in-flight cost per priority now.
+	Local [spillway.NumPriorities]int64
+	// Usage is the estimate Admit uses: the rest of the fleet at the last
+	// refresh plus this server now (only this server when Degraded).
+	Usage int64
+	// Servers is the number of live servers at the last refresh.
+	Servers int64
+	// Degraded reports that the estimate is stale and decisions use local
+	// counts.
+	Degraded bool
+	// LastError is the error of the latest refresh, nil if it succeeded.
+	LastError error
+}
+
+// Stats returns a snapshot of the Fleet's view.
+func (f *Fleet) Stats() FleetStats {
+	var s FleetStats
+	f.mu.Lock()
+	s.Fleet, s.LastError = f.byPrio, f.lastErr
+	f.mu.Unlock()
+	for p := range s.Local {
+		s.Local[p] = f.local[p].Load()
+	}
+	_, others, degraded := f.limitFor(spillway.Critical, f.o.now().UnixNano())
+	s.Usage = others + f.localTotal.Load()
+	s.Servers = f.servers.Load()
+	s.Degraded = degraded
+	return s
+}

@@ -1,0 +1,307 @@
+package shedder_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/shedder"
+)
+
+func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeClock, opts ...shedder.Option) *shedder.Fleet {
+	t.Helper()
+	opts = append([]shedder.Option{
+		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
+		shedder.WithTimeout(2 * time.Second), // a loaded CI box, not a budget under test
+	}, opts...)
+	f, err := shedder.NewFleet(client, "api", 100, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+type fleetStep struct {
+	p       spillway.Priority
+	cost    int64
+	allowed bool
+	rem     int64 // Remaining of a denial
+}
+
+func runFleet(t *testing.T, f *shedder.Fleet, steps []fleetStep) []spillway.Done {
+	t.Helper()
+	var dones []spillway.Done
+	for i, s := range steps {
+		d, done, err := f.Admit(context.Background(), &spillway.Request{Priority: s.p, Cost: s.cost})
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if d.Allowed != s.allowed || d.Degraded {
+			t.Fatalf("step %d (%v cost %d): %+v, want allowed=%v, not degraded", i, s.p, s.cost, d, s.allowed)
+		}
+		if !d.Allowed {
+			if d.Reason != spillway.ReasonShed || d.Remaining != s.rem || d.RetryAfter != time.Second || d.Limiter != "fleet" {
+				t.Fatalf("step %d: denial %+v, want shed with remaining %d and RetryAfter 1s", i, d, s.rem)
+			}
+		} else {
+			dones = append(dones, done)
+		}
+	}
+	return dones
+}
+
+func refresh(t *testing.T, fs ...*shedder.Fleet) {
+	t.Helper()
+	for _, f := range fs {
+		if err := f.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Three servers share a fleet capacity of 100: Sheddable and SheddablePlus
+// stop at 80, Critical at 100, CriticalPlus is never shed; a crashed
+// server's work stops counting after the TTL; a server that leaves stops
+// counting at once.
+func TestFleetSharedUsage(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	a, b, c := newFleet(t, client, "a", clk), newFleet(t, client, "b", clk), newFleet(t, client, "c", clk)
+	// Before its first refresh a server knows nothing of the fleet and is
+	// degraded; join first.
+	if d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical, Cost: 21}); d.Allowed || !d.Degraded || d.Limit != 20 {
+		t.Fatalf("before joining: %+v, want degraded with 20%% of the capacity", d)
+	}
+	refresh(t, a, b, c)
+
+	aDones := runFleet(t, a, []fleetStep{{spillway.Critical, 30, true, 0}})
+	runFleet(t, b, []fleetStep{{spillway.SheddablePlus, 10, true, 0}, {spillway.SheddablePlus, 20, true, 0}})
+	refresh(t, a, b, c)
+	if s := c.Stats(); s.Usage != 60 || s.Servers != 3 || s.Fleet != [4]int64{0, 30, 30, 0} || s.Degraded {
+		t.Fatalf("c's view %+v, want usage 60 of 3 servers", s)
+	}
+	runFleet(t, c, []fleetStep{
+		{spillway.Sheddable, 20, true, 0},     // 80: at the non-critical threshold
+		{spillway.Sheddable, 1, false, 0},     // 81 > 80
+		{spillway.SheddablePlus, 1, false, 0}, // the same threshold
+		{spillway.Critical, 21, false, 20},    // 101 > 100: 20 left below 100
+		{spillway.Critical, 20, true, 0},      // 100
+		{spillway.Critical, 1, false, 0},      // full
+		{spillway.CriticalPlus, 500, true, 0}, // never shed
+	})
+	// a has not refreshed since c admitted: it still sees 60 and admits 20
+	// Sheddable (the estimate lags by one interval, by design).
+	runFleet(t, a, []fleetStep{{spillway.Sheddable, 20, true, 0}})
+	refresh(t, c, a)
+	if s := a.Stats(); s.Usage != 620 || s.Fleet != [4]int64{40, 30, 50, 500} {
+		t.Fatalf("a's view %+v, want usage 620", s)
+	}
+	runFleet(t, a, []fleetStep{{spillway.Sheddable, 1, false, 0}, {spillway.Critical, 1, false, 0}})
+
+	// b crashes (stops reporting). 2s later its 30 no longer count.
+	clk.Advance(2*time.Second + time.Millisecond)
+	refresh(t, a, c)
+	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{40, 0, 50, 500} {
+		t.Fatalf("after b's ttl: %+v, want b reaped", s)
+	}
+	// c leaves: its 520 stop counting at once.
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	refresh(t, a)
+	if s := a.Stats(); s.Servers != 1 || s.Usage != 50 || s.Fleet != [4]int64{20, 0, 30, 0} {
+		t.Fatalf("after c left: %+v", s)
+	}
+	for _, d := range aDones {
+		d(spillway.Success)
+	}
+	refresh(t, a)
+	if s := a.Stats(); s.Usage != 20 {
+		t.Fatalf("after done: usage %d, want 20", s.Usage)
+	}
+
+	// Every key carries a TTL no longer than the report TTL, and shares
+	// one hash tag.
+	ctx := context.Background()
+	ks, err := client.Keys(ctx, "spillway:fleet:*").Result()
+	if err != nil || len(ks) != 3 {
+		t.Fatalf("keys %v, %v; want 3", ks, err)
+	}
+	for _, k := range ks {
+		if keys.Tag(k) != "api" {
+			t.Errorf("key %q: tag %q, want api", k, keys.Tag(k))
+		}
+		// The script ran with the fake clock, so the TTL is relative to it.
+		if ttl, _ := client.PTTL(ctx, k).Result(); ttl <= 0 || ttl > 2*time.Second {
+			t.Errorf("key %q: pttl %v, want (0, 2s]", k, ttl)
+		}
+	}
+	// The last server leaving deletes everything.
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := client.Exists(ctx, ks...).Result(); n != 0 {
+		t.Fatalf("%d keys left after the last server left", n)
+	}
+}
+
+// The sums key lost (evicted) is rebuilt from the live reports.
+func TestFleetRebuildsSums(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	a, b := newFleet(t, client, "a", clk), newFleet(t, client, "b", clk)
+	refresh(t, a, b)
+	runFleet(t, a, []fleetStep{{spillway.Critical, 7, true, 0}})
+	runFleet(t, b, []fleetStep{{spillway.Sheddable, 5, true, 0}})
+	refresh(t, a, b)
+	if err := client.Del(context.Background(), keys.Key("spillway:", "fleet:sums", "api")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	refresh(t, a)
+	if s := a.Stats(); s.Fleet != [4]int64{5, 0, 7, 0} || s.Usage != 12 {
+		t.Fatalf("after rebuild: %+v", s)
+	}
+}
+
+// Redis down: decisions fall back to local counts against this server's
+// share of the capacity and are marked Degraded; Redis back: shared again.
+func TestFleetDegraded(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { client.Close() })
+	clk := newClock()
+	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
+	b := newFleet(t, client, "b", clk)
+	refresh(t, a, b, a) // a sees two servers
+	srv.Stop()
+	if err := a.Refresh(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "shedder: fleet refresh: ") {
+		t.Fatalf("refresh with Redis down: %v", err)
+	}
+	// Within the stale limit the last estimate still holds.
+	d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: spillway.Sheddable})
+	if !d.Allowed || d.Degraded {
+		t.Fatalf("fresh estimate: %+v", d)
+	}
+	clk.Advance(time.Second + time.Millisecond)
+	if s := a.Stats(); !s.Degraded || s.LastError == nil {
+		t.Fatalf("stats %+v, want degraded with an error", s)
+	}
+	// Two servers were seen: a's share is 50, non-critical work stops at
+	// 40, Critical at 50. One Sheddable is already in flight.
+	steps := []struct {
+		p       spillway.Priority
+		cost    int64
+		allowed bool
+	}{
+		{spillway.Sheddable, 39, true},
+		{spillway.SheddablePlus, 1, false},
+		{spillway.Critical, 10, true},
+		{spillway.Critical, 1, false},
+		{spillway.CriticalPlus, 100, true},
+	}
+	for i, s := range steps {
+		d, _, err := a.Admit(context.Background(), &spillway.Request{Priority: s.p, Cost: s.cost})
+		if err != nil || d.Allowed != s.allowed || !d.Degraded {
+			t.Fatalf("degraded step %d: %+v, %v; want allowed=%v, degraded", i, d, err, s.allowed)
+		}
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Stats(); s.Degraded || s.Servers != 1 || s.Usage != 150 {
+		t.Fatalf("after recovery %+v", s)
+	}
+	d, _, _ = a.Admit(context.Background(), &spillway.Request{Priority: spillway.Sheddable})
+	if d.Allowed || d.Degraded || d.Limit != 80 {
+		t.Fatalf("after recovery: %+v, want a shared (not degraded) denial at 80", d)
+	}
+}
+
+// A server that never reached Redis uses WithLocalShare of the capacity.
+func TestFleetNeverConnected(t *testing.T) {
+	port, _ := redistest.FreePort()
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	clk := newClock()
+	f := newFleet(t, client, "a", clk, shedder.WithTimeout(200*time.Millisecond))
+	if err := f.Refresh(context.Background()); err == nil {
+		t.Fatal("refresh against nothing succeeded")
+	}
+	// 20% of 100 = 20; non-critical stops at 16.
+	d, _, _ := f.Admit(context.Background(), &spillway.Request{Priority: spillway.Sheddable, Cost: 16})
+	if !d.Allowed || !d.Degraded {
+		t.Fatalf("%+v", d)
+	}
+	d, _, _ = f.Admit(context.Background(), &spillway.Request{Priority: spillway.Sheddable})
+	if d.Allowed || !d.Degraded || d.Limit != 16 || d.Reason != spillway.ReasonShed {
+		t.Fatalf("%+v", d)
+	}
+}
+
+// With Redis TIME (no client clock) and Admit starting refreshes itself.
+func TestFleetAutoRefreshWithRedisTime(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	f, err := shedder.NewFleet(client, "api", 10, shedder.WithServerID("x"), shedder.WithTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, done, _ := f.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical, Cost: 2})
+	if !d.Allowed || !d.Degraded {
+		t.Fatalf("first admission before any refresh: %+v, want allowed and degraded (2 of 20%% of 10)", d)
+	}
+	defer done(spillway.Success)
+	// The refresh runs in the background; wait for its report to land.
+	deadline := time.Now().Add(10 * time.Second)
+	for f.Stats().Degraded {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refresh: %+v", f.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	v, err := client.HGet(context.Background(), keys.Key("spillway:", "fleet:reports", "api"), "x").Result()
+	if err != nil || v != "0:0:2:0" {
+		t.Fatalf("report %q, %v; want 0:0:2:0", v, err)
+	}
+}
+
+func TestNewFleetValidates(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	cases := []struct {
+		name     string
+		capacity int64
+		opts     []shedder.Option
+		field    string
+	}{
+		{"", 10, nil, "name"},
+		{"x", 0, nil, "capacity"},
+		{"x", 10, []shedder.Option{shedder.WithPrefix("a{")}, "prefix"},
+		{"x", 10, []shedder.Option{shedder.WithTTL(50 * time.Millisecond)}, "ttl"},
+		{"x", 10, []shedder.Option{shedder.WithInterval(0)}, "interval"},
+		{"x", 10, []shedder.Option{shedder.WithThresholds(0.5, 0.4, 1, 1)}, "threshold"},
+		{"x", 10, []shedder.Option{shedder.WithThresholds(0, 0.4, 1, 1)}, "threshold"},
+		{"x", 10, []shedder.Option{shedder.WithReserve(1.5)}, "reserve"},
+		{"x", 10, []shedder.Option{shedder.WithLocalShare(0)}, "local share"},
+		{"x", 10, []shedder.Option{shedder.WithTimeout(0)}, "timeout"},
+	}
+	for _, c := range cases {
+		_, err := shedder.NewFleet(client, c.name, c.capacity, c.opts...)
+		if err == nil || !strings.Contains(err.Error(), c.field) || !strings.HasPrefix(err.Error(), "shedder: ") {
+			t.Errorf("%q/%d: err %v, want one naming %q", c.name, c.capacity, err, c.field)
+		}
+	}
+	if _, err := shedder.NewFleet(nil, "x", 1); err == nil {
+		t.Error("nil client accepted")
+	}
+}
