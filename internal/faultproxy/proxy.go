@@ -61,6 +61,7 @@ type Stats struct {
 	BytesUp   int64 // bytes forwarded client → target
 	BytesDown int64 // bytes forwarded target → client
 	Dropped   int64 // bytes swallowed by Blackhole
+	Received  int64 // bytes read from clients, whatever became of them
 }
 
 // Proxy is a TCP proxy on a loopback port in front of one target address.
@@ -79,7 +80,7 @@ type Proxy struct {
 	acceptWG sync.WaitGroup
 	connWG   sync.WaitGroup
 
-	accepted, active, up, down, dropped atomic.Int64
+	accepted, active, up, down, dropped, received atomic.Int64
 }
 
 // NewProxy listens on a free port of 127.0.0.1 and forwards every
@@ -123,6 +124,7 @@ func (p *Proxy) Stats() Stats {
 		BytesUp:   p.up.Load(),
 		BytesDown: p.down.Load(),
 		Dropped:   p.dropped.Load(),
+		Received:  p.received.Load(),
 	}
 }
 
@@ -329,6 +331,9 @@ func (c *conn) pump(src, dst net.Conn, upstream bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if upstream && n > 0 {
+			c.p.received.Add(int64(n))
+		}
 		if n > 0 && !c.forward(buf[:n], dst, upstream) {
 			return
 		}
@@ -376,15 +381,15 @@ func (c *conn) forward(chunk []byte, dst net.Conn, upstream bool) bool {
 		if mode != Pass {
 			continue
 		}
-		if _, err := dst.Write(chunk); err != nil {
-			return false
-		}
+		// Count before writing, so a peer that saw the bytes also sees
+		// them counted.
 		if upstream {
 			c.p.up.Add(int64(len(chunk)))
 		} else {
 			c.p.down.Add(int64(len(chunk)))
 		}
-		return true
+		_, err := dst.Write(chunk)
+		return err == nil
 	}
 }
 

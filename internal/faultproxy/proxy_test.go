@@ -81,7 +81,7 @@ func TestPass(t *testing.T) {
 		t.Fatalf("round trip = %q, %v; want hello", got, err)
 	}
 	st := p.Stats()
-	if st.Accepted != 1 || st.Active != 1 || st.BytesUp != 5 || st.BytesDown != 5 || st.Dropped != 0 {
+	if st.Accepted != 1 || st.Active != 1 || st.BytesUp != 5 || st.BytesDown != 5 || st.Dropped != 0 || st.Received != 5 {
 		t.Fatalf("stats = %+v; want 1 accepted, 1 active, 5 up, 5 down", st)
 	}
 }
@@ -144,8 +144,8 @@ func TestBlackholeSwallowsAndClosesCorruptConns(t *testing.T) {
 	if _, err := roundTrip(c, "lost", 100*time.Millisecond); !isTimeout(err) {
 		t.Fatalf("blackholed read err = %v; want a timeout", err)
 	}
-	if got := p.Stats().Dropped; got != 4 {
-		t.Fatalf("dropped = %d; want 4", got)
+	if st := p.Stats(); st.Dropped != 4 || st.Received != 4 || st.BytesUp != 0 {
+		t.Fatalf("stats = %+v; want 4 dropped, 4 received, 0 forwarded", st)
 	}
 	if err := p.SetMode(Pass); err != nil {
 		t.Fatal(err)
