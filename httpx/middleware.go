@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/shedder"
 )
 
 // Middleware returns net/http middleware that admits every request through
@@ -59,6 +60,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		done(spillway.Ignored) // harmless: a denial acquires nothing, but a sloppy block might
 		h.deny(w, r, d, "")
 		return
+	}
+	if !c.noPropagate {
+		// Outgoing calls made while serving carry the priority (Transport).
+		r = r.WithContext(shedder.NewContext(r.Context(), req.Priority))
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	finished := false

@@ -26,12 +26,12 @@ func fixedClock() time.Time { return t0 }
 // keyLimiter admits n requests per identity key (ip|user|api_key), then
 // denies with RetryAfter 1.5s. It records the keys it saw.
 type keyLimiter struct {
-	mu    sync.Mutex
-	n     int64
-	used  map[string]int64
-	keys  []string
-	reqs  []spillway.Request
-	name  string
+	mu   sync.Mutex
+	n    int64
+	used map[string]int64
+	keys []string
+	reqs []spillway.Request
+	name string
 }
 
 func newKeyLimiter(n int64) *keyLimiter {

@@ -33,21 +33,22 @@ func (m FailMode) String() string {
 }
 
 type config struct {
-	endpoint   func(*http.Request) string
-	priority   func(*http.Request) spillway.Priority
-	cost       func(*http.Request) int64
-	user       func(*http.Request) string
-	apiKey     string // header name; empty: none
-	trusted    []netip.Prefix
-	fwdHeader  string
-	skip       func(*http.Request) bool
-	failMode   FailMode
-	onError    func(*http.Request, error)
-	ietf       bool
-	legacy     bool
-	now        func() time.Time
-	denied     func(http.ResponseWriter, *http.Request, spillway.Decision)
-	problemURI string
+	endpoint    func(*http.Request) string
+	priority    func(*http.Request) spillway.Priority
+	cost        func(*http.Request) int64
+	user        func(*http.Request) string
+	apiKey      string // header name; empty: none
+	trusted     []netip.Prefix
+	fwdHeader   string
+	skip        func(*http.Request) bool
+	failMode    FailMode
+	onError     func(*http.Request, error)
+	ietf        bool
+	legacy      bool
+	now         func() time.Time
+	denied      func(http.ResponseWriter, *http.Request, spillway.Decision)
+	problemURI  string
+	noPropagate bool
 }
 
 func newConfig(opts []Option) config {
@@ -184,4 +185,11 @@ func WithDeniedHandler(f func(w http.ResponseWriter, r *http.Request, d spillway
 // says it all.
 func WithProblemTypeBase(uri string) Option {
 	return func(c *config) { c.problemURI = uri }
+}
+
+// WithoutPriorityContext stops Middleware from storing the request's
+// priority in its context (shedder.NewContext), where Transport finds it to
+// propagate downstream. Storing it costs one request copy.
+func WithoutPriorityContext() Option {
+	return func(c *config) { c.noPropagate = true }
 }

@@ -1,0 +1,177 @@
+package httpx
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/spillway-go/spillway/clientside"
+	"github.com/spillway-go/spillway/shedder"
+)
+
+// Throttle is client-side adaptive throttling: Allow counts a request and
+// says whether to send it, Accepted records that the backend did the work
+// rather than reject it as overloaded. *clientside.Throttle implements it.
+type Throttle interface {
+	Allow() bool
+	Accepted()
+}
+
+// RetryBudget caps retries at a fraction of requests: Deposit per request,
+// TryRetry spends for one retry. *clientside.RetryBudget implements it.
+type RetryBudget interface {
+	Deposit()
+	TryRetry() bool
+}
+
+// ErrThrottled is returned by Transport when client-side throttling
+// rejected the request locally; it was not sent.
+var ErrThrottled = fmt.Errorf("httpx: request throttled locally: the backend is rejecting most requests")
+
+// Transport is an http.RoundTripper for calling a service that limits
+// load. It
+//
+//   - rejects requests locally with ErrThrottled when the Throttle says the
+//     backend is rejecting most of them (Google SRE adaptive throttling);
+//   - retries a 429 or 503 answer, waiting the server's Retry-After plus
+//     jitter (or an exponential backoff when there is none; see Backoff),
+//     when the request is retryable, the RetryBudget has room, MaxRetries
+//     is not reached and the context's deadline leaves time for the wait;
+//   - propagates the priority in the request's context (shedder.NewContext;
+//     Middleware puts the served request's priority there) in the
+//     shedder.Header header, unless the request already carries one.
+//
+// By default only idempotent methods (GET, HEAD, OPTIONS, TRACE, PUT,
+// DELETE) and requests carrying an Idempotency-Key header are retried; a
+// request with a body is retried only when it has GetBody (http.NewRequest
+// sets it for in-memory bodies). The zero Transport uses
+// http.DefaultTransport with no throttle and no budget (MaxRetries still
+// caps retries); NewTransport adds the clientside defaults. Its fields must
+// not change once it is in use. A Transport is safe for concurrent use.
+type Transport struct {
+	Base       http.RoundTripper // nil means http.DefaultTransport
+	Throttle   Throttle          // nil: no client-side throttling
+	Budget     RetryBudget       // nil: retries capped only by MaxRetries
+	Backoff    clientside.Backoff
+	MaxRetries int                          // retries after the first attempt; 0 means 2, negative means none
+	Retryable  func(req *http.Request) bool // nil: idempotent methods or an Idempotency-Key header
+	NoPriority bool                         // do not set shedder.Header from the context
+}
+
+// NewTransport returns a Transport over base (nil: http.DefaultTransport)
+// with clientside's default Throttle (K = 2 over two minutes) and
+// RetryBudget (10% of requests, at least one retry a second).
+func NewTransport(base http.RoundTripper) *Transport {
+	th, err := clientside.NewThrottle()
+	if err != nil {
+		panic(err) // defaults are valid; unreachable
+	}
+	b, err := clientside.NewRetryBudget()
+	if err != nil {
+		panic(err)
+	}
+	return &Transport{Base: base, Throttle: th, Budget: b}
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	ctx := req.Context()
+	if !t.NoPriority {
+		if p, ok := shedder.FromContext(ctx); ok && req.Header.Get(shedder.Header) == "" {
+			req = req.Clone(ctx) // a RoundTripper must not modify the caller's request
+			shedder.SetHeader(req.Header, p)
+		}
+	}
+	maxRetries := t.MaxRetries
+	if maxRetries == 0 {
+		maxRetries = 2
+	}
+	canRetry := maxRetries > 0 && t.retryable(req)
+	if t.Budget != nil {
+		t.Budget.Deposit()
+	}
+	for attempt := 0; ; attempt++ {
+		if t.Throttle != nil && !t.Throttle.Allow() {
+			closeBody(req)
+			return nil, ErrThrottled
+		}
+		if attempt > 0 {
+			req = req.Clone(ctx)
+			if req.GetBody != nil {
+				body, err := req.GetBody()
+				if err != nil {
+					return nil, fmt.Errorf("httpx: retry: get body: %w", err)
+				}
+				req.Body = body
+			}
+		}
+		resp, err := base.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		overloaded := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable
+		if !overloaded {
+			if t.Throttle != nil {
+				t.Throttle.Accepted()
+			}
+			return resp, nil
+		}
+		if !canRetry || attempt >= maxRetries {
+			return resp, nil
+		}
+		retryAfter, _ := clientside.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		wait, ok := t.Backoff.Delay(attempt+1, retryAfter)
+		if !ok {
+			return resp, nil
+		}
+		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
+			return resp, nil // the answer would come too late anyway
+		}
+		if t.Budget != nil && !t.Budget.TryRetry() {
+			return resp, nil
+		}
+		// Drain a little so the connection can be reused, then wait.
+		io.CopyN(io.Discard, resp.Body, 4<<10)
+		resp.Body.Close()
+		if err := t.sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *Transport) retryable(req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false
+	}
+	if t.Retryable != nil {
+		return t.Retryable(req)
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete, "":
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
