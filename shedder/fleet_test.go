@@ -104,9 +104,12 @@ func TestFleetSharedUsage(t *testing.T) {
 	}
 	runFleet(t, a, []fleetStep{{spillway.Sheddable, 1, false, 0}, {spillway.Critical, 1, false, 0}})
 
-	// b crashes (stops reporting). 2s later its 30 no longer count.
-	clk.Advance(2*time.Second + time.Millisecond)
+	// b crashes (stops reporting). 2s after its last report its 30 no
+	// longer count; a and c keep reporting meanwhile.
+	clk.Advance(time.Second)
 	refresh(t, a, c)
+	clk.Advance(time.Second + time.Millisecond)
+	refresh(t, c, a)
 	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{40, 0, 50, 500} {
 		t.Fatalf("after b's ttl: %+v, want b reaped", s)
 	}
