@@ -1,0 +1,30 @@
+// Package tiers turns a rate-limit config (YAML) into a spillway.Limiter.
+//
+// A config lists rules: which requests they select (endpoint, HTTP method),
+// which identity dimensions key them (ip, user, api_key, endpoint or any
+// dimension the caller sets) and their rate ("1000/minute, burst 200"), with
+// an algorithm, a fail mode and a shadow flag per rule. Plans (free, pro,
+// enterprise) are named bucket sets; a PlanResolver maps an API key to its
+// plan. For each request every rule that matches is decided in one
+// ratelimit.Store.Decide call, all or nothing, so on Redis the whole check
+// costs one round trip (per slot group, in parallel, on a Cluster).
+//
+// Shortest use:
+//
+//	cfg, err := tiers.ParseFile("limits.yaml")
+//	if err != nil { … }             // "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit""
+//	lim, err := tiers.New(cfg, ratelimit.NewRedisStore(rdb))
+//	r := &spillway.Request{Endpoint: "/api/v1/login", Method: "POST"}
+//	r.Set("ip", clientIP)
+//	d, done, err := lim.Admit(ctx, r)
+//
+// Keys: a rule's store scope is its id plus a digest of its policy, and the
+// entity is "dimension=value" ("ip=10.0.0.1"), so dimensions and rules never
+// share counters; internal/keys turns both into the Redis key, with the
+// entity as the Cluster hash tag (all rules about one client share a slot,
+// different clients spread) and braces escaped, long values hashed.
+//
+// A Limiter is safe for concurrent use. Swap and Reload replace the config
+// atomically; unchanged rules keep their counters. See docs/tiers.md for the
+// config reference.
+package tiers

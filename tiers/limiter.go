@@ -1,0 +1,474 @@
+package tiers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// DimPlan is the request dimension that names the caller's plan directly
+// (set it when authentication already knows the plan); without it the
+// PlanResolver is asked, then Config.DefaultPlan applies.
+const DimPlan = "plan"
+
+// ErrUnknownPlan is wrapped by the error Admit returns when a request's plan
+// (from DimPlan or the PlanResolver) is not in the config.
+var ErrUnknownPlan = errors.New("tiers: unknown plan")
+
+// PlanResolver maps an API key (the request's "api_key" dimension) to the
+// name of its plan. "" means the config's default plan. It runs at most once
+// per Admit, and only when a rule with a plan matched.
+type PlanResolver func(ctx context.Context, apiKey string) (plan string, err error)
+
+// ShadowFunc receives the decision of a shadow rule: d.Allowed is false when
+// the rule would have denied the request. d.Limiter is the rule's id.
+type ShadowFunc func(ctx context.Context, r *spillway.Request, d spillway.Decision)
+
+// Option configures a Limiter.
+type Option func(*Limiter)
+
+// WithPlanResolver sets the hook that maps an API key to its plan.
+func WithPlanResolver(f PlanResolver) Option { return func(l *Limiter) { l.resolver = f } }
+
+// WithShadow sets the hook that receives every shadow rule's decision.
+func WithShadow(f ShadowFunc) Option { return func(l *Limiter) { l.shadowFn = f } }
+
+// WithIPv6Prefix keys the "ip" dimension of IPv6 clients by their /bits
+// prefix (64 is the usual choice: one subscriber gets a /64). 0 (the
+// default) or 128 keeps whole addresses. IPv4 addresses are unchanged;
+// every IP is normalized either way.
+func WithIPv6Prefix(bits int) Option { return func(l *Limiter) { l.v6bits = bits } }
+
+// WithName sets the Limiter of decisions no rule made (no rule matched, or
+// the request was malformed). Default "tiers".
+func WithName(name string) Option { return func(l *Limiter) { l.name = name } }
+
+// Limiter admits requests against every rule of a config that matches them,
+// in one Store.Decide call. It is safe for concurrent use; Swap replaces the
+// config atomically while requests run.
+type Limiter struct {
+	store    ratelimit.Store
+	cur      atomic.Pointer[compiled]
+	resolver PlanResolver
+	shadowFn ShadowFunc
+	v6bits   int
+	name     string
+}
+
+var _ spillway.Limiter = (*Limiter)(nil)
+
+// New validates cfg and returns a Limiter over store. Do not modify cfg
+// afterwards.
+func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
+	if store == nil {
+		return nil, errors.New("tiers: nil store")
+	}
+	l := &Limiter{store: store, name: "tiers"}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.v6bits < 0 || l.v6bits > 128 {
+		return nil, fmt.Errorf("tiers: IPv6 prefix /%d out of range 0..128", l.v6bits)
+	}
+	c, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l.cur.Store(c)
+	return l, nil
+}
+
+// Swap validates cfg and makes it the config of every later Admit. A rule
+// whose id and policy are unchanged keeps its store scope, so its counters
+// (and its Stats) carry over; a new or changed rule starts with full
+// buckets. On error the old config stays.
+func (l *Limiter) Swap(cfg *Config) error {
+	c, err := compile(cfg)
+	if err != nil {
+		return err
+	}
+	old := l.cur.Load()
+	for _, r := range c.rules {
+		if o, ok := old.byID[r.id]; ok && sameState(o, r) {
+			r.stats = o.stats
+		}
+	}
+	l.cur.Store(c)
+	return nil
+}
+
+// Reload parses data (name is used in error messages) and swaps it in.
+func (l *Limiter) Reload(name string, data []byte) error {
+	c, err := parse(name, data)
+	if err != nil {
+		return err
+	}
+	return l.Swap(c)
+}
+
+// Config returns the config in use.
+func (l *Limiter) Config() *Config { return l.cur.Load().cfg }
+
+// FailMode returns the fail mode of the rule with the given id and whether
+// the rule exists. Admit's errors carry it too (see StoreError).
+func (l *Limiter) FailMode(rule string) (FailMode, bool) {
+	r, ok := l.cur.Load().byID[rule]
+	if !ok {
+		return FailOpen, false
+	}
+	return r.fail, true
+}
+
+// StoreError is the error Admit returns when the store failed. Nothing was
+// decided: a fallback (package fallback) or the adapter chooses to admit or
+// deny according to Fail.
+type StoreError struct {
+	// Fail is FailClosed when any enforced rule the request matched is
+	// fail: closed, else FailOpen.
+	Fail FailMode
+	// Rules are the ids of the enforced rules the request matched, in
+	// config order, the fail-closed ones first.
+	Rules []string
+	Err   error
+}
+
+func (e *StoreError) Error() string {
+	return fmt.Sprintf("tiers: store failed (rules %v, fail %s): %v", e.Rules, e.Fail, e.Err)
+}
+
+// Unwrap returns the store's error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// RuleStats counts what one rule did since it was loaded (a Swap that keeps
+// the rule keeps its counts).
+type RuleStats struct {
+	Matched      uint64 // requests the rule applied to
+	Denied       uint64 // denials the rule was named in (enforced rules)
+	ShadowDenied uint64 // requests a shadow rule would have denied
+}
+
+type ruleStats struct{ matched, denied, shadowDenied atomic.Uint64 }
+
+// Stats returns the counts of every rule of the config in use, by id.
+func (l *Limiter) Stats() map[string]RuleStats {
+	c := l.cur.Load()
+	m := make(map[string]RuleStats, len(c.rules))
+	for _, r := range c.rules {
+		m[r.id] = RuleStats{Matched: r.stats.matched.Load(), Denied: r.stats.denied.Load(), ShadowDenied: r.stats.shadowDenied.Load()}
+	}
+	return m
+}
+
+// sameState reports whether two compiled rules read and write the same
+// store state.
+func sameState(a, b *crule) bool {
+	if a.scope != b.scope || a.plan != b.plan || len(a.perPlan) != len(b.perPlan) {
+		return false
+	}
+	for k, v := range a.perPlan {
+		if b.perPlan[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// batch is the per-request working set; small requests stay on the stack.
+const batchStack = 8
+
+// Match is one rule that applies to a request, with the store item Admit
+// decides for it.
+type Match struct {
+	Rule   string
+	Shadow bool
+	Fail   FailMode
+	Item   ratelimit.Item
+}
+
+// Matches returns the rules that apply to r and their store items, in
+// config order, without deciding anything: for debugging, for peeks
+// (decide the items with Cost 0) and for fallbacks that evaluate the same
+// items elsewhere.
+func (l *Limiter) Matches(ctx context.Context, r *spillway.Request) ([]Match, error) {
+	c := l.cur.Load()
+	var (
+		items [batchStack]ratelimit.Item
+		rules [batchStack]*crule
+	)
+	it, rs, err := l.collect(ctx, c, r, items[:0], rules[:0])
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Match, len(it))
+	for i := range it {
+		out[i] = Match{Rule: rs[i].id, Shadow: rs[i].shadow, Fail: rs[i].fail, Item: it[i]}
+	}
+	return out, nil
+}
+
+// collect appends the items of the rules that apply to r.
+func (l *Limiter) collect(ctx context.Context, c *compiled, r *spillway.Request, items []ratelimit.Item, rules []*crule) ([]ratelimit.Item, []*crule, error) {
+	var (
+		plan     string
+		resolved bool
+		buf      [128]byte
+	)
+	cost := r.EffectiveCost()
+	for _, ru := range c.rules {
+		if len(ru.methods) > 0 && !hasMethod(ru.methods, r.Method) {
+			continue
+		}
+		if !ru.m.match(r.Endpoint) {
+			continue
+		}
+		ent, ok := l.entity(buf[:0], ru, r)
+		if !ok {
+			continue
+		}
+		policy, scope := ru.policy, ru.scope
+		if ru.plan != "" {
+			if !resolved {
+				var err error
+				if plan, err = l.resolvePlan(ctx, c, r); err != nil {
+					return items, rules, err
+				}
+				resolved = true
+			}
+			pb := ru.perPlan[plan] // resolvePlan checked the plan exists
+			if pb.unlimited {
+				continue
+			}
+			policy, scope = pb.policy, pb.scope
+		}
+		items = append(items, ratelimit.Item{Scope: scope, Key: ent, Policy: policy, Cost: cost})
+		rules = append(rules, ru)
+	}
+	return items, rules, nil
+}
+
+func hasMethod(ms []string, m string) bool {
+	for _, x := range ms {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// entity builds the store key of rule ru for r: "ip=10.0.0.1", or
+// "api_key=k1,endpoint=/x" for several dimensions (values percent-encode
+// '%' and ','), so that dimensions never collide. internal/keys (in the
+// store) escapes braces and hashes long entities. ok is false when r lacks
+// one of the dimensions.
+func (l *Limiter) entity(b []byte, ru *crule, r *spillway.Request) (string, bool) {
+	for i, d := range ru.by {
+		v, ok := r.Get(d)
+		if !ok {
+			return "", false
+		}
+		if d == spillway.DimIP {
+			v = normalizeIP(v, l.v6bits)
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, d...)
+		b = append(b, '=')
+		if len(ru.by) == 1 {
+			b = append(b, v...)
+		} else {
+			b = appendValue(b, v)
+		}
+	}
+	return string(b), true
+}
+
+func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Request) (string, error) {
+	plan, ok := r.Get(DimPlan)
+	if !ok && l.resolver != nil {
+		if key, has := r.Get(spillway.DimAPIKey); has {
+			p, err := l.resolver(ctx, key)
+			if err != nil {
+				return "", fmt.Errorf("tiers: plan resolver: %w", err)
+			}
+			plan = p
+		}
+	}
+	if plan == "" {
+		plan = c.defaultPlan
+	}
+	if _, ok := c.cfg.Plans[plan]; !ok {
+		return "", fmt.Errorf("%w %q", ErrUnknownPlan, plan)
+	}
+	return plan, nil
+}
+
+// Admit decides r against every rule that matches it, in one
+// Store.Decide call, all or nothing: when any enforced rule denies, none is
+// charged. A denial names the rule that denied (Decision.Limiter is its
+// id): the one whose cost can never fit, else the one with the longest
+// RetryAfter. An allowed decision is the most restrictive of the enforced
+// rules (the lowest Remaining). With no enforced rule matching, the request
+// is allowed with Limit 0 and Limiter = the WithName name.
+//
+// Shadow rules ride in the same call. When the batch is allowed, they are
+// charged like the others. When only shadow rules denied, the enforced
+// rules are decided again without them (the one case of a second round
+// trip), so a shadow rule neither blocks the request nor changes what the
+// enforced rules are charged; the shadow rule, having "denied", is not
+// charged. When an enforced rule denies, nothing is charged, shadow or not.
+//
+// A store failure returns a *StoreError (never a silent allow). A request
+// that matches only shadow rules is allowed if the store fails.
+func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if err := r.Validate(); err != nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
+	}
+	c := l.cur.Load()
+	var (
+		itemBuf [batchStack]ratelimit.Item
+		ruleBuf [batchStack]*crule
+		outBuf  [batchStack]spillway.Decision
+	)
+	items, rules, err := l.collect(ctx, c, r, itemBuf[:0], ruleBuf[:0])
+	if err != nil {
+		return spillway.Decision{}, spillway.Noop, err
+	}
+	if len(items) == 0 {
+		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
+	}
+	out := outBuf[:0]
+	if len(items) > batchStack {
+		out = make([]spillway.Decision, len(items))
+	} else {
+		out = outBuf[:len(items)]
+	}
+	shadows := 0
+	for _, ru := range rules {
+		ru.stats.matched.Add(1)
+		if ru.shadow {
+			shadows++
+		}
+	}
+	allowed, err := l.store.Decide(ctx, items, out)
+	if err != nil {
+		if shadows == len(items) {
+			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
+		}
+		return spillway.Decision{}, spillway.Noop, storeError(rules, err)
+	}
+	for i := range out {
+		out[i].Limiter = rules[i].id
+	}
+	if shadows > 0 {
+		l.reportShadows(ctx, r, rules, out)
+	}
+	if !allowed && shadows > 0 && onlyShadowsDenied(rules, out) {
+		// Decide the enforced rules alone: a shadow rule must not block
+		// or skip their charge.
+		if shadows == len(items) {
+			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
+		}
+		n := 0
+		for i := range items {
+			if !rules[i].shadow {
+				items[n], rules[n] = items[i], rules[i]
+				n++
+			}
+		}
+		items, rules, out = items[:n], rules[:n], out[:n]
+		allowed, err = l.store.Decide(ctx, items, out)
+		if err != nil {
+			return spillway.Decision{}, spillway.Noop, storeError(rules, err)
+		}
+		for i := range out {
+			out[i].Limiter = rules[i].id
+		}
+	}
+	d := pick(rules, out, allowed)
+	if d == nil {
+		if !allowed {
+			return spillway.Decision{}, spillway.Noop, storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
+		}
+		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
+	}
+	if !allowed {
+		for i := range rules {
+			if &out[i] == d {
+				rules[i].stats.denied.Add(1)
+			}
+		}
+	}
+	return *d, spillway.Noop, nil
+}
+
+func onlyShadowsDenied(rules []*crule, out []spillway.Decision) bool {
+	for i := range rules {
+		if !out[i].Allowed && !rules[i].shadow {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *Limiter) reportShadows(ctx context.Context, r *spillway.Request, rules []*crule, out []spillway.Decision) {
+	for i, ru := range rules {
+		if !ru.shadow {
+			continue
+		}
+		if !out[i].Allowed {
+			ru.stats.shadowDenied.Add(1)
+		}
+		if l.shadowFn != nil {
+			l.shadowFn(ctx, r, out[i])
+		}
+	}
+}
+
+// pick chooses the decision to return among the enforced rules: on denial
+// the one that can never succeed, else the longest wait; when allowed the
+// lowest Remaining. Ties go to the rule listed first.
+func pick(rules []*crule, out []spillway.Decision, allowed bool) *spillway.Decision {
+	var best *spillway.Decision
+	for i := range out {
+		if rules[i].shadow {
+			continue
+		}
+		d := &out[i]
+		switch {
+		case best == nil:
+			if allowed || !d.Allowed {
+				best = d
+			}
+		case allowed:
+			if d.Remaining < best.Remaining {
+				best = d
+			}
+		case d.Allowed:
+		case best.Reason == spillway.ReasonCostExceedsLimit:
+		case d.Reason == spillway.ReasonCostExceedsLimit || d.RetryAfter > best.RetryAfter:
+			best = d
+		}
+	}
+	return best
+}
+
+func storeError(rules []*crule, err error) error {
+	e := &StoreError{Err: err}
+	for _, ru := range rules {
+		if !ru.shadow && ru.fail == FailClosed {
+			e.Fail = FailClosed
+			e.Rules = append(e.Rules, ru.id)
+		}
+	}
+	for _, ru := range rules {
+		if !ru.shadow && ru.fail != FailClosed {
+			e.Rules = append(e.Rules, ru.id)
+		}
+	}
+	return e
+}
