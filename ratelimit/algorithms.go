@@ -31,6 +31,7 @@ package ratelimit
 
 import (
 	"math"
+	"math/bits"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -359,6 +360,13 @@ func satAdd(a, b int64) int64 {
 }
 
 func satMul(a, b int64) int64 {
+	if a >= 0 && b >= 0 { // the only case on the normal paths: cheap
+		hi, lo := bits.Mul64(uint64(a), uint64(b))
+		if hi != 0 || lo > math.MaxInt64 {
+			return math.MaxInt64
+		}
+		return int64(lo)
+	}
 	if a == 0 || b == 0 {
 		return 0
 	}

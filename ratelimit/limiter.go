@@ -23,6 +23,7 @@ type Limiter struct {
 	mem    *MemoryStore // store, when it is a memory store: the allocation-free path
 	policy Policy
 	scope  string
+	hash   uint64 // the scope's hash in mem
 }
 
 // LimiterOption configures a Limiter.
@@ -54,6 +55,9 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 			opt(l)
 		}
 	}
+	if l.mem != nil {
+		l.hash = l.mem.scopeHash(l.scope)
+	}
 	return l, nil
 }
 
@@ -81,7 +85,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (spillway.Dec
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
-		return l.mem.decideOne(l.scope, key, l.policy, n), nil
+		return l.mem.decideOne(l.scope, l.hash, key, l.policy, n), nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision
@@ -174,6 +178,7 @@ type DimensionLimiter struct {
 	l       *Limiter
 	dim     string
 	scope   string
+	hash    uint64 // the scope's hash in the memory store
 	missing string
 }
 
@@ -193,7 +198,11 @@ var _ spillway.Limiter = (*DimensionLimiter)(nil)
 // spillway.Noop: a rate limit has nothing to release.
 func (l *Limiter) ByDimension(dim string) *DimensionLimiter {
 	scope := l.scope + ":" + dim
-	return &DimensionLimiter{l: l, dim: dim, scope: scope, missing: scope + ":absent"}
+	d := &DimensionLimiter{l: l, dim: dim, scope: scope, missing: scope + ":absent"}
+	if l.mem != nil {
+		d.hash = l.mem.scopeHash(scope)
+	}
+	return d
 }
 
 // PerKey is l.ByDimension(dim).
@@ -211,7 +220,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	l := d.l
 	n := r.EffectiveCost()
 	if l.mem != nil {
-		return l.mem.decideOne(d.scope, v, l.policy, n), spillway.Noop, nil
+		return l.mem.decideOne(d.scope, d.hash, v, l.policy, n), spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision

@@ -35,7 +35,9 @@ import (
 // A MemoryStore is safe for concurrent use. The zero value is not usable;
 // call NewMemoryStore.
 type MemoryStore struct {
-	clock     func() time.Time
+	clock     func() time.Time // nil: the monotonic clock below
+	startUS   int64            // wall time at construction, µs since the epoch
+	start     time.Time        // carries the monotonic reading
 	seedKey   maphash.Seed
 	seedScope maphash.Seed
 	mask      uint64
@@ -103,8 +105,8 @@ type lookup struct {
 	shard  uint64
 }
 
-// NewMemoryStore returns a memory store. It honours WithClock (default
-// time.Now), WithMaxKeys (default 1<<20; n ≤ 0 means the default) and
+// NewMemoryStore returns a memory store. It honours WithClock (default: a
+// monotonic clock that starts at the wall time of the call), WithMaxKeys (default 1<<20; n ≤ 0 means the default) and
 // WithShards (default 64, rounded up to a power of two and lowered so that
 // every shard holds at least one key); WithPrefix does not apply.
 func NewMemoryStore(opts ...Option) *MemoryStore {
@@ -128,8 +130,11 @@ func NewMemoryStore(opts ...Option) *MemoryStore {
 	for n > o.maxKeys {
 		n >>= 1
 	}
+	start := time.Now()
 	s := &MemoryStore{
 		clock:     o.clock,
+		start:     start,
+		startUS:   start.UnixMicro(),
 		seedKey:   maphash.MakeSeed(),
 		seedScope: maphash.MakeSeed(),
 		mask:      uint64(n - 1),
@@ -145,14 +150,28 @@ func NewMemoryStore(opts ...Option) *MemoryStore {
 	return s
 }
 
+// now returns the time in µs since the epoch. Without WithClock it is the
+// wall time at construction plus the monotonic time elapsed since: it never
+// goes backwards (NTP steps do not move it) and reading it costs a third of
+// time.Now on the machines measured (docs/ratelimit.md).
 func (s *MemoryStore) now() int64 {
 	if s.clock == nil {
-		return time.Now().UnixMicro()
+		return s.startUS + time.Since(s.start).Microseconds()
 	}
 	return s.clock().UnixMicro()
 }
 
 func (s *MemoryStore) prepare(scope, key string, a Algorithm) lookup {
+	return s.prepareH(scope, s.scopeHash(scope), key, a)
+}
+
+// scopeHash is the hash of a scope under this store's seed; a Limiter
+// computes it once.
+func (s *MemoryStore) scopeHash(scope string) uint64 {
+	return bits.RotateLeft64(maphash.String(s.seedScope, scope), 17)
+}
+
+func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Algorithm) lookup {
 	k := lookup{scope: scope, layout: layoutOf(a)}
 	var hk uint64
 	if len(key) > keys.MaxPart {
@@ -164,7 +183,7 @@ func (s *MemoryStore) prepare(scope, key string, a Algorithm) lookup {
 		hk = maphash.String(s.seedKey, key)
 	}
 	k.shard = (hk >> 32) & s.mask
-	k.hash = hk ^ bits.RotateLeft64(maphash.String(s.seedScope, scope), 17) ^ uint64(k.layout)*0x9e3779b97f4a7c15
+	k.hash = hk ^ scopeHash ^ uint64(k.layout)*0x9e3779b97f4a7c15
 	return k
 }
 
@@ -362,9 +381,9 @@ func (e *entry) appendLog(at, n, limit int64) {
 
 // decideOne is the single-item fast path (no validation: the Limiter
 // validated its policy and cost).
-func (s *MemoryStore) decideOne(scope, key string, p Policy, n int64) spillway.Decision {
+func (s *MemoryStore) decideOne(scope string, scopeHash uint64, key string, p Policy, n int64) spillway.Decision {
 	now := s.now()
-	k := s.prepare(scope, key, p.Algorithm)
+	k := s.prepareH(scope, scopeHash, key, p.Algorithm)
 	sh := &s.shards[k.shard]
 	sh.mu.Lock()
 	o := sh.apply(sh.find(&k), &k, p, n, now, nil)
@@ -395,7 +414,7 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 		return true, nil
 	case 1:
 		it := &items[0]
-		out[0] = s.decideOne(it.Scope, it.Key, it.Policy, it.Cost)
+		out[0] = s.decideOne(it.Scope, s.scopeHash(it.Scope), it.Key, it.Policy, it.Cost)
 		return out[0].Allowed, nil
 	}
 
