@@ -1,0 +1,312 @@
+package concurrency
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+func TestAIMDSteps(t *testing.T) {
+	a, err := NewAIMD(AIMDConfig{Initial: 10, Min: 2, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ok := func(start time.Duration, inFlight int) Sample {
+		return Sample{Start: t0.Add(start), RTT: 100 * time.Millisecond, InFlight: inFlight, Outcome: spillway.Success}
+	}
+	// Ten successes that used the limit add one (1/limit each).
+	for i := 0; i < 10; i++ {
+		a.Update(ok(0, 5))
+	}
+	if got := a.Limit(); got != 10 && got != 11 {
+		t.Fatalf("after 10 successes limit = %d", got)
+	}
+	a.Update(ok(0, 6))
+	if got := a.Limit(); got != 11 {
+		t.Fatalf("after 11 successes limit = %d, want 11", got)
+	}
+	// App-limited successes (2 in flight of 11) teach nothing.
+	for i := 0; i < 100; i++ {
+		a.Update(ok(0, 2))
+	}
+	if got := a.Limit(); got != 11 {
+		t.Fatalf("app-limited successes moved the limit to %d", got)
+	}
+	// A drop: floor(11.x × 0.9) = 9. Its decrease answers every request
+	// that started before it ended (t0+1s+100ms).
+	a.Update(Sample{Start: t0.Add(time.Second), RTT: 100 * time.Millisecond, InFlight: 11, Outcome: spillway.Dropped})
+	if got := a.Limit(); got != 9 {
+		t.Fatalf("after a drop limit = %d, want 9", got)
+	}
+	a.Update(Sample{Start: t0.Add(time.Second + 50*time.Millisecond), RTT: time.Millisecond, Outcome: spillway.Dropped})
+	if got := a.Limit(); got != 9 {
+		t.Fatalf("a drop of the same round trip decreased again: %d", got)
+	}
+	// An RTT above the timeout is a drop: floor(9 × 0.9) = 8.
+	a.Update(Sample{Start: t0.Add(2 * time.Second), RTT: 2 * time.Second, InFlight: 9, Outcome: spillway.Success})
+	if got := a.Limit(); got != 8 {
+		t.Fatalf("after a timeout limit = %d, want 8", got)
+	}
+	for i := 0; i < 50; i++ {
+		a.Update(Sample{Start: t0.Add(time.Duration(10+i) * time.Minute), RTT: time.Millisecond, Outcome: spillway.Dropped})
+	}
+	if got := a.Limit(); got != 2 {
+		t.Fatalf("limit fell to %d, want the floor 2", got)
+	}
+}
+
+func TestAlgorithmConfigValidation(t *testing.T) {
+	for name, cfg := range map[string]AIMDConfig{
+		"min>max":  {Min: 5, Max: 4},
+		"initial":  {Initial: 2000},
+		"backoff":  {Backoff: 1.5},
+		"timeout":  {Timeout: -1},
+		"negative": {Min: -1},
+	} {
+		if _, err := NewAIMD(cfg); err == nil {
+			t.Errorf("AIMD %s: no error", name)
+		}
+	}
+	for name, cfg := range map[string]GradientConfig{
+		"tolerance": {Tolerance: 0.5},
+		"smoothing": {Smoothing: 2},
+		"window":    {WindowSamples: -1},
+		"probe":     {ProbeSamples: -3},
+		"initial":   {Initial: 1, Min: 2},
+	} {
+		if _, err := NewGradient(cfg); err == nil {
+			t.Errorf("Gradient %s: no error", name)
+		}
+	}
+	if _, err := NewAdaptive(nil); err == nil {
+		t.Error("NewAdaptive(nil): no error")
+	}
+}
+
+func TestAdaptiveAdmitAndOutcomes(t *testing.T) {
+	clock := newFakeClock()
+	alg, _ := NewAIMD(AIMDConfig{Initial: 2, Min: 1})
+	a, err := NewAdaptive(alg, WithAdaptiveClock(clock.Now), WithAdaptiveName("local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := &spillway.Request{Priority: spillway.Critical}
+	d1, done1, _ := a.Admit(ctx, r)
+	d2, done2, _ := a.Admit(ctx, r)
+	d3, _, _ := a.Admit(ctx, r)
+	if !d1.Allowed || d1.Remaining != 1 || !d2.Allowed || d2.Remaining != 0 {
+		t.Fatalf("admitted: %+v %+v", d1, d2)
+	}
+	if want := (spillway.Decision{Reason: spillway.ReasonShed, Limiter: "local", Limit: 2, RetryAfter: time.Second}); d3 != want {
+		t.Fatalf("third: %+v, want %+v", d3, want)
+	}
+	done1(spillway.Ignored) // releases, teaches nothing
+	done1(spillway.Dropped) // second call: nothing
+	if a.InFlight() != 1 || a.Limit() != 2 {
+		t.Fatalf("after ignored: in flight %d limit %d", a.InFlight(), a.Limit())
+	}
+	done2(spillway.Dropped)
+	if a.InFlight() != 0 || a.Limit() != 1 {
+		t.Fatalf("after dropped: in flight %d limit %d, want 0 and 1", a.InFlight(), a.Limit())
+	}
+	if d, _, _ := a.Admit(ctx, &spillway.Request{Cost: -1}); d.Reason != spillway.ReasonInvalid {
+		t.Fatalf("malformed: %+v", d)
+	}
+}
+
+// sim is a deterministic server of a fixed capacity behind an Adaptive: a
+// request's RTT is base while at most capacity run, and grows in
+// proportion to the queue beyond it. Each round offers more work than any
+// limit admits (steady overload), runs what was admitted and completes it.
+type sim struct {
+	t        *testing.T
+	clock    *fakeClock
+	a        *Adaptive
+	capacity int
+	base     time.Duration
+}
+
+func newSim(t *testing.T, alg Algorithm, capacity int, base time.Duration) *sim {
+	clock := newFakeClock()
+	a, err := NewAdaptive(alg, WithAdaptiveClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sim{t: t, clock: clock, a: a, capacity: capacity, base: base}
+}
+
+// round admits up to offered requests and returns how many ran.
+func (s *sim) round(offered int) int {
+	ctx := context.Background()
+	var dones []spillway.Done
+	for i := 0; i < offered; i++ {
+		d, done, _ := s.a.Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+		if !d.Allowed {
+			break
+		}
+		dones = append(dones, done)
+	}
+	n := len(dones)
+	rtt := s.base
+	if n > s.capacity {
+		rtt = time.Duration(float64(s.base) * float64(n) / float64(s.capacity))
+	}
+	s.clock.Advance(rtt)
+	for _, done := range dones {
+		done(spillway.Success)
+	}
+	return n
+}
+
+func TestGradientSlowStartThenSettles(t *testing.T) {
+	g, _ := NewGradient(GradientConfig{ProbeInterval: -1})
+	s := newSim(t, g, 100, 10*time.Millisecond)
+	var seen []int
+	for i := 0; i < 40 && g.InSlowStart(); i++ {
+		s.round(math.MaxInt32)
+		if len(seen) == 0 || seen[len(seen)-1] != g.Limit() {
+			seen = append(seen, g.Limit())
+		}
+	}
+	// Doubling while the RTT stays within 1.5 × baseline (up to 150 in
+	// flight); the window at 256 sees 2.56 × baseline and leaves slow start.
+	want := []int{4, 8, 16, 32, 64, 128, 256}
+	if len(seen) < len(want)-1 || g.InSlowStart() {
+		t.Fatalf("slow start limits %v (still in slow start: %v), want %v", seen, g.InSlowStart(), want)
+	}
+	for i := range seen[:len(want)-1] {
+		if seen[i] != want[i] {
+			t.Fatalf("slow start limits %v, want %v", seen, want)
+		}
+	}
+	for i := 0; i < 300; i++ {
+		s.round(math.MaxInt32)
+	}
+	// Fixed point: L = 1.5 × 100 + ⌈√L⌉ ≈ 163.
+	if l := g.Limit(); l < 150 || l > 170 {
+		t.Fatalf("settled limit %d, want within [150, 170]", l)
+	}
+}
+
+// gradient2Like is the Gradient2 baseline rule in miniature — a long-term
+// average RTT as the baseline — used to show that the overload scenario
+// below detects upward creep.
+type gradient2Like struct {
+	limit, longRTT float64
+	n              int
+	sum            float64
+	winStart       time.Time
+}
+
+func (g *gradient2Like) Limit() int { return int(g.limit) }
+func (g *gradient2Like) Update(s Sample) {
+	if s.Start.Before(g.winStart) {
+		return
+	}
+	g.n++
+	g.sum += float64(s.RTT)
+	if g.n < 10 {
+		return
+	}
+	short := g.sum / float64(g.n)
+	if g.longRTT == 0 {
+		g.longRTT = short
+	}
+	g.longRTT = 0.95*g.longRTT + 0.05*short // converges to the overloaded RTT
+	gradient := math.Max(0.5, math.Min(1, 1.5*g.longRTT/short))
+	est := g.limit*gradient + math.Ceil(math.Sqrt(g.limit))
+	g.limit = math.Min(1000, 0.8*g.limit+0.2*est)
+	g.n, g.sum, g.winStart = 0, 0, s.Start.Add(s.RTT)
+}
+
+// TestGradientDoesNotCreepUnderSteadyOverload: a server of capacity 50
+// overloaded for 5 000 round trips (about 85 s) (with probes every 30 s of simulated
+// time). The limit settles near 1.5 × 50 + √L and never drifts upward; the
+// Gradient2-style baseline in the same scenario climbs past 10 × capacity.
+func TestGradientDoesNotCreepUnderSteadyOverload(t *testing.T) {
+	const capacity = 50
+	g, _ := NewGradient(GradientConfig{})
+	s := newSim(t, g, capacity, 10*time.Millisecond)
+	maxIn := func(from, to int, f func() int) int {
+		m := 0
+		for i := from; i < to; i++ {
+			m = max(m, f())
+		}
+		return m
+	}
+	round := func() int { s.round(math.MaxInt32); return g.Limit() }
+	maxIn(0, 1000, round) // slow start and settling
+	early := maxIn(1000, 2000, round)
+	maxIn(2000, 4000, round)
+	late := maxIn(4000, 5000, round)
+	t.Logf("max limit rounds 1000-2000: %d, rounds 4000-5000: %d; baseline %v", early, late, g.Baseline())
+	if late > early {
+		t.Fatalf("limit crept upward under steady overload: %d → %d", early, late)
+	}
+	if late > 90 || late < capacity {
+		t.Fatalf("limit %d under overload, want within [%d, 90] (1.5 × capacity + ⌈√L⌉ ≈ 84)", late, capacity)
+	}
+	if g.Baseline() != 10*time.Millisecond {
+		t.Fatalf("baseline %v, want the unloaded 10ms (probes drain the queue)", g.Baseline())
+	}
+
+	ref := &gradient2Like{limit: 20}
+	rs := newSim(t, ref, capacity, 10*time.Millisecond)
+	for i := 0; i < 3000 && ref.Limit() < 10*capacity; i++ {
+		rs.round(math.MaxInt32)
+	}
+	if ref.Limit() < 10*capacity {
+		t.Fatalf("the reference long-average baseline reached only %d; the scenario no longer detects creep", ref.Limit())
+	}
+}
+
+// TestGradientProbeFollowsSlowerDependency: the dependency's unloaded RTT
+// triples for good. Without probes the old baseline would hold the limit
+// down for ever; the next probe re-measures it and the limit recovers.
+func TestGradientProbeFollowsSlowerDependency(t *testing.T) {
+	for _, probe := range []bool{true, false} {
+		interval := 10 * time.Second
+		if !probe {
+			interval = -1
+		}
+		g, _ := NewGradient(GradientConfig{ProbeInterval: interval})
+		s := newSim(t, g, 1000, 10*time.Millisecond)
+		for i := 0; i < 300; i++ {
+			s.round(100) // plenty of capacity: 100 offered, 100 run
+		}
+		if g.Limit() < 100 {
+			t.Fatalf("probe=%v: before the shift limit %d, want >= 100", probe, g.Limit())
+		}
+		s.base = 30 * time.Millisecond
+		for i := 0; i < 1500; i++ { // 45 s of simulated time
+			s.round(100)
+		}
+		if probe {
+			if g.Baseline() != 30*time.Millisecond || g.Limit() < 100 {
+				t.Fatalf("with probes: baseline %v limit %d, want 30ms and >= 100", g.Baseline(), g.Limit())
+			}
+		} else if g.Baseline() != 10*time.Millisecond || g.Limit() >= 100 {
+			t.Fatalf("without probes: baseline %v limit %d, want the stale 10ms holding it below 100", g.Baseline(), g.Limit())
+		}
+	}
+}
+
+func TestGradientDropsBackOff(t *testing.T) {
+	g, _ := NewGradient(GradientConfig{Initial: 100, ProbeInterval: -1})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := 0; i < 10; i++ {
+		o := spillway.Success
+		if i == 3 {
+			o = spillway.Dropped
+		}
+		g.Update(Sample{Start: t0, RTT: 10 * time.Millisecond, InFlight: 100, Outcome: o})
+	}
+	if g.Limit() != 90 || g.InSlowStart() {
+		t.Fatalf("after a window with a drop: limit %d slow start %v, want 90 and false", g.Limit(), g.InSlowStart())
+	}
+}
