@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+)
+
+// Backend is the simulated database every API server calls. It has a
+// capacity (the concurrency at which it is fully used) and no admission
+// control of its own beyond a connection cap, like most databases: past
+// the capacity, requests contend for the same CPU and locks, so each query
+// slows down more than in proportion to the queue — throughput falls as
+// concurrency rises (thrashing). Clients time out and retry, so the work
+// the database does for them is wasted: goodput collapses.
+type Backend struct {
+	Capacity int           // concurrency the database serves at full speed
+	Service  time.Duration // mean service time of one query when not overloaded
+	// Thrash is how much each query slows per unit of overload: service
+	// time = Service · max(1, n/C) · (1 + Thrash·max(0, n−C)/C) for n
+	// queries in flight (n/C alone would be fair sharing with constant
+	// throughput; the second factor makes throughput fall).
+	Thrash           float64
+	MaxConns         int           // connections past which queries fail at once
+	StatementTimeout time.Duration // queries running longer are cancelled (the work is lost)
+
+	inflight atomic.Int64
+	rec      *Recorder
+}
+
+// Errors the backend returns; the API server answers 503 for both.
+var (
+	errTooManyConns     = errors.New("backend: too many connections")
+	errStatementTimeout = errors.New("backend: statement timeout")
+)
+
+// CapacityRPS is the throughput of the backend at full use, in queries/s.
+func (b *Backend) CapacityRPS() float64 {
+	return float64(b.Capacity) / b.Service.Seconds()
+}
+
+// Inflight returns the number of queries running now.
+func (b *Backend) Inflight() int64 { return b.inflight.Load() }
+
+// Query runs one query. The database does not notice that the client went
+// away: a query runs to completion (or to the statement timeout) even when
+// nobody waits for its answer any more.
+func (b *Backend) Query(ctx context.Context) error {
+	n := b.inflight.Add(1)
+	defer b.inflight.Add(-1)
+	b.rec.BackendStart(n)
+	if b.MaxConns > 0 && n > int64(b.MaxConns) {
+		b.rec.BackendDone(0, false)
+		return errTooManyConns
+	}
+	c := float64(b.Capacity)
+	over := max(0, float64(n)-c) / c
+	slow := max(1, float64(n)/c) * (1 + b.Thrash*over)
+	// Service times vary ±50% around the mean (uniform), so p99 is
+	// meaningful even at low load.
+	st := time.Duration(float64(b.Service) * (0.5 + rand.Float64()) * slow)
+	if b.StatementTimeout > 0 && st > b.StatementTimeout {
+		time.Sleep(b.StatementTimeout)
+		b.rec.BackendDone(b.StatementTimeout, false)
+		return errStatementTimeout
+	}
+	time.Sleep(st)
+	b.rec.BackendDone(st, true)
+	return nil
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/shedder"
+)
+
+// The per-client limit every limiting configuration applies, by API key:
+// well-behaved clients send ~4 req/s at the spike, abusive ones ~50.
+var perKeyPolicy = ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: 10, Period: time.Second, Burst: 20}
+
+// configurations returns the systems the scenarios compare: the ones
+// named in only (all three when empty), in the order none, naive, full.
+func configurations(only []string) []Configuration {
+	all := []Configuration{
+		{Name: "none", Title: "no limiter", Build: buildNone},
+		{Name: "naive", Title: "naive fail-open (limits in Redis, no breaker, no local share, no shedding)", Build: buildNaive},
+		{Name: "full", Title: "full spillway chain", Build: buildFull},
+	}
+	if len(only) == 0 {
+		return all
+	}
+	var out []Configuration
+	for _, c := range all {
+		if slices.Contains(only, c.Name) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
+
+// buildNaive is what many services run: the limits live in Redis, the
+// client keeps go-redis's defaults (3 s read timeout, retries, a pool of 10
+// per CPU), and any Redis error lets the request through.
+func buildNaive(env *Env, _ int) (ServerChain, error) {
+	client := redis.NewClient(&redis.Options{Addr: env.Redis.Addr()})
+	store := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	perKey, err := ratelimit.New(store, perKeyPolicy, ratelimit.WithScope("per_key"))
+	if err != nil {
+		client.Close()
+		return ServerChain{}, err
+	}
+	// A fleet-wide rate ceiling in front of the database, at its capacity.
+	capRPS := int64(env.System.capacityRPS())
+	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.WithScope("db_ceiling"))
+	if err != nil {
+		client.Close()
+		return ServerChain{}, err
+	}
+	ceiling := spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		d, err := global.Allow(ctx, "db")
+		if err == nil && !d.Allowed {
+			d.Reason = spillway.ReasonCeiling
+		}
+		return d, spillway.Noop, err
+	})
+	return ServerChain{
+		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), ceiling),
+		Close:   func() { client.Close() },
+	}, nil
+}
+
+// fallbackBudget is the time one Redis call of the full chain may take.
+const fallbackBudget = 50 * time.Millisecond
+
+// Settings of the full chain's fallback wrappers: a Redis call may take
+// fallbackBudget; five failures in a row open the breaker for a second;
+// three successful probes close it.
+func fallbackSettings(name string, share float64) fallback.Settings {
+	return fallback.Settings{
+		Name:        name,
+		Budget:      fallbackBudget,
+		Failures:    5,
+		OpenTimeout: time.Second,
+		Probes:      3,
+		Share:       share,
+	}
+}
+
+// perKeyConcurrency is how many requests one API key may have in flight
+// across the fleet.
+const perKeyConcurrency = 10
+
+// buildFull is the whole spillway chain, cheapest first: the per-key rate
+// limit and the per-key concurrency limit (both in Redis, each behind a
+// fallback: time budget, breaker, local share), the fleet usage shedder
+// (Redis, degrades to local counts), the worker utilization shedder (this
+// server's share of the backend's capacity: the hard bound on backend
+// concurrency that needs no Redis), and the global ceiling in front of the
+// database.
+func buildFull(env *Env, server int) (ServerChain, error) {
+	client := redis.NewClient(&redis.Options{
+		Addr: env.Redis.Addr(),
+		// Deadlines come from the fallback's budget (the context); the
+		// client's own timeouts are only a backstop.
+		ContextTimeoutEnabled: true,
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		PoolTimeout:           20 * time.Millisecond,
+		MaxRetries:            -1,
+		PoolSize:              64,
+	})
+	fail := func(err error) (ServerChain, error) {
+		client.Close()
+		return ServerChain{}, err
+	}
+	n := float64(env.Servers)
+
+	// 1. Per-key rate limit; locally 20% of the quota per server.
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0.2))
+	if err != nil {
+		return fail(err)
+	}
+	perKey, err := ratelimit.New(rateStore, perKeyPolicy, ratelimit.WithScope("per_key"))
+	if err != nil {
+		return fail(err)
+	}
+
+	// 2. Per-key concurrency; locally 20% of it per server.
+	cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
+	if err != nil {
+		return fail(err)
+	}
+	cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.WithName("per_key_concurrency"), concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+	if err != nil {
+		return fail(err)
+	}
+	clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(1, perKeyConcurrency/5), concurrency.WithName("per_key_concurrency"))
+	if err != nil {
+		return fail(err)
+	}
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+	if err != nil {
+		return fail(err)
+	}
+
+	// 3. Fleet usage shedder over the backend's capacity; 20% kept for
+	// Critical work. Without Redis each server uses 1/N of it.
+	fleet, err := shedder.NewFleet(client, "api", int64(env.System.Capacity),
+		shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
+		shedder.WithTimeout(fallbackBudget), shedder.WithLocalShare(1/n))
+	if err != nil {
+		return fail(err)
+	}
+
+	// 4. Worker utilization shedder: this server's share of the backend
+	// with 25% headroom, since it sheds before it is full (it keeps its
+	// peak utilization under 90% by shedding the lowest priorities).
+	worker, err := shedder.NewWorker(int64(math.Ceil(1.25 * float64(env.System.Capacity) / n)))
+	if err != nil {
+		return fail(err)
+	}
+
+	// 5. The hard bound in front of the database: at most its capacity of
+	// requests in flight across the fleet (Stripe's concurrent-request
+	// limiter on one key), 1/N of it per server while Redis is away.
+	dbShared, err := concurrency.New(cstore, int64(env.System.Capacity), concurrency.WithName("db_concurrency"),
+		concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+	if err != nil {
+		return fail(err)
+	}
+	dbLocal, err := concurrency.New(concurrency.NewMemoryStore(), int64(env.System.Capacity/env.Servers), concurrency.WithName("db_concurrency"))
+	if err != nil {
+		return fail(err)
+	}
+	dbGuard, err := fallback.NewLimiter(ceilingOf(dbShared), ceilingOf(dbLocal), fallbackSettings("db_concurrency", 1/n))
+	if err != nil {
+		return fail(err)
+	}
+
+	return ServerChain{
+		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), conc, fleet, worker, dbGuard),
+		BreakerOpen: func() bool {
+			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || dbGuard.State() != fallback.Closed
+		},
+		Close: func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			_ = fleet.Close(ctx)
+			client.Close()
+		},
+	}, nil
+}
+
+// ceilingOf makes a concurrency limiter on the single key "db" a ceiling
+// in front of the database: a denial is load shedding (503), not a
+// per-client limit.
+func ceilingOf(l *concurrency.Limiter) spillway.Limiter {
+	return spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		d, done, err := l.Acquire(ctx, "db")
+		if err == nil && !d.Allowed {
+			d.Reason = spillway.ReasonCeiling
+		}
+		return d, done, err
+	})
+}

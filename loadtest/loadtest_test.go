@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestShortRun runs every scenario briefly against a real redis-server (or
+// the embedded Redis when it is not installed), with a small system, and
+// checks that the summary has every field with sane values. It does not
+// check the pass criteria: a few seconds on a loaded CI machine prove that
+// the harness works, not what the chain does (the full run does).
+func TestShortRun(t *testing.T) {
+	dir := t.TempDir()
+	p := Params{Scenario: "all", Duration: 3 * time.Second, Seed: 7, Servers: 2, Out: dir, Retry: RetryHonor, Scale: 0.25, Quiet: true}
+	sum, err := Run(context.Background(), p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := WriteOutputs(dir, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil || st.Size() == 0 {
+			t.Errorf("output %s missing or empty: %v", f, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Redis     string `json:"redis"`
+		Scenarios map[string]struct {
+			Configurations map[string]map[string]any `json:"configurations"`
+			Accuracy       map[string]any            `json:"accuracy"`
+			ScheduleSHA256 string                    `json:"schedule_sha256"`
+		} `json:"scenarios"`
+		Verdict []map[string]any `json:"verdict"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if raw.Redis == "" {
+		t.Error("summary does not say which Redis it used")
+	}
+	fields := []string{"offered", "admitted", "goodput", "backend_peak_concurrency", "backend_capacity", "backend_p99_ms",
+		"rejected_by_reason", "degraded_decisions", "recovery_seconds"}
+	for _, sc := range []string{"cascade", "goodput"} {
+		s, ok := raw.Scenarios[sc]
+		if !ok {
+			t.Fatalf("summary has no scenario %q", sc)
+		}
+		if len(s.ScheduleSHA256) != 64 {
+			t.Errorf("%s: schedule digest %q", sc, s.ScheduleSHA256)
+		}
+		for _, cfg := range []string{"none", "naive", "full"} {
+			c, ok := s.Configurations[cfg]
+			if !ok {
+				t.Fatalf("%s: no configuration %q", sc, cfg)
+			}
+			for _, f := range fields {
+				if _, ok := c[f]; !ok {
+					t.Errorf("%s/%s: field %q missing", sc, cfg, f)
+				}
+			}
+			offered, admitted, goodput := c["offered"].(float64), c["admitted"].(float64), c["goodput"].(float64)
+			if offered <= 0 {
+				t.Errorf("%s/%s: offered %v", sc, cfg, offered)
+			}
+			if goodput < 0 || goodput > offered {
+				t.Errorf("%s/%s: goodput %v not in [0, offered %v]", sc, cfg, goodput, offered)
+			}
+			if cfg != "none" && (admitted <= 0 || admitted > offered) {
+				t.Errorf("%s/%s: admitted %v not in (0, offered %v]", sc, cfg, admitted, offered)
+			}
+			if c["backend_capacity"].(float64) != 10 {
+				t.Errorf("%s/%s: backend_capacity %v, want 10 (40 × scale 0.25)", sc, cfg, c["backend_capacity"])
+			}
+			if c["backend_peak_concurrency"].(float64) <= 0 || c["backend_p99_ms"].(float64) <= 0 {
+				t.Errorf("%s/%s: backend peak %v, p99 %v: the backend did no work", sc, cfg, c["backend_peak_concurrency"], c["backend_p99_ms"])
+			}
+		}
+	}
+	acc := raw.Scenarios["accuracy"].Accuracy
+	total, wrong := acc["total_decisions"].(float64), acc["wrong_decisions"].(float64)
+	if total < 1000 || wrong < 0 || wrong > total {
+		t.Errorf("accuracy: %v wrong of %v decisions", wrong, total)
+	}
+	if acc["boundary_demo_fixed_window"].(float64) != 2*acc["boundary_demo_limit"].(float64) {
+		t.Errorf("accuracy: fixed window boundary demo admitted %v, want 2 × %v", acc["boundary_demo_fixed_window"], acc["boundary_demo_limit"])
+	}
+	if len(raw.Verdict) == 0 {
+		t.Error("no verdict rows")
+	}
+}
+
+// TestScheduleIsReproducible: the same seed offers exactly the same load;
+// another seed does not.
+func TestScheduleIsReproducible(t *testing.T) {
+	sys := systemFor(Params{Scale: 1})
+	ph := cascadePhases(5*time.Second, sys)
+	a := BuildSchedule(42, ph, DefaultPopulation())
+	b := BuildSchedule(42, ph, DefaultPopulation())
+	c := BuildSchedule(43, ph, DefaultPopulation())
+	if ScheduleDigest(a) != ScheduleDigest(b) {
+		t.Fatal("same seed, different schedules")
+	}
+	if ScheduleDigest(a) == ScheduleDigest(c) {
+		t.Fatal("different seeds, same schedule")
+	}
+	// Poisson arrivals: the count per phase is within 5σ of rate × length.
+	for _, p := range ph {
+		n := 0
+		for _, x := range a {
+			if x.At >= p.Start && x.At < p.End() {
+				n++
+			}
+		}
+		want := p.Rate * p.Length.Seconds()
+		if d := float64(n) - want; d*d > 25*want {
+			t.Errorf("phase %s: %d arrivals, want about %.0f", p.Name, n, want)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	for _, bad := range [][]string{
+		{"-scenario", "nope"}, {"-servers", "0"}, {"-retry", "sometimes"}, {"-duration", "-1s"}, {"-scale", "0"}, {"-configs", "full,bogus"}, {"extra"},
+	} {
+		if _, err := parseFlags(bad, nilWriter{}); err == nil {
+			t.Errorf("parseFlags(%q) accepted", bad)
+		}
+	}
+	p, err := parseFlags([]string{"-scenario", "goodput", "-seed", "9", "-servers", "3", "-configs", "full"}, nilWriter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Scenario != "goodput" || p.Seed != 9 || p.Servers != 3 || len(p.Configs) != 1 || p.Configs[0] != "full" {
+		t.Errorf("parseFlags: %+v", p)
+	}
+}
+
+type nilWriter struct{}
+
+func (nilWriter) Write(b []byte) (int, error) { return len(b), nil }

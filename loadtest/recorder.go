@@ -1,0 +1,297 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Recorder collects one run's time series in fixed-width buckets. Every
+// method is safe for concurrent use and cheap (atomics; two short slices
+// under a mutex for the latency percentiles).
+type Recorder struct {
+	start   time.Time
+	width   time.Duration
+	buckets []bucket
+}
+
+type bucket struct {
+	offered      atomic.Int64 // attempts sent (first tries and retries)
+	logical      atomic.Int64 // new logical requests
+	retries      atomic.Int64
+	admitted     atomic.Int64 // allowed by the chain (or by fail-open)
+	rejected     [16]atomic.Int64
+	degraded     atomic.Int64
+	storeErrors  atomic.Int64 // the chain returned an error (the middleware's fail mode decided)
+	success      atomic.Int64 // attempts answered 200 within the client timeout: goodput
+	timeouts     atomic.Int64 // attempts the client gave up on
+	backendOK    atomic.Int64
+	backendFail  atomic.Int64
+	backendMax   atomic.Int64
+	critOK       atomic.Int64 // well-behaved Critical/CriticalPlus logical requests that succeeded
+	critFail     atomic.Int64
+	redisMaxUS   atomic.Int64
+	redisFail    atomic.Int64
+	breakersOpen atomic.Int64 // most breakers seen open at once
+
+	mu         sync.Mutex
+	backendLat []float32 // ms
+	critLat    []float32 // ms, client-observed, Critical(+) successes
+}
+
+// NewRecorder returns a recorder of n buckets of width w starting now.
+func NewRecorder(width time.Duration, n int) *Recorder {
+	return &Recorder{start: time.Now(), width: width, buckets: make([]bucket, n)}
+}
+
+// Restart moves the origin to now (the moment the load starts).
+func (r *Recorder) Restart() { r.start = time.Now() }
+
+func (r *Recorder) b() *bucket {
+	i := int(time.Since(r.start) / r.width)
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(r.buckets) {
+		i = len(r.buckets) - 1
+	}
+	return &r.buckets[i]
+}
+
+func storeMax(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// Attempt counts one attempt sent; logical marks the first try of a
+// logical request.
+func (r *Recorder) Attempt(retry bool) {
+	b := r.b()
+	b.offered.Add(1)
+	if retry {
+		b.retries.Add(1)
+	} else {
+		b.logical.Add(1)
+	}
+}
+
+// Decision counts what the chain decided for one attempt.
+func (r *Recorder) Decision(d spillway.Decision, err error) {
+	b := r.b()
+	if err != nil {
+		b.storeErrors.Add(1)
+		return
+	}
+	if d.Degraded {
+		b.degraded.Add(1)
+	}
+	if d.Allowed {
+		b.admitted.Add(1)
+		return
+	}
+	b.rejected[int(d.Reason)%len(b.rejected)].Add(1)
+}
+
+// FailOpen counts a request the middleware served although the chain
+// failed (fail-open).
+func (r *Recorder) FailOpen() { r.b().admitted.Add(1) }
+
+// AttemptResult counts how an attempt ended at the client.
+func (r *Recorder) AttemptResult(ok, timedOut bool) {
+	b := r.b()
+	if ok {
+		b.success.Add(1)
+	}
+	if timedOut {
+		b.timeouts.Add(1)
+	}
+}
+
+// Critical counts a well-behaved Critical or CriticalPlus logical request
+// that ended (after its retries), with its client-observed latency.
+func (r *Recorder) Critical(ok bool, lat time.Duration) {
+	b := r.b()
+	if !ok {
+		b.critFail.Add(1)
+		return
+	}
+	b.critOK.Add(1)
+	b.mu.Lock()
+	b.critLat = append(b.critLat, float32(lat.Seconds()*1000))
+	b.mu.Unlock()
+}
+
+// BackendStart records that a query started with n in flight.
+func (r *Recorder) BackendStart(n int64) { storeMax(&r.b().backendMax, n) }
+
+// BackendDone records a finished query.
+func (r *Recorder) BackendDone(lat time.Duration, ok bool) {
+	b := r.b()
+	if ok {
+		b.backendOK.Add(1)
+	} else {
+		b.backendFail.Add(1)
+	}
+	if lat > 0 {
+		b.mu.Lock()
+		b.backendLat = append(b.backendLat, float32(lat.Seconds()*1000))
+		b.mu.Unlock()
+	}
+}
+
+// RedisProbe records one PING through the fault proxy.
+func (r *Recorder) RedisProbe(lat time.Duration, ok bool) {
+	b := r.b()
+	if !ok {
+		b.redisFail.Add(1)
+	}
+	storeMax(&b.redisMaxUS, lat.Microseconds())
+}
+
+// Breakers records how many servers' breakers are open now.
+func (r *Recorder) Breakers(open int) { storeMax(&r.b().breakersOpen, int64(open)) }
+
+// Series is the recorder's content as plain per-bucket values, the form the
+// report, the plots and the verdict use.
+type Series struct {
+	BucketSec      float64            `json:"bucket_s"`
+	T              []float64          `json:"t_s"`          // bucket start, seconds from the start of the load
+	Offered        []float64          `json:"offered_rps"`  // attempts/s, retries included
+	Logical        []float64          `json:"logical_rps"`  // new requests/s
+	Admitted       []float64          `json:"admitted_rps"` // allowed by the chain (or fail-open)
+	Goodput        []float64          `json:"goodput_rps"`  // 200 answers within the client timeout /s
+	BackendConc    []float64          `json:"backend_concurrency"`
+	BackendP99     []float64          `json:"backend_p99_ms"`
+	RedisMS        []float64          `json:"redis_latency_ms"` // worst probe in the bucket
+	RedisDown      []float64          `json:"redis_probe_failures"`
+	BreakersOpen   []float64          `json:"breakers_open"`
+	Degraded       []float64          `json:"degraded_rps"`
+	StoreErrors    []float64          `json:"store_errors_rps"`
+	Rejected       map[string][]float64 `json:"rejected_rps"`
+	CriticalOK     []float64          `json:"critical_ok"`
+	CriticalFail   []float64          `json:"critical_fail"`
+	backendLat     [][]float32
+	critLat        [][]float32
+	totalsRejected map[string]int64
+}
+
+// Snapshot turns the first n buckets into a Series.
+func (r *Recorder) Snapshot(n int) *Series {
+	n = min(n, len(r.buckets))
+	w := r.width.Seconds()
+	s := &Series{BucketSec: w, Rejected: map[string][]float64{}, totalsRejected: map[string]int64{}}
+	for i := 0; i < n; i++ {
+		b := &r.buckets[i]
+		s.T = append(s.T, float64(i)*w)
+		s.Offered = append(s.Offered, float64(b.offered.Load())/w)
+		s.Logical = append(s.Logical, float64(b.logical.Load())/w)
+		s.Admitted = append(s.Admitted, float64(b.admitted.Load())/w)
+		s.Goodput = append(s.Goodput, float64(b.success.Load())/w)
+		s.BackendConc = append(s.BackendConc, float64(b.backendMax.Load()))
+		b.mu.Lock()
+		bl := slices.Clone(b.backendLat)
+		cl := slices.Clone(b.critLat)
+		b.mu.Unlock()
+		s.backendLat = append(s.backendLat, bl)
+		s.critLat = append(s.critLat, cl)
+		s.BackendP99 = append(s.BackendP99, percentile(bl, 0.99))
+		s.RedisMS = append(s.RedisMS, float64(b.redisMaxUS.Load())/1000)
+		s.RedisDown = append(s.RedisDown, float64(b.redisFail.Load()))
+		s.BreakersOpen = append(s.BreakersOpen, float64(b.breakersOpen.Load()))
+		s.Degraded = append(s.Degraded, float64(b.degraded.Load())/w)
+		s.StoreErrors = append(s.StoreErrors, float64(b.storeErrors.Load())/w)
+		s.CriticalOK = append(s.CriticalOK, float64(b.critOK.Load()))
+		s.CriticalFail = append(s.CriticalFail, float64(b.critFail.Load()))
+		for reason := range b.rejected {
+			v := b.rejected[reason].Load()
+			name := spillway.Reason(reason).String()
+			if _, ok := s.Rejected[name]; !ok && v == 0 {
+				continue
+			}
+			if _, ok := s.Rejected[name]; !ok {
+				s.Rejected[name] = make([]float64, n)
+			}
+			s.Rejected[name][i] = float64(v) / w
+			s.totalsRejected[name] += v
+		}
+	}
+	return s
+}
+
+// percentile returns the q-quantile of v (nearest rank), 0 for none.
+func percentile(v []float32, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	c := slices.Clone(v)
+	slices.Sort(c)
+	i := int(math.Ceil(q*float64(len(c)))) - 1
+	i = max(0, min(i, len(c)-1))
+	return float64(c[i])
+}
+
+// window returns the bucket indexes [i, j) covering [from, to).
+func (s *Series) window(from, to time.Duration) (int, int) {
+	w := s.BucketSec
+	i := int(math.Ceil(from.Seconds()/w - 1e-9))
+	j := int(math.Floor(to.Seconds()/w + 1e-9))
+	i = max(0, min(i, len(s.T)))
+	j = max(i, min(j, len(s.T)))
+	return i, j
+}
+
+// mean returns the mean of xs[i:j].
+func mean(xs []float64, i, j int) float64 {
+	if j <= i {
+		return 0
+	}
+	var t float64
+	for _, x := range xs[i:j] {
+		t += x
+	}
+	return t / float64(j-i)
+}
+
+// maxOf returns the max of xs[i:j].
+func maxOf(xs []float64, i, j int) float64 {
+	m := 0.0
+	for _, x := range xs[i:j] {
+		m = max(m, x)
+	}
+	return m
+}
+
+// backendP99 returns the p99 of the backend latencies in buckets [i, j).
+func (s *Series) backendP99(i, j int) float64 {
+	var all []float32
+	for _, l := range s.backendLat[i:j] {
+		all = append(all, l...)
+	}
+	return percentile(all, 0.99)
+}
+
+// criticalP99 returns the p99 client latency of Critical successes in [i, j).
+func (s *Series) criticalP99(i, j int) float64 {
+	var all []float32
+	for _, l := range s.critLat[i:j] {
+		all = append(all, l...)
+	}
+	return percentile(all, 0.99)
+}
+
+// sum returns the sum of xs[i:j] times the bucket width (a rate back into a count).
+func (s *Series) count(xs []float64, i, j int) int64 {
+	var t float64
+	for _, x := range xs[i:j] {
+		t += x
+	}
+	return int64(math.Round(t * s.BucketSec))
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+		"math/rand/v2"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Phase is one stretch of a run with a constant offered rate and a Redis
+// condition.
+type Phase struct {
+	Name     string        `json:"name"`
+	Start    time.Duration `json:"-"`
+	Length   time.Duration `json:"-"`
+	Rate     float64       `json:"offered_rps"` // logical requests per second
+	Redis    string        `json:"redis"`       // "healthy", "slow", "down"
+	StartSec float64       `json:"start_s"`
+	EndSec   float64       `json:"end_s"`
+}
+
+// End returns when the phase ends, from the start of the run.
+func (p Phase) End() time.Duration { return p.Start + p.Length }
+
+// Arrival is one logical request of the offered schedule: when it is sent,
+// by which client, at which priority.
+type Arrival struct {
+	At       time.Duration
+	Client   int // index into the client population
+	Abusive  bool
+	Priority spillway.Priority
+	Seed     uint64 // per-request randomness (retry jitter), from the schedule
+}
+
+// Population is the identity mix: many well-behaved clients and a few
+// abusive ones that send a fixed share of the traffic.
+type Population struct {
+	WellBehaved  int
+	Abusive      int
+	AbusiveShare float64 // share of all arrivals sent by the abusive clients
+	// PriorityMix is the share of each priority among the well-behaved
+	// clients' requests, indexed by spillway.Priority. Abusive clients send
+	// SheddablePlus (most GETs).
+	PriorityMix [spillway.NumPriorities]float64
+}
+
+// DefaultPopulation: 200 well-behaved API keys, 4 abusive ones sending 20%
+// of the requests; among the well-behaved requests 2% CriticalPlus, 28%
+// Critical, 40% SheddablePlus, 30% Sheddable.
+func DefaultPopulation() Population {
+	return Population{
+		WellBehaved:  200,
+		Abusive:      4,
+		AbusiveShare: 0.20,
+		PriorityMix:  [spillway.NumPriorities]float64{0.30, 0.40, 0.28, 0.02},
+	}
+}
+
+// Clients returns the number of distinct clients (well-behaved first).
+func (p Population) Clients() int { return p.WellBehaved + p.Abusive }
+
+// BuildSchedule draws the open-loop offered schedule: within each phase,
+// Poisson arrivals at the phase's rate (exponential gaps), each assigned to
+// a client and a priority. The same seed, phases and population always give
+// the same schedule, whatever the machine does while it runs.
+func BuildSchedule(seed uint64, phases []Phase, pop Population) []Arrival {
+	rng := rand.New(rand.NewPCG(seed, 0x5111_7a7e))
+	var out []Arrival
+	for _, ph := range phases {
+		if ph.Rate <= 0 || ph.Length <= 0 {
+			continue
+		}
+		t := float64(ph.Start)
+		end := float64(ph.End())
+		mean := float64(time.Second) / ph.Rate
+		for {
+			t += rng.ExpFloat64() * mean
+			if t >= end {
+				break
+			}
+			a := Arrival{At: time.Duration(t), Seed: rng.Uint64()}
+			if pop.Abusive > 0 && rng.Float64() < pop.AbusiveShare {
+				a.Abusive = true
+				a.Client = pop.WellBehaved + rng.IntN(pop.Abusive)
+				a.Priority = spillway.SheddablePlus
+			} else {
+				a.Client = rng.IntN(max(1, pop.WellBehaved))
+				a.Priority = pickPriority(rng, pop.PriorityMix)
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func pickPriority(rng *rand.Rand, mix [spillway.NumPriorities]float64) spillway.Priority {
+	var total float64
+	for _, w := range mix {
+		total += w
+	}
+	u := rng.Float64() * total
+	for i, w := range mix {
+		if u < w {
+			return spillway.Priority(i)
+		}
+		u -= w
+	}
+	return spillway.Critical
+}
+
+// ScheduleDigest is a SHA-256 over the schedule, so two runs can show that
+// they offered exactly the same load.
+func ScheduleDigest(s []Arrival) string {
+	h := sha256.New()
+	var b [8 * 5]byte
+	for _, a := range s {
+		binary.LittleEndian.PutUint64(b[0:], uint64(a.At))
+		binary.LittleEndian.PutUint64(b[8:], uint64(a.Client))
+		binary.LittleEndian.PutUint64(b[16:], uint64(a.Priority))
+		binary.LittleEndian.PutUint64(b[24:], a.Seed)
+		if a.Abusive {
+			b[32] = 1
+		} else {
+			b[32] = 0
+		}
+		h.Write(b[:33])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

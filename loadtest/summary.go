@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+// Summary is everything a run measured; it is written as summary.json.
+type Summary struct {
+	Seed      uint64                     `json:"seed"`
+	Servers   int                        `json:"servers"`
+	Retry     string                     `json:"well_behaved_retry"`
+	Redis     string                     `json:"redis"`
+	GoVersion string                     `json:"go_version"`
+	CPUs      int                        `json:"cpus"`
+	Started   time.Time                  `json:"started"`
+	Scenarios map[string]*ScenarioResult `json:"scenarios"`
+	Verdict   []Check                    `json:"verdict"`
+	order     []string
+}
+
+// ScenarioResult is one scenario's outcome.
+type ScenarioResult struct {
+	Name            string                   `json:"name"`
+	DurationSeconds float64                  `json:"duration_s"` // load time per configuration
+	Phases          []Phase                  `json:"phases,omitempty"`
+	Arrivals        int                      `json:"arrivals,omitempty"` // logical requests offered per configuration
+	ScheduleSHA256  string                   `json:"schedule_sha256,omitempty"`
+	Order           []string                 `json:"configuration_order,omitempty"`
+	Configurations  map[string]*ConfigResult `json:"configurations,omitempty"`
+	Accuracy        *AccuracyResult          `json:"accuracy,omitempty"`
+}
+
+// Check is one pass criterion with its measured value.
+type Check struct {
+	Scenario      string `json:"scenario"`
+	Configuration string `json:"configuration"`
+	Criterion     string `json:"criterion"`
+	Measured      string `json:"measured"`
+	Pass          bool   `json:"pass"`
+}
+
+// Passed reports whether every check passed.
+func (s *Summary) Passed() bool {
+	for _, c := range s.Verdict {
+		if !c.Pass {
+			return false
+		}
+	}
+	return true
+}
+
+// Run runs the scenarios p selects and checks the criteria.
+func Run(ctx context.Context, p Params, progress io.Writer) (*Summary, error) {
+	raiseFileLimit()
+	sum := &Summary{
+		Seed: p.Seed, Servers: p.Servers, Retry: p.Retry.String(),
+		GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Started: time.Now().UTC(),
+		Scenarios: map[string]*ScenarioResult{},
+	}
+	scenarios := []string{p.Scenario}
+	if p.Scenario == "all" {
+		scenarios = []string{"cascade", "goodput", "accuracy"}
+	}
+	var wall time.Duration
+	for _, sc := range scenarios {
+		if sc != "accuracy" {
+			wall += durationFor(p, sc)
+		}
+	}
+	prog := NewProgress(progress, wall)
+	defer prog.Close()
+
+	var redisEnv *RedisEnv
+	for _, sc := range scenarios {
+		if sc == "accuracy" {
+			continue
+		}
+		dir, err := os.MkdirTemp("", "spillway-loadtest-")
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		redisEnv, err = StartRedis(p.RedisAddr, dir)
+		if err != nil {
+			return nil, err
+		}
+		defer redisEnv.Close()
+		sum.Redis = redisEnv.Kind
+		prog.Log("loadtest: Redis: %s (through a fault proxy on %s)", redisEnv.Kind, redisEnv.Addr())
+		break
+	}
+	for _, sc := range scenarios {
+		var (
+			res *ScenarioResult
+			err error
+		)
+		switch sc {
+		case "accuracy":
+			res = runAccuracy(p, prog)
+		default:
+			res, err = runLoadScenario(ctx, p, sc, redisEnv, prog)
+		}
+		if err != nil {
+			return nil, err
+		}
+		sum.Scenarios[sc] = res
+		sum.order = append(sum.order, sc)
+		sum.Verdict = append(sum.Verdict, checks(res)...)
+	}
+	return sum, nil
+}
+
+func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *RedisEnv, prog *Progress) (*ScenarioResult, error) {
+	sys := systemFor(p)
+	cfgs := configurations(p.Configs)
+	per := durationFor(p, name) / time.Duration(len(cfgs))
+	var phases []Phase
+	if name == "goodput" {
+		phases = goodputPhases(per, sys)
+	} else {
+		phases = cascadePhases(per, sys)
+	}
+	pop := DefaultPopulation()
+	sched := BuildSchedule(p.Seed, phases, pop)
+	res := &ScenarioResult{
+		Name: name, DurationSeconds: per.Seconds(), Phases: phases, Arrivals: len(sched),
+		ScheduleSHA256: ScheduleDigest(sched), Configurations: map[string]*ConfigResult{},
+	}
+	for k, cfg := range cfgs {
+		env := &Env{Redis: redisEnv, Servers: p.Servers, System: sys, Prefix: "lt" + strconv.Itoa(int(time.Now().UnixNano()%1e9)) + ":" + cfg.Name + ":"}
+		label := fmt.Sprintf("%s %d/%d %s", name, k+1, len(cfgs), cfg.Name)
+		r, err := runConfiguration(ctx, p, env, cfg, phases, sched, pop, prog, label)
+		if err != nil {
+			return nil, err
+		}
+		res.Configurations[cfg.Name] = r
+		res.Order = append(res.Order, cfg.Name)
+	}
+	return res, nil
+}
+
+// PrintVerdict prints each scenario's figures and the verdict table.
+func PrintVerdict(w io.Writer, s *Summary) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, name := range s.order {
+		sc := s.Scenarios[name]
+		fmt.Fprintf(tw, "\n== %s ==\n", name)
+		if sc.Accuracy != nil {
+			printAccuracy(tw, sc.Accuracy)
+			continue
+		}
+		first := sc.Configurations[sc.Order[0]]
+		fmt.Fprintf(tw, "backend: capacity %d concurrent, %.0f req/s; %d servers; %.0f s per configuration; %d requests offered (schedule %s…)\n",
+			first.BackendCapacity, first.BackendCapacityRPS, s.Servers, sc.DurationSeconds, sc.Arrivals, sc.ScheduleSHA256[:12])
+		fmt.Fprintln(tw, "configuration\tphase\toffered/s\tadmitted/s\tgoodput/s\tbackend peak\tbackend p99 ms\tdegraded/s\tCritical p99 ms\tCritical ok")
+		for _, cn := range sc.Order {
+			c := sc.Configurations[cn]
+			for _, ph := range c.Phases {
+				fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f%%\n", cn, ph.Name, ph.OfferedRPS, ph.AdmittedRPS,
+					ph.GoodputRPS, ph.BackendPeak, ph.BackendP99MS, ph.DegradedRPS, ph.CriticalP99MS, ph.CriticalSuccess*100)
+			}
+		}
+	}
+	fmt.Fprintln(tw, "\n== verdict ==")
+	fmt.Fprintln(tw, "scenario\tconfiguration\tcriterion\tmeasured\tresult")
+	for _, c := range s.Verdict {
+		res := "PASS"
+		if !c.Pass {
+			res = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Scenario, c.Configuration, c.Criterion, c.Measured, res)
+	}
+	tw.Flush()
+}
