@@ -30,18 +30,18 @@ type AccuracyResult struct {
 	FixedWindowWrong int64   `json:"fixed_window_wrong"` // fixed window ≠ exact log
 	// Most requests admitted for one source in any interval of one
 	// Period, as a multiple of Limit (1 = never above the limit).
-	OvershootFixedWindow   float64 `json:"overshoot_fixed_window"`
-	OvershootSlidingCount  float64 `json:"overshoot_sliding_window_counter"`
-	OvershootSlidingLog    float64 `json:"overshoot_sliding_window_log"`
-	BoundaryDemoFixed      int64   `json:"boundary_demo_fixed_window"` // admitted in 2 ms across a window boundary
-	BoundaryDemoCounter    int64   `json:"boundary_demo_sliding_window_counter"`
-	BoundaryDemoLimit      int64   `json:"boundary_demo_limit"`
-	ReplayDecisionsPerSec  float64 `json:"replay_decisions_per_s"`
-	DistinctKeysAtEnd      int     `json:"distinct_keys"`
-	HeavyTailTopShare      float64 `json:"top_1pct_sources_share"` // share of requests sent by the busiest 1% of sources
-	ScheduleSHA256         string  `json:"schedule_sha256"`
-	WrongSharePerMillion   float64 `json:"wrong_per_million"`
-	CloudflareReportedWrong string `json:"cloudflare_reported"`
+	OvershootFixedWindow    float64 `json:"overshoot_fixed_window"`
+	OvershootSlidingCount   float64 `json:"overshoot_sliding_window_counter"`
+	OvershootSlidingLog     float64 `json:"overshoot_sliding_window_log"`
+	BoundaryDemoFixed       int64   `json:"boundary_demo_fixed_window"` // admitted in 2 ms across a window boundary
+	BoundaryDemoCounter     int64   `json:"boundary_demo_sliding_window_counter"`
+	BoundaryDemoLimit       int64   `json:"boundary_demo_limit"`
+	ReplayDecisionsPerSec   float64 `json:"replay_decisions_per_s"`
+	DistinctKeysAtEnd       int     `json:"distinct_keys"`
+	HeavyTailTopShare       float64 `json:"top_1pct_sources_share"` // share of requests sent by the busiest 1% of sources
+	ScheduleSHA256          string  `json:"schedule_sha256"`
+	WrongSharePerMillion    float64 `json:"wrong_per_million"`
+	CloudflareReportedWrong string  `json:"cloudflare_reported"`
 }
 
 type traceEvent struct {
@@ -64,7 +64,7 @@ func buildTrace(seed uint64, sources int, length time.Duration) []traceEvent {
 	pareto := func(xm, alpha float64) float64 { return xm / math.Pow(1-rng.Float64(), 1/alpha) }
 	for s := 0; s < sources; s++ {
 		rate := min(200, pareto(0.2, 1.3)) // req/s while ON
-		t := rng.Float64() * 20e6           // random phase
+		t := rng.Float64() * 20e6          // random phase
 		for t < end {
 			on := rng.ExpFloat64() * 5e6
 			stop := min(end, t+on)

@@ -12,7 +12,7 @@ func checks(sc *ScenarioResult) []Check {
 				Measured: fmt.Sprintf("%.4f%% (%d of %d)", a.WrongShare*100, a.WrongDecisions, a.TotalDecisions), Pass: a.TotalDecisions > 0 && a.WrongShare <= 0.01},
 			{Scenario: sc.Name, Configuration: "fixed_window", Criterion: "boundary overshoot shown (> 1× the limit in one period)",
 				Measured: fmt.Sprintf("%.2f× on the trace; %d of %d in 2 ms at a boundary", a.OvershootFixedWindow, a.BoundaryDemoFixed, a.BoundaryDemoLimit),
-				Pass: a.OvershootFixedWindow > 1 && a.BoundaryDemoFixed == 2*a.BoundaryDemoLimit},
+				Pass:     a.OvershootFixedWindow > 1 && a.BoundaryDemoFixed == 2*a.BoundaryDemoLimit},
 			{Scenario: sc.Name, Configuration: "sliding_window_log", Criterion: "never above the limit in any period",
 				Measured: fmt.Sprintf("%.2f×", a.OvershootSlidingLog), Pass: a.OvershootSlidingLog <= 1},
 		}

@@ -162,22 +162,22 @@ func (r *Recorder) Breakers(open int) { storeMax(&r.b().breakersOpen, int64(open
 // Series is the recorder's content as plain per-bucket values, the form the
 // report, the plots and the verdict use.
 type Series struct {
-	BucketSec      float64            `json:"bucket_s"`
-	T              []float64          `json:"t_s"`          // bucket start, seconds from the start of the load
-	Offered        []float64          `json:"offered_rps"`  // attempts/s, retries included
-	Logical        []float64          `json:"logical_rps"`  // new requests/s
-	Admitted       []float64          `json:"admitted_rps"` // allowed by the chain (or fail-open)
-	Goodput        []float64          `json:"goodput_rps"`  // 200 answers within the client timeout /s
-	BackendConc    []float64          `json:"backend_concurrency"`
-	BackendP99     []float64          `json:"backend_p99_ms"`
-	RedisMS        []float64          `json:"redis_latency_ms"` // worst probe in the bucket
-	RedisDown      []float64          `json:"redis_probe_failures"`
-	BreakersOpen   []float64          `json:"breakers_open"`
-	Degraded       []float64          `json:"degraded_rps"`
-	StoreErrors    []float64          `json:"store_errors_rps"`
+	BucketSec      float64              `json:"bucket_s"`
+	T              []float64            `json:"t_s"`          // bucket start, seconds from the start of the load
+	Offered        []float64            `json:"offered_rps"`  // attempts/s, retries included
+	Logical        []float64            `json:"logical_rps"`  // new requests/s
+	Admitted       []float64            `json:"admitted_rps"` // allowed by the chain (or fail-open)
+	Goodput        []float64            `json:"goodput_rps"`  // 200 answers within the client timeout /s
+	BackendConc    []float64            `json:"backend_concurrency"`
+	BackendP99     []float64            `json:"backend_p99_ms"`
+	RedisMS        []float64            `json:"redis_latency_ms"` // worst probe in the bucket
+	RedisDown      []float64            `json:"redis_probe_failures"`
+	BreakersOpen   []float64            `json:"breakers_open"`
+	Degraded       []float64            `json:"degraded_rps"`
+	StoreErrors    []float64            `json:"store_errors_rps"`
 	Rejected       map[string][]float64 `json:"rejected_rps"`
-	CriticalOK     []float64          `json:"critical_ok"`
-	CriticalFail   []float64          `json:"critical_fail"`
+	CriticalOK     []float64            `json:"critical_ok"`
+	CriticalFail   []float64            `json:"critical_fail"`
 	backendLat     [][]float32
 	critLat        [][]float32
 	totalsRejected map[string]int64

@@ -21,7 +21,7 @@ type Params struct {
 	Retry     RetryMode // how well-behaved clients retry (abusive ones retry naively)
 	// Scale multiplies the backend capacity and every offered rate (1 by
 	// default); the test suite runs a smaller system.
-	Scale float64
+	Scale   float64
 	Quiet   bool
 	Configs []string // configurations to run, by name; empty: all
 }

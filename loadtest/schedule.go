@@ -4,7 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-		"math/rand/v2"
+	"math/rand/v2"
 	"time"
 
 	"github.com/spillway-go/spillway"
