@@ -95,16 +95,17 @@ func WithSource(s Source) Option { return func(o *options) { o.sources = append(
 // 100ms). Worker only.
 func WithTick(d time.Duration) Option { return func(o *options) { o.tick = d } }
 
-// WithBand sets the hysteresis band of the Worker (default 0.75, 0.9):
-// the shed level rises while utilization is at or above high, and falls
-// while it is at or below low or while the load offered in the last tick
-// would fit under high even unshed. In between it holds. Worker only.
+// WithBand sets the hysteresis band of the Worker (default 0.75, 0.9): the
+// shed level rises while utilization is at or above high, falls while it is
+// at or below low, and in between falls only when one step less shedding
+// would keep utilization under the middle of the band. Worker only.
 func WithBand(low, high float64) Option { return func(o *options) { o.low, o.high = low, high } }
 
 // WithSteps sets how far the Worker's shed level moves per tick (default
 // 0.25 up, 0.05 down): the level runs from 0 (nothing shed) to 4 (all
 // shed), one unit per priority, so the defaults shed a whole priority in
-// four ticks and give it back in twenty. Worker only.
+// four ticks and give it back in twenty. The down step is also the gentle
+// step up taken when only the reserve turned work away. Worker only.
 func WithSteps(up, down float64) Option { return func(o *options) { o.stepUp, o.stepDown = up, down } }
 
 // WithThresholds sets, as fractions of the fleet capacity, the usage at

@@ -32,23 +32,35 @@ const maxLevel = float64(spillway.NumPriorities)
 //
 // Utilization is the largest of the peak in-flight work since the last tick
 // over the worker capacity and the readings of the optional Sources (CPU
-// from cgroups, say). A shed
-// level L in [0, 4] turns into a shed probability per priority,
-// clamp(L − p, 0, 1): Sheddable (p=0) is shed first, SheddablePlus only
-// once Sheddable is shed entirely, then Critical, and CriticalPlus only once
-// everything below is. Every tick L moves by a step — up while utilization
-// is at or above the band's high mark or the hard cap (below) denied
-// something, down while it is at or below the low
-// mark or while the load offered in the last tick would fit under the high
-// mark even unshed — and holds in between, so shedding ramps in and out
-// gradually and does not flap.
+// from cgroups, say). A shed level L in [0, 4] turns into a shed
+// probability per priority, clamp(L − p, 0, 1): Sheddable (p=0) is shed
+// first, SheddablePlus only once Sheddable is shed entirely, then Critical,
+// and CriticalPlus only once everything below is.
+//
+// Every tick (default 100ms) L moves by at most one step, with hysteresis:
+//
+//   - utilization at or above the band's high mark (default 0.9): up by
+//     the up step (default 0.25);
+//   - otherwise, if the reserve (below) turned work away: up by the down
+//     step (default 0.05), but never past shedding the priority it turned
+//     away, so the reserve's rejections fall on Sheddable before
+//     SheddablePlus;
+//   - utilization at or below the low mark (default 0.75): down one step
+//     (several after an idle stretch);
+//   - otherwise down one step only if the work that step would have
+//     admitted in the last tick keeps utilization under the middle of the
+//     band; else hold.
+//
+// So shedding ramps in fast and out slowly, settles just under the high
+// mark, and does not flap between levels.
 //
 // Independently of L, a hard cap keeps in-flight work within capacity:
-// Sheddable and SheddablePlus work may use only capacity×(1−reserve),
-// Critical the whole capacity, and CriticalPlus is not capped (it is shed
-// only by L). Allowed decisions carry Limit 0, so a chain's headers keep
-// reporting the client's own quota; denials carry the capacity and what is
-// left of it.
+// Sheddable and SheddablePlus work is admitted only while total in-flight
+// work stays within capacity×(1−reserve) (default reserve 0.2, kept for
+// Critical work), Critical work while it stays within capacity, and
+// CriticalPlus work is not capped (it is shed only by L). Allowed decisions
+// carry Limit 0, so a chain's headers keep reporting the client's own
+// quota; denials carry the capacity and what is left of it.
 //
 // A Worker is safe for concurrent use. Ticks run lazily inside Admit when
 // the clock has passed the next tick; no goroutine is started.
@@ -58,12 +70,12 @@ type Worker struct {
 	o        options
 
 	inflight atomic.Int64
-	level    atomic.Uint64 // math.Float64bits of L
-	offered  atomic.Int64  // cost offered since the last tick
-	admitted atomic.Int64  // cost admitted since the last tick
-	next     atomic.Int64  // UnixNano of the next tick
-	peak     atomic.Int64  // largest in-flight since the last tick
-	capHit   atomic.Bool   // the hard cap denied since the last tick
+	level    atomic.Uint64                        // math.Float64bits of L
+	offered  [spillway.NumPriorities]atomic.Int64 // cost offered per priority since the last tick
+	admitted atomic.Int64                         // cost admitted since the last tick
+	next     atomic.Int64                         // UnixNano of the next tick
+	peak     atomic.Int64                         // largest in-flight since the last tick
+	capHit   atomic.Int32                         // 1 + the highest priority the hard cap denied since the last tick, 0 none
 
 	mu        sync.Mutex // held by the goroutine running a tick
 	last      time.Time
@@ -103,14 +115,19 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 	w.maybeTick(now)
 	c := r.EffectiveCost()
 	p := r.Priority
-	w.offered.Add(c)
+	w.offered[p].Add(c)
 	if q := w.ShedProbability(p); q > 0 && (q >= 1 || w.o.rand() < q) {
 		return w.deny(w.inflight.Load()), spillway.Noop, nil
 	}
 	n := w.inflight.Add(c)
 	if n > w.caps[p] {
 		n = w.inflight.Add(-c)
-		w.capHit.Store(true)
+		for hit := int32(p) + 1; ; {
+			old := w.capHit.Load()
+			if hit <= old || w.capHit.CompareAndSwap(old, hit) {
+				break
+			}
+		}
 		return w.deny(n), spillway.Noop, nil
 	}
 	for {
@@ -145,7 +162,11 @@ func (w *Worker) Level() float64 { return math.Float64frombits(w.level.Load()) }
 // ShedProbability returns the probability that a request of priority p is
 // shed at the current level (before the hard cap).
 func (w *Worker) ShedProbability(p spillway.Priority) float64 {
-	q := w.Level() - float64(p)
+	return shedProbability(w.Level(), p)
+}
+
+func shedProbability(level float64, p spillway.Priority) float64 {
+	q := level - float64(p)
 	switch {
 	case q <= 0:
 		return 0
@@ -196,7 +217,7 @@ func (w *Worker) tick(now time.Time) {
 	// The peak since the last tick, not a sample at the tick: a sample
 	// taken just after a batch of completions would miss saturation.
 	u := float64(w.peak.Swap(w.inflight.Load())) / float64(w.capacity)
-	capHit := w.capHit.Swap(false)
+	capHit := w.capHit.Swap(0)
 	for _, s := range w.o.sources {
 		v, err := s.Utilization()
 		if err != nil || math.IsNaN(v) {
@@ -205,21 +226,36 @@ func (w *Worker) tick(now time.Time) {
 		}
 		u = max(u, v)
 	}
-	offered, admitted := w.offered.Swap(0), w.admitted.Swap(0)
-	// est is the utilization had nothing been shed in the last tick.
-	est := u
-	if admitted > 0 {
-		est = u * float64(offered) / float64(admitted)
-	} else if offered > 0 {
-		est = math.Inf(1)
+	var offered [spillway.NumPriorities]int64
+	for p := range offered {
+		offered[p] = w.offered[p].Swap(0)
 	}
+	admitted := w.admitted.Swap(0)
 	L := w.Level()
 	switch {
-	case u >= w.o.high || capHit:
+	case u >= w.o.high:
 		L += w.o.stepUp
-	case u <= w.o.low || est < w.o.high:
+	case capHit > 0:
+		// Only the reserve turned work away: shed lower priorities first,
+		// gently (utilization is not at the high mark), and never past
+		// the priority that met the cap.
+		L = max(L, min(L+w.o.stepDown, float64(capHit)))
+	case u <= w.o.low:
 		// An idle stretch of several ticks gives back several steps.
 		L -= w.o.stepDown * float64(min(elapsed, 1<<20))
+	case L > 0:
+		// Give back one step if the work it would have admitted in the
+		// last tick keeps utilization under the middle of the band: the
+		// level settles just below the high mark instead of anywhere in
+		// the band, and one step down cannot carry it over the top.
+		next := max(L-w.o.stepDown, 0)
+		var gain float64
+		for p, n := range offered {
+			gain += float64(n) * (shedProbability(L, spillway.Priority(p)) - shedProbability(next, spillway.Priority(p)))
+		}
+		if admitted > 0 && u*(float64(admitted)+gain)/float64(admitted) < (w.o.low+w.o.high)/2 {
+			L = next
+		}
 	}
 	L = min(max(L, 0), maxLevel)
 	w.level.Store(math.Float64bits(L))
