@@ -1,0 +1,85 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// errExcluded is reported to the breaker for calls that say nothing about
+// the store's health: the caller went away.
+var errExcluded = errors.New("fallback: excluded")
+
+// breaker is the two-step gobreaker with the budget and the error
+// classification every wrapper shares.
+type breaker struct {
+	cb  *gobreaker.TwoStepCircuitBreaker[struct{}]
+	set Settings
+}
+
+func newBreaker(s Settings) *breaker {
+	b := &breaker{set: s}
+	k := s.Failures
+	st := gobreaker.Settings{
+		Name:        s.Name,
+		MaxRequests: s.Probes,
+		Timeout:     s.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= k },
+		IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
+	}
+	if s.OnStateChange != nil {
+		hook := s.OnStateChange
+		st.OnStateChange = func(name string, from, to gobreaker.State) {
+			hook(name, stateOf(from), stateOf(to))
+		}
+	}
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+	return b
+}
+
+func stateOf(s gobreaker.State) State {
+	switch s {
+	case gobreaker.StateOpen:
+		return Open
+	case gobreaker.StateHalfOpen:
+		return HalfOpen
+	}
+	return Closed
+}
+
+func (b *breaker) state() State { return stateOf(b.cb.State()) }
+
+// call runs f under the breaker and the budget. It returns ErrOpen when the
+// breaker refused, the caller's cancellation as is (not counted), and any
+// other failure (the budget's deadline included) counted against the store.
+func (b *breaker) call(ctx context.Context, f func(ctx context.Context) error) error {
+	done, err := b.cb.Allow()
+	if err != nil {
+		return ErrOpen
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.set.Budget)
+	err = f(cctx)
+	cancel()
+	switch {
+	case err == nil:
+		done(nil)
+		return nil
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up; that says nothing about the store. A caller
+		// deadline shorter than the budget does count: the store was too
+		// slow for this caller.
+		done(errExcluded)
+		return &canceledError{err: ctx.Err()}
+	default:
+		done(err)
+		return err
+	}
+}
+
+// canceledError marks a call the caller canceled: it is returned, not
+// decided locally.
+type canceledError struct{ err error }
+
+func (e *canceledError) Error() string { return "fallback: caller canceled: " + e.err.Error() }
+func (e *canceledError) Unwrap() error { return e.err }

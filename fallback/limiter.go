@@ -1,0 +1,100 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Limiter wraps any spillway.Limiter whose backend may fail (a
+// concurrency limiter or a global ceiling over Redis, say) with the time
+// budget and the circuit breaker. When the inner limiter errs or the
+// breaker is open, the request is decided by the local limiter (its
+// decision marked Degraded) or, without one, admitted (fail-open) or denied
+// with spillway.ReasonFailClosed (fail-closed), per Settings.Mode applied to
+// the request's Endpoint. The inner limiter's errors never reach the
+// caller, except the caller's own cancellation.
+//
+// Settings.DenyCacheSize, LedgerSize and Local do not apply: the wrapper
+// knows nothing of the inner limiter's keys. Build the local limiter with
+// the share yourself, e.g. ratelimit.New(ratelimit.NewMemoryStore(),
+// fallback.ScalePolicy(p, 0.2)).
+//
+// A Limiter is safe for concurrent use.
+type Limiter struct {
+	inner spillway.Limiter
+	local spillway.Limiter
+	set   Settings
+	br    *breaker
+}
+
+var _ spillway.Limiter = (*Limiter)(nil)
+
+// NewLimiter wraps inner; local may be nil. It returns an error naming the
+// field when s is invalid or inner is nil.
+func NewLimiter(inner, local spillway.Limiter, s Settings) (*Limiter, error) {
+	if inner == nil {
+		return nil, errors.New("fallback: inner limiter is nil")
+	}
+	s, err := s.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Limiter{inner: inner, local: local, set: s, br: newBreaker(s)}, nil
+}
+
+// State returns the breaker's state.
+func (l *Limiter) State() State { return l.br.state() }
+
+// Admit implements spillway.Limiter.
+func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	var (
+		d    spillway.Decision
+		done spillway.Done
+	)
+	err := l.br.call(ctx, func(ctx context.Context) error {
+		var err error
+		d, done, err = l.inner.Admit(ctx, r)
+		return err
+	})
+	if err == nil {
+		if done == nil {
+			done = spillway.Noop
+		}
+		return d, done, nil
+	}
+	var ce *canceledError
+	if errors.As(err, &ce) {
+		return spillway.Decision{}, spillway.Noop, err
+	}
+	return l.degrade(ctx, r, err)
+}
+
+func (l *Limiter) degrade(ctx context.Context, r *spillway.Request, cause error) (spillway.Decision, spillway.Done, error) {
+	var (
+		d    spillway.Decision
+		done spillway.Done = spillway.Noop
+	)
+	switch {
+	case l.set.Mode != nil && l.set.Mode(r.Endpoint) == FailClosed:
+		d = spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: l.set.Name, RetryAfter: l.set.OpenTimeout}
+	case l.local != nil:
+		var err error
+		d, done, err = l.local.Admit(ctx, r)
+		if err != nil {
+			return spillway.Decision{}, spillway.Noop, fmt.Errorf("fallback: local limiter: %w", err)
+		}
+		if done == nil {
+			done = spillway.Noop
+		}
+	default:
+		d = spillway.Decision{Allowed: true, Limiter: l.set.Name}
+	}
+	d.Degraded = true
+	if l.set.OnDegraded != nil {
+		l.set.OnDegraded(DegradedEvent{Name: l.set.Name, Scope: r.Endpoint, Allowed: d.Allowed, Reason: d.Reason, Cause: cause})
+	}
+	return d, done, nil
+}

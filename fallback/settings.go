@@ -1,0 +1,264 @@
+package fallback
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// Mode says what a rule does while its shared store cannot answer.
+type Mode uint8
+
+const (
+	// FailOpen decides from the local share: each server admits at most
+	// Share of the rule's quota on its own, marked Degraded. The default.
+	FailOpen Mode = iota
+	// FailClosed denies with spillway.ReasonFailClosed (a 503): for rules
+	// where a burst past the limit is worse than an error, such as login.
+	FailClosed
+)
+
+// String returns "fail_open" or "fail_closed".
+func (m Mode) String() string {
+	switch m {
+	case FailOpen:
+		return "fail_open"
+	case FailClosed:
+		return "fail_closed"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// FailClosedScopes returns a Settings.Mode that fails closed for the named
+// scopes (rules, limiters) and open for every other.
+func FailClosedScopes(scopes ...string) func(scope string) Mode {
+	set := make(map[string]struct{}, len(scopes))
+	for _, s := range scopes {
+		set[s] = struct{}{}
+	}
+	return func(scope string) Mode {
+		if _, ok := set[scope]; ok {
+			return FailClosed
+		}
+		return FailOpen
+	}
+}
+
+// State is the circuit breaker's state.
+type State uint8
+
+const (
+	// Closed: calls go to the shared store.
+	Closed State = iota
+	// HalfOpen: after OpenTimeout, up to Probes calls go to the store; as
+	// many consecutive successes close the breaker, one failure opens it.
+	HalfOpen
+	// Open: no call goes to the store; decisions are local.
+	Open
+)
+
+var stateNames = [...]string{"closed", "half_open", "open"}
+
+// String returns "closed", "half_open" or "open".
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// ErrOpen is the Cause of decisions made locally because the breaker did
+// not let the call through (open, or half-open with its probes taken).
+var ErrOpen = errors.New("fallback: circuit breaker open")
+
+// DegradedEvent describes one decision made without the shared store.
+type DegradedEvent struct {
+	Name    string          // Settings.Name
+	Scope   string          // the scope of the decision (the denied item's, else the first); the request's Endpoint for a Limiter
+	Allowed bool            // the outcome
+	Reason  spillway.Reason // why it was denied
+	Cause   error           // ErrOpen, or the store's error (a budget overrun wraps context.DeadlineExceeded)
+}
+
+// ReconcileEvent reports one reconcile pass (see Store).
+type ReconcileEvent struct {
+	Name    string // Settings.Name
+	Keys    int    // keys whose local consumption was carried to the store
+	Charged int64  // total units charged to the store
+	Pending int    // keys left for a later pass because the store failed again
+	Err     error  // the failure that stopped the pass, if any
+}
+
+// Settings configures a Store or a Limiter. The zero value means the
+// documented defaults; negative durations and sizes are errors unless said
+// otherwise.
+type Settings struct {
+	// Name identifies this fallback in hooks (default "fallback").
+	Name string
+
+	// Budget is the time one store call may take (default 50ms). A call
+	// that takes longer is abandoned (its context ends), counts as a
+	// failure and is decided locally. The Redis client must honour context
+	// deadlines: see ClientOptions.
+	Budget time.Duration
+
+	// Failures is K: the breaker opens after K consecutive failures
+	// (default 5).
+	Failures uint32
+
+	// OpenTimeout is how long the breaker stays open before it lets probes
+	// through (default 1s). It is also the RetryAfter of fail-closed
+	// denials.
+	OpenTimeout time.Duration
+
+	// Probes is how many calls the half-open breaker lets through; as many
+	// consecutive successes close it (default 3). Recovery is gradual: the
+	// rest of the traffic stays local until then.
+	Probes uint32
+
+	// Share is the fraction of every policy's quota a server admits on its
+	// own while the store is unavailable (default 0.2): Limit and Burst
+	// are scaled by it, rounded down, at least 1. Must be in (0, 1].
+	Share float64
+
+	// Mode picks fail-open or fail-closed per scope (for a Limiter, per
+	// request Endpoint). Nil means FailOpen everywhere. See
+	// FailClosedScopes.
+	Mode func(scope string) Mode
+
+	// DenyCacheSize bounds the local cache of denials (default 65536
+	// entries; negative disables it). Store only.
+	DenyCacheSize int
+
+	// LedgerSize bounds the keys whose local consumption is remembered
+	// for reconcile (default 65536; negative disables reconcile). Store
+	// only.
+	LedgerSize int
+
+	// Local is the store that decides the local share (default a
+	// ratelimit.MemoryStore with Clock and 65536 keys). Store only.
+	Local ratelimit.Store
+
+	// Clock is the time source of the deny cache, the reconcile ledger and
+	// the default Local store (default time.Now). The breaker's timers use
+	// real time.
+	Clock func() time.Time
+
+	// OnStateChange is called when the breaker changes state, with the
+	// breaker's lock held: it must not call back into the Store.
+	OnStateChange func(name string, from, to State)
+
+	// OnDegraded is called after every decision made without the store.
+	OnDegraded func(DegradedEvent)
+
+	// OnReconcile is called after every reconcile pass.
+	OnReconcile func(ReconcileEvent)
+}
+
+const (
+	defaultBudget      = 50 * time.Millisecond
+	defaultFailures    = 5
+	defaultOpenTimeout = time.Second
+	defaultProbes      = 3
+	defaultShare       = 0.2
+	defaultCacheSize   = 1 << 16
+	defaultLedgerSize  = 1 << 16
+)
+
+// withDefaults validates s and fills in the defaults.
+func (s Settings) withDefaults() (Settings, error) {
+	if s.Name == "" {
+		s.Name = "fallback"
+	}
+	switch {
+	case s.Budget < 0:
+		return s, fmt.Errorf("fallback: budget %v must not be negative", s.Budget)
+	case s.Budget == 0:
+		s.Budget = defaultBudget
+	}
+	if s.Failures == 0 {
+		s.Failures = defaultFailures
+	}
+	switch {
+	case s.OpenTimeout < 0:
+		return s, fmt.Errorf("fallback: open timeout %v must not be negative", s.OpenTimeout)
+	case s.OpenTimeout == 0:
+		s.OpenTimeout = defaultOpenTimeout
+	}
+	if s.Probes == 0 {
+		s.Probes = defaultProbes
+	}
+	switch {
+	case math.IsNaN(s.Share) || s.Share < 0 || s.Share > 1:
+		return s, fmt.Errorf("fallback: share %v must be in (0, 1]", s.Share)
+	case s.Share == 0:
+		s.Share = defaultShare
+	}
+	if s.DenyCacheSize == 0 {
+		s.DenyCacheSize = defaultCacheSize
+	}
+	if s.LedgerSize == 0 {
+		s.LedgerSize = defaultLedgerSize
+	}
+	if s.Clock == nil {
+		s.Clock = time.Now
+	}
+	return s, nil
+}
+
+// sharePPM converts a share to parts per million, so scaling is exact
+// integer arithmetic (0.29 × 100 is 29, not 28.999…).
+func sharePPM(share float64) uint64 {
+	ppm := uint64(math.Round(share * 1e6))
+	return max(ppm, 1)
+}
+
+// scale returns floor(n × ppm / 10⁶), at least 1.
+func scale(n int64, ppm uint64) int64 {
+	if n <= 0 {
+		return n
+	}
+	hi, lo := bits.Mul64(uint64(n), ppm)
+	q, _ := bits.Div64(hi, lo, 1e6) // hi < 1e6 since ppm ≤ 1e6
+	return max(int64(q), 1)
+}
+
+// ScalePolicy returns p with its quota scaled to share (in (0, 1]): Limit
+// and Burst (when set) rounded down, at least 1; Period and Algorithm
+// unchanged. It is the policy the local share enforces; use it to build a
+// local limiter for NewLimiter. A share outside (0, 1] is treated as 1.
+func ScalePolicy(p ratelimit.Policy, share float64) ratelimit.Policy {
+	if math.IsNaN(share) || share <= 0 || share > 1 {
+		share = 1
+	}
+	return scalePolicy(p, sharePPM(share))
+}
+
+func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
+	if ppm >= 1e6 {
+		return p
+	}
+	q := p
+	q.Limit = scale(p.Limit, ppm)
+	if p.Burst != 0 {
+		q.Burst = scale(p.Burst, ppm)
+		switch p.Algorithm {
+		case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter:
+			q.Burst = q.Limit // windows accept Burst only as 0 or Limit
+		}
+	}
+	// Rounding can push Burst × interval past the exact range of the
+	// scripts' doubles; the local store enforces the same bound, so clamp.
+	if q.Validate() != nil && p.Validate() == nil {
+		switch q.Algorithm {
+		case ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.LeakyBucket:
+			q.Burst = max((1<<53)/q.EmissionInterval(), 1)
+		}
+	}
+	return q
+}

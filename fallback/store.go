@@ -1,0 +1,361 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// Store is a ratelimit.Store that puts a time budget, a circuit breaker, a
+// local share, fail-open/fail-closed rules, a cache of denials and
+// reconcile in front of another store (a ratelimit.RedisStore, typically).
+// Its Decide never returns the inner store's errors: a failed or refused
+// call is decided locally, marked Degraded. Errors are returned only for
+// invalid items and when the caller's context is canceled.
+//
+// Reconcile: while decisions are local, the Store records per key the
+// units it admitted locally. On the first successful call to the inner
+// store afterwards it starts a reconcile pass in the background (Reconcile
+// runs one by hand): for every recorded key it carries back the local
+// consumption of the last Period before now (a sliding-window estimate over
+// two fixed windows), capped at the policy's capacity, by charging it to
+// the inner store with its ordinary Decide, as much as the key has room
+// for (a peek first, then a charge of min(carry, remaining)). So a fleet
+// that admitted its local shares during an outage finds the keys as drained
+// as those admissions made them — an outage is no free refill — while
+// consumption older than a Period, which the store would have refilled by
+// now anyway, is not carried. Decisions the inner store makes for a key
+// before its charge lands (the pass takes a round trip per key) do not see
+// it yet.
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	inner  ratelimit.Store
+	local  ratelimit.Store
+	set    Settings
+	br     *breaker
+	ppm    uint64
+	cache  *denyCache // nil when disabled
+	ledger *ledger    // nil when disabled
+
+	reconciling atomic.Bool
+	stats       storeStats
+}
+
+var _ ratelimit.Store = (*Store)(nil)
+
+type storeStats struct {
+	calls, degraded, cacheHits, reconciled atomic.Int64
+}
+
+// Stats counts what a Store did since it was created.
+type Stats struct {
+	Calls      int64 // Decide calls that went to the inner store
+	Degraded   int64 // Decide calls answered locally (breaker open or call failed)
+	CacheHits  int64 // Decide calls answered from the cache of denials
+	Reconciled int64 // units carried back to the inner store by reconcile
+	Skipped    int64 // local admissions not recorded for reconcile because the ledger was full
+}
+
+// NewStore wraps inner. It returns an error naming the field when s is
+// invalid or inner is nil.
+func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
+	if inner == nil {
+		return nil, errors.New("fallback: inner store is nil")
+	}
+	s, err := s.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: newBreaker(s)}
+	st.local = s.Local
+	if st.local == nil {
+		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
+	}
+	if s.DenyCacheSize > 0 {
+		st.cache = newDenyCache(s.DenyCacheSize)
+	}
+	if s.LedgerSize > 0 {
+		st.ledger = newLedger(s.LedgerSize)
+	}
+	return st, nil
+}
+
+// State returns the breaker's state.
+func (s *Store) State() State { return s.br.state() }
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Calls:      s.stats.calls.Load(),
+		Degraded:   s.stats.degraded.Load(),
+		CacheHits:  s.stats.cacheHits.Load(),
+		Reconciled: s.stats.reconciled.Load(),
+	}
+	if s.ledger != nil {
+		st.Skipped = s.ledger.skipped.Load()
+	}
+	return st
+}
+
+func (s *Store) now() int64 { return s.set.Clock().UnixMicro() }
+
+// smallBatch is the batch size decided without allocating.
+const smallBatch = 8
+
+// Decide implements ratelimit.Store; see Store for what it adds.
+func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	if len(out) < len(items) {
+		return false, fmt.Errorf("fallback: out has %d decisions for %d items", len(out), len(items))
+	}
+	for i := range items {
+		if items[i].Cost < 0 {
+			return false, fmt.Errorf("fallback: item %d: %w: cost %d is negative", i, ratelimit.ErrInvalidCost, items[i].Cost)
+		}
+		if err := items[i].Policy.Validate(); err != nil {
+			return false, fmt.Errorf("fallback: item %d: %w", i, err)
+		}
+	}
+	if len(items) == 0 {
+		return true, nil
+	}
+	if s.cache != nil && s.answerFromCache(items, out) {
+		s.stats.cacheHits.Add(1)
+		return false, nil
+	}
+	var allowed bool
+	err := s.br.call(ctx, func(ctx context.Context) error {
+		var err error
+		allowed, err = s.inner.Decide(ctx, items, out)
+		return err
+	})
+	if err == nil {
+		s.stats.calls.Add(1)
+		if s.cache != nil && !allowed {
+			now := s.now()
+			for i := range items {
+				if !out[i].Allowed {
+					s.cache.add(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now, out[i])
+				}
+			}
+		}
+		if s.ledger != nil && s.ledger.pending() && s.reconciling.CompareAndSwap(false, true) {
+			go func() {
+				defer s.reconciling.Store(false)
+				_ = s.reconcile(context.Background())
+			}()
+		}
+		return allowed, nil
+	}
+	var ce *canceledError
+	if errors.As(err, &ce) {
+		return false, err
+	}
+	return s.decideLocal(ctx, items, out, err)
+}
+
+// answerFromCache reports whether a cached denial decides the batch; it
+// then fills out. Items without a cached denial are reported allowed, with
+// their Limit and nothing known about Remaining (0): nothing is charged.
+func (s *Store) answerFromCache(items []ratelimit.Item, out []spillway.Decision) bool {
+	if s.cache.len() == 0 {
+		return false
+	}
+	now := s.now()
+	hit := -1
+	for i := range items {
+		if d, ok := s.cache.lookup(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now); ok {
+			out[i] = d
+			hit = i
+			break
+		}
+	}
+	if hit < 0 {
+		return false
+	}
+	for i := range items {
+		if i == hit {
+			continue
+		}
+		if d, ok := s.cache.lookup(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now); ok {
+			out[i] = d
+			continue
+		}
+		out[i] = spillway.Decision{Allowed: true, Limiter: items[i].Scope, Limit: items[i].Policy.Capacity()}
+	}
+	return true
+}
+
+// decideLocal decides items from the local share (fail-open items) or
+// denies them (fail-closed items), all or nothing like any store.
+func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (bool, error) {
+	s.stats.degraded.Add(1)
+	var stack [smallBatch]ratelimit.Item
+	scaled := stack[:0]
+	if len(items) > smallBatch {
+		scaled = make([]ratelimit.Item, 0, len(items))
+	}
+	closed := false
+	for i := range items {
+		it := items[i]
+		it.Policy = scalePolicy(it.Policy, s.ppm)
+		scaled = append(scaled, it)
+		if s.set.Mode != nil && s.set.Mode(it.Scope) == FailClosed {
+			closed = true
+		}
+	}
+	var allowed bool
+	if closed {
+		// Peek the fail-open items so their decisions say what they have
+		// left; charge nothing since the batch is denied.
+		for i := range scaled {
+			scaled[i].Cost = 0
+		}
+		if _, err := s.local.Decide(ctx, scaled, out); err != nil {
+			return false, fmt.Errorf("fallback: local store: %w", err)
+		}
+		for i := range items {
+			if s.set.Mode(items[i].Scope) == FailClosed {
+				out[i] = spillway.Decision{
+					Reason:     spillway.ReasonFailClosed,
+					Limiter:    items[i].Scope,
+					Limit:      items[i].Policy.Capacity(),
+					RetryAfter: s.set.OpenTimeout,
+				}
+			}
+		}
+	} else {
+		var err error
+		allowed, err = s.local.Decide(ctx, scaled, out)
+		if err != nil {
+			return false, fmt.Errorf("fallback: local store: %w", err)
+		}
+		if allowed && s.ledger != nil {
+			now := s.now()
+			for i := range items {
+				s.ledger.record(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now)
+			}
+		}
+	}
+	ev := DegradedEvent{Name: s.set.Name, Scope: items[0].Scope, Allowed: allowed, Cause: cause}
+	for i := range items {
+		d := &out[i]
+		d.Degraded = true
+		// A cost the full policy admits but the share cannot is not
+		// "never": it can succeed once the store is back.
+		if d.Reason == spillway.ReasonCostExceedsLimit && items[i].Cost <= items[i].Policy.Capacity() {
+			d.Reason = spillway.ReasonRateLimited
+			d.RetryAfter = s.set.OpenTimeout
+		}
+		if !d.Allowed && ev.Reason == spillway.ReasonNone {
+			ev.Scope, ev.Reason = items[i].Scope, d.Reason
+		}
+	}
+	if s.set.OnDegraded != nil {
+		s.set.OnDegraded(ev)
+	}
+	return allowed, nil
+}
+
+// Reset implements ratelimit.Store: it forgets (scope, key) in the inner
+// store (under the budget and the breaker), in the local share and in the
+// cache of denials. The inner store's error is returned, wrapped.
+func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy) error {
+	_ = s.local.Reset(ctx, scope, key, scalePolicy(p, s.ppm))
+	if s.cache != nil {
+		k := itemKey{scope, key, p}
+		sh := s.cache.shard(&k)
+		sh.mu.Lock()
+		if _, ok := sh.m[k]; ok {
+			delete(sh.m, k)
+			s.cache.size.Add(-1)
+		}
+		sh.mu.Unlock()
+	}
+	err := s.br.call(ctx, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) })
+	if err != nil {
+		return fmt.Errorf("fallback: reset: %w", err)
+	}
+	return nil
+}
+
+// reconcileBatch is the number of keys peeked in one call.
+const reconcileBatch = 64
+
+// Reconcile carries the recorded local consumption back to the inner
+// store now (see Store); the Store also runs it by itself after an outage.
+// It returns the error that stopped it; what it could not carry stays
+// recorded for the next pass.
+func (s *Store) Reconcile(ctx context.Context) error {
+	if s.ledger == nil {
+		return nil
+	}
+	return s.reconcile(ctx)
+}
+
+func (s *Store) reconcile(ctx context.Context) error {
+	charges := s.ledger.take(s.now())
+	ev := ReconcileEvent{Name: s.set.Name}
+	var (
+		items [reconcileBatch]ratelimit.Item
+		out   [reconcileBatch]spillway.Decision
+		err   error
+	)
+	done := 0
+pass:
+	for done < len(charges) {
+		batch := charges[done:min(done+reconcileBatch, len(charges))]
+		for i, c := range batch {
+			items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
+		}
+		n := len(batch)
+		if err = s.br.call(ctx, func(ctx context.Context) error {
+			_, err := s.inner.Decide(ctx, items[:n], out[:n])
+			return err
+		}); err != nil {
+			break
+		}
+		for i, c := range batch {
+			cost := min(c.carry, out[i].Remaining)
+			if cost > 0 {
+				one := [1]ratelimit.Item{items[i]}
+				one[0].Cost = cost
+				var d [1]spillway.Decision
+				var ok bool
+				if err = s.br.call(ctx, func(ctx context.Context) error {
+					var err error
+					ok, err = s.inner.Decide(ctx, one[:], d[:])
+					return err
+				}); err != nil {
+					// Keep this key and the rest of the batch.
+					s.ledger.restore(batch[i:], s.now())
+					ev.Pending += len(batch) - i
+					done += len(batch)
+					break pass
+				}
+				if ok {
+					ev.Charged += cost
+				}
+			}
+			ev.Keys++
+		}
+		done += len(batch)
+	}
+	if done < len(charges) {
+		s.ledger.restore(charges[done:], s.now())
+		ev.Pending += len(charges) - done
+	}
+	ev.Err = err
+	s.stats.reconciled.Add(ev.Charged)
+	if s.set.OnReconcile != nil && (len(charges) > 0 || err != nil) {
+		s.set.OnReconcile(ev)
+	}
+	if err != nil {
+		return fmt.Errorf("fallback: reconcile: %w", err)
+	}
+	return nil
+}
