@@ -1,0 +1,41 @@
+// Package grpcx puts a spillway.Limiter in front of gRPC servers and gives
+// gRPC clients interceptors that back off the way the server asks, in the
+// style of go-grpc-middleware v2: UnaryServerInterceptor,
+// StreamServerInterceptor, UnaryClientInterceptor and
+// StreamClientInterceptor, configured with Options, with a selector
+// (WithSkip, SkipHealthChecks) to leave methods alone.
+//
+// The shortest use:
+//
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
+//		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
+//	)
+//	conn, err := grpc.NewClient(addr, creds,
+//		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor()))
+//
+// # Server
+//
+// Each call (each stream, when it opens) becomes a spillway.Request: the
+// Endpoint is the full method ("/pkg.Service/Method"), Method is empty,
+// Priority comes from the classifier (default Critical, lowered by the
+// shedder.MetadataKey metadata), and the identity dimensions are "ip" (the
+// peer address), "user" (WithUser or WithUserMetadata) and "api_key"
+// (WithAPIKeyMetadata). A denial answers codes.ResourceExhausted for rate
+// and concurrency limits, codes.Unavailable for shedding, the ceiling and a
+// failed-closed store, codes.InvalidArgument for a malformed request, with
+// the details errdetails.ErrorInfo, QuotaFailure and RetryInfo (see
+// DenialStatus). Calls a limit applied to carry x-ratelimit-limit,
+// x-ratelimit-remaining and x-ratelimit-reset response headers (metadata).
+// Done runs when the handler returns (Success, Dropped for Unavailable,
+// DeadlineExceeded, ResourceExhausted and server faults, Ignored for
+// Canceled) and also when it panics (Ignored; the panic goes on).
+//
+// # Client
+//
+// UnaryClientInterceptor retries denials that carry RetryInfo under a
+// retry budget, with jitter, and throttles adaptively; both interceptors
+// send the context's priority downstream. See UnaryClientInterceptor.
+//
+// All interceptors are safe for concurrent use.
+package grpcx

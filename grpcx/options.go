@@ -1,0 +1,210 @@
+package grpcx
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/clientside"
+)
+
+// Option configures the interceptors. Server options are ignored by the
+// client interceptors and the other way round, as documented on each.
+type Option func(*config)
+
+// FailMode says what a server interceptor does when the limiter returns an
+// error (its store failed and nothing below it decided).
+type FailMode uint8
+
+const (
+	// FailOpen runs the handler unlimited (default).
+	FailOpen FailMode = iota
+	// FailClosed answers codes.Unavailable with a RetryInfo of one second.
+	FailClosed
+)
+
+// String returns "open" or "closed".
+func (m FailMode) String() string {
+	if m == FailClosed {
+		return "closed"
+	}
+	return "open"
+}
+
+// Throttle is client-side adaptive throttling; *clientside.Throttle
+// implements it. See httpx.Throttle.
+type Throttle interface {
+	Allow() bool
+	Accepted()
+}
+
+// RetryBudget caps retries at a fraction of requests;
+// *clientside.RetryBudget implements it.
+type RetryBudget interface {
+	Deposit()
+	TryRetry() bool
+}
+
+type config struct {
+	// server
+	skip          func(ctx context.Context, fullMethod string) bool
+	priority      func(ctx context.Context, fullMethod string) spillway.Priority
+	trustPriority bool
+	cost          func(ctx context.Context, fullMethod string) int64
+	apiKeyMD      string
+	userMD        string
+	user          func(ctx context.Context) string
+	failMode      FailMode
+	onError       func(ctx context.Context, fullMethod string, err error)
+	now           func() time.Time
+
+	// client
+	throttle    Throttle
+	budget      RetryBudget
+	noThrottle  bool
+	noBudget    bool
+	backoff     clientside.Backoff
+	maxRetries  int
+	retryable   func(fullMethod string) bool
+	noPropagate bool
+}
+
+func newConfig(opts []Option) config {
+	c := config{now: time.Now}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+// WithSkip sets a selector: calls for which skip returns true bypass the
+// limiter (server) or the retry and throttle logic (client). SkipMethods and
+// SkipHealthChecks build common ones.
+func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
+	return func(c *config) { c.skip = skip }
+}
+
+// SkipMethods returns a selector matching the given full method names
+// ("/pkg.Service/Method") and services ("/pkg.Service/", with the slash).
+func SkipMethods(methods ...string) func(ctx context.Context, fullMethod string) bool {
+	return func(_ context.Context, m string) bool {
+		for _, s := range methods {
+			if m == s || (strings.HasSuffix(s, "/") && strings.HasPrefix(m, s)) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// SkipHealthChecks is a selector matching the standard gRPC health service.
+var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")
+
+// WithPriority sets the server's classifier. The default gives every call
+// spillway.Critical, lowered (never raised, unless WithTrustPriorityMetadata)
+// to the priority named in the shedder.MetadataKey metadata.
+func WithPriority(classify func(ctx context.Context, fullMethod string) spillway.Priority) Option {
+	return func(c *config) { c.priority = classify }
+}
+
+// WithTrustPriorityMetadata lets the shedder.MetadataKey metadata raise a
+// call's priority too. Use it only behind an edge that strips the key from
+// outside traffic. Server only.
+func WithTrustPriorityMetadata() Option {
+	return func(c *config) { c.trustPriority = true }
+}
+
+// WithCost sets how many tokens a call costs (default 1). Server only.
+func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
+	return func(c *config) { c.cost = f }
+}
+
+// WithAPIKeyMetadata names the metadata key carrying the API key ("api_key"
+// dimension). Keys are lowercased. Default: none. Server only.
+func WithAPIKeyMetadata(key string) Option {
+	return func(c *config) { c.apiKeyMD = strings.ToLower(key) }
+}
+
+// WithUserMetadata names the metadata key carrying the user ("user"
+// dimension). Default: none. Server only.
+func WithUserMetadata(key string) Option {
+	return func(c *config) { c.userMD = strings.ToLower(key) }
+}
+
+// WithUser sets a func returning the authenticated user from the call's
+// context (where an auth interceptor put it); it wins over
+// WithUserMetadata when it returns non-empty. Server only.
+func WithUser(f func(ctx context.Context) string) Option {
+	return func(c *config) { c.user = f }
+}
+
+// WithFailMode sets what happens when the limiter returns an error
+// (default FailOpen). Server only.
+func WithFailMode(m FailMode) Option {
+	return func(c *config) { c.failMode = m }
+}
+
+// WithErrorHandler sets a func called with every limiter error, for
+// logging. Server only.
+func WithErrorHandler(f func(ctx context.Context, fullMethod string, err error)) Option {
+	return func(c *config) { c.onError = f }
+}
+
+// WithClock sets the clock for the x-ratelimit-reset header (default
+// time.Now). Server only.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.now = now }
+}
+
+// WithThrottle replaces the client's default adaptive throttle
+// (clientside.NewThrottle()). Client only.
+func WithThrottle(t Throttle) Option {
+	return func(c *config) { c.throttle, c.noThrottle = t, t == nil }
+}
+
+// WithoutThrottle turns client-side throttling off. Client only.
+func WithoutThrottle() Option {
+	return func(c *config) { c.throttle, c.noThrottle = nil, true }
+}
+
+// WithRetryBudget replaces the client's default retry budget
+// (clientside.NewRetryBudget()). Client only.
+func WithRetryBudget(b RetryBudget) Option {
+	return func(c *config) { c.budget, c.noBudget = b, b == nil }
+}
+
+// WithoutRetryBudget removes the budget; WithMaxRetries still caps
+// retries. Client only.
+func WithoutRetryBudget() Option {
+	return func(c *config) { c.budget, c.noBudget = nil, true }
+}
+
+// WithBackoff sets how long the client waits before a retry: the server's
+// RetryInfo delay plus jitter (see clientside.Backoff). Client only.
+func WithBackoff(b clientside.Backoff) Option {
+	return func(c *config) { c.backoff = b }
+}
+
+// WithMaxRetries sets the retries after the first attempt (default 2;
+// negative: none). Client only.
+func WithMaxRetries(n int) Option {
+	return func(c *config) { c.maxRetries = n }
+}
+
+// WithRetryable restricts which methods the client retries. By default
+// every method is retried when the server's denial carries RetryInfo: a
+// limiter denied the call before the handler ran, so a retry cannot do the
+// work twice. Client only.
+func WithRetryable(f func(fullMethod string) bool) Option {
+	return func(c *config) { c.retryable = f }
+}
+
+// WithoutPriorityPropagation stops the client from sending the context's
+// priority (shedder.NewContext) in the shedder.MetadataKey metadata, and
+// the server from storing the call's priority in the handler's context.
+func WithoutPriorityPropagation() Option {
+	return func(c *config) { c.noPropagate = true }
+}

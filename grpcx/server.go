@@ -1,0 +1,280 @@
+package grpcx
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/shedder"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Response metadata keys set on every call a limit applied to, allowed or
+// denied, when the decision has a Limit.
+const (
+	HeaderLimit     = "x-ratelimit-limit"
+	HeaderRemaining = "x-ratelimit-remaining"
+	HeaderReset     = "x-ratelimit-reset" // Unix epoch seconds, rounded up
+)
+
+// ErrorDomain is the domain of the errdetails.ErrorInfo in denials.
+const ErrorDomain = "spillway"
+
+// UnaryServerInterceptor admits every unary call through l before the
+// handler runs. See the package doc for the answers.
+func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+	s := &server{c: newConfig(opts), l: l}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
+			return handler(ctx, req)
+		}
+		done, hdr, err := s.admit(ctx, info.FullMethod)
+		if hdr != nil {
+			_ = grpc.SetHeader(ctx, hdr)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ctx = s.propagate(ctx, info.FullMethod)
+		finished := false
+		defer func() {
+			if !finished {
+				done(spillway.Ignored) // the handler panicked; the panic goes on
+			}
+		}()
+		resp, err = handler(ctx, req)
+		finished = true
+		done(outcome(err))
+		return resp, err
+	}
+}
+
+// StreamServerInterceptor admits every streaming call through l when the
+// stream opens; the admission is released when the handler returns.
+func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+	s := &server{c: newConfig(opts), l: l}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		ctx := ss.Context()
+		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
+			return handler(srv, ss)
+		}
+		done, hdr, err := s.admit(ctx, info.FullMethod)
+		if hdr != nil {
+			_ = ss.SetHeader(hdr)
+		}
+		if err != nil {
+			return err
+		}
+		if !s.c.noPropagate {
+			ss = &ctxStream{ServerStream: ss, ctx: s.propagate(ctx, info.FullMethod)}
+		}
+		finished := false
+		defer func() {
+			if !finished {
+				done(spillway.Ignored)
+			}
+		}()
+		err = handler(srv, ss)
+		finished = true
+		done(outcome(err))
+		return err
+	}
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+type server struct {
+	c config
+	l spillway.Limiter
+}
+
+func (s *server) priority(ctx context.Context, method string) spillway.Priority {
+	if s.c.priority != nil {
+		return s.c.priority(ctx, method)
+	}
+	p := spillway.Critical
+	if v := metadata.ValueFromIncomingContext(ctx, shedder.MetadataKey); len(v) > 0 {
+		if q, err := spillway.ParsePriority(v[0]); err == nil && (q < p || s.c.trustPriority) {
+			p = q
+		}
+	}
+	return p
+}
+
+func (s *server) propagate(ctx context.Context, method string) context.Context {
+	if s.c.noPropagate {
+		return ctx
+	}
+	// Recomputing is cheaper than carrying it: the classifier is a lookup.
+	return shedder.NewContext(ctx, s.priority(ctx, method))
+}
+
+// admit returns the Done to call after the handler, the response metadata
+// to set, and the status error of a denial.
+func (s *server) admit(ctx context.Context, method string) (spillway.Done, metadata.MD, error) {
+	req := &spillway.Request{Endpoint: method, Priority: s.priority(ctx, method)}
+	if s.c.cost != nil {
+		req.Cost = s.c.cost(ctx, method)
+	}
+	req.Dims = make([]spillway.Dimension, 0, 3)
+	if p, ok := peer.FromContext(ctx); ok {
+		if ip, ok := peerIP(p.Addr); ok {
+			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimIP, Value: ip.String()})
+		}
+	}
+	user := ""
+	if s.c.user != nil {
+		user = s.c.user(ctx)
+	}
+	if user == "" && s.c.userMD != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, s.c.userMD); len(v) > 0 {
+			user = v[0]
+		}
+	}
+	if user != "" {
+		req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimUser, Value: user})
+	}
+	if s.c.apiKeyMD != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, s.c.apiKeyMD); len(v) > 0 && v[0] != "" {
+			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimAPIKey, Value: v[0]})
+		}
+	}
+	if err := req.Validate(); err != nil {
+		return spillway.Noop, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}).Err()
+	}
+	d, done, err := s.l.Admit(ctx, req)
+	if err != nil {
+		if s.c.onError != nil {
+			s.c.onError(ctx, method, err)
+		}
+		if s.c.failMode == FailClosed {
+			return spillway.Noop, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
+		}
+		return spillway.Noop, nil, nil
+	}
+	if done == nil {
+		done = spillway.Noop
+	}
+	hdr := s.headers(d)
+	if !d.Allowed {
+		done(spillway.Ignored)
+		return spillway.Noop, hdr, DenialStatus(d).Err()
+	}
+	return done, hdr, nil
+}
+
+func (s *server) headers(d spillway.Decision) metadata.MD {
+	if d.Limit <= 0 {
+		return nil
+	}
+	reset := s.c.now().Add(d.ResetAfter)
+	epoch := reset.Unix()
+	if reset.Nanosecond() > 0 {
+		epoch++
+	}
+	return metadata.MD{
+		HeaderLimit:     {strconv.FormatInt(d.Limit, 10)},
+		HeaderRemaining: {strconv.FormatInt(max(d.Remaining, 0), 10)},
+		HeaderReset:     {strconv.FormatInt(epoch, 10)},
+	}
+}
+
+func peerIP(a net.Addr) (netip.Addr, bool) {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ip, ok := netip.AddrFromSlice(a.IP)
+		return ip.Unmap(), ok
+	case nil:
+		return netip.Addr{}, false
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return ap.Addr().Unmap(), true
+}
+
+// Code returns the gRPC code of a denial: InvalidArgument for a malformed
+// request, Unavailable for shedding, the ceiling and a failed-closed store
+// (Reason.IsShed), ResourceExhausted for rate and concurrency limits. It
+// returns OK for an allowed decision.
+func Code(d spillway.Decision) codes.Code {
+	switch {
+	case d.Allowed:
+		return codes.OK
+	case d.Reason == spillway.ReasonInvalid:
+		return codes.InvalidArgument
+	case d.Reason.IsShed():
+		return codes.Unavailable
+	}
+	return codes.ResourceExhausted
+}
+
+// DenialStatus builds the status of a denial: Code(d), a message, and the
+// details errdetails.ErrorInfo (domain "spillway", reason the upper-case
+// spillway.Reason, metadata limiter), errdetails.QuotaFailure (one violation:
+// subject the limiter, description the reason) and, unless retrying can
+// never succeed, errdetails.RetryInfo with d.RetryAfter (at least 1s when
+// the decision gives none).
+func DenialStatus(d spillway.Decision) *status.Status {
+	code := Code(d)
+	st := status.New(code, fmt.Sprintf("spillway: %s by %q", d.Reason, d.Limiter))
+	details := []protoadapt.MessageV1{
+		&errdetails.ErrorInfo{Reason: upper(d.Reason.String()), Domain: ErrorDomain, Metadata: map[string]string{"limiter": d.Limiter}},
+	}
+	if code != codes.InvalidArgument {
+		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject: d.Limiter, Description: d.Reason.String(),
+		}}})
+	}
+	if d.Reason != spillway.ReasonInvalid && d.Reason != spillway.ReasonCostExceedsLimit {
+		delay := d.RetryAfter
+		if delay <= 0 {
+			delay = time.Second
+		}
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		return withDetails
+	}
+	return st
+}
+
+func upper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'a' && c <= 'z' {
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return string(b)
+}
+
+// outcome maps a handler's error to what adaptive limiters learn: overload
+// and server faults are Dropped, a cancelled call is Ignored.
+func outcome(err error) spillway.Outcome {
+	switch status.Code(err) {
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
+		codes.FailedPrecondition, codes.Aborted, codes.OutOfRange, codes.Unimplemented, codes.Unauthenticated:
+		return spillway.Success
+	case codes.Canceled:
+		return spillway.Ignored
+	}
+	return spillway.Dropped // Unknown, DeadlineExceeded, ResourceExhausted, Internal, Unavailable, DataLoss
+}
