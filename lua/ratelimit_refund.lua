@@ -3,7 +3,7 @@
 -- another group denied (or failed). It is the only second round trip.
 --
 -- KEYS[i]  the state key of item i (all in one Cluster slot)
--- ARGV[1]  now in µs, or "0" to read Redis TIME
+-- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2 + 8(i-1) .. 9 + 8(i-1)], for item i: alg, L, P, B, T, n, uid,
 --          mark: the item exactly as it was sent to ratelimit_batch.lua,
 --          plus the mark that call returned for it
@@ -23,10 +23,11 @@ local floor = math.floor
 local fmt = string.format
 
 local now = tonumber(ARGV[1])
-if now == 0 then
+if now == nil then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
+if now < 0 then now = 0 end
 
 local refunded = 0
 for i = 1, #KEYS do

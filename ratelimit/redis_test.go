@@ -105,9 +105,12 @@ func TestRedisStoreBatchAllOrNothing(t *testing.T) {
 // and on Redis (both on one fake clock) and compares every decision.
 func TestRedisStoreDifferential(t *testing.T) {
 	srv, _ := redisServer(t)
+	hook := &freezeHook{raw: srv.Client(t)}
+	c := srv.Client(t)
+	c.AddHook(hook)
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			differential(t, srv, seed, 600)
+			differential(t, c, hook, seed, 600)
 		})
 	}
 }
@@ -136,10 +139,9 @@ func randomPolicy(r *rand.Rand) Policy {
 
 var debugKey = ""
 
-func differential(t *testing.T, srv *redistest.Server, seed uint64, steps int) {
-	hook := &freezeHook{raw: srv.Client(t)}
-	c := srv.Client(t)
-	c.AddHook(hook)
+// differential runs steps random batches on a RedisStore over c (whose
+// freezeHook is hook) and on a MemoryStore, and compares every decision.
+func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed uint64, steps int) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("diff%d:", seed)
@@ -196,6 +198,7 @@ func differential(t *testing.T, srv *redistest.Server, seed uint64, steps int) {
 				t.Fatal(err)
 			}
 		}
+		hook.take()
 		okR, err := rs.Decide(ctx, items, outR)
 		if err != nil {
 			t.Fatalf("step %d: redis: %v", step, err)
@@ -233,8 +236,19 @@ func differential(t *testing.T, srv *redistest.Server, seed uint64, steps int) {
 // and the PTTLs read in the same transaction are checked against the
 // decisions (a TTL is ceil(reset) in ms).
 type freezeHook struct {
-	raw  *redis.Client
-	ttls map[string]time.Duration // PTTL of each key of the last script call
+	raw redis.UniversalClient // the same server(s), without the hook
+
+	mu   sync.Mutex
+	ttls map[string]time.Duration // PTTL of each key since the last take
+}
+
+// take returns the PTTLs seen since the last call and forgets them.
+func (h *freezeHook) take() map[string]time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := h.ttls
+	h.ttls = nil
+	return m
 }
 
 func (h *freezeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -248,7 +262,7 @@ func (h *freezeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		args := cmd.Args()
-		nkeys := int(args[2].(int))
+		nkeys := args[2].(int)
 		keys := make([]string, nkeys)
 		for i := range keys {
 			keys[i] = args[3+i].(string)
@@ -263,10 +277,14 @@ func (h *freezeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			}
 		}
 		_, _ = pipe.Exec(ctx)
-		h.ttls = map[string]time.Duration{}
+		h.mu.Lock()
+		if h.ttls == nil {
+			h.ttls = map[string]time.Duration{}
+		}
 		for k, c := range ttls {
 			h.ttls[k] = c.Val()
 		}
+		h.mu.Unlock()
 		return cmd.Err()
 	}
 }
@@ -284,9 +302,10 @@ func checkTTLs(t *testing.T, h *freezeHook, prefix string, items []Item, out []s
 			maxReset[k] = max(maxReset[k], out[i].ResetAfter)
 		}
 	}
+	ttls := h.take()
 	for k, reset := range maxReset {
-		ttl, ok := h.ttls[k]
-		if !ok || ttl > reset || ttl < reset-100*time.Millisecond || ttl <= 0 {
+		ttl, ok := ttls[k]
+		if !ok || ttl > reset || ttl < reset-100*time.Millisecond || ttl < 0 {
 			t.Fatalf("PTTL %s = %v (seen %v), want %v; items %+v out %+v", k, ttl, ok, reset, items, out[:len(items)])
 		}
 	}

@@ -1,0 +1,187 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+// TestRedisStoreCluster runs against a real 3-primary/3-replica Cluster:
+// batches whose items span slots (and primaries) are decided all or
+// nothing, partial denials are refunded exactly for every algorithm, and
+// the differential test holds across slots.
+func TestRedisStoreCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	ctx := context.Background()
+
+	t.Run("slots", func(t *testing.T) {
+		c := cl.Client(t)
+		s := NewRedisStore(c)
+		// Entities whose keys land on three different primaries.
+		owners := map[string]bool{}
+		for _, e := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+			k := redisKey("spillway:", &Item{Scope: "x", Key: e})
+			sl, err := cl.KeySlot(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sl != slot(k) {
+				t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT = %d", k, slot(k), sl)
+			}
+			o, err := cl.Owner(ctx, sl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			owners[o.Addr] = true
+		}
+		if len(owners) < 2 {
+			t.Fatalf("keys landed on %d primaries, want several", len(owners))
+		}
+		p := Policy{Limit: 10, Period: time.Minute}
+		var items []Item
+		for _, e := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+			items = append(items, Item{Scope: "x", Key: e, Policy: p, Cost: 2}, Item{Scope: "y", Key: e, Policy: p, Cost: 1})
+		}
+		out := make([]spillway.Decision, len(items))
+		ok, err := s.Decide(ctx, items, out)
+		if err != nil || !ok {
+			t.Fatalf("cross-slot batch: %v %v", ok, err)
+		}
+		for i := range items {
+			if want := 10 - items[i].Cost; out[i].Remaining != want {
+				t.Fatalf("item %d remaining %d, want %d", i, out[i].Remaining, want)
+			}
+		}
+	})
+
+	for a := Algorithm(0); a < numAlgorithms; a++ {
+		t.Run("refund/"+a.String(), func(t *testing.T) {
+			c := cl.Client(t)
+			clk := newFakeClock(rt0)
+			prefix := "refund-" + a.String() + ":"
+			s := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+			p := Policy{Algorithm: a, Limit: 5, Period: time.Minute}
+			full := Policy{Algorithm: a, Limit: 1, Period: time.Minute}
+			out := make([]spillway.Decision, 4)
+			// "z" is exhausted; "a", "b", "c" have room and live on other slots.
+			if ok, err := s.Decide(ctx, []Item{{Scope: "z", Key: "z", Policy: full, Cost: 1}}, out); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if ok, err := s.Decide(ctx, []Item{{Scope: "p", Key: "a", Policy: p, Cost: 1}}, out); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			clk.Add(time.Millisecond)
+			batch := []Item{
+				{Scope: "p", Key: "a", Policy: p, Cost: 2},
+				{Scope: "p", Key: "b", Policy: p, Cost: 3},
+				{Scope: "p", Key: "c", Policy: p, Cost: 1},
+				{Scope: "z", Key: "z", Policy: full, Cost: 1},
+			}
+			slots := map[int]bool{}
+			for i := range batch {
+				sl, err := cl.KeySlot(ctx, redisKey(prefix, &batch[i]))
+				if err != nil {
+					t.Fatal(err)
+				}
+				slots[sl] = true
+			}
+			if len(slots) != 4 {
+				t.Fatalf("batch spans %d slots, want 4", len(slots))
+			}
+			for round := 0; round < 3; round++ {
+				ok, err := s.Decide(ctx, batch, out)
+				if err != nil || ok {
+					t.Fatalf("round %d: %v %v, want denied", round, ok, err)
+				}
+				if !out[0].Allowed || !out[1].Allowed || !out[2].Allowed || out[3].Allowed {
+					t.Fatalf("round %d decisions %+v", round, out)
+				}
+				if out[0].Remaining != 2 || out[1].Remaining != 2 || out[2].Remaining != 4 {
+					t.Fatalf("round %d: remaining %d %d %d, want 2 2 4 (as if charged, after refunds)", round, out[0].Remaining, out[1].Remaining, out[2].Remaining)
+				}
+			}
+			// Everything the denied batches charged was given back.
+			for _, c := range []struct {
+				key  string
+				want int64
+			}{{"a", 4}, {"b", 5}, {"c", 5}} {
+				ok, err := s.Decide(ctx, []Item{{Scope: "p", Key: c.key, Policy: p}}, out)
+				if err != nil || !ok || out[0].Remaining != c.want {
+					t.Fatalf("peek %s: %v %v %+v, want %d remaining", c.key, ok, err, out[0], c.want)
+				}
+			}
+			// A key the refund emptied is deleted.
+			for _, it := range batch[1:3] {
+				k := redisKey(prefix, &it)
+				if n, err := c.Exists(ctx, k).Result(); err != nil || n != 0 {
+					t.Fatalf("%s exists (%d, %v), want deleted by the refund", k, n, err)
+				}
+			}
+		})
+	}
+
+	t.Run("refund-after-error", func(t *testing.T) {
+		c := cl.Client(t, func(o *redis.ClusterOptions) {
+			o.ReadTimeout = 200 * time.Millisecond
+			o.MaxRetries = -1
+		})
+		s := NewRedisStore(c, WithPrefix("err:"))
+		p := Policy{Limit: 5, Period: time.Minute}
+		batch := []Item{{Scope: "p", Key: "a", Policy: p, Cost: 2}, {Scope: "p", Key: "b", Policy: p, Cost: 2}, {Scope: "p", Key: "z", Policy: p, Cost: 1}}
+		out := make([]spillway.Decision, 3)
+		if ok, err := s.Decide(ctx, batch, out); err != nil || !ok { // warm up connections and scripts
+			t.Fatal(ok, err)
+		}
+		// Pause the primary of z (not of a or b): its group times out.
+		owner, err := cl.OwnerOfKey(ctx, redisKey("err:", &batch[2]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range batch[:2] {
+			o, err := cl.OwnerOfKey(ctx, redisKey("err:", &it))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o == owner {
+				t.Skip("test keys share a primary; change the entity names") // never with the names above
+			}
+		}
+		if err := owner.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := s.Decide(ctx, batch, out)
+		if rerr := owner.Resume(); rerr != nil {
+			t.Fatal(rerr)
+		}
+		if err == nil || ok {
+			t.Fatalf("batch with a paused primary: %v %v, want an error", ok, err)
+		}
+		if strings.Contains(err.Error(), "refund") {
+			t.Fatalf("refund failed: %v", err)
+		}
+		for _, it := range batch[:2] {
+			it.Cost = 0
+			if ok, err := s.Decide(ctx, []Item{it}, out); err != nil || !ok || out[0].Remaining != 3 {
+				t.Fatalf("peek %s: %v %v %+v, want 3 remaining (the failed batch refunded)", it.Key, ok, err, out[0])
+			}
+		}
+	})
+
+	t.Run("differential", func(t *testing.T) {
+		c := cl.Client(t)
+		hook := &freezeHook{raw: cl.Client(t)}
+		c.AddHook(hook)
+		for seed := uint64(11); seed <= 12; seed++ {
+			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+				differential(t, c, hook, seed, 300)
+			})
+		}
+	})
+}
