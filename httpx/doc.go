@@ -9,7 +9,7 @@
 // # What the middleware does
 //
 // For each request it builds a spillway.Request: the Endpoint is the Go
-// 1.22+ ServeMux pattern ("GET /api/v1/search"; see WithEndpoint and
+// 1.22+ ServeMux pattern's path ("/api/v1/search"; see WithEndpoint and
 // EndpointFromMux when wrapping a whole mux), Method the HTTP method,
 // Priority from the classifier (WithPriority; default Critical), and the
 // identity dimensions "ip" (the peer address, or the forwarding header when

@@ -79,6 +79,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	done(outcome(r.Context(), sw.status))
 }
 
+// PatternPath returns the path part of a ServeMux pattern
+// ("[METHOD ][HOST]/PATH"): "POST /api/v1/login" → "/api/v1/login",
+// "GET example.com/items/{id}" → "/items/{id}". The method goes in
+// Request.Method; the path is what tiers rules match.
+func PatternPath(pattern string) string {
+	if i := strings.IndexByte(pattern, ' '); i >= 0 {
+		pattern = strings.TrimLeft(pattern[i+1:], " \t")
+	}
+	if i := strings.IndexByte(pattern, '/'); i > 0 {
+		pattern = pattern[i:]
+	}
+	return pattern
+}
+
 // outcome maps how a response ended to what adaptive limiters learn.
 func outcome(ctx context.Context, status int) spillway.Outcome {
 	if errors.Is(ctx.Err(), context.Canceled) {
@@ -97,9 +111,9 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 	case c.endpoint != nil:
 		req.Endpoint = c.endpoint(r)
 	case r.Pattern != "":
-		req.Endpoint = r.Pattern
+		req.Endpoint = PatternPath(r.Pattern)
 	default:
-		req.Endpoint = r.Method + " " + r.URL.Path
+		req.Endpoint = r.URL.Path
 	}
 	if c.cost != nil {
 		req.Cost = c.cost(r)

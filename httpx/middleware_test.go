@@ -270,7 +270,7 @@ func TestIdentityEndpointMethodPriority(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode)
 	require.Equal(t, "127.0.0.1|u1|k1", lim.lastKey())
 	r := lim.reqs[len(lim.reqs)-1]
-	require.Equal(t, "GET /items/{id}", r.Endpoint)
+	require.Equal(t, "/items/{id}", r.Endpoint)
 	require.Equal(t, "GET", r.Method)
 	require.Equal(t, spillway.SheddablePlus, r.Priority)
 	require.Equal(t, int64(3), r.Cost)
@@ -286,7 +286,7 @@ func TestIdentityEndpointMethodPriority(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, 200, resp.StatusCode)
-	require.Equal(t, "POST /api/v1/posts", lim2.reqs[0].Endpoint)
+	require.Equal(t, "/api/v1/posts", lim2.reqs[0].Endpoint)
 	require.Equal(t, spillway.Critical, lim2.reqs[0].Priority)
 	require.Equal(t, []spillway.Dimension{{Name: "ip", Value: "127.0.0.1"}}, lim2.reqs[0].Dims)
 }
@@ -398,4 +398,16 @@ func TestDeniedHandlerAndProblemType(t *testing.T) {
 	var p httpx.Problem
 	require.NoError(t, json.Unmarshal([]byte(body), &p))
 	require.Equal(t, "https://example.com/problems/rate_limited", p.Type)
+}
+
+func TestPatternPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"POST /api/v1/login":         "/api/v1/login",
+		"/static/":                   "/static/",
+		"GET example.com/items/{id}": "/items/{id}",
+		"example.com/":               "/",
+		"":                           "",
+	} {
+		require.Equal(t, want, httpx.PatternPath(in), in)
+	}
 }

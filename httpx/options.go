@@ -67,26 +67,29 @@ func newConfig(opts []Option) config {
 }
 
 // WithEndpoint sets how the Request's Endpoint is derived. The default is
-// the Go 1.22+ ServeMux pattern (r.Pattern, e.g. "POST /api/v1/login"),
-// which the mux sets only when it routes, so it is there when Middleware
-// wraps each route's handler (mux.Handle("POST /login", mw(h))). When
-// Middleware wraps the whole mux, use WithEndpoint(EndpointFromMux(mux)).
-// With no pattern the default falls back to the method and URL path
-// ("GET /x"), which is unbounded: prefer a pattern.
+// the path of the Go 1.22+ ServeMux pattern (r.Pattern "POST
+// /api/v1/items/{id}" gives "/api/v1/items/{id}", see PatternPath; the
+// method is Request.Method), which the mux sets only when it routes, so it
+// is there when Middleware wraps each route's handler (mux.Handle("POST
+// /login", mw(h))). When Middleware wraps the whole mux, use
+// WithEndpoint(EndpointFromMux(mux)). With no pattern the default falls
+// back to the URL path, which is unbounded if rules key by endpoint: prefer
+// a pattern.
 func WithEndpoint(f func(*http.Request) string) Option {
 	return func(c *config) { c.endpoint = f }
 }
 
 // EndpointFromMux returns an endpoint func that asks mux which pattern would
-// serve r, for a Middleware wrapped around the whole mux. A request that no
-// pattern matches gets the endpoint "" (rules for all endpoints still apply).
+// serve r (its PatternPath), for a Middleware wrapped around the whole mux.
+// A request that no pattern matches gets the endpoint "" (rules for every
+// endpoint still apply).
 func EndpointFromMux(mux *http.ServeMux) func(*http.Request) string {
 	return func(r *http.Request) string {
 		if r.Pattern != "" {
-			return r.Pattern
+			return PatternPath(r.Pattern)
 		}
 		_, p := mux.Handler(r)
-		return p
+		return PatternPath(p)
 	}
 }
 
