@@ -28,9 +28,11 @@ import (
 //
 // Each server counts its own in-flight work per priority and, about every
 // interval (default 100ms), reports it to Redis and reads back the fleet's
-// sum in one script call (lua.ShedderFleet). Admit decides locally on the
-// fleet sum from the last refresh, minus this server's reported share,
-// plus its current one: no Redis round trip per request. A server that
+// sum in one script call (lua.ShedderFleet). Admit decides locally, with no
+// Redis round trip, on the fleet sum from the last refresh plus this
+// server's change since then counted once per live server — the other
+// servers are assumed to change alike, so n servers deciding on one stale
+// sum do not overshoot the headroom n times. A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
@@ -57,7 +59,7 @@ type Fleet struct {
 
 	local      [spillway.NumPriorities]atomic.Int64 // this server's in-flight cost
 	localTotal atomic.Int64
-	others     atomic.Int64 // fleet sum at the last refresh minus what this server reported
+	view       atomic.Pointer[fleetView]
 	servers    atomic.Int64 // live servers at the last refresh
 	lastOK     atomic.Int64 // UnixNano of the last successful refresh, 0 never
 	lastTry    atomic.Int64 // UnixNano of the last refresh started
@@ -154,11 +156,11 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		}()
 	}
 	c, p := r.EffectiveCost(), r.Priority
-	limit, base, degraded := f.limitFor(p, now)
-	usage := base + f.localTotal.Add(c)
-	if usage > limit {
+	limit, degraded := f.limitFor(p, now)
+	own := f.localTotal.Add(c)
+	if usage := f.estimate(own, degraded); usage > limit {
 		f.localTotal.Add(-c)
-		rem := max(limit-(usage-c), 0)
+		rem := max(limit-f.estimate(own-c, degraded), 0)
 		return spillway.Decision{
 			Reason:     spillway.ReasonShed,
 			Limiter:    f.o.name,
@@ -175,9 +177,9 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 	}), nil
 }
 
-// limitFor returns the usage limit of priority p, the usage of the rest of
-// the fleet to add to this server's, and whether this is degraded mode.
-func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit, others int64, degraded bool) {
+// limitFor returns the usage limit of priority p and whether this is
+// degraded mode.
+func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded bool) {
 	capacity := float64(f.capacity)
 	ok := f.lastOK.Load()
 	degraded = ok == 0 || now-ok > int64(f.o.staleAfter)
@@ -187,14 +189,12 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit, others int64, d
 		} else {
 			capacity *= f.o.localShare
 		}
-	} else {
-		others = f.others.Load()
 	}
 	t := f.thresh[p]
 	if math.IsInf(t, 1) || t*capacity >= math.MaxInt64/2 {
-		return math.MaxInt64 / 2, others, degraded
+		return math.MaxInt64 / 2, degraded
 	}
-	return int64(math.Floor(t*capacity + 1e-9)), others, degraded
+	return int64(math.Floor(t*capacity + 1e-9)), degraded
 }
 
 // Refresh reports this server's in-flight work to Redis and reads the
@@ -258,13 +258,14 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		f.lastErr = fmt.Errorf("shedder: fleet refresh: %w", err)
 		return f.lastErr
 	}
-	var others int64
+	v := &fleetView{servers: res[4]}
 	for p := range sent {
 		f.byPrio[p] = res[p]
-		others += res[p] - sent[p]
+		v.sum += res[p]
+		v.sent += sent[p]
 	}
 	f.lastErr = nil
-	f.others.Store(max(others, 0))
+	f.view.Store(v)
 	f.servers.Store(res[4])
 	if ttl > 0 {
 		f.lastOK.Store(started.UnixNano())
@@ -274,6 +275,27 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
+// fleetView is what the last successful refresh saw.
+type fleetView struct {
+	sum     int64 // the fleet's in-flight cost, this server's report included
+	sent    int64 // this server's report
+	servers int64
+}
+
+// estimate returns the fleet usage given this server's in-flight cost
+// own. Between refreshes it assumes the other servers change as this one
+// does, so it counts this server's change since its report once per
+// server: n servers admitting into one stale picture of the headroom would
+// otherwise overshoot it n times.
+func (f *Fleet) estimate(own int64, degraded bool) int64 {
+	v := f.view.Load()
+	if degraded || v == nil {
+		return own
+	}
+	n := max(v.servers, 1)
+	return max(v.sum+n*(own-v.sent), own, 0)
+}
+
 // FleetStats is a snapshot of a Fleet's view.
 type FleetStats struct {
 	// Fleet is the fleet's in-flight cost per priority at the last
@@ -281,8 +303,9 @@ type FleetStats struct {
 	Fleet [spillway.NumPriorities]int64
 	// Local is this server's in-flight cost per priority now.
 	Local [spillway.NumPriorities]int64
-	// Usage is the estimate Admit uses: the rest of the fleet at the last
-	// refresh plus this server now (only this server when Degraded).
+	// Usage is the estimate Admit uses: the fleet at the last refresh
+	// plus this server's change since, counted once per server (only this
+	// server's own work when Degraded).
 	Usage int64
 	// Servers is the number of live servers at the last refresh.
 	Servers int64
@@ -302,8 +325,8 @@ func (f *Fleet) Stats() FleetStats {
 	for p := range s.Local {
 		s.Local[p] = f.local[p].Load()
 	}
-	_, others, degraded := f.limitFor(spillway.Critical, f.o.now().UnixNano())
-	s.Usage = others + f.localTotal.Load()
+	_, degraded := f.limitFor(spillway.Critical, f.o.now().UnixNano())
+	s.Usage = f.estimate(f.localTotal.Load(), degraded)
 	s.Servers = f.servers.Load()
 	s.Degraded = degraded
 	return s

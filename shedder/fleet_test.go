@@ -2,6 +2,7 @@ package shedder_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -74,59 +75,62 @@ func TestFleetSharedUsage(t *testing.T) {
 	clk := newClock()
 	a, b, c := newFleet(t, client, "a", clk), newFleet(t, client, "b", clk), newFleet(t, client, "c", clk)
 	// Before its first refresh a server knows nothing of the fleet and is
-	// degraded; join first.
+	// degraded; join first (twice, so that every server sees all three).
 	if d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical, Cost: 21}); d.Allowed || !d.Degraded || d.Limit != 20 {
 		t.Fatalf("before joining: %+v, want degraded with 20%% of the capacity", d)
 	}
-	refresh(t, a, b, c)
+	refresh(t, a, b, c, a, b)
 
-	aDones := runFleet(t, a, []fleetStep{{spillway.Critical, 30, true, 0}})
-	runFleet(t, b, []fleetStep{{spillway.SheddablePlus, 10, true, 0}, {spillway.SheddablePlus, 20, true, 0}})
+	// Between refreshes a server counts its own change once per live
+	// server (3 here): it assumes the others admit alike.
+	aDones := runFleet(t, a, []fleetStep{{spillway.Critical, 30, true, 0}}) // 0 + 3·30 = 90 <= 100
+	runFleet(t, b, []fleetStep{
+		{spillway.SheddablePlus, 10, true, 0},   // 30
+		{spillway.SheddablePlus, 10, true, 0},   // 60
+		{spillway.SheddablePlus, 10, false, 20}, // 90 > 80; 20 left below 80
+	})
 	refresh(t, a, b, c)
-	if s := c.Stats(); s.Usage != 60 || s.Servers != 3 || s.Fleet != [4]int64{0, 30, 30, 0} || s.Degraded {
-		t.Fatalf("c's view %+v, want usage 60 of 3 servers", s)
+	if s := c.Stats(); s.Usage != 50 || s.Servers != 3 || s.Fleet != [4]int64{0, 20, 30, 0} || s.Degraded {
+		t.Fatalf("c's view %+v, want usage 50 of 3 servers", s)
 	}
 	runFleet(t, c, []fleetStep{
-		{spillway.Sheddable, 20, true, 0},     // 80: at the non-critical threshold
-		{spillway.Sheddable, 1, false, 0},     // 81 > 80
+		{spillway.Sheddable, 10, true, 0},     // 50 + 3·10 = 80: at the non-critical threshold
+		{spillway.Sheddable, 1, false, 0},     // 83 > 80
 		{spillway.SheddablePlus, 1, false, 0}, // the same threshold
-		{spillway.Critical, 21, false, 20},    // 101 > 100: 20 left below 100
-		{spillway.Critical, 20, true, 0},      // 100
-		{spillway.Critical, 1, false, 0},      // full
+		{spillway.Critical, 7, false, 20},     // 101 > 100: 20 left below 100
+		{spillway.Critical, 6, true, 0},       // 98
+		{spillway.Critical, 1, false, 2},      // 101
 		{spillway.CriticalPlus, 500, true, 0}, // never shed
 	})
-	// a has not refreshed since c admitted: it still sees 60 and admits 20
-	// Sheddable (the estimate lags by one interval, by design).
-	runFleet(t, a, []fleetStep{{spillway.Sheddable, 20, true, 0}})
 	refresh(t, c, a)
-	if s := a.Stats(); s.Usage != 620 || s.Fleet != [4]int64{40, 30, 50, 500} {
-		t.Fatalf("a's view %+v, want usage 620", s)
+	if s := a.Stats(); s.Usage != 566 || s.Fleet != [4]int64{10, 20, 36, 500} {
+		t.Fatalf("a's view %+v, want usage 566", s)
 	}
 	runFleet(t, a, []fleetStep{{spillway.Sheddable, 1, false, 0}, {spillway.Critical, 1, false, 0}})
 
-	// b crashes (stops reporting). 2s after its last report its 30 no
+	// b crashes (stops reporting). 2s after its last report its 20 no
 	// longer count; a and c keep reporting meanwhile.
 	clk.Advance(time.Second)
 	refresh(t, a, c)
 	clk.Advance(time.Second + time.Millisecond)
 	refresh(t, c, a)
-	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{40, 0, 50, 500} {
+	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{10, 0, 36, 500} {
 		t.Fatalf("after b's ttl: %+v, want b reaped", s)
 	}
-	// c leaves: its 520 stop counting at once.
+	// c leaves: its 516 stop counting at once.
 	if err := c.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	refresh(t, a)
-	if s := a.Stats(); s.Servers != 1 || s.Usage != 50 || s.Fleet != [4]int64{20, 0, 30, 0} {
+	if s := a.Stats(); s.Servers != 1 || s.Usage != 30 || s.Fleet != [4]int64{0, 0, 30, 0} {
 		t.Fatalf("after c left: %+v", s)
 	}
 	for _, d := range aDones {
 		d(spillway.Success)
 	}
-	refresh(t, a)
-	if s := a.Stats(); s.Usage != 20 {
-		t.Fatalf("after done: usage %d, want 20", s.Usage)
+	// Alone, a counts its own change once: 30 − 30.
+	if s := a.Stats(); s.Usage != 0 {
+		t.Fatalf("after done: usage %d, want 0", s.Usage)
 	}
 
 	// Every key carries a TTL no longer than the report TTL, and shares
@@ -307,4 +311,97 @@ func TestNewFleetValidates(t *testing.T) {
 	if _, err := shedder.NewFleet(nil, "x", 1); err == nil {
 		t.Error("nil client accepted")
 	}
+}
+
+// simFleet spreads requests at random over n servers of one fleet whose
+// capacity is simCapacity, and refreshes every server every 100ms of the
+// simulation.
+func simFleet(t *testing.T, client redis.UniversalClient, clk *fakeClock, name string, n int) (spillway.Limiter, func(step int)) {
+	t.Helper()
+	servers := make([]*shedder.Fleet, n)
+	for i := range servers {
+		f, err := shedder.NewFleet(client, name, simCapacity,
+			shedder.WithServerID(fmt.Sprint("s", i)), shedder.WithClock(clk.Now),
+			shedder.WithoutAutoRefresh(), shedder.WithTimeout(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[i] = f
+	}
+	refreshAll := func() {
+		for _, f := range servers {
+			if err := f.Refresh(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	refreshAll()
+	pick := seeded(7) // a load balancer spreading requests at random
+	lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		f := servers[int(pick()*float64(n))]
+		d, done, err := f.Admit(ctx, r)
+		if d.Degraded {
+			t.Fatalf("degraded decision in the simulation: %+v", d)
+		}
+		return d, done, err
+	})
+	return lim, func(step int) {
+		if step%simService == simService-1 {
+			refreshAll()
+		}
+	}
+}
+
+// TestFleetGoodputTable offers 0.5× to 4× the fleet capacity to three
+// servers sharing one fleet shedder on a real Redis and prints goodput per
+// priority: go test ./shedder -run TestFleetGoodputTable -v
+func TestFleetGoodputTable(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	var b strings.Builder
+	b.WriteString("| offered load | sheddable | sheddable_plus | critical | critical_plus | fleet usage |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- |\n")
+	for i, x := range []float64{0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4} {
+		clk := newClock()
+		lim, refresh := simFleet(t, client, clk, fmt.Sprint("sim", i), 3)
+		var usage float64
+		var n int
+		var inflight int64
+		counting := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+			d, done, err := lim.Admit(ctx, r)
+			if d.Allowed {
+				inflight += r.Cost
+				inner := done
+				done = func(o spillway.Outcome) { inflight -= r.Cost; inner(o) }
+			}
+			return d, done, err
+		})
+		res := simulate(t, counting, clk, 1500, 500, func(int) float64 { return x }, func(s int) {
+			refresh(s)
+			if s >= 500 {
+				usage += float64(inflight) / simCapacity
+				n++
+			}
+		})
+		fmt.Fprintf(&b, "| %.1f× | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.0f%% |\n", x,
+			100*res.goodput(0), 100*res.goodput(1), 100*res.goodput(2), 100*res.goodput(3), 100*usage/float64(n))
+		if g := res.goodput(spillway.Critical); g < 0.95 {
+			t.Errorf("load %v×: Critical goodput %.3f, want >= 0.95", x, g)
+		}
+		if res.admitted[spillway.CriticalPlus] != res.offered[spillway.CriticalPlus] {
+			t.Errorf("load %v×: CriticalPlus shed", x)
+		}
+		// At half load a server that drew more than its share of requests
+		// in one interval extrapolates that to the fleet and sheds a
+		// little (the price of not overshooting under symmetric load).
+		if x <= 0.5 && res.goodput(spillway.Sheddable) < 0.99 {
+			t.Errorf("load %v×: shed %v of %v", x, res.admitted, res.offered)
+		}
+		for p := spillway.SheddablePlus; p <= spillway.CriticalPlus; p++ {
+			if res.goodput(p)+0.02 < res.goodput(p-1) {
+				t.Errorf("load %v×: goodput of %v %.3f below %v's %.3f", x, p, res.goodput(p), p-1, res.goodput(p-1))
+			}
+		}
+	}
+	t.Log("goodput per priority (fleet shedder, 3 servers, mix 60/20/15/5):\n" + b.String())
 }
