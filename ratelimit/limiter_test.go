@@ -1,0 +1,279 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+func TestNewValidates(t *testing.T) {
+	st := NewMemoryStore()
+	cases := []struct {
+		name  string
+		store Store
+		p     Policy
+		want  string
+	}{
+		{"nil store", nil, Policy{Limit: 1, Period: time.Second}, "ratelimit: store is nil"},
+		{"zero limit", st, Policy{Period: time.Second}, "limit 0 must be positive"},
+		{"negative limit", st, Policy{Limit: -1, Period: time.Second}, "limit -1 must be positive"},
+		{"zero period", st, Policy{Limit: 1}, "period 0s must be positive"},
+		{"negative period", st, Policy{Limit: 1, Period: -time.Second}, "period -1s must be positive"},
+		{"sub-µs period", st, Policy{Limit: 1, Period: 1500 * time.Nanosecond}, "whole number of microseconds"},
+		{"negative burst", st, Policy{Limit: 1, Period: time.Second, Burst: -1}, "burst -1 must not be negative"},
+		{"unknown algorithm", st, Policy{Algorithm: 42, Limit: 1, Period: time.Second}, "unknown algorithm 42"},
+		{"burst on a window", st, Policy{Algorithm: FixedWindow, Limit: 1, Period: time.Second, Burst: 2}, "burst 2 is not supported by fixed_window"},
+		{"more than one per µs", st, Policy{Limit: 2, Period: time.Microsecond}, "more than one per microsecond"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := New(c.store, c.p)
+			if err == nil || l != nil {
+				t.Fatalf("New accepted it: %v", l)
+			}
+			if !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "ratelimit: ") {
+				t.Fatalf("error %q, want it to contain %q", err, c.want)
+			}
+			if c.store != nil && !errors.Is(err, ErrInvalidPolicy) {
+				t.Fatalf("error %q does not wrap ErrInvalidPolicy", err)
+			}
+		})
+	}
+}
+
+func TestLimiterDefaults(t *testing.T) {
+	p := Policy{Limit: 100, Period: time.Second, Burst: 50}
+	l := mustLimiter(t, NewMemoryStore(), p)
+	if l.Scope() != "token_bucket 100/1s burst 50" || l.Policy() != p {
+		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
+	}
+	d, err := l.Allow(context.Background(), "k")
+	if err != nil || d.Limiter != "token_bucket 100/1s burst 50" || d.Limit != 50 || d.Remaining != 49 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	named := mustLimiter(t, NewMemoryStore(), p, WithScope("login"))
+	if d, _ := named.Allow(context.Background(), "k"); d.Limiter != "login" {
+		t.Fatalf("Limiter %q, want login", d.Limiter)
+	}
+}
+
+func TestAllowNNegative(t *testing.T) {
+	l := mustLimiter(t, NewMemoryStore(), Policy{Limit: 1, Period: time.Second})
+	_, err := l.AllowN(context.Background(), "k", -3)
+	if !errors.Is(err, ErrInvalidCost) || !strings.Contains(err.Error(), "n = -3 is negative") {
+		t.Fatalf("err = %v", err)
+	}
+	// The generic path (a store that is not a *MemoryStore) too.
+	g := mustLimiter(t, wrappedStore{NewMemoryStore()}, Policy{Limit: 1, Period: time.Second})
+	if _, err := g.AllowN(context.Background(), "k", -1); !errors.Is(err, ErrInvalidCost) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// wrappedStore hides the *MemoryStore so the Limiter takes its generic path.
+type wrappedStore struct{ Store }
+
+// failingStore fails every call.
+type failingStore struct{}
+
+var errBackend = errors.New("backend down")
+
+func (failingStore) Decide(context.Context, []Item, []spillway.Decision) (bool, error) {
+	return false, errBackend
+}
+func (failingStore) Reset(context.Context, string, string, Policy) error { return errBackend }
+
+func TestLimiterGenericPathMatchesFastPath(t *testing.T) {
+	clock := newConfClock()
+	p := Policy{Limit: 3, Period: time.Second}
+	fast := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), p)
+	slow := mustLimiter(t, wrappedStore{NewMemoryStore(WithClock(clock.Now))}, p)
+	ctx := context.Background()
+	for i, n := range []int64{1, 0, 2, 1, 4} {
+		clock.Set(time.Duration(i) * ms(90))
+		a, err1 := fast.AllowN(ctx, "k", n)
+		b, err2 := slow.AllowN(ctx, "k", n)
+		if a != b || err1 != nil || err2 != nil {
+			t.Fatalf("step %d: fast %+v %v, generic %+v %v", i, a, err1, b, err2)
+		}
+	}
+}
+
+func TestLimiterStoreErrors(t *testing.T) {
+	l := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, WithScope("s"))
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: backend down" {
+		t.Fatalf("Allow: %v", err)
+	}
+	if err := l.Reset(ctx, "k"); !errors.Is(err, errBackend) {
+		t.Fatalf("Reset: %v", err)
+	}
+	d, done, err := l.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
+	if !errors.Is(err, errBackend) || d != (spillway.Decision{}) || done == nil {
+		t.Fatalf("Admit: %+v %v", d, err)
+	}
+}
+
+func TestByDimension(t *testing.T) {
+	clock := newConfClock()
+	l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Limit: 2, Period: time.Second}, WithScope("api"))
+	byIP := l.ByDimension(spillway.DimIP)
+	byUser := PerKey(l, spillway.DimUser)
+	ctx := context.Background()
+	req := func(cost int64, dims ...string) *spillway.Request {
+		r := &spillway.Request{Cost: cost}
+		for i := 0; i+1 < len(dims); i += 2 {
+			r.Set(dims[i], dims[i+1])
+		}
+		return r
+	}
+	admit := func(lim spillway.Limiter, r *spillway.Request) spillway.Decision {
+		t.Helper()
+		d, done, err := lim.Admit(ctx, r)
+		if err != nil || done == nil {
+			t.Fatalf("Admit: %v", err)
+		}
+		done(spillway.Success)
+		return d
+	}
+	if d := admit(byIP, req(0, "ip", "10.0.0.1")); !d.Allowed || d.Limiter != "api:ip" || d.Remaining != 1 || d.Limit != 2 {
+		t.Fatalf("first: %+v", d)
+	}
+	if d := admit(byIP, req(1, "ip", "10.0.0.1")); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("second: %+v", d)
+	}
+	if d := admit(byIP, req(1, "ip", "10.0.0.1")); d.Allowed || d.Reason != spillway.ReasonRateLimited || d.RetryAfter != ms(500) {
+		t.Fatalf("third: %+v", d)
+	}
+	// Another IP, and the same value under another dimension, are separate.
+	if d := admit(byIP, req(2, "ip", "10.0.0.2")); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("other ip: %+v", d)
+	}
+	if d := admit(byUser, req(1, "user", "10.0.0.1")); !d.Allowed || d.Limiter != "api:user" || d.Remaining != 1 {
+		t.Fatalf("user: %+v", d)
+	}
+	// Cost above capacity, a negative cost, a missing dimension.
+	if d := admit(byUser, req(3, "user", "u")); d.Allowed || d.Reason != spillway.ReasonCostExceedsLimit || d.RetryAfter != 0 {
+		t.Fatalf("cost 3: %+v", d)
+	}
+	if d := admit(byUser, req(-1, "user", "u")); d.Allowed || d.Reason != spillway.ReasonInvalid || d.Limiter != "api:user" {
+		t.Fatalf("negative cost: %+v", d)
+	}
+	if d := admit(byIP, req(1, "user", "u")); !d.Allowed || d.Limiter != "api:ip:absent" || d.Limit != 0 {
+		t.Fatalf("no ip: %+v", d)
+	}
+	// Reset through the adapter.
+	if err := byIP.Reset(ctx, "10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if d := admit(byIP, req(2, "ip", "10.0.0.1")); !d.Allowed {
+		t.Fatalf("after reset: %+v", d)
+	}
+	if byIP.Scope() != "api:ip" {
+		t.Fatal(byIP.Scope())
+	}
+	// In a chain: the most restrictive decision wins, denial stops it.
+	chain := spillway.Chain(byIP, byUser)
+	d, _, _ := chain.Admit(ctx, req(1, "ip", "10.0.0.3", "user", "10.0.0.1"))
+	if !d.Allowed || d.Limiter != "api:user" || d.Remaining != 0 {
+		t.Fatalf("chain: %+v", d)
+	}
+	d, _, _ = chain.Admit(ctx, req(1, "ip", "10.0.0.3", "user", "10.0.0.1"))
+	if d.Allowed || d.Limiter != "api:user" {
+		t.Fatalf("chain: %+v", d)
+	}
+}
+
+func TestByDimensionAllocations(t *testing.T) {
+	l := mustLimiter(t, NewMemoryStore(), Policy{Limit: 1000, Period: time.Millisecond})
+	lim := l.ByDimension(spillway.DimIP)
+	r := &spillway.Request{Dims: []spillway.Dimension{{Name: spillway.DimIP, Value: "10.0.0.1"}}}
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(1000, func() { lim.Admit(ctx, r) }); n != 0 {
+		t.Fatalf("%v allocations per Admit, want 0", n)
+	}
+}
+
+func TestReserve(t *testing.T) {
+	clock := newConfClock()
+	p := Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 3} // one per 100ms, queue of 3
+	for _, st := range []Store{NewMemoryStore(WithClock(clock.Now)), wrappedStore{NewMemoryStore(WithClock(clock.Now))}} {
+		clock.Set(0)
+		l := mustLimiter(t, st, p)
+		ctx := context.Background()
+		for i, want := range []time.Duration{0, ms(100), ms(200)} {
+			r, err := l.Reserve(ctx, "k")
+			if err != nil || !r.Allowed || r.Delay != want {
+				t.Fatalf("reservation %d: %+v %v, want delay %v", i, r, err, want)
+			}
+		}
+		r, err := l.Reserve(ctx, "k")
+		if err != nil || r.Allowed || r.Delay != 0 || r.RetryAfter != ms(100) {
+			t.Fatalf("full queue: %+v %v", r, err)
+		}
+		// 250ms later the first two have left: the next slot is at 300ms.
+		clock.Set(ms(250))
+		if r, _ := l.ReserveN(ctx, "k", 1); !r.Allowed || r.Delay != ms(50) {
+			t.Fatalf("after 250ms: %+v", r)
+		}
+		// Sub-millisecond slots: the delay is never early, < 1ms late.
+		clock.Set(ms(1000))
+		l3 := mustLimiter(t, st, Policy{Algorithm: LeakyBucket, Limit: 3, Period: time.Second}, WithScope("thirds"))
+		l3.Reserve(ctx, "k")
+		if r, _ := l3.Reserve(ctx, "k"); r.Delay != 333666*time.Microsecond { // exact 333334µs
+			t.Fatalf("thirds: %+v", r)
+		}
+	}
+	w := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: SlidingWindowLog, Limit: 1, Period: time.Second})
+	if _, err := w.Reserve(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
+		t.Fatalf("window Reserve: %v", err)
+	}
+	if _, err := w.Wait(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
+		t.Fatalf("window Wait: %v", err)
+	}
+}
+
+func TestWaitSmoothsABurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The store's default clock reads the bubble's fake time.
+		l := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 5})
+		ctx := context.Background()
+		start := time.Now()
+		var at []time.Duration
+		for i := 0; i < 5; i++ {
+			d, err := l.Wait(ctx, "k")
+			if err != nil || !d.Allowed {
+				t.Fatalf("wait %d: %+v %v", i, d, err)
+			}
+			at = append(at, time.Since(start))
+		}
+		// Each Wait returns at its slot; the queue never filled because
+		// each waited for the previous one.
+		for i, got := range at {
+			if want := time.Duration(i) * ms(100); got != want {
+				t.Fatalf("request %d left at %v, want %v", i, got, want)
+			}
+		}
+		// Cancellation during the sleep: the error wraps ctx.Err().
+		for i := 0; i < 4; i++ {
+			l.Reserve(ctx, "j")
+		}
+		cctx, cancel := context.WithTimeout(ctx, ms(50))
+		defer cancel()
+		d, err := l.Wait(cctx, "j") // slot at 400ms
+		if !errors.Is(err, context.DeadlineExceeded) || !d.Allowed {
+			t.Fatalf("cancelled wait: %+v %v", d, err)
+		}
+		// A full queue returns the denial at once.
+		before := time.Now()
+		d, err = l.Wait(ctx, "j")
+		if err != nil || d.Allowed || time.Since(before) != 0 {
+			t.Fatalf("full queue: %+v %v after %v", d, err, time.Since(before))
+		}
+	})
+}
