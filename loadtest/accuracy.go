@@ -55,7 +55,7 @@ var accuracyLimit, accuracyPeriod = int64(20), 10 * time.Second
 // buildTrace draws a bursty, heavy-tailed trace: each source alternates
 // ON periods (exponential, mean 5 s) in which it sends Poisson requests at
 // its own rate, and OFF periods (Pareto, α 1.5, mean 20 s); the ON rates
-// are Pareto (α 1.3) from 0.2 req/s, capped at 200 req/s, so most sources
+// are Pareto (α 1.5) from 0.1 req/s, capped at 100 req/s, so most sources
 // stay far below the limit and a few blow through it.
 func buildTrace(seed uint64, sources int, length time.Duration) []traceEvent {
 	rng := rand.New(rand.NewPCG(seed, 0xacc))
@@ -63,7 +63,7 @@ func buildTrace(seed uint64, sources int, length time.Duration) []traceEvent {
 	var ev []traceEvent
 	pareto := func(xm, alpha float64) float64 { return xm / math.Pow(1-rng.Float64(), 1/alpha) }
 	for s := 0; s < sources; s++ {
-		rate := min(200, pareto(0.2, 1.3)) // req/s while ON
+		rate := min(100, pareto(0.1, 1.5)) // req/s while ON
 		t := rng.Float64() * 20e6          // random phase
 		for t < end {
 			on := rng.ExpFloat64() * 5e6

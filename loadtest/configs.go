@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
+	"expvar"
+	"fmt"
+	"os"
 	"math"
 	"slices"
 	"strconv"
@@ -87,8 +91,24 @@ func fallbackSettings(name string, share float64) fallback.Settings {
 		OpenTimeout: time.Second,
 		Probes:      3,
 		Share:       share,
+		OnDegraded: func(e fallback.DegradedEvent) {
+			cause := "other"
+			switch {
+			case errors.Is(e.Cause, fallback.ErrOpen):
+				cause = "breaker_open"
+			case errors.Is(e.Cause, context.DeadlineExceeded):
+				cause = "budget"
+			}
+			if debugDegraded {
+				degradedCauses.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
+			}
+		},
 	}
 }
+
+var debugDegraded = os.Getenv("LOADTEST_DEBUG") != ""
+
+var degradedCauses = expvar.NewMap("degraded_causes")
 
 // perKeyConcurrency is how many requests one API key may have in flight
 // across the fleet.

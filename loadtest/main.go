@@ -43,6 +43,9 @@ func main() {
 		os.Exit(1)
 	}
 	PrintVerdict(os.Stdout, sum)
+	if debugDegraded {
+		fmt.Println(degradedCauses.String())
+	}
 	if p.Out != "" {
 		files, err := WriteOutputs(p.Out, sum)
 		if err != nil {

@@ -44,6 +44,9 @@ type Check struct {
 	Criterion     string `json:"criterion"`
 	Measured      string `json:"measured"`
 	Pass          bool   `json:"pass"`
+	// Info marks a measurement reported without a threshold; Pass then
+	// only says that it was measured.
+	Info bool `json:"info,omitempty"`
 }
 
 // Passed reports whether every check passed.
@@ -172,8 +175,11 @@ func PrintVerdict(w io.Writer, s *Summary) {
 	fmt.Fprintln(tw, "scenario\tconfiguration\tcriterion\tmeasured\tresult")
 	for _, c := range s.Verdict {
 		res := "PASS"
-		if !c.Pass {
+		switch {
+		case !c.Pass:
 			res = "FAIL"
+		case c.Info:
+			res = "info"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Scenario, c.Configuration, c.Criterion, c.Measured, res)
 	}
