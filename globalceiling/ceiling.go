@@ -1,0 +1,600 @@
+package globalceiling
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// Mode is how a Ceiling reads the total of its shards.
+type Mode uint8
+
+const (
+	// Exact charges one random shard and reads the other K-1 in the same
+	// pipeline (one round trip, K commands); a denied admission takes its
+	// charge back (a second round trip, on the denial path only). On a
+	// single node the admitted total never exceeds the ceiling.
+	Exact Mode = iota
+	// Cached decides on a total read every SyncInterval plus this
+	// server's own admissions since, and charges one random shard per
+	// admission (one round trip, one command). Other servers' admissions
+	// since the last read are invisible: see the package doc for the bound.
+	Cached
+	// LocalAggregation decides locally, like Cached, but does not write
+	// per admission: every SyncInterval it flushes its count to one random
+	// shard and reads the total in one pipeline. Far fewer writes, a
+	// looser bound.
+	LocalAggregation
+)
+
+var modeNames = [...]string{"exact", "cached", "local_aggregation"}
+
+// String returns the snake_case name of m.
+func (m Mode) String() string {
+	if int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ErrStale is wrapped by the error of an admission in Cached or
+// LocalAggregation mode when the last successful sync with Redis is older
+// than the stale bound (see WithStaleAfter): the local view can no longer
+// be trusted and the caller should degrade (a Guard falls back to its local
+// bucket).
+var ErrStale = errors.New("globalceiling: shared total is stale")
+
+// Option configures a Ceiling.
+type Option func(*options)
+
+type options struct {
+	mode        Mode
+	shards      int
+	sync        time.Duration
+	background  bool
+	staleAfter  time.Duration
+	reserve     float64
+	prefix      string
+	clock       func() time.Time
+	intn        func(n int) int
+	onSyncError func(error)
+}
+
+// WithMode sets the mode (default Exact).
+func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
+
+// WithShards sets K, the number of shard keys (default 8). Each shard has
+// its own hash tag, so on a Cluster the shards spread over slots and nodes;
+// more shards spread writes wider and make Exact reads wider.
+func WithShards(k int) Option { return func(o *options) { o.shards = k } }
+
+// WithSyncInterval sets how often Cached reads the total and
+// LocalAggregation flushes and reads it (default 100 ms). Ignored in Exact
+// mode.
+func WithSyncInterval(d time.Duration) Option { return func(o *options) { o.sync = d } }
+
+// WithoutBackgroundSync disables the goroutine that calls Sync every
+// SyncInterval; the caller calls Sync itself (tests, or a program with its
+// own scheduler).
+func WithoutBackgroundSync() Option { return func(o *options) { o.background = false } }
+
+// WithStaleAfter sets how old the last successful sync may be before
+// Cached and LocalAggregation admissions fail with ErrStale (default
+// 5 × SyncInterval). Without background sync it is not checked.
+func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleAfter = d } }
+
+// WithReserve sets the fraction of the ceiling kept for Critical and
+// CriticalPlus work (default 0.1): Sheddable and SheddablePlus requests are
+// denied once the total reaches (1 − reserve) × limit; Critical and
+// CriticalPlus may use the whole limit. 0 disables the reserve.
+func WithReserve(fraction float64) Option { return func(o *options) { o.reserve = fraction } }
+
+// WithPrefix sets the prefix of every key (default "spillway:"); it must
+// not contain '{' or '}'.
+func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
+
+// WithClock sets the clock that places admissions in windows (default
+// time.Now). Windows are aligned to the Unix epoch, so servers with
+// synchronized clocks agree on them; see the package doc on skew.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
+
+// WithRand sets the function that picks a shard, returning a value in
+// [0, n) (default math/rand/v2.IntN). For tests.
+func WithRand(intn func(n int) int) Option { return func(o *options) { o.intn = intn } }
+
+// WithSyncErrorHandler is called with the error of a failed background
+// sync (default: ignored; admissions report ErrStale once it lasts).
+func WithSyncErrorHandler(f func(error)) Option { return func(o *options) { o.onSyncError = f } }
+
+// Stats counts what a Ceiling did. Writes are commands that change Redis
+// (charges, refunds, flushes); Reads are shard reads.
+type Stats struct {
+	Admitted   int64 // admissions allowed (requests, not cost)
+	Denied     int64 // admissions denied
+	Writes     int64
+	Reads      int64
+	RoundTrips int64 // pipelines and single commands sent
+}
+
+// Ceiling is a fleet-wide ceiling on the traffic to one shared resource: at
+// most Limit cost units per Window, counted in K shard keys. It implements
+// spillway.Limiter. Create it with New and, unless background sync is
+// disabled or the mode is Exact, stop it with Close.
+type Ceiling struct {
+	client   redis.UniversalClient
+	name     string
+	limit    int64
+	window   time.Duration
+	o        options
+	entities []string // per shard: the hash tag entity
+	charge   string   // script SHA
+	ttlMS    int64
+
+	mu      sync.Mutex
+	cur     winState // the window now being admitted
+	prev    winState // LocalAggregation: the last window's unflushed count
+	synced  time.Time
+	syncErr error
+
+	admitted, denied, writes, reads, roundTrips atomic.Int64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type winState struct {
+	w       int64 // window index
+	total   int64 // the shared total at the last read (all servers)
+	local   int64 // this server's admissions since that read started (Cached), or not yet flushed (LocalAggregation)
+	inFlush int64 // LocalAggregation: part of local being flushed now
+	known   bool  // total was read for this window
+}
+
+// New returns a ceiling named name (the resource: "orders-db") that admits
+// at most limit cost units per window across every server that shares the
+// Redis behind client. It fails with an error naming the field when an
+// argument or option is out of range.
+func New(client redis.UniversalClient, name string, limit int64, window time.Duration, opts ...Option) (*Ceiling, error) {
+	o := options{shards: 8, sync: 100 * time.Millisecond, background: true, reserve: 0.1,
+		prefix: "spillway:", clock: time.Now, intn: rand.IntN}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.staleAfter == 0 {
+		o.staleAfter = 5 * o.sync
+	}
+	switch {
+	case client == nil:
+		return nil, fmt.Errorf("globalceiling: New: client is nil")
+	case name == "":
+		return nil, fmt.Errorf("globalceiling: New: name is empty")
+	case limit < 1:
+		return nil, fmt.Errorf("globalceiling: New: limit %d must be at least 1", limit)
+	case window < time.Millisecond:
+		return nil, fmt.Errorf("globalceiling: New: window %v must be at least 1ms", window)
+	case o.mode > LocalAggregation:
+		return nil, fmt.Errorf("globalceiling: New: unknown mode %d", o.mode)
+	case o.shards < 1 || o.shards > 1024:
+		return nil, fmt.Errorf("globalceiling: New: shards %d must be in [1, 1024]", o.shards)
+	case o.sync <= 0:
+		return nil, fmt.Errorf("globalceiling: New: sync interval %v must be positive", o.sync)
+	case o.staleAfter < 0:
+		return nil, fmt.Errorf("globalceiling: New: stale after %v is negative", o.staleAfter)
+	case !(o.reserve >= 0 && o.reserve < 1):
+		return nil, fmt.Errorf("globalceiling: New: reserve %v must be in [0, 1)", o.reserve)
+	case o.clock == nil || o.intn == nil:
+		return nil, fmt.Errorf("globalceiling: New: clock and rand must not be nil")
+	}
+	if err := keys.ValidatePrefix(o.prefix); err != nil {
+		return nil, fmt.Errorf("globalceiling: New: %w", err)
+	}
+	c := &Ceiling{client: client, name: name, limit: limit, window: window, o: o,
+		charge: lua.CeilingCharge.Hash(), synced: o.clock()}
+	for j := 0; j < o.shards; j++ {
+		c.entities = append(c.entities, name+":"+strconv.Itoa(j))
+	}
+	// A window's counters must outlive it by the longest a reader or a
+	// late flush can lag: a few sync intervals, and at least a second.
+	c.ttlMS = (window + max(3*o.sync, time.Second)).Milliseconds()
+	if o.background && o.mode != Exact {
+		c.stop, c.done = make(chan struct{}), make(chan struct{})
+		go c.loop()
+	}
+	return c, nil
+}
+
+// Name returns the ceiling's name.
+func (c *Ceiling) Name() string { return c.name }
+
+// Limit returns the ceiling per window.
+func (c *Ceiling) Limit() int64 { return c.limit }
+
+// Window returns the window length.
+func (c *Ceiling) Window() time.Duration { return c.window }
+
+// Key returns the Redis key of shard j in window w (w is the Unix time
+// divided by the window length).
+func (c *Ceiling) Key(w int64, j int) string {
+	return keys.Key(c.o.prefix, "ceil:"+strconv.FormatInt(w, 10), c.entities[j])
+}
+
+// Threshold returns the total up to which priority p is admitted.
+func (c *Ceiling) Threshold(p spillway.Priority) int64 {
+	if p >= spillway.Critical || c.o.reserve == 0 {
+		return c.limit
+	}
+	return c.limit - int64(float64(c.limit)*c.o.reserve+0.5)
+}
+
+// Stats returns the counters so far.
+func (c *Ceiling) Stats() Stats {
+	return Stats{Admitted: c.admitted.Load(), Denied: c.denied.Load(), Writes: c.writes.Load(),
+		Reads: c.reads.Load(), RoundTrips: c.roundTrips.Load()}
+}
+
+func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
+	ns := t.UnixNano()
+	w = ns / int64(c.window)
+	if ns < 0 && ns%int64(c.window) != 0 {
+		w--
+	}
+	return w, time.Unix(0, (w+1)*int64(c.window))
+}
+
+// Admit admits r when the total of this window plus r's cost stays within
+// the threshold of r's priority (see Threshold and WithReserve).
+//
+// Allowed: Limit is the threshold, Remaining what is left under it,
+// ResetAfter the time until the window ends; done does nothing (the
+// ceiling counts admissions, not work in flight) but may be called.
+// Denied: Reason is spillway.ReasonCeiling (answer 503), RetryAfter and
+// ResetAfter the time until the window ends. A malformed request is
+// denied with spillway.ReasonInvalid. err != nil means Redis failed (or,
+// in Cached and LocalAggregation modes, that the shared total is stale:
+// errors.Is(err, ErrStale)); nothing was charged then.
+func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if err := r.Validate(); err != nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
+	}
+	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())
+	return d, spillway.Noop, err
+}
+
+// AdmitN is Admit for a priority and a cost (>= 1) without a Request.
+func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (spillway.Decision, error) {
+	if cost < 1 {
+		return spillway.Decision{}, fmt.Errorf("globalceiling: cost %d must be at least 1", cost)
+	}
+	if !p.Valid() {
+		return spillway.Decision{}, fmt.Errorf("globalceiling: unknown priority %d", int8(p))
+	}
+	now := c.o.clock()
+	var d spillway.Decision
+	var err error
+	switch c.o.mode {
+	case Exact:
+		d, err = c.admitExact(ctx, now, p, cost)
+	default:
+		d, err = c.admitLocal(ctx, now, p, cost)
+	}
+	if err != nil {
+		return spillway.Decision{}, err
+	}
+	if d.Allowed {
+		c.admitted.Add(1)
+	} else {
+		c.denied.Add(1)
+	}
+	return d, nil
+}
+
+func (c *Ceiling) decision(allowed bool, p spillway.Priority, total int64, end, now time.Time) spillway.Decision {
+	th := c.Threshold(p)
+	reset := max(end.Sub(now), time.Millisecond)
+	d := spillway.Decision{Allowed: allowed, Limiter: c.name, Limit: th, Remaining: max(th-total, 0), ResetAfter: reset}
+	if !allowed {
+		d.Reason = spillway.ReasonCeiling
+		d.RetryAfter = reset
+	}
+	return d
+}
+
+func (c *Ceiling) admitExact(ctx context.Context, now time.Time, p spillway.Priority, cost int64) (spillway.Decision, error) {
+	w, end := c.windowOf(now)
+	i := c.o.intn(c.o.shards)
+	total, err := c.chargeAndRead(ctx, w, i, cost)
+	if err != nil {
+		return spillway.Decision{}, err
+	}
+	if total <= c.Threshold(p) {
+		return c.decision(true, p, total, end, now), nil
+	}
+	// Denied: take the charge back. Admissions that read while it stood
+	// may have been denied too (undershoot), never admitted beyond.
+	c.writes.Add(1)
+	c.roundTrips.Add(1)
+	if err := lua.CeilingRefund.Run(ctx, c.client, []string{c.Key(w, i)}, cost).Err(); err != nil {
+		return spillway.Decision{}, fmt.Errorf("globalceiling: refund: %w", err)
+	}
+	return c.decision(false, p, total-cost, end, now), nil
+}
+
+// errNoScript says the server lost the charge script (a restart, SCRIPT
+// FLUSH): load it and send the pipeline again.
+var errNoScript = errors.New("globalceiling: NOSCRIPT")
+
+// withScript runs f, and once more after loading the charge script when f
+// reports errNoScript.
+func (c *Ceiling) withScript(ctx context.Context, f func() error) error {
+	err := f()
+	if errors.Is(err, errNoScript) {
+		if lerr := lua.CeilingCharge.Load(ctx, c.client).Err(); lerr != nil {
+			return fmt.Errorf("globalceiling: load script: %w", lerr)
+		}
+		err = f()
+	}
+	return err
+}
+
+func (c *Ceiling) chargeErr(what string, err error) error {
+	if strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		return errNoScript
+	}
+	return fmt.Errorf("globalceiling: %s: %w", what, err)
+}
+
+// sumShards adds up the replies of shard reads; a missing key is 0.
+func (c *Ceiling) sumShards(gets []*redis.StringCmd) (int64, error) {
+	var total int64
+	for _, g := range gets {
+		if g == nil {
+			continue
+		}
+		c.reads.Add(1)
+		n, err := g.Int64()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return 0, fmt.Errorf("globalceiling: read shard: %w", err)
+		default:
+			total += n
+		}
+	}
+	return total, nil
+}
+
+// chargeAndRead adds cost to shard i of window w and reads the other
+// shards in one pipeline; it returns the total. On a single node the charge
+// runs before the reads, so the total includes it and every charge that
+// landed before it.
+func (c *Ceiling) chargeAndRead(ctx context.Context, w int64, i int, cost int64) (total int64, err error) {
+	err = c.withScript(ctx, func() error {
+		pipe := c.client.Pipeline()
+		charge := pipe.EvalSha(ctx, c.charge, []string{c.Key(w, i)}, cost, c.ttlMS)
+		gets := make([]*redis.StringCmd, c.o.shards)
+		for j := range gets {
+			if j != i {
+				gets[j] = pipe.Get(ctx, c.Key(w, j))
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+		c.roundTrips.Add(1)
+		n, err := charge.Int64()
+		if err != nil {
+			return c.chargeErr("charge", err)
+		}
+		c.writes.Add(1)
+		// A failed read leaves the charge standing: the admission is
+		// reported as an error (nothing admitted) and the charge expires
+		// with the window, erring on the safe side.
+		rest, err := c.sumShards(gets)
+		total = n + rest
+		return err
+	})
+	return total, err
+}
+
+// roll moves the state to window w, keeping the last window's unflushed
+// count in prev (LocalAggregation). Called with c.mu held.
+func (c *Ceiling) roll(w int64) {
+	if c.cur.w == w {
+		return
+	}
+	if w < c.cur.w {
+		return // the clock went back: keep counting in the newer window
+	}
+	if c.o.mode == LocalAggregation {
+		// What is being flushed now lands in its window; the rest waits
+		// for the next sync. An older unflushed window is dropped: it is
+		// over, and only its own window's admissions read it.
+		if rest := c.cur.local - c.cur.inFlush; rest > 0 {
+			c.prev = winState{w: c.cur.w, local: rest}
+		}
+	}
+	c.cur = winState{w: w}
+}
+
+func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Priority, cost int64) (spillway.Decision, error) {
+	w, end := c.windowOf(now)
+	c.mu.Lock()
+	if c.o.background && c.o.staleAfter > 0 && now.Sub(c.synced) > c.o.staleAfter {
+		err := c.syncErr
+		c.mu.Unlock()
+		if err == nil {
+			err = errors.New("no successful sync yet")
+		}
+		return spillway.Decision{}, fmt.Errorf("%w: last successful sync %v ago: %w", ErrStale, now.Sub(c.synced).Round(time.Millisecond), err)
+	}
+	c.roll(w)
+	if c.cur.w != w {
+		// The clock went back into an older window: decide it in the
+		// newer one, whose end is later.
+		_, end = c.windowOf(time.Unix(0, c.cur.w*int64(c.window)))
+	}
+	seen := c.cur.total + c.cur.local
+	if seen+cost > c.Threshold(p) {
+		c.mu.Unlock()
+		return c.decision(false, p, seen, end, now), nil
+	}
+	c.cur.local += cost
+	seen += cost
+	cw := c.cur.w
+	c.mu.Unlock()
+	if c.o.mode == Cached {
+		i := c.o.intn(c.o.shards)
+		c.writes.Add(1)
+		c.roundTrips.Add(1)
+		if err := lua.CeilingCharge.Run(ctx, c.client, []string{c.Key(cw, i)}, cost, c.ttlMS).Err(); err != nil {
+			c.mu.Lock()
+			if c.cur.w == cw {
+				c.cur.local -= cost
+			}
+			c.mu.Unlock()
+			return spillway.Decision{}, fmt.Errorf("globalceiling: charge: %w", err)
+		}
+	}
+	return c.decision(true, p, seen, end, now), nil
+}
+
+// Sync reads the shared total now (Cached), or flushes this server's count
+// and reads the total (LocalAggregation), in one pipeline. The background
+// loop calls it every SyncInterval. In Exact mode it does nothing.
+func (c *Ceiling) Sync(ctx context.Context) error {
+	if c.o.mode == Exact {
+		return nil
+	}
+	now := c.o.clock()
+	w, _ := c.windowOf(now)
+	c.mu.Lock()
+	c.roll(w)
+	cw := c.cur.w
+	var flushPrev, flushCur int64
+	prevW := c.prev.w
+	startLocal := c.cur.local
+	if c.o.mode == LocalAggregation {
+		flushPrev, c.prev.local = c.prev.local, 0
+		flushCur = c.cur.local - c.cur.inFlush
+		c.cur.inFlush += flushCur
+	}
+	c.mu.Unlock()
+
+	err := c.syncRound(ctx, cw, prevW, flushPrev, flushCur, startLocal)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.syncErr = err
+		if c.o.mode == LocalAggregation {
+			// Nothing was flushed (the pipeline failed as a whole or the
+			// charge did): count it again next time.
+			if c.prev.w == prevW {
+				c.prev.local += flushPrev
+			}
+			switch {
+			case c.cur.w == cw:
+				c.cur.inFlush -= flushCur
+			case flushCur > 0 && c.prev.w == cw:
+				c.prev.local += flushCur
+			case flushCur > 0:
+				c.prev = winState{w: cw, local: flushCur}
+			}
+		}
+		return err
+	}
+	c.synced, c.syncErr = now, nil
+	return nil
+}
+
+func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flushCur, startLocal int64) error {
+	return c.withScript(ctx, func() error {
+		pipe := c.client.Pipeline()
+		var charges []*redis.Cmd
+		if flushPrev > 0 {
+			charges = append(charges, pipe.EvalSha(ctx, c.charge, []string{c.Key(prevW, c.o.intn(c.o.shards))}, flushPrev, c.ttlMS))
+		}
+		if flushCur > 0 {
+			charges = append(charges, pipe.EvalSha(ctx, c.charge, []string{c.Key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS))
+		}
+		gets := make([]*redis.StringCmd, c.o.shards)
+		for j := range gets {
+			gets[j] = pipe.Get(ctx, c.Key(cw, j))
+		}
+		_, _ = pipe.Exec(ctx)
+		c.roundTrips.Add(1)
+		for _, ch := range charges {
+			if err := ch.Err(); err != nil {
+				return c.chargeErr("flush", err)
+			}
+			c.writes.Add(1)
+		}
+		total, err := c.sumShards(gets)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.cur.w == cw {
+			c.cur.total = total
+			c.cur.known = true
+			switch c.o.mode {
+			case Cached:
+				// Admissions counted before the read started are in the
+				// total now; later ones may not be.
+				c.cur.local -= startLocal
+			case LocalAggregation:
+				c.cur.local -= flushCur
+				c.cur.inFlush -= flushCur
+			}
+		}
+		return nil
+	})
+}
+
+func (c *Ceiling) loop() {
+	defer close(c.done)
+	t := time.NewTicker(c.o.sync)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), c.o.sync*2)
+			if err := c.Sync(ctx); err != nil && c.o.onSyncError != nil {
+				c.o.onSyncError(err)
+			}
+			cancel()
+		}
+	}
+}
+
+// Close stops the background sync and, in LocalAggregation mode, flushes
+// what this server counted, so the fleet's total stays right after it
+// leaves. It is safe to call twice.
+func (c *Ceiling) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		if c.stop != nil {
+			close(c.stop)
+			<-c.done
+		}
+		if c.o.mode == LocalAggregation {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			err = c.Sync(ctx)
+		}
+	})
+	return err
+}
