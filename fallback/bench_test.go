@@ -1,0 +1,126 @@
+package fallback_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/faultproxy"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// latencies collects per-decision wall times and reports p50/p99.
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B) {
+	if len(l) == 0 {
+		return
+	}
+	slices.Sort(l)
+	pct := func(p float64) float64 { return float64(l[int(float64(len(l)-1)*p)].Nanoseconds()) }
+	b.ReportMetric(pct(0.50), "p50-ns")
+	b.ReportMetric(pct(0.99), "p99-ns")
+}
+
+// BenchmarkDecisionLatency measures one decision through fallback.Store
+// over a real redis-server on loopback (behind the fault proxy) in three
+// states: Redis healthy, Redis stalled with the breaker open, and Redis
+// recovering (the stall lifted, the breaker half-open, probes and the
+// reconcile pass in flight). "memory" is a bare MemoryStore for reference.
+//
+//	go test -run '^$' -bench DecisionLatency -benchtime 20000x ./fallback/
+func BenchmarkDecisionLatency(b *testing.B) {
+	srv := redistest.Start(b)
+	proxy, err := faultproxy.NewProxy(srv.Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proxy.Close()
+	opt := &redis.Options{Addr: proxy.Addr()}
+	fallback.TuneOptions(opt)
+	client := redis.NewClient(opt)
+	defer client.Close()
+	policy := ratelimit.Policy{Limit: 1_000_000_000, Period: time.Hour}
+	items := []ratelimit.Item{{Scope: "api", Key: "k", Policy: policy, Cost: 1}}
+	out := make([]spillway.Decision, 1)
+	ctx := context.Background()
+
+	newStore := func(b *testing.B, openTimeout time.Duration) *fallback.Store {
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{
+			Budget: 50 * time.Millisecond, OpenTimeout: openTimeout,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return st
+	}
+	run := func(b *testing.B, st ratelimit.Store, n int, lat *latencies) {
+		for i := 0; i < n; i++ {
+			items[0].Key = "k" + strconv.Itoa(i%1000)
+			start := time.Now()
+			if _, err := st.Decide(ctx, items, out); err != nil {
+				b.Fatal(err)
+			}
+			*lat = append(*lat, time.Since(start))
+		}
+	}
+
+	b.Run("memory", func(b *testing.B) {
+		lat := make(latencies, 0, b.N)
+		run(b, ratelimit.NewMemoryStore(), b.N, &lat)
+		lat.report(b)
+	})
+	b.Run("healthy", func(b *testing.B) {
+		st := newStore(b, time.Hour)
+		lat := make(latencies, 0, b.N)
+		run(b, st, b.N, &lat)
+		lat.report(b)
+		// Calls over the budget on a loaded machine are decided locally.
+		b.ReportMetric(float64(st.Stats().Degraded), "degraded")
+	})
+	b.Run("stalled_open", func(b *testing.B) {
+		st := newStore(b, time.Hour)
+		_ = proxy.SetMode(faultproxy.Stall)
+		defer func() { _ = proxy.SetMode(faultproxy.Pass) }()
+		var warm latencies
+		run(b, st, 5, &warm) // K failures, each costs the budget, open the breaker
+		if st.State() != fallback.Open {
+			b.Fatalf("breaker %v after 5 stalled calls", st.State())
+		}
+		b.ResetTimer()
+		lat := make(latencies, 0, b.N)
+		run(b, st, b.N, &lat)
+		lat.report(b)
+	})
+	b.Run("recovering", func(b *testing.B) {
+		// Each cycle: refuse connections (Redis down), open the breaker,
+		// accept again, wait for half-open, then measure the next 200
+		// decisions: the probes (on fresh connections), local decisions
+		// while the probes are out, the reconcile pass, the closed breaker.
+		st := newStore(b, 10*time.Millisecond)
+		lat := make(latencies, 0, b.N)
+		var warm latencies
+		for done := 0; done < b.N; {
+			b.StopTimer()
+			_ = proxy.SetMode(faultproxy.Refuse)
+			for st.State() != fallback.Open {
+				run(b, st, 1, &warm)
+			}
+			run(b, st, 20, &warm) // local admissions to reconcile
+			_ = proxy.SetMode(faultproxy.Pass)
+			time.Sleep(15 * time.Millisecond)
+			b.StartTimer()
+			n := min(b.N-done, 200)
+			run(b, st, n, &lat)
+			done += n
+		}
+		lat.report(b)
+	})
+}
