@@ -27,6 +27,11 @@ type Throttle struct {
 	rand  func() float64
 	mu    sync.Mutex
 	ring  []bucket
+	cur   int64 // the newest bucket index seen; the window ends there
+	req   int64 // sums over the buckets in the window
+	acc   int64
+	// scratch absorbs counts at times older than the window.
+	scratch bucket
 }
 
 type bucket struct {
@@ -69,7 +74,7 @@ func (t *Throttle) Allow() bool { return t.AllowAt(t.now()) }
 func (t *Throttle) AllowAt(now time.Time) bool {
 	t.mu.Lock()
 	p := t.probability(now)
-	t.current(now).requests++
+	t.add(now, 1, 0)
 	t.mu.Unlock()
 	return p <= 0 || t.rand() >= p
 }
@@ -82,7 +87,7 @@ func (t *Throttle) Accepted() { t.AcceptedAt(t.now()) }
 // overloaded or throttled.
 func (t *Throttle) AcceptedAt(now time.Time) {
 	t.mu.Lock()
-	t.current(now).accepts++
+	t.add(now, 0, 1)
 	t.mu.Unlock()
 }
 
@@ -114,14 +119,19 @@ func (t *Throttle) probability(now time.Time) float64 {
 	return p
 }
 
-// counts sums the buckets in the window: the current bucket and the
-// len(ring)−1 before it.
+// counts returns the sums over the window that ends at now.
 func (t *Throttle) counts(now time.Time) (req, acc int64) {
-	cur := now.UnixNano() / t.width
-	lo := cur - int64(len(t.ring)) + 1
+	idx := now.UnixNano() / t.width
+	if idx >= t.cur {
+		t.advance(idx)
+		return t.req, t.acc
+	}
+	// A clock that went backwards: sum the buckets still in that window
+	// without moving the ring.
+	lo := idx - int64(len(t.ring)) + 1
 	for i := range t.ring {
 		b := &t.ring[i]
-		if b.idx >= lo && b.idx <= cur {
+		if b.idx >= lo && b.idx <= idx {
 			req += b.requests
 			acc += b.accepts
 		}
@@ -129,14 +139,54 @@ func (t *Throttle) counts(now time.Time) (req, acc int64) {
 	return req, acc
 }
 
-func (t *Throttle) current(now time.Time) *bucket {
-	cur := now.UnixNano() / t.width
+// advance moves the window to end at bucket idx >= t.cur, dropping the
+// buckets that leave it from the sums: amortized O(1) per call.
+func (t *Throttle) advance(idx int64) {
 	n := int64(len(t.ring))
-	b := &t.ring[((cur%n)+n)%n]
-	if b.idx != cur {
-		// A stale bucket is recycled. A clock that went backwards past a
-		// whole window finds a bucket from "the future" and resets it too.
-		*b = bucket{idx: cur}
+	if idx-t.cur >= n {
+		for i := range t.ring {
+			t.ring[i] = bucket{idx: -1}
+		}
+		t.req, t.acc = 0, 0
+		t.cur = idx
+		return
+	}
+	for i := t.cur + 1; i <= idx; i++ {
+		b := &t.ring[((i%n)+n)%n]
+		if b.idx >= 0 {
+			t.req -= b.requests
+			t.acc -= b.accepts
+		}
+		*b = bucket{idx: -1}
+	}
+	t.cur = idx
+}
+
+func (t *Throttle) add(now time.Time, req, acc int64) {
+	b := t.current(now)
+	if b == &t.scratch {
+		return
+	}
+	b.requests += req
+	b.accepts += acc
+	t.req += req
+	t.acc += acc
+}
+
+// current returns the bucket of now, for counting. Counts at a time before
+// the window's end go to that time's bucket if it is still in the ring and
+// are otherwise dropped (into a scratch bucket).
+func (t *Throttle) current(now time.Time) *bucket {
+	idx := now.UnixNano() / t.width
+	n := int64(len(t.ring))
+	if idx >= t.cur {
+		t.advance(idx)
+	} else if idx <= t.cur-n {
+		return &t.scratch
+	}
+	b := &t.ring[((idx%n)+n)%n]
+	if b.idx != idx {
+		*b = bucket{idx: idx}
 	}
 	return b
 }

@@ -1,0 +1,66 @@
+package shedder_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/shedder"
+)
+
+func BenchmarkWorkerAdmit(b *testing.B) {
+	w, err := shedder.NewWorker(1 << 30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.Run("serial", func(b *testing.B) {
+		r := spillway.Request{Priority: spillway.Critical}
+		b.ReportAllocs()
+		for b.Loop() {
+			_, done, _ := w.Admit(ctx, &r)
+			done(spillway.Success)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			r := spillway.Request{Priority: spillway.Critical}
+			for pb.Next() {
+				_, done, _ := w.Admit(ctx, &r)
+				done(spillway.Success)
+			}
+		})
+	})
+}
+
+// Admit never touches Redis; Refresh is one script round trip.
+func BenchmarkFleet(b *testing.B) {
+	srv := redistest.Start(b)
+	f, err := shedder.NewFleet(srv.Client(b), "bench", 1<<30, shedder.WithoutAutoRefresh(), shedder.WithTimeout(time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := f.Refresh(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("admit", func(b *testing.B) {
+		r := spillway.Request{Priority: spillway.Critical}
+		b.ReportAllocs()
+		for b.Loop() {
+			_, done, _ := f.Admit(ctx, &r)
+			done(spillway.Success)
+		}
+	})
+	b.Run("refresh", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := f.Refresh(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
