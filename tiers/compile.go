@@ -94,13 +94,17 @@ func compile(c *Config) (*compiled, error) {
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		where := func(field string) string {
-			if field != "" {
+			if r.Line > 0 {
 				return field
 			}
+			name := fmt.Sprintf("rule %d", i+1)
 			if r.ID != "" {
-				return fmt.Sprintf("rule %q", r.ID)
+				name = fmt.Sprintf("rule %q", r.ID)
 			}
-			return fmt.Sprintf("rule %d", i+1)
+			if field == "" {
+				return name
+			}
+			return name + ": " + field
 		}
 		if err := checkEndpoint(r.Endpoint); err != nil {
 			return nil, c.errAt(r.Line, where(fmt.Sprintf("endpoint %q", r.Endpoint)), "%s", err)
@@ -132,7 +136,7 @@ func compile(c *Config) (*compiled, error) {
 			}
 		}
 		if r.Fail > FailClosed {
-			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d", r.Fail)
+			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d (want FailOpen or FailClosed)", uint8(r.Fail))
 		}
 		hasBucket := r.Bucket != (Bucket{})
 		switch {

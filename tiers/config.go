@@ -140,6 +140,9 @@ func ParseBucket(s string) (Bucket, error) {
 	}
 	unit := strings.TrimSpace(per[i:])
 	d, ok := units[unit]
+	if !ok && strings.Contains(unit, "burst") {
+		return b, fmt.Errorf("want \", burst N\" after the rate (with a comma), got %q", text)
+	}
 	if !ok {
 		if unit == "" {
 			return b, fmt.Errorf("missing unit after %q (want second, minute, hour or day)", per)

@@ -64,6 +64,9 @@ func (m *matcher) match(path string) bool {
 	if !m.wild {
 		return path == m.exact
 	}
+	if path == "" || path[0] != '/' {
+		return false
+	}
 	rest := path
 	for _, seg := range m.segs {
 		if rest == "" || rest[0] != '/' {
