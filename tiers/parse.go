@@ -94,8 +94,8 @@ func parse(name string, data []byte) (*Config, error) {
 }
 
 type parser struct {
-	file            string
-	nodes           int
+	file      string
+	nodes     int
 	sawLimits bool
 }
 
