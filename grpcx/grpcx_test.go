@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/shedder"
+	"github.com/spillway-go/spillway/tiers"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -161,6 +162,7 @@ func TestUnaryCodes(t *testing.T) {
 		{"invalid", spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil, nil, codes.InvalidArgument, 0},
 		{"store down open", spillway.Decision{}, storeDown, nil, codes.OK, 0},
 		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(grpcx.FailClosed)}, codes.Unavailable, time.Second},
+		{"store down, fail-closed tiers rule", spillway.Decision{}, &tiers.StoreError{Fail: tiers.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
 		{"invalid cost", spillway.Decision{Allowed: true}, nil, []grpcx.Option{grpcx.WithCost(func(context.Context, string) int64 { return -2 })}, codes.InvalidArgument, 0},
 	}
 	for _, tc := range cases {
@@ -302,7 +304,7 @@ func TestClientRetriesRetryInfo(t *testing.T) {
 		}
 		return spillway.Decision{Allowed: true, Limiter: "per_ip", Limit: 1}, nil
 	}}
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithBackoff(clientside.Backoff{Jitter: -1}))))
+	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithBackoff(clientside.Backoff{Jitter: -1}), grpcx.WithoutThrottle())))
 	start := time.Now()
 	_, err := check(shedder.NewContext(context.Background(), spillway.SheddablePlus), conn)
 	require.NoError(t, err)

@@ -142,7 +142,8 @@ func WithUser(f func(ctx context.Context) string) Option {
 }
 
 // WithFailMode sets what happens when the limiter returns an error
-// (default FailOpen). Server only.
+// (default FailOpen). A *tiers.StoreError for a call that matched a
+// fail-closed rule is denied whatever the mode. Server only.
 func WithFailMode(m FailMode) Option {
 	return func(c *config) { c.failMode = m }
 }

@@ -2,6 +2,7 @@ package grpcx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/shedder"
+	"github.com/spillway-go/spillway/tiers"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -163,7 +165,8 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, metad
 		if s.c.onError != nil {
 			s.c.onError(ctx, method, err)
 		}
-		if s.c.failMode == FailClosed {
+		var se *tiers.StoreError
+		if s.c.failMode == FailClosed || (errors.As(err, &se) && se.Fail == tiers.FailClosed) {
 			return spillway.Noop, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
 		}
 		return spillway.Noop, nil, nil

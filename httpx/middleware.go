@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/shedder"
+	"github.com/spillway-go/spillway/tiers"
 )
 
 // Middleware returns net/http middleware that admits every request through
@@ -45,7 +46,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if c.onError != nil {
 			c.onError(r, err)
 		}
-		if c.failMode == FailClosed {
+		if failClosed(c.failMode, err) {
 			h.deny(w, r, spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}, "")
 			return
 		}
@@ -91,6 +92,17 @@ func PatternPath(pattern string) string {
 		pattern = pattern[i:]
 	}
 	return pattern
+}
+
+// failClosed reports whether a limiter error denies: when the mode says so,
+// or when the error is a tiers.StoreError for a request that matched a
+// fail-closed rule (login, say).
+func failClosed(m FailMode, err error) bool {
+	if m == FailClosed {
+		return true
+	}
+	var se *tiers.StoreError
+	return errors.As(err, &se) && se.Fail == tiers.FailClosed
 }
 
 // outcome maps how a response ended to what adaptive limiters learn.

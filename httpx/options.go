@@ -145,7 +145,8 @@ func WithSkip(skip func(*http.Request) bool) Option {
 }
 
 // WithFailMode sets what happens when the limiter returns an error
-// (default FailOpen).
+// (default FailOpen). A *tiers.StoreError for a request that matched a
+// fail-closed rule is answered 503 whatever the mode.
 func WithFailMode(m FailMode) Option {
 	return func(c *config) { c.failMode = m }
 }
