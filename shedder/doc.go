@@ -20,7 +20,8 @@
 //
 // Both shedders implement spillway.Limiter. A denial has Reason
 // spillway.ReasonShed (answered with 503 by the adapters) and a RetryAfter.
-// Neither touches the network inside Admit.
+// Neither waits on the network inside Admit, and Admit never returns an
+// error.
 //
 // The shortest use:
 //
