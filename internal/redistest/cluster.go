@@ -443,3 +443,51 @@ func field(info, name string) string {
 	}
 	return ""
 }
+
+// WaitReplicated waits until every replica connected to a live primary has
+// acknowledged all of that primary's writes (its offset has reached the
+// primary's master_repl_offset), so that a failover after it loses nothing
+// written before it.
+func (c *Cluster) WaitReplicated(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	for {
+		behind := ""
+		for _, s := range c.Live() {
+			v, err := s.Do(ctx, "INFO", "replication")
+			if err != nil {
+				behind = fmt.Sprintf("%s: %v", s.Addr, err)
+				break
+			}
+			info, _ := v.(string)
+			if !strings.Contains(info, "role:master") {
+				continue
+			}
+			want, _ := strconv.ParseInt(field(info, "master_repl_offset"), 10, 64)
+			for i := 0; ; i++ {
+				line := field(info, "slave"+strconv.Itoa(i))
+				if line == "" {
+					break
+				}
+				for _, kv := range strings.Split(line, ",") {
+					if off, ok := strings.CutPrefix(kv, "offset="); ok {
+						if n, _ := strconv.ParseInt(off, 10, 64); n < want {
+							behind = fmt.Sprintf("%s: replica %d at offset %d of %d", s.Addr, i, n, want)
+						}
+					}
+				}
+			}
+		}
+		if behind == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redistest: replicas not in sync: %s (%w)", behind, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

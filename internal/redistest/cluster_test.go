@@ -54,6 +54,9 @@ func TestClusterStartFailover(t *testing.T) {
 		t.Fatalf("slot %d out of range", a)
 	}
 
+	if err := c.WaitReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// Kill the primary of one key; its replica takes over and the same
 	// client carries on without being rebuilt.
 	slot, err := c.KeySlot(ctx, "k:{0}")
@@ -81,8 +84,12 @@ func TestClusterStartFailover(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := cc.Incr(ctx, "k:{0}").Err()
+		n, err := cc.Incr(ctx, "k:{0}").Result()
 		if err == nil {
+			// The write before the kill was replicated: 0 + 1.
+			if n != 1 {
+				t.Fatalf("after failover k:{0} = %d, want 1", n)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
