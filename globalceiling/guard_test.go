@@ -23,7 +23,10 @@ type countingDriver struct {
 	opens, execs, queries atomic.Int64
 }
 
-func (d *countingDriver) Open(string) (driver.Conn, error) { d.opens.Add(1); return &countingConn{d}, nil }
+func (d *countingDriver) Open(string) (driver.Conn, error) {
+	d.opens.Add(1)
+	return &countingConn{d}, nil
+}
 
 type countingConn struct{ d *countingDriver }
 
@@ -65,7 +68,7 @@ func openCounting(t *testing.T) (*sql.DB, *countingDriver) {
 type connector struct{ d *countingDriver }
 
 func (c connector) Connect(context.Context) (driver.Conn, error) { return c.d.Open("") }
-func (c connector) Driver() driver.Driver                         { return c.d }
+func (c connector) Driver() driver.Driver                        { return c.d }
 
 func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 	srv := redistest.Start(t)
