@@ -403,3 +403,35 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 	t.Logf("failover to %s: %d decisions, %d degraded; promotion %v after the kill; shared-store gap %v (decisions kept flowing from the local share)",
 		promoted, len(samples), degraded, promotedAt.Sub(killed).Round(time.Millisecond), firstAfter.Sub(lastBefore).Round(time.Millisecond))
 }
+
+// SIGSTOP: the kernel still accepts connections, the server answers
+// nothing; SIGCONT: it answers again, and the breaker closes.
+func TestRedisPausedThenResumed(t *testing.T) {
+	b := newBed(t)
+	budget := 50 * time.Millisecond
+	st := b.fallback(t, fallback.Settings{Budget: budget, OpenTimeout: 200 * time.Millisecond, LedgerSize: -1})
+	b.warm(t)
+	if err := b.srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		d := decide(t, st, "api", "k", hourly, 1)
+		if el := time.Since(start); el > budget+tolerance || !d.Degraded || !d.Allowed {
+			t.Fatalf("call %d while paused: %+v after %v; want the local share within the budget", i, d, el)
+		}
+	}
+	if st.State() != fallback.Open {
+		t.Fatalf("breaker %v; want open", st.State())
+	}
+	if err := b.srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the breaker to close", func() bool {
+		decide(t, st, "api", "k", hourly, 1)
+		return st.State() == fallback.Closed
+	})
+	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded || !d.Allowed {
+		t.Fatalf("after resume %+v; want decided by Redis", d)
+	}
+}

@@ -54,7 +54,7 @@ type storeStats struct {
 
 // Stats counts what a Store did since it was created.
 type Stats struct {
-	Calls      int64 // Decide calls that went to the inner store
+	Calls      int64 // Decide calls the inner store answered
 	Degraded   int64 // Decide calls answered locally (breaker open or call failed)
 	CacheHits  int64 // Decide calls answered from the cache of denials
 	Reconciled int64 // units carried back to the inner store by reconcile
