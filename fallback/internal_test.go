@@ -128,7 +128,7 @@ func TestDenyCacheIsBounded(t *testing.T) {
 	p := ratelimit.Policy{Limit: 1, Period: time.Hour}
 	d := spillway.Decision{Reason: spillway.ReasonRateLimited, RetryAfter: time.Hour}
 	for i := 0; i < 1000; i++ {
-		c.add(itemKey{"s", string(rune('a' + i%26)) + strings.Repeat("x", i), p}, 1, 0, d)
+		c.add(itemKey{"s", string(rune('a'+i%26)) + strings.Repeat("x", i), p}, 1, 0, d)
 	}
 	if got := c.len(); got > 16 {
 		t.Fatalf("cache holds %d entries; want ≤ 16", got)
