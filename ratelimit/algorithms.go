@@ -37,6 +37,20 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
+// limits are a policy's numbers in µs, computed once per policy (a Limiter
+// keeps them) so the hot path does no division it can avoid.
+type limits struct {
+	L, P, B  int64 // Limit, Period in µs, EffectiveBurst
+	T, tau   int64 // EmissionInterval, B·T
+	capacity int64 // Policy.Capacity
+}
+
+func (p Policy) limits() limits {
+	T := p.EmissionInterval()
+	B := p.EffectiveBurst()
+	return limits{L: p.Limit, P: p.Period.Microseconds(), B: B, T: T, tau: satMul(B, T), capacity: p.Capacity()}
+}
+
 // outcome is one algorithm's verdict, in µs; decision() turns it into the
 // public spillway.Decision.
 type outcome struct {
@@ -51,10 +65,14 @@ type outcome struct {
 // decision builds the public decision. Durations are rounded UP to whole
 // milliseconds (a caller that waits RetryAfter is never early).
 func (o outcome) decision(scope string, p Policy) spillway.Decision {
+	return o.decisionCap(scope, p.Capacity())
+}
+
+func (o outcome) decisionCap(scope string, capacity int64) spillway.Decision {
 	d := spillway.Decision{
 		Allowed:    o.allowed,
 		Limiter:    scope,
-		Limit:      p.Capacity(),
+		Limit:      capacity,
 		Remaining:  o.remaining,
 		ResetAfter: ceilMillis(o.reset),
 		RetryAfter: ceilMillis(o.retry),
@@ -124,13 +142,11 @@ func stateTTL(reset int64) int64 {
 // state is full: TAT ≤ now behaves exactly like no state (TAT 0).
 // ---------------------------------------------------------------------------
 
-func bucketDecide(tat, now int64, p Policy, n int64) (o outcome, newTAT int64) {
+func bucketDecide(tat, now int64, p limits, n int64) (o outcome, newTAT int64) {
 	if now < 0 {
 		now = 0
 	}
-	T := p.EmissionInterval()
-	B := p.EffectiveBurst()
-	tau := satMul(B, T)
+	T, B, tau := p.T, p.B, p.tau
 	if lo := tat - tau; now < lo { // tat ≥ 0 and tau ≥ 0: no overflow
 		now = lo
 	}
@@ -164,12 +180,11 @@ func bucketDecide(tat, now int64, p Policy, n int64) (o outcome, newTAT int64) {
 // fixedState is the FixedWindow state: the window index and its count.
 type fixedState struct{ window, count int64 }
 
-func fixedDecide(st fixedState, now int64, p Policy, n int64) (outcome, fixedState) {
+func fixedDecide(st fixedState, now int64, p limits, n int64) (outcome, fixedState) {
 	if now < 0 {
 		now = 0
 	}
-	P := p.Period.Microseconds()
-	L := p.Limit
+	P, L := p.P, p.L
 	if lo := satMul(st.window, P); now < lo {
 		now = lo
 	}
@@ -229,12 +244,11 @@ func fixedDecide(st fixedState, now int64, p Policy, n int64) (outcome, fixedSta
 // counterState is the SlidingWindowCounter state.
 type counterState struct{ window, prev, cur int64 }
 
-func counterDecide(st counterState, now int64, p Policy, n int64) (outcome, counterState) {
+func counterDecide(st counterState, now int64, p limits, n int64) (outcome, counterState) {
 	if now < 0 {
 		now = 0
 	}
-	P := p.Period.Microseconds()
-	L := p.Limit
+	P, L := p.P, p.L
 	if lo := satMul(st.window, P); now < lo {
 		now = lo
 	}
@@ -301,12 +315,11 @@ func drain(p, m, P int64) int64 {
 // at which to append n entries when allowed.
 // ---------------------------------------------------------------------------
 
-func logDecide(ts []int64, now int64, p Policy, n int64) (o outcome, trim int, at int64) {
+func logDecide(ts []int64, now int64, p limits, n int64) (o outcome, trim int, at int64) {
 	if now < 0 {
 		now = 0
 	}
-	P := p.Period.Microseconds()
-	L := p.Limit
+	P, L := p.P, p.L
 	if len(ts) > 0 && now < ts[len(ts)-1] {
 		now = ts[len(ts)-1]
 	}

@@ -30,13 +30,13 @@ func (s *sim) apply(now, n int64) outcome {
 	var o outcome
 	switch s.p.Algorithm {
 	case FixedWindow:
-		o, s.fixed = fixedDecide(s.fixed, now, s.p, n)
+		o, s.fixed = fixedDecide(s.fixed, now, s.p.limits(), n)
 	case SlidingWindowCounter:
-		o, s.counter = counterDecide(s.counter, now, s.p, n)
+		o, s.counter = counterDecide(s.counter, now, s.p.limits(), n)
 	case SlidingWindowLog:
 		var trim int
 		var at int64
-		o, trim, at = logDecide(s.log, now, s.p, n)
+		o, trim, at = logDecide(s.log, now, s.p.limits(), n)
 		s.log = s.log[trim:]
 		if o.allowed {
 			for range n {
@@ -44,7 +44,7 @@ func (s *sim) apply(now, n int64) outcome {
 			}
 		}
 	default:
-		o, s.tat = bucketDecide(s.tat, now, s.p, n)
+		o, s.tat = bucketDecide(s.tat, now, s.p.limits(), n)
 	}
 	return o
 }
@@ -302,8 +302,8 @@ func FuzzAlgorithms(f *testing.F) {
 
 func TestBucketTimeGoingBackwardsIsClamped(t *testing.T) {
 	p := Policy{Limit: 10, Period: time.Second, Burst: 5} // T = 100ms, τ = 500ms
-	_, tat := bucketDecide(0, 1_000_000, p, 5)            // TAT = 1.5s
-	o, next := bucketDecide(tat, 0, p, 1)                 // clamped to 1s
+	_, tat := bucketDecide(0, 1_000_000, p.limits(), 5)   // TAT = 1.5s
+	o, next := bucketDecide(tat, 0, p.limits(), 1)        // clamped to 1s
 	if o.allowed || next != tat || o.remaining != 0 || o.reset != 500_000 || o.retry != 100_000 {
 		t.Fatalf("got %+v TAT %d", o, next)
 	}
@@ -318,19 +318,19 @@ func TestSaturatingArithmetic(t *testing.T) {
 	}
 	// A clock near the end of int64 saturates instead of wrapping.
 	p := Policy{Limit: 10, Period: time.Second}
-	o, tat := bucketDecide(0, math.MaxInt64-10, p, 10)
+	o, tat := bucketDecide(0, math.MaxInt64-10, p.limits(), 10)
 	if !o.allowed || tat != math.MaxInt64 {
 		t.Fatalf("got %+v TAT %d", o, tat)
 	}
-	if o, _ := fixedDecide(fixedState{}, math.MaxInt64, Policy{Algorithm: FixedWindow, Limit: 1, Period: 3 * time.Microsecond}, 1); !o.allowed || o.reset < 0 {
+	if o, _ := fixedDecide(fixedState{}, math.MaxInt64, Policy{Algorithm: FixedWindow, Limit: 1, Period: 3 * time.Microsecond}.limits(), 1); !o.allowed || o.reset < 0 {
 		t.Fatalf("fixed window at the end of time: %+v", o)
 	}
 }
 
 func TestNegativeNowIsTheEpoch(t *testing.T) {
 	p := Policy{Algorithm: FixedWindow, Limit: 2, Period: time.Second}
-	o1, st := fixedDecide(fixedState{}, -5, p, 1)
-	o2, _ := fixedDecide(fixedState{}, 0, p, 1)
+	o1, st := fixedDecide(fixedState{}, -5, p.limits(), 1)
+	o2, _ := fixedDecide(fixedState{}, 0, p.limits(), 1)
 	if o1 != o2 || st != (fixedState{0, 1}) {
 		t.Fatalf("%+v %+v %+v", o1, o2, st)
 	}

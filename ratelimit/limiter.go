@@ -22,6 +22,7 @@ type Limiter struct {
 	store  Store
 	mem    *MemoryStore // store, when it is a memory store: the allocation-free path
 	policy Policy
+	lim    limits // policy in µs
 	scope  string
 	hash   uint64 // the scope's hash in mem
 }
@@ -46,7 +47,7 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, scope: p.String()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
@@ -85,7 +86,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (spillway.Dec
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
-		return l.mem.decideOne(l.scope, l.hash, key, l.policy, n), nil
+		return l.mem.decideOne(l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n), nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision
@@ -220,7 +221,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	l := d.l
 	n := r.EffectiveCost()
 	if l.mem != nil {
-		return l.mem.decideOne(d.scope, d.hash, v, l.policy, n), spillway.Noop, nil
+		return l.mem.decideOne(d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n), spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision

@@ -278,7 +278,7 @@ type undo struct {
 // apply decides one item against e (nil: no state) and, when allowed with
 // a cost, writes the new state, creating the entry if needed. u, when not
 // nil, records how to roll the write back.
-func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) outcome {
+func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) outcome {
 	var o outcome
 	switch k.layout {
 	case layoutBucket:
@@ -287,7 +287,7 @@ func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) out
 			tat = e.a
 		}
 		var next int64
-		o, next = bucketDecide(tat, now, p, n)
+		o, next = bucketDecide(tat, now, *p, n)
 		if next != tat {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a = next
@@ -299,7 +299,7 @@ func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) out
 			st = fixedState{e.a, e.b}
 		}
 		var next fixedState
-		o, next = fixedDecide(st, now, p, n)
+		o, next = fixedDecide(st, now, *p, n)
 		if next != st {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a, e.b = next.window, next.count
@@ -311,7 +311,7 @@ func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) out
 			st = counterState{e.a, e.b, e.c}
 		}
 		var next counterState
-		o, next = counterDecide(st, now, p, n)
+		o, next = counterDecide(st, now, *p, n)
 		if next != st {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a, e.b, e.c = next.window, next.prev, next.cur
@@ -324,7 +324,7 @@ func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) out
 		}
 		var trim int
 		var at int64
-		o, trim, at = logDecide(ts, now, p, n)
+		o, trim, at = logDecide(ts, now, *p, n)
 		if trim > 0 { // expired entries: dropping them changes no decision
 			e.start += trim
 			if e.start == len(e.log) {
@@ -333,11 +333,11 @@ func (sh *shard) apply(e *entry, k *lookup, p Policy, n, now int64, u *undo) out
 		}
 		if o.allowed && n > 0 {
 			e = sh.prepareWrite(e, k, now, u)
-			e.appendLog(at, n, p.Limit)
+			e.appendLog(at, n, p.L)
 			if u != nil {
 				u.appended += int(n)
 			}
-			e.full = satAdd(at, p.Period.Microseconds())
+			e.full = satAdd(at, p.P)
 		}
 	}
 	return o
@@ -381,14 +381,14 @@ func (e *entry) appendLog(at, n, limit int64) {
 
 // decideOne is the single-item fast path (no validation: the Limiter
 // validated its policy and cost).
-func (s *MemoryStore) decideOne(scope string, scopeHash uint64, key string, p Policy, n int64) spillway.Decision {
+func (s *MemoryStore) decideOne(scope string, scopeHash uint64, key string, a Algorithm, p *limits, n int64) spillway.Decision {
 	now := s.now()
-	k := s.prepareH(scope, scopeHash, key, p.Algorithm)
+	k := s.prepareH(scope, scopeHash, key, a)
 	sh := &s.shards[k.shard]
 	sh.mu.Lock()
 	o := sh.apply(sh.find(&k), &k, p, n, now, nil)
 	sh.mu.Unlock()
-	return o.decision(scope, p)
+	return o.decisionCap(scope, p.capacity)
 }
 
 // batchStack is the batch size decided without allocating.
@@ -414,7 +414,8 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 		return true, nil
 	case 1:
 		it := &items[0]
-		out[0] = s.decideOne(it.Scope, s.scopeHash(it.Scope), it.Key, it.Policy, it.Cost)
+		lim := it.Policy.limits()
+		out[0] = s.decideOne(it.Scope, s.scopeHash(it.Scope), it.Key, it.Policy.Algorithm, &lim, it.Cost)
 		return out[0].Allowed, nil
 	}
 
@@ -445,8 +446,9 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 	for i := range items {
 		it := &items[i]
 		sh := &s.shards[lks[i].shard]
-		o := sh.apply(sh.find(&lks[i]), &lks[i], it.Policy, it.Cost, now, &undos[i])
-		out[i] = o.decision(it.Scope, it.Policy)
+		lim := it.Policy.limits()
+		o := sh.apply(sh.find(&lks[i]), &lks[i], &lim, it.Cost, now, &undos[i])
+		out[i] = o.decisionCap(it.Scope, lim.capacity)
 		allowed = allowed && o.allowed
 	}
 	for i := len(undos) - 1; i >= 0; i-- {
