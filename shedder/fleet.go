@@ -44,7 +44,9 @@ import (
 //
 // Allowed decisions carry Limit 0, so a chain's headers keep reporting the
 // client's own quota; denials carry the priority's threshold and what is
-// left below it.
+// left below it. A request that costs more than its priority's threshold of
+// the whole capacity could never be admitted and is denied with
+// spillway.ReasonCostExceedsLimit and no RetryAfter.
 //
 // A Fleet is safe for concurrent use. Refreshes start from Admit when the
 // estimate is older than the interval (in a goroutine, so Admit never
@@ -156,6 +158,10 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		}()
 	}
 	c, p := r.EffectiveCost(), r.Priority
+	if full := f.fullLimit(p); c > full {
+		// It could never be admitted, even by an idle fleet.
+		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: f.o.name, Limit: full}, spillway.Noop, nil
+	}
 	limit, degraded := f.limitFor(p, now)
 	own := f.localTotal.Add(c)
 	if usage := f.estimate(own, degraded); usage > limit {
@@ -190,11 +196,18 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 			capacity *= f.o.localShare
 		}
 	}
+	return f.threshold(p, capacity), degraded
+}
+
+// fullLimit is p's limit with the whole fleet's capacity.
+func (f *Fleet) fullLimit(p spillway.Priority) int64 { return f.threshold(p, float64(f.capacity)) }
+
+func (f *Fleet) threshold(p spillway.Priority, capacity float64) int64 {
 	t := f.thresh[p]
 	if math.IsInf(t, 1) || t*capacity >= math.MaxInt64/2 {
-		return math.MaxInt64 / 2, degraded
+		return math.MaxInt64 / 2
 	}
-	return int64(math.Floor(t*capacity + 1e-9)), degraded
+	return int64(math.Floor(t*capacity + 1e-9))
 }
 
 // Refresh reports this server's in-flight work to Redis and reads the

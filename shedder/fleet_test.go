@@ -107,6 +107,17 @@ func TestFleetSharedUsage(t *testing.T) {
 		t.Fatalf("a's view %+v, want usage 566", s)
 	}
 	runFleet(t, a, []fleetStep{{spillway.Sheddable, 1, false, 0}, {spillway.Critical, 1, false, 0}})
+	// Dearer than the threshold of the whole capacity: never admissible.
+	for _, c := range []struct {
+		p     spillway.Priority
+		cost  int64
+		limit int64
+	}{{spillway.Sheddable, 81, 80}, {spillway.Critical, 101, 100}} {
+		d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: c.p, Cost: c.cost})
+		if want := (spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "fleet", Limit: c.limit}); d != want {
+			t.Fatalf("%v cost %d: %+v, want %+v", c.p, c.cost, d, want)
+		}
+	}
 
 	// b crashes (stops reporting). 2s after its last report its 20 no
 	// longer count; a and c keep reporting meanwhile.
@@ -218,6 +229,11 @@ func TestFleetDegraded(t *testing.T) {
 		if err != nil || d.Allowed != s.allowed || !d.Degraded {
 			t.Fatalf("degraded step %d: %+v, %v; want allowed=%v, degraded", i, d, err, s.allowed)
 		}
+	}
+	// Dearer than the degraded share but not than the fleet: shed for
+	// now, not "never".
+	if d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical, Cost: 60}); d.Reason != spillway.ReasonShed || d.RetryAfter != time.Second || !d.Degraded {
+		t.Fatalf("degraded cost 60: %+v, want shed with a RetryAfter", d)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)

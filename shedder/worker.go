@@ -58,7 +58,9 @@ const maxLevel = float64(spillway.NumPriorities)
 // Sheddable and SheddablePlus work is admitted only while total in-flight
 // work stays within capacity×(1−reserve) (default reserve 0.2, kept for
 // Critical work), Critical work while it stays within capacity, and
-// CriticalPlus work is not capped (it is shed only by L). Allowed decisions
+// CriticalPlus work is not capped (it is shed only by L). A request that
+// costs more than its cap could never be admitted and is denied with
+// spillway.ReasonCostExceedsLimit and no RetryAfter. Allowed decisions
 // carry Limit 0, so a chain's headers keep reporting the client's own
 // quota; denials carry the capacity and what is left of it.
 //
@@ -115,6 +117,10 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 	w.maybeTick(now)
 	c := r.EffectiveCost()
 	p := r.Priority
+	if c > w.caps[p] {
+		// It could never be admitted: say so instead of "retry later".
+		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: w.o.name, Limit: w.caps[p]}, spillway.Noop, nil
+	}
 	w.offered[p].Add(c)
 	if q := w.ShedProbability(p); q > 0 && (q >= 1 || w.o.rand() < q) {
 		return w.deny(w.inflight.Load()), spillway.Noop, nil

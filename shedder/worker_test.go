@@ -160,3 +160,64 @@ func TestWorkerLevelSteps(t *testing.T) {
 }
 
 func criticalPlus() *spillway.Request { return &spillway.Request{Priority: spillway.CriticalPlus} }
+
+// A request dearer than its priority's cap can never be admitted: it is
+// denied as such, with no RetryAfter, and leaves no trace.
+func TestWorkerCostExceedsLimit(t *testing.T) {
+	w, err := shedder.NewWorker(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		p     spillway.Priority
+		cost  int64
+		limit int64
+	}{
+		{spillway.Sheddable, 9, 8},
+		{spillway.SheddablePlus, 9, 8},
+		{spillway.Critical, 11, 10},
+	}
+	for _, c := range cases {
+		d, _, err := w.Admit(context.Background(), &spillway.Request{Priority: c.p, Cost: c.cost})
+		want := spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "worker", Limit: c.limit}
+		if err != nil || d != want {
+			t.Errorf("%v cost %d: %+v, %v; want %+v", c.p, c.cost, d, err, want)
+		}
+	}
+	if d, done, _ := w.Admit(context.Background(), &spillway.Request{Priority: spillway.CriticalPlus, Cost: 1000}); !d.Allowed {
+		t.Errorf("critical_plus cost 1000: %+v, want allowed (no cap)", d)
+	} else {
+		done(spillway.Success)
+	}
+	if w.InFlight() != 0 {
+		t.Fatalf("in flight %d, want 0", w.InFlight())
+	}
+}
+
+// Time going backwards neither ticks nor breaks the next tick.
+func TestWorkerTimeGoesBackwards(t *testing.T) {
+	clk := newClock()
+	util := 0.95
+	w, err := shedder.NewWorker(100, shedder.WithClock(clk.Now), shedder.WithSource(shedder.SourceFunc(func() (float64, error) { return util, nil })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admit := func() {
+		_, done, _ := w.Admit(context.Background(), criticalPlus())
+		done(spillway.Success)
+	}
+	admit() // first tick: up
+	if w.Level() != 0.25 {
+		t.Fatalf("level %v, want 0.25", w.Level())
+	}
+	clk.Advance(-time.Hour)
+	admit() // before the next tick: nothing moves
+	if w.Level() != 0.25 {
+		t.Fatalf("level %v after time went back, want 0.25", w.Level())
+	}
+	clk.Advance(time.Hour + 100*time.Millisecond)
+	admit()
+	if w.Level() != 0.5 {
+		t.Fatalf("level %v at the next tick, want 0.5", w.Level())
+	}
+}
