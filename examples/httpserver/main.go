@@ -1,0 +1,288 @@
+// Command httpserver is a demo API behind the whole spillway chain: rate
+// tiers from a YAML file, a per-client concurrency limit, the fleet and
+// worker load shedders and, with Redis, a global ceiling in front of the
+// (pretend) database. With -redis the Redis-backed blocks are wrapped in the
+// fallback, so a stalled Redis degrades to a local share of every limit
+// instead of failing.
+//
+//	go run ./examples/httpserver                        # in-memory
+//	go run ./examples/httpserver -redis 127.0.0.1:6379  # shared state in Redis
+//
+// Routes: POST /api/v1/login, GET /api/v1/search, POST /api/v1/posts,
+// GET /healthz (never limited). Identity: user from X-User-ID, API key from
+// X-API-Key, IP from the peer. Try:
+//
+//	for i in $(seq 7); do curl -si -XPOST -H 'X-User-ID: ann' localhost:8080/api/v1/login | head -1; done
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/globalceiling"
+	"github.com/spillway-go/spillway/httpx"
+	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/shedder"
+	"github.com/spillway-go/spillway/telemetry"
+	"github.com/spillway-go/spillway/tiers"
+)
+
+// defaultLimits is limits.yaml beside this file, so that `go run
+// ./examples/httpserver` works from any directory.
+//
+//go:embed limits.yaml
+var defaultLimits []byte
+
+// Demo sizes: small enough to see every block answer from a shell loop.
+const (
+	perIPConcurrency = 20   // requests in flight per client IP
+	fleetCapacity    = 512  // requests in flight across the fleet
+	workerCapacity   = 128  // requests in flight in this server
+	dbCeiling        = 2000 // database calls per second across the fleet
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "httpserver:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx ends. ready, when set, receives the address it
+// listens on (tests pass -addr 127.0.0.1:0).
+func run(ctx context.Context, args []string, out io.Writer, ready func(addr string)) error {
+	fs := flag.NewFlagSet("httpserver", flag.ContinueOnError)
+	fs.SetOutput(out)
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
+	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
+	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	var cfg *tiers.Config
+	var err error
+	if *config == "" {
+		cfg, err = tiers.Parse("limits.yaml", defaultLimits)
+	} else {
+		cfg, err = tiers.ParseFile(*config)
+	}
+	if err != nil {
+		return err
+	}
+
+	b, err := build(ctx, cfg, *redisAddr)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	mw := httpx.Middleware(b.chain,
+		httpx.WithPriority(shedder.ClassifyHTTP),
+		httpx.WithUser(func(r *http.Request) string { return r.Header.Get("X-User-ID") }),
+		httpx.WithAPIKeyHeader("X-API-Key"),
+		httpx.WithIETFHeaders(),
+	)
+	mux := http.NewServeMux()
+	var posts atomic.Int64
+	mux.Handle("POST /api/v1/login", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"token": "demo-token-for-" + r.Header.Get("X-User-ID")})
+	})))
+	mux.Handle("GET /api/v1/search", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"query": r.URL.Query().Get("q"), "results": []string{}})
+	})))
+	mux.Handle("POST /api/v1/posts", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusCreated, map[string]int64{"id": posts.Add(1)})
+	})))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "degraded": b.degraded()})
+	})
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(out, "spillway demo API listening on http://%s (%s)\n", ln.Addr(), b.describe)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// blocks is the assembled chain and what must be closed.
+type blocks struct {
+	chain    spillway.Limiter
+	describe string
+	degraded func() bool
+	closers  []func()
+}
+
+func (b *blocks) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, error) {
+	b := &blocks{degraded: func() bool { return false }}
+	worker, err := shedder.NewWorker(workerCapacity, shedder.WithName("worker"))
+	if err != nil {
+		return nil, err
+	}
+
+	if redisAddr == "" {
+		rate, err := tiers.New(cfg, ratelimit.NewMemoryStore(), tiers.WithName("tiers"))
+		if err != nil {
+			return nil, err
+		}
+		conc, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency, concurrency.WithName("per_ip_concurrency"))
+		if err != nil {
+			return nil, err
+		}
+		// The fleet shedder and the global ceiling share state across
+		// servers through Redis; a single in-memory server has neither.
+		b.chain = telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "api")
+		b.describe = "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
+		return b, nil
+	}
+
+	opt := &redis.Options{Addr: redisAddr}
+	fallback.TuneOptions(opt) // millisecond timeouts: a slow Redis costs a budget, not seconds
+	rdb := redis.NewClient(opt)
+	b.closers = append(b.closers, func() { rdb.Close() })
+	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pingCtx).Err(); err != nil {
+		b.close()
+		return nil, fmt.Errorf("redis %s: %w", redisAddr, err)
+	}
+
+	gauge := telemetry.NewBreakerGauge()
+	settings := func(name string) fallback.Settings {
+		return fallback.Settings{Name: name, OnStateChange: func(name string, _, to fallback.State) {
+			gauge.Record(context.Background(), name, telemetry.BreakerState(to))
+		}}
+	}
+
+	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
+	// local share); rules marked "fail: closed" deny while Redis is out.
+	var rate *tiers.Limiter
+	rs := settings("rate")
+	rs.Mode = func(scope string) fallback.Mode {
+		id, _, _ := strings.Cut(scope, "@") // tiers scopes are "rule-id@policy-digest"
+		if m, ok := rate.FailMode(id); ok && m == tiers.FailClosed {
+			return fallback.FailClosed
+		}
+		return fallback.FailOpen
+	}
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), rs)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	if rate, err = tiers.New(cfg, rateStore, tiers.WithName("tiers")); err != nil {
+		b.close()
+		return nil, err
+	}
+
+	// Per-IP concurrency: Stripe's sorted-set limiter in Redis, a local
+	// limiter with a fifth of the slots while Redis is out.
+	cstore, err := concurrency.NewRedisStore(rdb)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(50*time.Millisecond))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	clocal, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency/5, concurrency.WithName("per_ip_concurrency"))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), settings("concurrency"))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+
+	// Fleet shedder: degrades on its own (its share of the capacity) when
+	// Redis is out, so it needs no fallback wrapper.
+	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithName("fleet"))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.closers = append(b.closers, func() {
+		c, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		fleet.Close(c)
+	})
+
+	// Global ceiling in front of the database, behind a Guard that falls
+	// back to a local fifth of the ceiling.
+	ceiling, err := globalceiling.New(rdb, "demo-db", dbCeiling, time.Second, globalceiling.WithMode(globalceiling.Cached))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { ceiling.Close() })
+	local, err := globalceiling.NewLocalBucket(dbCeiling/5, time.Second)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	guard, err := globalceiling.NewGuard(ceiling, globalceiling.WithFallback(local), globalceiling.WithGuardName("db_ceiling"))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+
+	b.chain = telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker, guard), "api")
+	b.degraded = func() bool { return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed }
+	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
+	return b, nil
+}
