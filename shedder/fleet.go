@@ -150,13 +150,8 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
 	}
 	now := f.o.now().UnixNano()
-	if f.o.autoRefresh && now-f.lastTry.Load() >= int64(f.o.interval) && f.refreshing.CompareAndSwap(false, true) {
-		f.lastTry.Store(now)
-		go func() {
-			defer f.refreshing.Store(false)
-			_ = f.Refresh(context.Background())
-		}()
-	}
+	// After the decision, so that a refresh it starts can report it.
+	defer f.maybeRefresh(now)
 	c, p := r.EffectiveCost(), r.Priority
 	if full := f.fullLimit(p); c > full {
 		// It could never be admitted, even by an idle fleet.
@@ -181,6 +176,18 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		f.local[p].Add(-c)
 		f.localTotal.Add(-c)
 	}), nil
+}
+
+// maybeRefresh starts a background refresh when the last one started an
+// interval ago or more and none is running.
+func (f *Fleet) maybeRefresh(now int64) {
+	if f.o.autoRefresh && now-f.lastTry.Load() >= int64(f.o.interval) && f.refreshing.CompareAndSwap(false, true) {
+		f.lastTry.Store(now)
+		go func() {
+			defer f.refreshing.Store(false)
+			_ = f.Refresh(context.Background())
+		}()
+	}
 }
 
 // limitFor returns the usage limit of priority p and whether this is
