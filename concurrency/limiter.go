@@ -126,6 +126,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 		}
 		return d, spillway.Noop, nil
 	}
+	if _, local := l.store.(*MemoryStore); local {
+		// A memory release cannot block: no timeout context needed.
+		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(ctx, l.o.name, key, id) }), nil
+	}
 	return d, spillway.Once(func(spillway.Outcome) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.releaseTimeout)
 		defer cancel()
