@@ -124,3 +124,38 @@ func BenchmarkDecisionLatency(b *testing.B) {
 		lat.report(b)
 	})
 }
+
+// BenchmarkOpenBreaker compares a decision through an open breaker (the
+// local share) with a bare MemoryStore, over 1000 keys, in parallel.
+//
+//	go test -run '^$' -bench OpenBreaker -benchmem ./fallback/
+func BenchmarkOpenBreaker(b *testing.B) {
+	policy := ratelimit.Policy{Limit: 1_000_000_000, Period: time.Hour}
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	bench := func(b *testing.B, st ratelimit.Store) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			items := []ratelimit.Item{{Scope: "api", Policy: policy, Cost: 1}}
+			out := make([]spillway.Decision, 1)
+			i := 0
+			for pb.Next() {
+				items[0].Key = keys[i%len(keys)]
+				i++
+				if _, err := st.Decide(context.Background(), items, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("memory", func(b *testing.B) { bench(b, ratelimit.NewMemoryStore()) })
+	b.Run("open", func(b *testing.B) {
+		st, err := fallback.NewStore(downStore{}, fallback.Settings{Failures: 1, OpenTimeout: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+}

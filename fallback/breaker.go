@@ -51,8 +51,9 @@ func stateOf(s gobreaker.State) State {
 func (b *breaker) state() State { return stateOf(b.cb.State()) }
 
 // call runs f under the breaker and the budget. It returns ErrOpen when the
-// breaker refused, the caller's cancellation as is (not counted), and any
-// other failure (the budget's deadline included) counted against the store.
+// breaker refused, the caller's cancellation as a *canceledError (not
+// counted), and any other failure (the budget's deadline included) counted
+// against the store.
 func (b *breaker) call(ctx context.Context, f func(ctx context.Context) error) error {
 	done, err := b.cb.Allow()
 	if err != nil {
@@ -61,6 +62,12 @@ func (b *breaker) call(ctx context.Context, f func(ctx context.Context) error) e
 	cctx, cancel := context.WithTimeout(ctx, b.set.Budget)
 	err = f(cctx)
 	cancel()
+	return b.finish(ctx, done, err)
+}
+
+// finish reports the outcome err of a call the breaker allowed (done) and
+// classifies it as call does; ctx is the caller's context.
+func (b *breaker) finish(ctx context.Context, done func(error), err error) error {
 	switch {
 	case err == nil:
 		done(nil)

@@ -1,6 +1,7 @@
 package fallback
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,11 +116,12 @@ func TestLedgerCarriesTheLastPeriod(t *testing.T) {
 			t.Errorf("%s: ledger not empty after take", c.name)
 		}
 	}
-	l := newLedger(1)
-	l.record(k, 1, 0)
-	l.record(itemKey{"api", "other", p}, 1, 0)
-	if got := l.skipped.Load(); got != 1 {
-		t.Fatalf("full ledger skipped %d; want 1", got)
+	l := newLedger(16) // one key per shard
+	for i := 0; i < 100; i++ {
+		l.record(itemKey{"api", strconv.Itoa(i), p}, 1, 0)
+	}
+	if got, skipped := l.size.Load(), l.skipped.Load(); got > 16 || got+skipped != 100 {
+		t.Fatalf("ledger holds %d keys, skipped %d; want ≤ 16 held, the rest skipped", got, skipped)
 	}
 }
 

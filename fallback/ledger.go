@@ -1,6 +1,7 @@
 package fallback
 
 import (
+	"hash/maphash"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -12,11 +13,16 @@ import (
 // without keeping a log. It is bounded: past its size, new keys are not
 // recorded (and counted in skipped).
 type ledger struct {
-	mu      sync.Mutex
-	m       map[itemKey]*usage
-	limit   int
+	seed    maphash.Seed
+	shards  [16]ledgerShard // sharded so that an outage's local decisions do not serialize on one lock
+	limit   int             // per shard
 	size    atomic.Int64
 	skipped atomic.Int64
+}
+
+type ledgerShard struct {
+	mu sync.Mutex
+	m  map[itemKey]*usage
 }
 
 type usage struct {
@@ -34,7 +40,20 @@ type charge struct {
 }
 
 func newLedger(limit int) *ledger {
-	return &ledger{m: make(map[itemKey]*usage), limit: limit}
+	l := &ledger{seed: maphash.MakeSeed(), limit: max(limit/16, 1)}
+	for i := range l.shards {
+		l.shards[i].m = make(map[itemKey]*usage)
+	}
+	return l
+}
+
+func (l *ledger) shard(k *itemKey) *ledgerShard {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	h.WriteString(k.scope)
+	h.WriteByte(0)
+	h.WriteString(k.key)
+	return &l.shards[h.Sum64()%uint64(len(l.shards))]
 }
 
 func (u *usage) roll(now int64) {
@@ -87,16 +106,17 @@ func (l *ledger) record(k itemKey, n, now int64) {
 	if n <= 0 {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	u, ok := l.m[k]
+	sh := l.shard(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	u, ok := sh.m[k]
 	if !ok {
-		if len(l.m) >= l.limit {
+		if len(sh.m) >= l.limit {
 			l.skipped.Add(1)
 			return
 		}
 		u = &usage{start: now, periodUS: max(k.policy.Period.Microseconds(), 1), capacity: k.policy.Capacity()}
-		l.m[k] = u
+		sh.m[k] = u
 		l.size.Add(1)
 	}
 	u.roll(now)
@@ -106,15 +126,18 @@ func (l *ledger) record(k itemKey, n, now int64) {
 
 // take empties the ledger and returns the keys with something to carry.
 func (l *ledger) take(now int64) []charge {
-	l.mu.Lock()
-	m := l.m
-	l.m = make(map[itemKey]*usage, len(m))
-	l.size.Store(0)
-	l.mu.Unlock()
-	out := make([]charge, 0, len(m))
-	for k, u := range m {
-		if c := u.carry(now); c > 0 {
-			out = append(out, charge{k: k, carry: c})
+	var out []charge
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		m := sh.m
+		sh.m = make(map[itemKey]*usage)
+		l.size.Add(-int64(len(m)))
+		sh.mu.Unlock()
+		for k, u := range m {
+			if c := u.carry(now); c > 0 {
+				out = append(out, charge{k: k, carry: c})
+			}
 		}
 	}
 	return out

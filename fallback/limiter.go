@@ -65,8 +65,7 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		}
 		return d, done, nil
 	}
-	var ce *canceledError
-	if errors.As(err, &ce) {
+	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return spillway.Decision{}, spillway.Noop, err
 	}
 	return l.degrade(ctx, r, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/spillway-go/spillway"
@@ -107,6 +108,10 @@ func (s *Store) now() int64 { return s.set.Clock().UnixMicro() }
 // smallBatch is the batch size decided without allocating.
 const smallBatch = 8
 
+// itemPool holds the scaled copies of small batches: a slice passed to the
+// local store's interface method would escape to the heap.
+var itemPool = sync.Pool{New: func() any { return new([smallBatch]ratelimit.Item) }}
+
 // Decide implements ratelimit.Store; see Store for what it adds.
 func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
 	if len(out) < len(items) {
@@ -127,12 +132,18 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		s.stats.cacheHits.Add(1)
 		return false, nil
 	}
+	// The breaker inline rather than through breaker.call: no closure to
+	// allocate on the hot path, and no context when the breaker is open.
 	var allowed bool
-	err := s.br.call(ctx, func(ctx context.Context) error {
-		var err error
-		allowed, err = s.inner.Decide(ctx, items, out)
-		return err
-	})
+	done, err := s.br.cb.Allow()
+	if err != nil {
+		err = ErrOpen
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, s.set.Budget)
+		allowed, err = s.inner.Decide(cctx, items, out)
+		cancel()
+		err = s.br.finish(ctx, done, err)
+	}
 	if err == nil {
 		s.stats.calls.Add(1)
 		if s.cache != nil && !allowed {
@@ -151,8 +162,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		}
 		return allowed, nil
 	}
-	var ce *canceledError
-	if errors.As(err, &ce) {
+	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return false, err
 	}
 	return s.decideLocal(ctx, items, out, err)
@@ -194,9 +204,15 @@ func (s *Store) answerFromCache(items []ratelimit.Item, out []spillway.Decision)
 // denies them (fail-closed items), all or nothing like any store.
 func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (bool, error) {
 	s.stats.degraded.Add(1)
-	var stack [smallBatch]ratelimit.Item
-	scaled := stack[:0]
-	if len(items) > smallBatch {
+	var scaled []ratelimit.Item
+	if len(items) <= smallBatch {
+		buf := itemPool.Get().(*[smallBatch]ratelimit.Item)
+		defer func() {
+			clear(buf[:]) // drop the strings
+			itemPool.Put(buf)
+		}()
+		scaled = buf[:0]
+	} else {
 		scaled = make([]ratelimit.Item, 0, len(items))
 	}
 	closed := false
