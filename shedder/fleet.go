@@ -225,8 +225,9 @@ func (f *Fleet) Refresh(ctx context.Context) error {
 }
 
 // Close removes this server's report, so its in-flight work stops counting
-// now rather than after the TTL. Admit keeps working (degraded once the
-// estimate goes stale) unless Refresh or Run report again.
+// now rather than after the TTL. Admit keeps working, degraded, until a
+// refresh reports again: Refresh, Run, or the refresh Admit starts by
+// itself unless WithoutAutoRefresh was given.
 func (f *Fleet) Close(ctx context.Context) error {
 	return f.report(ctx, 0)
 }
