@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/spillway-go/spillway"
@@ -177,8 +178,31 @@ func sameState(a, b *crule) bool {
 	return true
 }
 
-// batch is the per-request working set; small requests stay on the stack.
+// batchStack is the number of matching rules a request can have before
+// Admit allocates.
 const batchStack = 8
+
+// scratch is Admit's working set. The store is an interface, so buffers
+// on Admit's stack would escape to the heap on every call; a pool keeps
+// Admit allocation-light.
+type scratch struct {
+	items [batchStack]ratelimit.Item
+	rules [batchStack]*crule
+	out   [batchStack]spillway.Decision
+	used  int
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// release clears what the request left (so the pool pins no strings or
+// configs) and returns sc to the pool.
+func (sc *scratch) release() {
+	n := min(sc.used, batchStack)
+	clear(sc.items[:n])
+	clear(sc.rules[:n])
+	sc.used = 0
+	scratchPool.Put(sc)
+}
 
 // Match is one rule that applies to a request, with the store item Admit
 // decides for it.
@@ -329,23 +353,21 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
 	}
 	c := l.cur.Load()
-	var (
-		itemBuf [batchStack]ratelimit.Item
-		ruleBuf [batchStack]*crule
-		outBuf  [batchStack]spillway.Decision
-	)
-	items, rules, err := l.collect(ctx, c, r, itemBuf[:0], ruleBuf[:0])
+	sc := scratchPool.Get().(*scratch)
+	defer sc.release()
+	items, rules, err := l.collect(ctx, c, r, sc.items[:0], sc.rules[:0])
+	sc.used = len(items)
 	if err != nil {
 		return spillway.Decision{}, spillway.Noop, err
 	}
 	if len(items) == 0 {
 		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
-	out := outBuf[:0]
+	var out []spillway.Decision
 	if len(items) > batchStack {
 		out = make([]spillway.Decision, len(items))
 	} else {
-		out = outBuf[:len(items)]
+		out = sc.out[:len(items)]
 	}
 	shadows := 0
 	for _, ru := range rules {

@@ -1,0 +1,95 @@
+package tiers
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// The rates are high enough that nothing is denied: the benchmarks measure
+// the check, not the denial path.
+const (
+	benchOne = `
+limits:
+  - id: ip
+    endpoint: /api/v1/*
+    by: ip
+    bucket: 1000000/second
+`
+	benchThree = `
+limits:
+  - id: ip
+    endpoint: /api/v1/*
+    by: ip
+    bucket: 1000000/second
+  - id: user
+    endpoint: /api/v1/login
+    by: user
+    bucket: 1000000/second
+  - id: key
+    endpoint: /api/v1/*
+    by: api_key
+    bucket: 1000000/second, burst 500000
+`
+	benchUser = "limits:\n  - id: user\n    by: user\n    bucket: 1000000/second\n"
+	benchKey  = "limits:\n  - id: key\n    by: api_key\n    bucket: 1000000/second, burst 500000\n"
+)
+
+// benchRequests are 1024 distinct clients, reused so the loop does not
+// allocate requests.
+func benchRequests() []*spillway.Request {
+	rs := make([]*spillway.Request, 1024)
+	for i := range rs {
+		n := strconv.Itoa(i)
+		rs[i] = req("POST", "/api/v1/login", "ip", "10.0."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256), "user", "user-"+n, "api_key", "key-"+n)
+	}
+	return rs
+}
+
+func benchAdmit(b *testing.B, ls ...*Limiter) {
+	rs := benchRequests()
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := rs[i&1023]
+		for _, l := range ls {
+			d, _, err := l.Admit(ctx, r)
+			if err != nil || !d.Allowed {
+				b.Fatalf("%+v %v", d, err)
+			}
+		}
+	}
+}
+
+// BenchmarkRedis compares, against one real redis-server on loopback, a
+// single-rule check, a three-tier check (one Decide, one round trip) and
+// three single-rule checks in a row (three round trips).
+func BenchmarkRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	store := ratelimit.NewRedisStore(srv.Client(b))
+	one := mustLimiter(b, benchOne, store)
+	three := mustLimiter(b, benchThree, store)
+	user := mustLimiter(b, benchUser, store)
+	key := mustLimiter(b, benchKey, store)
+	b.Run("single", func(b *testing.B) { benchAdmit(b, one) })
+	b.Run("three-tier", func(b *testing.B) { benchAdmit(b, three) })
+	b.Run("three-sequential", func(b *testing.B) { benchAdmit(b, one, user, key) })
+}
+
+// BenchmarkMemory is the same comparison on the memory store: the cost of
+// matching and key building itself.
+func BenchmarkMemory(b *testing.B) {
+	store := ratelimit.NewMemoryStore()
+	one := mustLimiter(b, benchOne, store)
+	three := mustLimiter(b, benchThree, store)
+	user := mustLimiter(b, benchUser, store)
+	key := mustLimiter(b, benchKey, store)
+	b.Run("single", func(b *testing.B) { benchAdmit(b, one) })
+	b.Run("three-tier", func(b *testing.B) { benchAdmit(b, three) })
+	b.Run("three-sequential", func(b *testing.B) { benchAdmit(b, one, user, key) })
+}
