@@ -3,6 +3,8 @@ package fallback
 import (
 	"context"
 	"errors"
+	"sync/atomic"
+	"time"
 
 	"github.com/sony/gobreaker/v2"
 )
@@ -16,6 +18,10 @@ var errExcluded = errors.New("fallback: excluded")
 type breaker struct {
 	cb  *gobreaker.TwoStepCircuitBreaker[struct{}]
 	set Settings
+	// openUntil (Unix ns, 0 when not open) lets allow refuse without
+	// taking gobreaker's lock while the breaker is open: during an outage
+	// every request would otherwise serialize on it.
+	openUntil atomic.Int64
 }
 
 func newBreaker(s Settings) *breaker {
@@ -28,9 +34,14 @@ func newBreaker(s Settings) *breaker {
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= k },
 		IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
 	}
-	if s.OnStateChange != nil {
-		hook := s.OnStateChange
-		st.OnStateChange = func(name string, from, to gobreaker.State) {
+	hook := s.OnStateChange
+	st.OnStateChange = func(name string, from, to gobreaker.State) {
+		if to == gobreaker.StateOpen {
+			b.openUntil.Store(time.Now().Add(s.OpenTimeout).UnixNano())
+		} else {
+			b.openUntil.Store(0)
+		}
+		if hook != nil {
 			hook(name, stateOf(from), stateOf(to))
 		}
 	}
@@ -50,14 +61,26 @@ func stateOf(s gobreaker.State) State {
 
 func (b *breaker) state() State { return stateOf(b.cb.State()) }
 
+// allow is cb.Allow with a lock-free refusal while open.
+func (b *breaker) allow() (func(error), error) {
+	if u := b.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+		return nil, ErrOpen
+	}
+	done, err := b.cb.Allow()
+	if err != nil {
+		return nil, ErrOpen
+	}
+	return done, nil
+}
+
 // call runs f under the breaker and the budget. It returns ErrOpen when the
 // breaker refused, the caller's cancellation as a *canceledError (not
 // counted), and any other failure (the budget's deadline included) counted
 // against the store.
 func (b *breaker) call(ctx context.Context, f func(ctx context.Context) error) error {
-	done, err := b.cb.Allow()
+	done, err := b.allow()
 	if err != nil {
-		return ErrOpen
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.set.Budget)
 	err = f(cctx)

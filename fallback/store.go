@@ -135,10 +135,8 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	// The breaker inline rather than through breaker.call: no closure to
 	// allocate on the hot path, and no context when the breaker is open.
 	var allowed bool
-	done, err := s.br.cb.Allow()
-	if err != nil {
-		err = ErrOpen
-	} else {
+	done, err := s.br.allow()
+	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, s.set.Budget)
 		allowed, err = s.inner.Decide(cctx, items, out)
 		cancel()
