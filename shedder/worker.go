@@ -269,3 +269,9 @@ func (w *Worker) tick(now time.Time) {
 	w.last = now
 	w.next.Store(now.Add(w.o.tick).UnixNano())
 }
+
+var (
+	_ spillway.Limiter = (*Worker)(nil)
+	_ spillway.Limiter = (*Fleet)(nil)
+	_ Source           = (*CgroupCPU)(nil)
+)
