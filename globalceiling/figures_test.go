@@ -21,7 +21,8 @@ import (
 //	go test -run '^$' -bench Modes -benchtime 1x ./globalceiling/
 //
 // Metrics: max_per_window and mean_per_window (admitted in a full window;
-// the ceiling is 1000), writes/admit and roundtrips/admit, offered/s.
+// the ceiling is 1000), writes/admit, writes/request (admitted or not),
+// roundtrips/admit, offered/s.
 func BenchmarkModes(b *testing.B) {
 	for _, mode := range []Mode{Exact, Cached, LocalAggregation} {
 		b.Run(mode.String(), func(b *testing.B) {
@@ -87,6 +88,7 @@ func BenchmarkModes(b *testing.B) {
 			b.ReportMetric(float64(sum)/4, "mean_per_window")
 			b.ReportMetric(float64(st.Writes)/float64(st.Admitted), "writes/admit")
 			b.ReportMetric(float64(st.RoundTrips)/float64(st.Admitted), "roundtrips/admit")
+			b.ReportMetric(float64(st.Writes)/float64(offered.Load()), "writes/request")
 			b.ReportMetric(float64(offered.Load())/5, "offered/s")
 		})
 	}
