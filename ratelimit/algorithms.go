@@ -88,17 +88,14 @@ func (o outcome) decisionCap(scope string, capacity int64) spillway.Decision {
 
 // ceilMillis converts µs to a Duration rounded up to a whole millisecond.
 func ceilMillis(us int64) time.Duration {
+	const maxUS = math.MaxInt64 / int64(time.Microsecond) // the longest Duration, in µs
 	if us <= 0 {
 		return 0
 	}
-	ms := us / 1000
-	if us%1000 != 0 {
-		ms++
-	}
-	if ms > math.MaxInt64/int64(time.Millisecond) {
+	if us > maxUS-1000 {
 		return time.Duration(math.MaxInt64)
 	}
-	return time.Duration(ms) * time.Millisecond
+	return time.Duration((us+999)/1000) * time.Millisecond
 }
 
 // stateTTL is the TTL, in milliseconds, of a key whose state is back to full

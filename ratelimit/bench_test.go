@@ -11,6 +11,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"sync"
@@ -159,4 +160,42 @@ func Benchmark10kKeys(b *testing.B) {
 		})
 		m.stop(b)
 	})
+}
+
+// BenchmarkMemoryPerKey reports the heap held per key (metric "B/key")
+// after 100,000 distinct keys of 16 bytes each, per algorithm (the log
+// holds one entry per admitted unit: one here).
+//
+//	go test -run '^$' -bench MemoryPerKey -benchtime=1x ./ratelimit
+func BenchmarkMemoryPerKey(b *testing.B) {
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%011d", i) // 16 bytes
+	}
+	ctx := context.Background()
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
+		b.Run(a.String(), func(b *testing.B) {
+			for range b.N {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				st := NewMemoryStore()
+				l, err := New(st, Policy{Algorithm: a, Limit: 10, Period: time.Minute})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, k := range keys {
+					l.Allow(ctx, k)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				if st.Len() != n {
+					b.Fatalf("Len = %d", st.Len())
+				}
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/key")
+				runtime.KeepAlive(st)
+			}
+		})
+	}
 }

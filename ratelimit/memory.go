@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/keys"
@@ -189,11 +190,17 @@ func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Alg
 
 func (sh *shard) find(k *lookup) *entry {
 	for e := sh.m[k.hash]; e != nil; e = e.next {
-		if e.layout == k.layout && e.key == k.key && e.scope == k.scope && e.digest == k.digest {
+		if e.key == k.key && e.layout == k.layout && sameString(e.scope, k.scope) && e.digest == k.digest {
 			return e
 		}
 	}
 	return nil
+}
+
+// sameString is a == b, short-cut when both share their bytes (a scope is
+// usually the same string every time: the Limiter's).
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 func (sh *shard) insert(k *lookup, now int64) *entry {
@@ -203,7 +210,7 @@ func (sh *shard) insert(k *lookup, now int64) *entry {
 	e := &entry{
 		next:   sh.m[k.hash],
 		hash:   k.hash,
-		scope:  strings.Clone(k.scope),
+		scope:  k.scope, // not cloned: scopes are few and long-lived (a Limiter's, a rule's)
 		key:    strings.Clone(k.key),
 		digest: k.digest,
 		layout: k.layout,
