@@ -30,8 +30,9 @@ func (l latencies) report(b *testing.B) {
 }
 
 // BenchmarkDecisionLatency measures one decision through fallback.Store
-// over a real redis-server on loopback (behind the fault proxy) in three
-// states: Redis healthy, Redis stalled with the breaker open, and Redis
+// over a real redis-server on loopback in three states: Redis healthy
+// (directly, and through the fault proxy that the other cases need), Redis
+// stalled behind the proxy with the breaker open, and Redis
 // recovering (the stall lifted, the breaker half-open, probes and the
 // reconcile pass in flight). "memory" is a bare MemoryStore for reference.
 //
@@ -52,14 +53,21 @@ func BenchmarkDecisionLatency(b *testing.B) {
 	out := make([]spillway.Decision, 1)
 	ctx := context.Background()
 
-	newStore := func(b *testing.B, openTimeout time.Duration) *fallback.Store {
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{
+	directOpt := &redis.Options{Addr: srv.Addr}
+	fallback.TuneOptions(directOpt)
+	direct := redis.NewClient(directOpt)
+	defer direct.Close()
+	newStoreOn := func(b *testing.B, c *redis.Client, openTimeout time.Duration) *fallback.Store {
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(c), fallback.Settings{
 			Budget: 50 * time.Millisecond, OpenTimeout: openTimeout,
 		})
 		if err != nil {
 			b.Fatal(err)
 		}
 		return st
+	}
+	newStore := func(b *testing.B, openTimeout time.Duration) *fallback.Store {
+		return newStoreOn(b, client, openTimeout)
 	}
 	run := func(b *testing.B, st ratelimit.Store, n int, lat *latencies) {
 		for i := 0; i < n; i++ {
@@ -78,6 +86,13 @@ func BenchmarkDecisionLatency(b *testing.B) {
 		lat.report(b)
 	})
 	b.Run("healthy", func(b *testing.B) {
+		st := newStoreOn(b, direct, time.Hour)
+		lat := make(latencies, 0, b.N)
+		run(b, st, b.N, &lat)
+		lat.report(b)
+		b.ReportMetric(float64(st.Stats().Degraded), "degraded")
+	})
+	b.Run("healthy_via_proxy", func(b *testing.B) {
 		st := newStore(b, time.Hour)
 		lat := make(latencies, 0, b.N)
 		run(b, st, b.N, &lat)
