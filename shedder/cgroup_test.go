@@ -208,3 +208,33 @@ func TestWorkerWithCgroupSource(t *testing.T) {
 		t.Fatalf("level %v, want one step up", l)
 	}
 }
+
+// Whatever cpu.max and cpu.stat hold, reading them returns a limit > 0 and a
+// non-negative utilization, or an error; never a panic.
+func FuzzCgroupV2Files(f *testing.F) {
+	f.Add("150000 100000\n", "usage_usec 1000\n")
+	f.Add("max\n", "usage_usec 0\n")
+	f.Add("0 0", "usage_usec -5")
+	f.Add("99999999999999999999 1", "usage_usec 99999999999999999999")
+	f.Fuzz(func(t *testing.T, cpuMax, cpuStat string) {
+		dir := t.TempDir()
+		write(t, filepath.Join(dir, "proc"), "0::/\n")
+		write(t, filepath.Join(dir, "cgroup.controllers"), "cpu\n")
+		write(t, filepath.Join(dir, "cpu.max"), cpuMax)
+		write(t, filepath.Join(dir, "cpu.stat"), "usage_usec 1\n")
+		clk := newClock()
+		c, err := shedder.NewCgroupCPU(shedder.CgroupRoot(dir), shedder.CgroupProcFile(filepath.Join(dir, "proc")), shedder.CgroupClock(clk.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, err := c.Limit(); err == nil && !(l > 0) {
+			t.Fatalf("cpu.max %q: limit %v", cpuMax, l)
+		}
+		c.Utilization()
+		write(t, filepath.Join(dir, "cpu.stat"), cpuStat)
+		clk.Advance(time.Second)
+		if u, err := c.Utilization(); err == nil && (u < 0 || math.IsNaN(u)) {
+			t.Fatalf("cpu.max %q, cpu.stat %q: utilization %v", cpuMax, cpuStat, u)
+		}
+	})
+}
