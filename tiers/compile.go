@@ -14,6 +14,7 @@ type compiled struct {
 	cfg         *Config
 	rules       []*crule
 	byID        map[string]*crule
+	byScope     map[string]*crule // every store scope a rule writes
 	defaultPlan string
 	hasPlanRule bool
 }
@@ -63,7 +64,7 @@ func compile(c *Config) (*compiled, error) {
 	if c == nil {
 		return nil, &ConfigError{Msg: "nil config"}
 	}
-	out := &compiled{cfg: c, byID: make(map[string]*crule, len(c.Rules)), defaultPlan: c.DefaultPlan}
+	out := &compiled{cfg: c, byID: make(map[string]*crule, len(c.Rules)), byScope: make(map[string]*crule, len(c.Rules)), defaultPlan: c.DefaultPlan}
 
 	if len(c.Plans) > 0 || c.DefaultPlan != "" {
 		if c.DefaultPlan == "" {
@@ -222,6 +223,14 @@ func compile(c *Config) (*compiled, error) {
 		}
 
 		out.byID[cr.id] = cr
+		if cr.plan == "" {
+			out.byScope[cr.scope] = cr
+		}
+		for _, pb := range cr.perPlan {
+			if !pb.unlimited {
+				out.byScope[pb.scope] = cr
+			}
+		}
 		out.rules = append(out.rules, cr)
 	}
 	return out, nil

@@ -114,10 +114,24 @@ func (l *Limiter) Reload(name string, data []byte) error {
 // Config returns the config in use.
 func (l *Limiter) Config() *Config { return l.cur.Load().cfg }
 
-// FailMode returns the fail mode of the rule with the given id and whether
-// the rule exists. Admit's errors carry it too (see StoreError).
+// FailMode returns the fail mode of a rule and whether the rule exists.
+// rule is a rule id or one of the rule's store scopes (ratelimit.Item.Scope,
+// "id@digest"), so a store wrapper that sees only items can ask:
+//
+//	fallback.Settings{Mode: func(scope string) fallback.Mode {
+//		if m, _ := lim.FailMode(scope); m == tiers.FailClosed {
+//			return fallback.FailClosed
+//		}
+//		return fallback.FailOpen
+//	}}
+//
+// Admit's errors carry the mode too (see StoreError).
 func (l *Limiter) FailMode(rule string) (FailMode, bool) {
-	r, ok := l.cur.Load().byID[rule]
+	c := l.cur.Load()
+	r, ok := c.byID[rule]
+	if !ok {
+		r, ok = c.byScope[rule]
+	}
 	if !ok {
 		return FailOpen, false
 	}
@@ -346,7 +360,9 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // enforced rules are charged; the shadow rule, having "denied", is not
 // charged. When an enforced rule denies, nothing is charged, shadow or not.
 //
-// A store failure returns a *StoreError (never a silent allow). A request
+// The decision is Degraded when any item's was (a fallback store decided
+// it locally). A store failure returns a *StoreError (never a silent
+// allow). A request
 // that matches only shadow rules is allowed if the store fails.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if err := r.Validate(); err != nil {
@@ -425,7 +441,11 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 			}
 		}
 	}
-	return *d, spillway.Noop, nil
+	res := *d
+	for i := range out {
+		res.Degraded = res.Degraded || out[i].Degraded
+	}
+	return res, spillway.Noop, nil
 }
 
 func onlyShadowsDenied(rules []*crule, out []spillway.Decision) bool {

@@ -618,3 +618,65 @@ limits:
 		t.Fatalf("open rule error = %v", err)
 	}
 }
+
+// degradingStore marks the decision of items of one scope Degraded, as a
+// fallback store does when it decided them locally.
+type degradingStore struct {
+	ratelimit.Store
+	scope string
+}
+
+func (s degradingStore) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	ok, err := s.Store.Decide(ctx, items, out)
+	for i := range items {
+		if items[i].Scope == s.scope {
+			out[i].Degraded = true
+		}
+	}
+	return ok, err
+}
+
+func TestDegradedAndFailModeByScope(t *testing.T) {
+	const cfg = `
+plans:
+  free: {api: 10/minute}
+  pro: {api: unlimited}
+default_plan: free
+limits:
+  - id: login
+    by: ip
+    bucket: 1/minute
+    fail: closed
+  - id: api
+    by: api_key
+    plan: api
+    fail: closed
+  - id: user
+    by: user
+    bucket: 100/minute
+`
+	clk := newClock()
+	mem := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	probe := mustLimiter(t, cfg, mem)
+	ms, err := probe.Matches(context.Background(), req("GET", "/", "ip", "a", "user", "u", "api_key", "k"))
+	if err != nil || len(ms) != 3 {
+		t.Fatalf("matches %+v %v", ms, err)
+	}
+	for _, m := range ms {
+		want := FailOpen
+		if m.Rule != "user" {
+			want = FailClosed
+		}
+		if got, ok := probe.FailMode(m.Item.Scope); !ok || got != want || m.Fail != want {
+			t.Errorf("FailMode(%q) = %v %v, want %v", m.Item.Scope, got, ok, want)
+		}
+	}
+	// The user rule's item is decided by a "fallback": the decision,
+	// named after the most restrictive rule (login), is Degraded.
+	l := mustLimiter(t, cfg, degradingStore{mem, ms[2].Item.Scope})
+	run(t, l, []step{
+		{req("GET", "/", "ip", "a", "user", "u"), spillway.Decision{Allowed: true, Limiter: "login", Limit: 1, Remaining: 0, ResetAfter: time.Minute, Degraded: true}},
+		{req("GET", "/", "ip", "a", "user", "u"), spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "login", Limit: 1, ResetAfter: time.Minute, RetryAfter: time.Minute, Degraded: true}},
+		{req("GET", "/", "ip", "b"), spillway.Decision{Allowed: true, Limiter: "login", Limit: 1, Remaining: 0, ResetAfter: time.Minute}},
+	})
+}
