@@ -431,3 +431,37 @@ func TestFleetGoodputTable(t *testing.T) {
 	}
 	t.Log("goodput per priority (fleet shedder, 3 servers, mix 60/20/15/5):\n" + b.String())
 }
+
+// Run reports until its context ends, then removes this server's report.
+func TestFleetRun(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	f, err := shedder.NewFleet(client, "api", 10, shedder.WithServerID("r"), shedder.WithoutAutoRefresh(), shedder.WithTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- f.Run(ctx) }()
+	rk := keys.Key("spillway:", "fleet:reports", "api")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ok, _ := client.HExists(context.Background(), rk, "r").Result(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Run never reported")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := f.Stats(); s.Degraded || s.Servers != 1 {
+		t.Fatalf("stats while running %+v", s)
+	}
+	cancel()
+	if err := <-ran; err != context.Canceled {
+		t.Fatalf("Run returned %v, want context.Canceled", err)
+	}
+	if n, _ := client.Exists(context.Background(), rk).Result(); n != 0 {
+		t.Fatal("report left after Run ended")
+	}
+}
