@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,6 +43,7 @@ func main() {
 	duration := flag.Duration("duration", 20*time.Second, "measured duration")
 	warmup := flag.Duration("warmup", 3*time.Second, "unmeasured warm-up")
 	keys := flag.Int("keys", 10000, "distinct API keys")
+	conns := flag.Int("conns", 128, "connections per server")
 	limiterKind := flag.String("limiter", "tiers", "tiers (the example's limits.yaml over fallback(RedisStore)) or ratelimit (one token bucket on RedisStore)")
 	flag.Parse()
 
@@ -86,7 +88,13 @@ func main() {
 		defer t.srv.Close()
 	}
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0, IdleConnTimeout: time.Minute}}
+	// Enough descriptors for the connections, a bounded pool of them.
+	var rl syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil && rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *conns, MaxConnsPerHost: *conns, IdleConnTimeout: time.Minute}}
 	ctx := context.Background()
 	fmt.Fprintf(os.Stderr, "loadbench: redis %s, %d req/s to each server for %v after %v warm-up, %d keys, limiter %s\n",
 		rs.Addr, *rate, *duration, *warmup, *keys, *limiterKind)
@@ -101,7 +109,7 @@ func main() {
 	}
 	wg.Wait()
 
-	fmt.Printf("%-11s %8s %8s %8s | %-33s | %-33s\n", "", "sent", "non-200", "errors", "client p50 / p90 / p99 / p99.9 µs", "server p50 / p90 / p99 / p99.9 µs")
+	fmt.Printf("%-11s %8s %8s %8s %8s | %-33s | %-33s\n", "", "req/s", "sent", "non-200", "errors", "client p50 / p90 / p99 / p99.9 µs", "server p50 / p90 / p99 / p99.9 µs")
 	for _, t := range []*target{bare, limited} {
 		t.report()
 	}
@@ -123,6 +131,8 @@ type target struct {
 	non200  int
 	errors  int
 	sent    int
+	lagMax  time.Duration // how far the sender fell behind its schedule
+	elapsed time.Duration // measured phase, first planned send to last answer
 }
 
 func newTarget(name string, h http.Handler) *target { return &target{name: name, h: h} }
@@ -157,6 +167,8 @@ func (t *target) drive(ctx context.Context, c *http.Client, rate int, warmup, du
 		planned := begin.Add(time.Duration(i) * interval)
 		if d := time.Until(planned); d > 0 {
 			time.Sleep(d)
+		} else if -d > t.lagMax {
+			t.lagMax = -d
 		}
 		measured := planned.Sub(begin) >= warmup
 		if i == int(warmup/interval) {
@@ -194,14 +206,16 @@ func (t *target) drive(ctx context.Context, c *http.Client, rate int, warmup, du
 		}()
 	}
 	wg.Wait()
+	t.elapsed = time.Since(begin.Add(warmup))
 }
 
 func (t *target) report() {
 	slices.Sort(t.client)
 	slices.Sort(t.server)
-	fmt.Printf("%-11s %8d %8d %8d | %6d / %6d / %6d / %7d     | %6d / %6d / %6d / %7d\n", t.name, t.sent, t.non200, t.errors,
+	fmt.Printf("%-11s %8.0f %8d %8d %8d | %6d / %6d / %6d / %7d     | %6d / %6d / %6d / %7d   (sender lag max %v)\n", t.name,
+		float64(t.sent)/t.elapsed.Seconds(), t.sent, t.non200, t.errors,
 		pct(t.client, 50), pct(t.client, 90), pct(t.client, 99), pct(t.client, 99.9),
-		pct(t.server, 50), pct(t.server, 90), pct(t.server, 99), pct(t.server, 99.9))
+		pct(t.server, 50), pct(t.server, 90), pct(t.server, 99), pct(t.server, 99.9), t.lagMax.Round(time.Millisecond))
 }
 
 func pct(sorted []int64, p float64) int64 {
