@@ -142,12 +142,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // PerKey adapts l to spillway.Limiter: the key is the value of the request
 // dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that
 // lack the dimension share the key "" — they are limited together, not
-// let through unlimited. A malformed request is denied with
+// let through unlimited. A malformed (or nil) request is denied with
 // spillway.ReasonInvalid. The request's Cost is ignored: each request is
 // one slot.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
 	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		if err := r.Validate(); err != nil {
+		if r == nil || r.Validate() != nil {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
 		key, _ := r.Get(dim)

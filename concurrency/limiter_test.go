@@ -101,6 +101,9 @@ func TestPerKey(t *testing.T) {
 	if d, _, _ := l.Admit(ctx, &spillway.Request{Cost: -1}); d.Allowed || d.Reason != spillway.ReasonInvalid {
 		t.Fatalf("malformed: %+v, want ReasonInvalid", d)
 	}
+	if d, _, _ := l.Admit(ctx, nil); d.Allowed || d.Reason != spillway.ReasonInvalid {
+		t.Fatalf("nil request: %+v, want ReasonInvalid", d)
+	}
 	done(spillway.Success)
 	if d, _, _ := l.Admit(ctx, r); !d.Allowed {
 		t.Fatalf("alice after done: %+v", d)
@@ -144,7 +147,10 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := New(store, 20, WithTTL(30*time.Second))
+	var releaseErrs atomic.Int64
+	var lastReleaseErr atomic.Value
+	lim, err := New(store, 20, WithTTL(30*time.Second), WithReleaseTimeout(10*time.Second),
+		WithReleaseErrorHandler(func(err error) { releaseErrs.Add(1); lastReleaseErr.Store(err) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,6 +197,9 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 	}
 	if admitted.Load()+denied.Load() != 2000 || admitted.Load() < 20 {
 		t.Fatalf("admitted %d denied %d", admitted.Load(), denied.Load())
+	}
+	if releaseErrs.Load() != 0 {
+		t.Fatalf("%d releases failed; last: %v", releaseErrs.Load(), lastReleaseErr.Load())
 	}
 	n, err := rdb.Exists(ctx, store.Key("concurrency", "hot")).Result()
 	if err != nil || n != 0 {

@@ -160,7 +160,6 @@ type winState struct {
 	total   int64 // the shared total at the last read (all servers)
 	local   int64 // this server's admissions since that read started (Cached), or not yet flushed (LocalAggregation)
 	inFlush int64 // LocalAggregation: part of local being flushed now
-	known   bool  // total was read for this window
 }
 
 // New returns a ceiling named name (the resource: "orders-db") that admits
@@ -266,6 +265,9 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // in Cached and LocalAggregation modes, that the shared total is stale:
 // errors.Is(err, ErrStale)); nothing was charged then.
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if r == nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
+	}
 	if err := r.Validate(); err != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
@@ -547,7 +549,6 @@ func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flu
 		defer c.mu.Unlock()
 		if c.cur.w == cw {
 			c.cur.total = total
-			c.cur.known = true
 			switch c.o.mode {
 			case Cached:
 				// Admissions counted before the read started are in the

@@ -177,6 +177,9 @@ func TestExactDecisionsAndReserve(t *testing.T) {
 	if d, _, _ := c.Admit(ctx, &spillway.Request{Cost: -1}); d.Reason != spillway.ReasonInvalid {
 		t.Fatalf("malformed: %+v", d)
 	}
+	if d, _, _ := c.Admit(ctx, nil); d.Reason != spillway.ReasonInvalid {
+		t.Fatalf("nil request: %+v", d)
+	}
 	// The script survives SCRIPT FLUSH (NOSCRIPT → load → retry).
 	if _, err := srv.Do(ctx, "SCRIPT", "FLUSH"); err != nil {
 		t.Fatal(err)

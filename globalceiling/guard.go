@@ -133,6 +133,9 @@ func NewGuard(lim spillway.Limiter, opts ...GuardOption) (*Guard, error) {
 // the store failed and there is no fallback. Use it when the work is not
 // one function call; Do and DoRequest turn a denial into a *RejectedError.
 func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if r == nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: g.name}, spillway.Noop, nil
+	}
 	d, done, err := g.lim.Admit(ctx, r)
 	if err != nil {
 		if g.local == nil {

@@ -28,13 +28,16 @@ else
   now = tonumber(ARGV[4])
 end
 local ttl_us = ttl_ms * 1000
+-- Scores are µs since the epoch (16 digits): format them ourselves, since
+-- older Redis versions turn Lua numbers into strings with 14 digits.
+local function int(x) return string.format("%.0f", x) end
 
-redis.call("ZREMRANGEBYSCORE", key, "-inf", now - ttl_us)
+redis.call("ZREMRANGEBYSCORE", key, "-inf", int(now - ttl_us))
 local n = redis.call("ZCARD", key)
 if n < limit then
   -- Re-adding a live id keeps one member: the caller's ids are unique, and
   -- ZADD NX makes a retried call harmless.
-  local added = redis.call("ZADD", key, "NX", now, ARGV[3])
+  local added = redis.call("ZADD", key, "NX", int(now), ARGV[3])
   redis.call("PEXPIRE", key, ttl_ms)
   return {1, n + added, 0}
 end
