@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
@@ -92,4 +93,43 @@ func BenchmarkMemory(b *testing.B) {
 	b.Run("single", func(b *testing.B) { benchAdmit(b, one) })
 	b.Run("three-tier", func(b *testing.B) { benchAdmit(b, three) })
 	b.Run("three-sequential", func(b *testing.B) { benchAdmit(b, one, user, key) })
+}
+
+// BenchmarkRedisInterleaved runs the three variants in alternating rounds
+// of 100 checks, so that a load that changes during the run (a shared
+// machine) weighs on all three alike, and reports the wall time per check
+// of each and the ratios to the single-rule check.
+func BenchmarkRedisInterleaved(b *testing.B) {
+	srv := redistest.Start(b)
+	store := ratelimit.NewRedisStore(srv.Client(b))
+	one := mustLimiter(b, benchOne, store)
+	three := mustLimiter(b, benchThree, store)
+	user := mustLimiter(b, benchUser, store)
+	key := mustLimiter(b, benchKey, store)
+	variants := [][]*Limiter{{one}, {three}, {one, user, key}}
+	var spent [3]time.Duration
+	rs := benchRequests()
+	ctx := context.Background()
+	const round = 100
+	b.ResetTimer()
+	for i := 0; i < b.N; i += round {
+		for v, ls := range variants {
+			start := time.Now()
+			for j := i; j < i+round && j < b.N; j++ {
+				r := rs[j&1023]
+				for _, l := range ls {
+					if d, _, err := l.Admit(ctx, r); err != nil || !d.Allowed {
+						b.Fatalf("%+v %v", d, err)
+					}
+				}
+			}
+			spent[v] += time.Since(start)
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(spent[0].Nanoseconds())/n, "single-ns/check")
+	b.ReportMetric(float64(spent[1].Nanoseconds())/n, "three-tier-ns/check")
+	b.ReportMetric(float64(spent[2].Nanoseconds())/n, "three-seq-ns/check")
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "three-tier/single")
+	b.ReportMetric(float64(spent[2])/float64(spent[0]), "three-seq/single")
 }
