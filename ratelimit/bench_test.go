@@ -55,6 +55,20 @@ func BenchmarkOneKey(b *testing.B) {
 		}
 		m.stop(b)
 	})
+	// For context: x/time/rate keyed like a store, one goroutine.
+	b.Run("x_time_rate_mutex_map", func(b *testing.B) {
+		var mu sync.Mutex
+		lim := map[string]*rate.Limiter{"key": rate.NewLimiter(rate.Limit(1<<40), 1<<30)}
+		b.ReportAllocs()
+		m := startCPU(b, rusageThread)
+		for i := 0; i < b.N; i++ {
+			mu.Lock()
+			l := lim["key"]
+			mu.Unlock()
+			l.AllowN(time.Now(), 1)
+		}
+		m.stop(b)
+	})
 }
 
 const benchKeys = 10_000

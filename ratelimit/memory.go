@@ -81,26 +81,33 @@ func layoutOf(a Algorithm) layout {
 
 // entry is one key's state. The fields a, b, c hold the fixed-size states:
 // bucket a = TAT; fixed window (a, b) = (window, count); sliding window
-// counter (a, b, c) = (window, prev, cur). The log is log[start:].
+// counter (a, b, c) = (window, prev, cur). The sliding window log lives
+// apart (log), so the common entry stays at 96 bytes.
 type entry struct {
 	next    *entry // chain of entries whose hashes collide
 	hash    uint64
 	scope   string
-	key     string   // the key itself when ≤ keys.MaxPart bytes, else ""
-	digest  [16]byte // SHA-256 prefix of a longer key, else zero
+	key     string // the key when ≤ keys.MaxPart bytes; else (long) its 16-byte SHA-256 prefix
 	layout  layout
+	long    bool
 	busy    bool  // touched by the batch in progress: not evictable
 	full    int64 // µs when the state is back to full (evictable for free)
 	a, b, c int64
-	log     []int64
-	start   int
+	log     *windowLog
+}
+
+// windowLog is the SlidingWindowLog state: timestamps ts[start:], ascending.
+type windowLog struct {
+	ts    []int64
+	start int
 }
 
 // lookup is an item's prepared key.
 type lookup struct {
 	scope  string
 	key    string
-	digest [16]byte
+	digest [16]byte // SHA-256 prefix of a long key
+	long   bool     // the key is longer than keys.MaxPart: digest stands for it
 	layout layout
 	hash   uint64
 	shard  uint64
@@ -178,6 +185,7 @@ func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Alg
 	if len(key) > keys.MaxPart {
 		sum := sha256.Sum256([]byte(key))
 		copy(k.digest[:], sum[:16])
+		k.long = true
 		hk = maphash.Bytes(s.seedKey, k.digest[:])
 	} else {
 		k.key = key
@@ -190,7 +198,10 @@ func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Alg
 
 func (sh *shard) find(k *lookup) *entry {
 	for e := sh.m[k.hash]; e != nil; e = e.next {
-		if e.key == k.key && e.layout == k.layout && sameString(e.scope, k.scope) && e.digest == k.digest {
+		if e.layout != k.layout || e.long != k.long || !sameString(e.scope, k.scope) {
+			continue
+		}
+		if k.long && e.key == string(k.digest[:]) || !k.long && e.key == k.key {
 			return e
 		}
 	}
@@ -211,9 +222,12 @@ func (sh *shard) insert(k *lookup, now int64) *entry {
 		next:   sh.m[k.hash],
 		hash:   k.hash,
 		scope:  k.scope, // not cloned: scopes are few and long-lived (a Limiter's, a rule's)
-		key:    strings.Clone(k.key),
-		digest: k.digest,
+		key:    strings.Clone(k.key), // the caller's string may pin a larger buffer
 		layout: k.layout,
+		long:   k.long,
+	}
+	if k.long {
+		e.key = string(k.digest[:])
 	}
 	sh.m[k.hash] = e
 	sh.count++
@@ -326,21 +340,25 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 		}
 	case layoutLog:
 		var ts []int64
-		if e != nil {
-			ts = e.log[e.start:]
+		if e != nil && e.log != nil {
+			ts = e.log.ts[e.log.start:]
 		}
 		var trim int
 		var at int64
 		o, trim, at = logDecide(ts, now, *p, n)
 		if trim > 0 { // expired entries: dropping them changes no decision
-			e.start += trim
-			if e.start == len(e.log) {
-				e.log, e.start = e.log[:0], 0
+			l := e.log
+			l.start += trim
+			if l.start == len(l.ts) {
+				l.ts, l.start = l.ts[:0], 0
 			}
 		}
 		if o.allowed && n > 0 {
 			e = sh.prepareWrite(e, k, now, u)
-			e.appendLog(at, n, p.L)
+			if e.log == nil {
+				e.log = &windowLog{}
+			}
+			e.log.append(at, n, p.L)
 			if u != nil {
 				u.appended += int(n)
 			}
@@ -369,20 +387,20 @@ func (sh *shard) prepareWrite(e *entry, k *lookup, now int64, u *undo) *entry {
 
 // appendLog appends n copies of at, reusing the space of trimmed entries
 // so that a steady log allocates nothing.
-func (e *entry) appendLog(at, n, limit int64) {
-	if e.start > 0 && len(e.log)+int(n) > cap(e.log) {
-		live := copy(e.log, e.log[e.start:])
-		e.log, e.start = e.log[:live], 0
+func (l *windowLog) append(at, n, limit int64) {
+	if l.start > 0 && len(l.ts)+int(n) > cap(l.ts) {
+		live := copy(l.ts, l.ts[l.start:])
+		l.ts, l.start = l.ts[:live], 0
 	}
-	if len(e.log)+int(n) > cap(e.log) {
-		c := max(2*cap(e.log), len(e.log)+int(n), 4)
-		c = min(c, max(int(limit), len(e.log)+int(n)))
-		grown := make([]int64, len(e.log), c)
-		copy(grown, e.log)
-		e.log = grown
+	if len(l.ts)+int(n) > cap(l.ts) {
+		c := max(2*cap(l.ts), len(l.ts)+int(n), 4)
+		c = min(c, max(int(limit), len(l.ts)+int(n)))
+		grown := make([]int64, len(l.ts), c)
+		copy(grown, l.ts)
+		l.ts = grown
 	}
 	for i := int64(0); i < n; i++ {
-		e.log = append(e.log, at)
+		l.ts = append(l.ts, at)
 	}
 }
 
@@ -473,7 +491,8 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 		}
 		u.e.a, u.e.b, u.e.c, u.e.full = u.a, u.b, u.c, u.full
 		if u.appended > 0 {
-			u.e.log = u.e.log[:len(u.e.log)-u.appended]
+			l := u.e.log
+			l.ts = l.ts[:len(l.ts)-u.appended]
 		}
 	}
 	for j := len(locked) - 1; j >= 0; j-- {

@@ -213,7 +213,7 @@ func TestMemoryStoreLongKeysAreBounded(t *testing.T) {
 	// The stored entry holds a digest, not the 10 KB key.
 	for i := range st.shards {
 		for _, e := range st.shards[i].m {
-			if len(e.key) != 0 || e.digest == ([16]byte{}) {
+			if !e.long || len(e.key) != 16 {
 				t.Fatalf("long key stored verbatim (%d bytes)", len(e.key))
 			}
 		}
