@@ -221,7 +221,7 @@ func (sh *shard) insert(k *lookup, now int64) *entry {
 	e := &entry{
 		next:   sh.m[k.hash],
 		hash:   k.hash,
-		scope:  k.scope, // not cloned: scopes are few and long-lived (a Limiter's, a rule's)
+		scope:  k.scope,              // not cloned: scopes are few and long-lived (a Limiter's, a rule's)
 		key:    strings.Clone(k.key), // the caller's string may pin a larger buffer
 		layout: k.layout,
 		long:   k.long,
