@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -115,5 +116,22 @@ func TestParseClusterNodes(t *testing.T) {
 	}
 	if !nodes[2].failed || nodes[2].slots[0] != [2]int{10923, 16383} {
 		t.Fatalf("failed primary parsed as %+v", nodes[2])
+	}
+}
+
+func TestCLIBinaryMissing(t *testing.T) {
+	t.Setenv("SPILLWAY_REDIS_CLI", "")
+	t.Setenv("PATH", t.TempDir())
+	_, err := CLIBinary()
+	if err == nil {
+		t.Fatal("CLIBinary found redis-cli on an empty PATH")
+	}
+	const want = "redistest: redis-cli is not installed; the Cluster tests need it to join the nodes"
+	if !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error = %q, want prefix %q", err, want)
+	}
+	t.Setenv("SPILLWAY_REDIS_CLI", "/opt/redis/bin/redis-cli")
+	if p, err := CLIBinary(); err != nil || p != "/opt/redis/bin/redis-cli" {
+		t.Fatalf("CLIBinary with SPILLWAY_REDIS_CLI = %q, %v", p, err)
 	}
 }
