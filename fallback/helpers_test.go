@@ -46,7 +46,9 @@ func newBed(t *testing.T) *bed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	opt := &redis.Options{Addr: p.Addr()}
+	// Long socket timeouts: only the budget's context deadline can cut a
+	// stalled call short, so the tests prove that it does.
+	opt := &redis.Options{Addr: p.Addr(), ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	fallback.TuneOptions(opt)
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { c.Close() })
