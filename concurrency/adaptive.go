@@ -356,7 +356,8 @@ func (g *Gradient) endWindow(end time.Time) {
 		g.slowStart = false
 		limit *= g.cfg.Backoff
 	case successes > 0:
-		rtt := g.winSum / time.Duration(successes)
+		// A zero RTT (a coarse clock) would make the gradient 0/0.
+		rtt := max(g.winSum/time.Duration(successes), time.Microsecond)
 		if g.baseline == 0 || rtt < g.baseline {
 			g.baseline = rtt
 		}
@@ -399,8 +400,8 @@ func (g *Gradient) probe(s Sample, end time.Time) {
 	if s.InFlight > g.cfg.Min {
 		return
 	}
-	if g.probeN == 0 || s.RTT < g.probeMinRTT {
-		g.probeMinRTT = s.RTT
+	if rtt := max(s.RTT, time.Microsecond); g.probeN == 0 || rtt < g.probeMinRTT {
+		g.probeMinRTT = rtt
 	}
 	g.probeN++
 	if g.probeN < g.cfg.ProbeSamples {

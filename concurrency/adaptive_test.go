@@ -310,3 +310,27 @@ func TestGradientDropsBackOff(t *testing.T) {
 		t.Fatalf("after a window with a drop: limit %d slow start %v, want 90 and false", g.Limit(), g.InSlowStart())
 	}
 }
+
+// TestGradientZeroRTT: a clock too coarse to see a request's duration
+// reports RTT 0; the gradient must not become 0/0 (NaN) and poison the
+// limit.
+func TestGradientZeroRTT(t *testing.T) {
+	g, _ := NewGradient(GradientConfig{Initial: 10, Min: 2, Max: 100, ProbeInterval: -1})
+	t0 := time.Unix(1_800_000_000, 0)
+	// One window with a drop ends slow start; then zero-RTT windows.
+	for i := 0; i < 10; i++ {
+		o := spillway.Success
+		if i == 0 {
+			o = spillway.Dropped
+		}
+		g.Update(Sample{Start: t0, RTT: 0, InFlight: 10, Outcome: o})
+	}
+	for w := 1; w <= 20; w++ {
+		for i := 0; i < 10; i++ {
+			g.Update(Sample{Start: t0.Add(time.Duration(w) * time.Second), RTT: 0, InFlight: 100, Outcome: spillway.Success})
+		}
+	}
+	if l := g.Limit(); l < 2 || l > 100 {
+		t.Fatalf("limit %d after zero RTTs, want within [2, 100]", l)
+	}
+}

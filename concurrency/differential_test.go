@@ -1,0 +1,102 @@
+package concurrency
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+// TestDifferentialMemoryVsRedis replays the same random sequence of
+// acquisitions, releases and clock steps (including steps back) on both
+// stores and compares every result: the memory store is the oracle.
+func TestDifferentialMemoryVsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	memClock, redisClock := newFakeClock(), newFakeClock()
+	mem := NewMemoryStore(WithClock(memClock.Now))
+	rs, err := NewRedisStore(srv.Client(t), WithClock(redisClock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for seed := uint64(1); seed <= 3; seed++ {
+		r := rand.New(rand.NewPCG(seed, 99))
+		var held []string // "key|id"
+		for op := 0; op < 400; op++ {
+			key := "k" + strconv.Itoa(r.IntN(3))
+			switch x := r.IntN(10); {
+			case x < 5:
+				id := "s" + strconv.FormatUint(seed, 10) + "-" + strconv.Itoa(op)
+				limit := int64(1 + r.IntN(4))
+				ttl := time.Duration(1+r.IntN(50)) * 10 * time.Millisecond
+				a, err1 := mem.Acquire(ctx, "diff", key, id, limit, ttl)
+				b, err2 := rs.Acquire(ctx, "diff", key, id, limit, ttl)
+				if err1 != nil || err2 != nil {
+					t.Fatal(err1, err2)
+				}
+				if a != b {
+					t.Fatalf("seed %d op %d acquire %s limit %d ttl %v: memory %+v, redis %+v", seed, op, key, limit, ttl, a, b)
+				}
+				if a.Allowed {
+					held = append(held, key+"|"+id)
+				}
+			case x < 8 && len(held) > 0:
+				i := r.IntN(len(held))
+				k, id := splitHeld(held[i])
+				held = append(held[:i], held[i+1:]...)
+				if err := mem.Release(ctx, "diff", k, id); err != nil {
+					t.Fatal(err)
+				}
+				if err := rs.Release(ctx, "diff", k, id); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				step := time.Duration(r.IntN(300)-30) * time.Millisecond // sometimes back
+				step += time.Duration(r.IntN(1000)) * time.Microsecond
+				memClock.Advance(step)
+				redisClock.Advance(step)
+			}
+		}
+	}
+}
+
+func splitHeld(s string) (string, string) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '|' {
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, ""
+}
+
+// FuzzGradient feeds arbitrary samples to Gradient and AIMD: they never
+// panic and their limits stay within [Min, Max].
+func FuzzGradient(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 200, 5, 0, 9, 250})
+	f.Add([]byte{0, 0, 0, 0, 255, 255, 255, 255, 128})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g, _ := NewGradient(GradientConfig{Min: 2, Max: 50, WindowSamples: 3, ProbeInterval: time.Second, ProbeSamples: 2})
+		a, _ := NewAIMD(AIMDConfig{Min: 1, Max: 50, Timeout: 100 * time.Millisecond})
+		now := time.Unix(1_800_000_000, 0)
+		for i := 0; i+2 < len(data); i += 3 {
+			now = now.Add(time.Duration(int8(data[i])) * time.Millisecond) // may go back
+			o := spillway.Success
+			if data[i+2]&1 == 1 {
+				o = spillway.Dropped
+			}
+			s := Sample{Start: now, RTT: time.Duration(data[i+1]) * time.Millisecond, InFlight: int(data[i+2] >> 1), Outcome: o}
+			g.Update(s)
+			a.Update(s)
+			if l := g.Limit(); l < 2 || l > 50 {
+				t.Fatalf("gradient limit %d outside [2, 50]", l)
+			}
+			if l := a.Limit(); l < 1 || l > 50 {
+				t.Fatalf("aimd limit %d outside [1, 50]", l)
+			}
+		}
+	})
+}
