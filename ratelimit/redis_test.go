@@ -600,3 +600,36 @@ func TestSlotMatchesCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreServerTime decides with Redis TIME (no WithClock): a
+// policy of 1 per hour, burst 3, admits three and then reports a retry of
+// about an hour and a reset of about three, whatever the client's clock says.
+func TestRedisStoreServerTime(t *testing.T) {
+	_, c := redisServer(t)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	p := Policy{Limit: 1, Period: time.Hour, Burst: 3}
+	out := make([]spillway.Decision, 1)
+	for i := 0; i < 3; i++ {
+		ok, err := s.Decide(ctx, []Item{{Scope: "t", Key: "k", Policy: p, Cost: 1}}, out)
+		if err != nil || !ok || out[0].Remaining != int64(2-i) {
+			t.Fatalf("call %d: %v %v %+v", i, ok, err, out[0])
+		}
+	}
+	ok, err := s.Decide(ctx, []Item{{Scope: "t", Key: "k", Policy: p, Cost: 1}}, out)
+	if err != nil || ok || out[0].Reason != spillway.ReasonRateLimited {
+		t.Fatalf("fourth call: %v %v %+v", ok, err, out[0])
+	}
+	// The batch script reads TIME too: a two-item batch sees the same state.
+	out2 := make([]spillway.Decision, 2)
+	ok, err = s.Decide(ctx, []Item{{Scope: "t", Key: "k", Policy: p}, {Scope: "u", Key: "k", Policy: p, Cost: 1}}, out2)
+	if err != nil || !ok || out2[0].Remaining != 0 || out2[1].Remaining != 2 {
+		t.Fatalf("batch: %v %v %+v", ok, err, out2)
+	}
+	// Three hours of TAT were charged within this test's few seconds.
+	for _, d := range []time.Duration{out[0].RetryAfter, out2[0].ResetAfter - 2*time.Hour} {
+		if d < time.Hour-time.Minute || d > time.Hour {
+			t.Fatalf("retry/reset %v, want just under an hour (reset: three)", d)
+		}
+	}
+}
