@@ -50,10 +50,10 @@ func ParseFailMode(s string) (FailMode, error) {
 // optional Burst ("1000/minute, burst 200"). Unlimited is only meaningful
 // in a plan: that plan is not limited by the rules that use the entry.
 type Bucket struct {
-	Limit     int64
-	Period    time.Duration
-	Burst     int64 // 0 means Limit
-	Unlimited bool
+	Limit     int64         // requests per Period
+	Period    time.Duration // a whole number of seconds when parsed
+	Burst     int64         // bucket capacity; 0 means Limit
+	Unlimited bool          // plans only: no limit
 }
 
 // Policy returns the ratelimit policy of b under algorithm a.

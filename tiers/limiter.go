@@ -148,7 +148,8 @@ type StoreError struct {
 	// Rules are the ids of the enforced rules the request matched, in
 	// config order, the fail-closed ones first.
 	Rules []string
-	Err   error
+	// Err is the store's error.
+	Err error
 }
 
 func (e *StoreError) Error() string {
@@ -221,10 +222,10 @@ func (sc *scratch) release() {
 // Match is one rule that applies to a request, with the store item Admit
 // decides for it.
 type Match struct {
-	Rule   string
-	Shadow bool
-	Fail   FailMode
-	Item   ratelimit.Item
+	Rule   string         // the rule's id
+	Shadow bool           // the rule is a shadow rule
+	Fail   FailMode       // the rule's fail mode
+	Item   ratelimit.Item // what Admit passes to Store.Decide for it
 }
 
 // Matches returns the rules that apply to r and their store items, in
