@@ -567,16 +567,20 @@ func (c *Ceiling) loop() {
 	defer close(c.done)
 	t := time.NewTicker(c.o.sync)
 	defer t.Stop()
+	sync := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.o.sync*2)
+		defer cancel()
+		if err := c.Sync(ctx); err != nil && c.o.onSyncError != nil {
+			c.o.onSyncError(err)
+		}
+	}
+	sync() // learn the total at once, not one interval after starting
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), c.o.sync*2)
-			if err := c.Sync(ctx); err != nil && c.o.onSyncError != nil {
-				c.o.onSyncError(err)
-			}
-			cancel()
+			sync()
 		}
 	}
 }

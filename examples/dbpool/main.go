@@ -48,27 +48,36 @@ func main() {
 		duration   = flag.Duration("duration", 3*time.Second, "how long to run")
 	)
 	flag.Parse()
-	if err := run(*redisAddr, *ceiling, *modeName, *servers, *workers, *pause, *poolSize, *dbMaxConns, *service, *duration); err != nil {
+	if _, err := run(*redisAddr, *ceiling, *modeName, *servers, *workers, *pause, *poolSize, *dbMaxConns, *service, *duration); err != nil {
 		log.Fatal(err)
 	}
 }
 
+// summary is what a run observed.
+type summary struct {
+	perWindow               []int64 // admitted in each full window
+	admitted, rejected      int64
+	degraded, failed        int64
+	peakConns, refusedConns int64
+}
+
 func run(redisAddr string, ceiling int64, modeName string, servers, workers int, pause time.Duration,
-	poolSize int, dbMaxConns int64, service, duration time.Duration) error {
+	poolSize int, dbMaxConns int64, service, duration time.Duration) (summary, error) {
+	var sum summary
 	mode, err := parseMode(modeName)
 	if err != nil {
-		return err
+		return sum, err
 	}
 	if redisAddr == "" {
 		if _, err := redistest.ServerBinary(); err == nil {
 			dir, err := os.MkdirTemp("", "dbpool-redis")
 			if err != nil {
-				return err
+				return sum, err
 			}
 			defer os.RemoveAll(dir)
 			srv, err := redistest.StartServer(dir)
 			if err != nil {
-				return err
+				return sum, err
 			}
 			defer srv.Stop()
 			redisAddr = srv.Addr
@@ -98,7 +107,7 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 			defer rdb.Close()
 			c, err := globalceiling.New(rdb, "orders-db", ceiling, time.Second, globalceiling.WithMode(mode))
 			if err != nil {
-				return err
+				return sum, err
 			}
 			defer c.Close()
 			lim = c
@@ -106,12 +115,12 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 		// Degraded mode: this server's share of the ceiling.
 		local, err := globalceiling.NewLocalBucket(max(ceiling/int64(servers), 1), time.Second)
 		if err != nil {
-			return err
+			return sum, err
 		}
 		guard, err := globalceiling.NewGuard(lim, globalceiling.WithFallback(local),
 			globalceiling.WithDegradedHandler(func(error) { degraded.Add(1) }))
 		if err != nil {
-			return err
+			return sum, err
 		}
 		pool := sql.OpenDB(db)
 		pool.SetMaxOpenConns(poolSize)
@@ -147,25 +156,39 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	var lastA, lastR int64
+	var mu sync.Mutex
+	tickerDone := make(chan struct{})
 	go func() {
-		for range tick.C {
+		defer close(tickerDone)
+		var lastA, lastR int64
+		for {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
 			a, r := admitted.Load(), rejected.Load()
 			fmt.Printf("window %d  admitted %5d  rejected %5d  db connections now %2d\n",
 				int(time.Since(start).Seconds()+0.5), a-lastA, r-lastR, db.open.Load())
+			mu.Lock()
+			sum.perWindow = append(sum.perWindow, a-lastA)
+			mu.Unlock()
 			lastA, lastR = a, r
 		}
 	}()
 	wg.Wait()
+	tick.Stop()
+	<-tickerDone
 	secs := time.Since(start).Seconds()
+	sum.admitted, sum.rejected, sum.degraded, sum.failed = admitted.Load(), rejected.Load(), degraded.Load(), failed.Load()
+	sum.peakConns, sum.refusedConns = db.peak.Load(), db.refused.Load()
 	fmt.Printf("\nmode %s, ceiling %d/s, %d servers × %d workers\n", mode, ceiling, servers, workers)
 	fmt.Printf("admitted %d (%.0f/s), rejected %d (last RetryAfter %v), degraded decisions %d, other errors %d\n",
-		admitted.Load(), float64(admitted.Load())/secs, rejected.Load(), time.Duration(retryAfter.Load()).Round(time.Millisecond),
-		degraded.Load(), failed.Load())
+		sum.admitted, float64(sum.admitted)/secs, sum.rejected, time.Duration(retryAfter.Load()).Round(time.Millisecond),
+		sum.degraded, sum.failed)
 	fmt.Printf("database: %d statements, peak %d of %d connections, %d connections refused\n",
-		db.statements.Load(), db.peak.Load(), db.maxConns, db.refused.Load())
-	return nil
+		db.statements.Load(), sum.peakConns, db.maxConns, sum.refusedConns)
+	return sum, nil
 }
 
 func parseMode(s string) (globalceiling.Mode, error) {
