@@ -126,6 +126,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	addr := fs.String("addr", "127.0.0.1:50051", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML); empty uses examples/grpcserver/limits.yaml, embedded")
+	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -139,7 +140,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	if err != nil {
 		return err
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr)
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget)
 	if err != nil {
 		return err
 	}
@@ -179,7 +180,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	return nil
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (spillway.Limiter, string, func(), error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration) (spillway.Limiter, string, func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -208,6 +209,9 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (spillway.L
 	}
 
 	opt := &redis.Options{Addr: redisAddr}
+	if budget > fallback.ClientIOTimeout {
+		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
+	}
 	fallback.TuneOptions(opt)
 	rdb := redis.NewClient(opt)
 	closers = append(closers, func() { rdb.Close() })
@@ -217,7 +221,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (spillway.L
 		return fail(fmt.Errorf("redis %s: %w", redisAddr, err))
 	}
 	var rate *tiers.Limiter
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Mode: func(scope string) fallback.Mode {
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget, Mode: func(scope string) fallback.Mode {
 		id, _, _ := strings.Cut(scope, "@")
 		if m, ok := rate.FailMode(id); ok && m == tiers.FailClosed {
 			return fallback.FailClosed
@@ -234,7 +238,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (spillway.L
 	if err != nil {
 		return fail(err)
 	}
-	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(50*time.Millisecond))
+	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(budget))
 	if err != nil {
 		return fail(err)
 	}
@@ -242,11 +246,11 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (spillway.L
 	if err != nil {
 		return fail(err)
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), fallback.Settings{Name: "concurrency"})
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), fallback.Settings{Name: "concurrency", Budget: budget})
 	if err != nil {
 		return fail(err)
 	}
-	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithName("fleet"))
+	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
 	if err != nil {
 		return fail(err)
 	}

@@ -133,7 +133,7 @@ func TestSmokeMemory(t *testing.T) {
 
 func TestSmokeRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	addr, out := startDemo(t, "-redis", rs.Addr)
+	addr, out := startDemo(t, "-redis", rs.Addr, "-redis-budget", "300ms") // decisions from Redis even on a loaded machine
 	require.Contains(t, out.String(), "store: redis "+rs.Addr)
 	smoke(t, addr)
 }

@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
+	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,7 +91,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 		return err
 	}
 
-	b, err := build(ctx, cfg, *redisAddr)
+	b, err := build(ctx, cfg, *redisAddr, *budget)
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func (b *blocks) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration) (*blocks, error) {
 	b := &blocks{degraded: func() bool { return false }}
 	worker, err := shedder.NewWorker(workerCapacity, shedder.WithName("worker"))
 	if err != nil {
@@ -188,6 +189,9 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, e
 	}
 
 	opt := &redis.Options{Addr: redisAddr}
+	if budget > fallback.ClientIOTimeout {
+		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
+	}
 	fallback.TuneOptions(opt) // millisecond timeouts: a slow Redis costs a budget, not seconds
 	rdb := redis.NewClient(opt)
 	b.closers = append(b.closers, func() { rdb.Close() })
@@ -200,7 +204,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, e
 
 	gauge := telemetry.NewBreakerGauge()
 	settings := func(name string) fallback.Settings {
-		return fallback.Settings{Name: name, OnStateChange: func(name string, _, to fallback.State) {
+		return fallback.Settings{Name: name, Budget: budget, OnStateChange: func(name string, _, to fallback.State) {
 			gauge.Record(context.Background(), name, telemetry.BreakerState(to))
 		}}
 	}
@@ -233,7 +237,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, e
 		b.close()
 		return nil, err
 	}
-	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(50*time.Millisecond))
+	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(budget))
 	if err != nil {
 		b.close()
 		return nil, err
@@ -251,7 +255,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string) (*blocks, e
 
 	// Fleet shedder: degrades on its own (its share of the capacity) when
 	// Redis is out, so it needs no fallback wrapper.
-	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithName("fleet"))
+	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
 	if err != nil {
 		b.close()
 		return nil, err

@@ -127,7 +127,9 @@ func TestSmokeMemory(t *testing.T) {
 
 func TestSmokeRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	base, out := startDemo(t, "-redis", rs.Addr)
+	// A budget well above a Redis call on a loaded test machine, so that
+	// the exact headers below come from Redis, not the local share.
+	base, out := startDemo(t, "-redis", rs.Addr, "-redis-budget", "300ms")
 	require.Contains(t, out.String(), "store: redis "+rs.Addr)
 	smoke(t, base)
 
