@@ -142,7 +142,7 @@ limits:
   - id: api
     endpoint: /api/v1/*
     by: api_key
-    bucket: 10/minute, burst 5
+    bucket: 1/minute, burst 5
 `
 
 // slotsOf returns the Cluster slot of every item r produces, asked of the
