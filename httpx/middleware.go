@@ -118,7 +118,13 @@ func outcome(ctx context.Context, status int) spillway.Outcome {
 
 func (h *handler) request(r *http.Request) *spillway.Request {
 	c := &h.c
-	req := &spillway.Request{Method: r.Method, Priority: c.priority(r)}
+	// One allocation for the request and room for its three dimensions.
+	buf := &struct {
+		req  spillway.Request
+		dims [3]spillway.Dimension
+	}{}
+	req := &buf.req
+	req.Method, req.Priority = r.Method, c.priority(r)
 	switch {
 	case c.endpoint != nil:
 		req.Endpoint = c.endpoint(r)
@@ -130,7 +136,7 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 	if c.cost != nil {
 		req.Cost = c.cost(r)
 	}
-	req.Dims = make([]spillway.Dimension, 0, 3)
+	req.Dims = buf.dims[:0]
 	if ip, ok := ClientIP(r, c.trusted, c.fwdHeader); ok {
 		req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimIP, Value: ip.String()})
 	}
@@ -191,9 +197,11 @@ func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
 		if reset.Nanosecond() > 0 {
 			epoch++ // round up: never claim it resets sooner than it does
 		}
-		hdr["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
-		hdr["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(remaining, 10)}
-		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(epoch, 10)}
+		v := make([]string, 3) // one backing array for the three values
+		v[0], v[1], v[2] = strconv.FormatInt(d.Limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(epoch, 10)
+		hdr["X-Ratelimit-Limit"] = v[0:1:1]
+		hdr["X-Ratelimit-Remaining"] = v[1:2:2]
+		hdr["X-Ratelimit-Reset"] = v[2:3:3]
 	}
 	if h.c.ietf {
 		name := sfString(d.Limiter)
