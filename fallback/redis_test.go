@@ -437,3 +437,34 @@ func TestRedisPausedThenResumed(t *testing.T) {
 		t.Fatalf("after resume %+v; want decided by Redis", d)
 	}
 }
+
+// Reset and Blackhole: RSTs fail calls at once; a blackhole costs the
+// budget. Either way the breaker opens and decisions stay local.
+func TestResetAndBlackholeConnections(t *testing.T) {
+	for _, mode := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b := newBed(t)
+			budget := 200 * time.Millisecond
+			st := b.fallback(t, fallback.Settings{Budget: budget, OpenTimeout: time.Hour})
+			b.warm(t)
+			b.setMode(t, mode)
+			for i := 0; i < 5; i++ {
+				start := time.Now()
+				d := decide(t, st, "api", "k", hourly, 1)
+				if el := time.Since(start); el > budget+tolerance || !d.Degraded || !d.Allowed {
+					t.Fatalf("call %d: %+v after %v; want the local share within the budget", i, d, el)
+				}
+			}
+			if st.State() != fallback.Open {
+				t.Fatalf("breaker %v; want open", st.State())
+			}
+			before := b.proxy.Stats()
+			if allowed, degraded := count(t, st, "api", "k", hourly, 20); allowed != 15 || degraded != 20 {
+				t.Fatalf("open: %d allowed, %d degraded; want 15, 20", allowed, degraded)
+			}
+			if after := b.proxy.Stats(); after.Received != before.Received || after.Accepted != before.Accepted {
+				t.Fatalf("traffic while open: before %+v, after %+v", before, after)
+			}
+		})
+	}
+}
