@@ -48,9 +48,14 @@ type Cluster struct {
 // `redis-cli --cluster create … --cluster-replicas 1`, waits until every node
 // reports cluster_state:ok with all 16384 slots assigned and every replica
 // is in sync with its primary, and stops them all when the test ends.
-func StartCluster(t TB) *Cluster {
+//
+// extra arguments are appended to every node's command line, e.g.
+// "--cluster-require-full-coverage", "no" (with the default, yes, every
+// node answers CLUSTERDOWN while any slot has no primary, including during
+// a failover).
+func StartCluster(t TB, extra ...string) *Cluster {
 	t.Helper()
-	c, err := startCluster(t.TempDir())
+	c, err := startCluster(t.TempDir(), extra)
 	if c != nil {
 		t.Cleanup(c.Stop)
 	}
@@ -60,7 +65,7 @@ func StartCluster(t TB) *Cluster {
 	return c
 }
 
-func startCluster(dir string) (*Cluster, error) {
+func startCluster(dir string, extra []string) (*Cluster, error) {
 	bin, err := ServerBinary()
 	if err != nil {
 		return nil, err
@@ -71,7 +76,7 @@ func startCluster(dir string) (*Cluster, error) {
 	}
 	c := &Cluster{killed: map[*Server]bool{}}
 	for i := 0; i < 6; i++ {
-		s, err := startClusterNode(bin, dir)
+		s, err := startClusterNode(bin, dir, extra)
 		if err != nil {
 			return c, err
 		}
@@ -96,7 +101,7 @@ func startCluster(dir string) (*Cluster, error) {
 
 // startClusterNode starts one node; the bus port is chosen explicitly
 // (cluster-port) because port+10000 may be out of range or taken.
-func startClusterNode(bin, dir string) (*Server, error) {
+func startClusterNode(bin, dir string, extra []string) (*Server, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := FreePort()
@@ -133,6 +138,7 @@ func startClusterNode(bin, dir string) (*Server, error) {
 			// Replicas sync at once instead of after the default 5 s.
 			"--repl-diskless-sync-delay", "0",
 		}
+		args = append(args, extra...)
 		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: args}
 		if err := s.start(bin); err != nil {
 			lastErr = err
