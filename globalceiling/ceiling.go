@@ -420,10 +420,9 @@ func (c *Ceiling) roll(w int64) {
 	}
 	if c.o.mode == LocalAggregation {
 		// What is being flushed now lands in its window; the rest waits
-		// for the next sync. An older unflushed window is dropped: it is
-		// over, and only its own window's admissions read it.
+		// for the next sync.
 		if rest := c.cur.local - c.cur.inFlush; rest > 0 {
-			c.prev = winState{w: c.cur.w, local: rest}
+			c.addPrev(c.cur.w, rest)
 		}
 	}
 	c.cur = winState{w: w}
@@ -493,41 +492,63 @@ func (c *Ceiling) Sync(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 
-	err := c.syncRound(ctx, cw, prevW, flushPrev, flushCur, startLocal)
+	prevDone, curDone, total, err := c.syncRound(ctx, cw, prevW, flushPrev, flushCur)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.o.mode == LocalAggregation {
+		// A flush that failed is counted again next time; one that
+		// landed is never sent twice, even when the reads failed.
+		if !prevDone && flushPrev > 0 {
+			c.addPrev(prevW, flushPrev)
+		}
+		switch {
+		case c.cur.w == cw:
+			c.cur.inFlush -= flushCur
+			if curDone {
+				c.cur.local -= flushCur
+			}
+		case !curDone && flushCur > 0:
+			c.addPrev(cw, flushCur)
+		}
+	}
 	if err != nil {
 		c.syncErr = err
-		if c.o.mode == LocalAggregation {
-			// Nothing was flushed (the pipeline failed as a whole or the
-			// charge did): count it again next time.
-			if c.prev.w == prevW {
-				c.prev.local += flushPrev
-			}
-			switch {
-			case c.cur.w == cw:
-				c.cur.inFlush -= flushCur
-			case flushCur > 0 && c.prev.w == cw:
-				c.prev.local += flushCur
-			case flushCur > 0:
-				c.prev = winState{w: cw, local: flushCur}
-			}
-		}
 		return err
+	}
+	if c.cur.w == cw {
+		c.cur.total = total
+		if c.o.mode == Cached {
+			// Admissions counted before the read started are in the
+			// total now; later ones may not be.
+			c.cur.local -= startLocal
+		}
 	}
 	c.synced, c.syncErr = now, nil
 	return nil
 }
 
-func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flushCur, startLocal int64) error {
-	return c.withScript(ctx, func() error {
+// addPrev keeps an unflushed count of window w for the next sync. Called
+// with c.mu held. An older window's count is dropped: that window is over.
+func (c *Ceiling) addPrev(w, n int64) {
+	switch {
+	case c.prev.w == w:
+		c.prev.local += n
+	case w > c.prev.w || c.prev.local == 0:
+		c.prev = winState{w: w, local: n}
+	}
+}
+
+// syncRound flushes (LocalAggregation) and reads every shard of window cw
+// in one pipeline. prevDone and curDone report which flushes landed.
+func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flushCur int64) (prevDone, curDone bool, total int64, err error) {
+	err = c.withScript(ctx, func() error {
 		pipe := c.client.Pipeline()
-		var charges []*redis.Cmd
-		if flushPrev > 0 {
-			charges = append(charges, pipe.EvalSha(ctx, c.charge, []string{c.Key(prevW, c.o.intn(c.o.shards))}, flushPrev, c.ttlMS))
+		var prevCmd, curCmd *redis.Cmd
+		if flushPrev > 0 && !prevDone { // a retry after NOSCRIPT sends only what did not land
+			prevCmd = pipe.EvalSha(ctx, c.charge, []string{c.Key(prevW, c.o.intn(c.o.shards))}, flushPrev, c.ttlMS)
 		}
-		if flushCur > 0 {
-			charges = append(charges, pipe.EvalSha(ctx, c.charge, []string{c.Key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS))
+		if flushCur > 0 && !curDone {
+			curCmd = pipe.EvalSha(ctx, c.charge, []string{c.Key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS)
 		}
 		gets := make([]*redis.StringCmd, c.o.shards)
 		for j := range gets {
@@ -535,32 +556,29 @@ func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flu
 		}
 		_, _ = pipe.Exec(ctx)
 		c.roundTrips.Add(1)
-		for _, ch := range charges {
-			if err := ch.Err(); err != nil {
-				return c.chargeErr("flush", err)
+		var flushErr error
+		for _, f := range []struct {
+			cmd  *redis.Cmd
+			done *bool
+		}{{prevCmd, &prevDone}, {curCmd, &curDone}} {
+			if f.cmd == nil || *f.done {
+				continue
 			}
+			if err := f.cmd.Err(); err != nil {
+				flushErr = c.chargeErr("flush", err)
+				continue
+			}
+			*f.done = true
 			c.writes.Add(1)
 		}
-		total, err := c.sumShards(gets)
-		if err != nil {
-			return err
+		if flushErr != nil {
+			return flushErr
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.cur.w == cw {
-			c.cur.total = total
-			switch c.o.mode {
-			case Cached:
-				// Admissions counted before the read started are in the
-				// total now; later ones may not be.
-				c.cur.local -= startLocal
-			case LocalAggregation:
-				c.cur.local -= flushCur
-				c.cur.inFlush -= flushCur
-			}
-		}
-		return nil
+		var err error
+		total, err = c.sumShards(gets)
+		return err
 	})
+	return prevDone, curDone, total, err
 }
 
 func (c *Ceiling) loop() {

@@ -387,3 +387,76 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalAggregationFlushLandsOnce: a flush whose charge landed is never
+// sent again, even when the reads of the same pipeline failed; a flush
+// that failed is sent again; both survive SCRIPT FLUSH.
+func TestLocalAggregationFlushLandsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := newFakeClock()
+	c := servers(t, srv, 1, 1000, time.Minute, WithClock(clock.Now), WithMode(LocalAggregation), WithoutBackgroundSync(),
+		WithRand(func(int) int { return 0 }))[0]
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	w, _ := c.windowOf(clock.Now())
+	admit := func(n int) {
+		for i := 0; i < n; i++ {
+			if d, _, err := c.Admit(ctx, critical()); err != nil || !d.Allowed {
+				t.Fatal(d, err)
+			}
+		}
+	}
+	shard0 := func() int64 {
+		n, err := rdb.Get(ctx, c.Key(w, 0)).Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return n
+	}
+	admit(5)
+	if _, err := srv.Do(ctx, "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := shard0(); got != 5 {
+		t.Fatalf("after the first flush shard 0 holds %d, want 5", got)
+	}
+	// Shard 5 of the wrong type: the reads fail, the flush to shard 0 lands.
+	if err := rdb.LPush(ctx, c.Key(w, 5), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	admit(3)
+	if err := c.Sync(ctx); err == nil {
+		t.Fatal("sync with a broken shard: no error")
+	}
+	if got := shard0(); got != 8 {
+		t.Fatalf("shard 0 holds %d, want 8", got)
+	}
+	rdb.Del(ctx, c.Key(w, 5))
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := shard0(); got != 8 {
+		t.Fatalf("after a clean sync shard 0 holds %d, want 8 (no second flush of the 3)", got)
+	}
+	// Shard 0 of the wrong type: the flush fails and is sent again later.
+	if err := rdb.Del(ctx, c.Key(w, 0)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.LPush(ctx, c.Key(w, 0), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	admit(4)
+	if err := c.Sync(ctx); err == nil {
+		t.Fatal("flush into a broken shard: no error")
+	}
+	rdb.Del(ctx, c.Key(w, 0))
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := shard0(); got != 4 {
+		t.Fatalf("shard 0 holds %d after the retried flush, want 4", got)
+	}
+}
