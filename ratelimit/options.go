@@ -17,7 +17,8 @@ func defaultStoreOptions() storeOptions {
 	return storeOptions{prefix: "spillway:", maxKeys: 1 << 20, shards: 64}
 }
 
-// WithClock sets the clock. For the memory store it replaces time.Now. For
+// WithClock sets the clock. For the memory store it replaces the default
+// clock (the wall time at construction plus the monotonic time since). For
 // the Redis store it makes the client send its own time to the scripts
 // instead of the scripts reading Redis TIME: for tests, and for managed
 // Redis that rejects TIME in scripts. Every client of one Redis must then
@@ -29,10 +30,12 @@ func WithClock(now func() time.Time) Option { return func(o *storeOptions) { o.c
 func WithPrefix(prefix string) Option { return func(o *storeOptions) { o.prefix = prefix } }
 
 // WithMaxKeys caps the number of keys the memory store holds (default
-// 1<<20); past the cap it evicts full or expired state first. Ignored by the
-// Redis store, whose keys all carry TTLs.
+// 1<<20; n ≤ 0 means the default); past the cap it evicts full or expired
+// state first (see MemoryStore). Ignored by the Redis store, whose keys all
+// carry TTLs.
 func WithMaxKeys(n int) Option { return func(o *storeOptions) { o.maxKeys = n } }
 
 // WithShards sets the number of lock shards of the memory store (default
-// 64, rounded up to a power of two). Ignored by the Redis store.
+// 64, rounded up to a power of two, lowered so every shard holds at least
+// one key; n ≤ 0 means the default). Ignored by the Redis store.
 func WithShards(n int) Option { return func(o *storeOptions) { o.shards = n } }

@@ -19,25 +19,32 @@ import (
 //     n·T. Remaining = floor((now + τ − TAT') / T); ResetAfter = TAT' − now
 //     (≥ 0); RetryAfter on denial = max(TAT, now) + n·T − τ − now. The three
 //     admit the same sequences (a meter-style leaky bucket and GCRA are the
-//     token bucket seen from the other side); LeakyBucket additionally
-//     offers the smoothing delay (see Limiter.Reserve), and reports its
-//     Limit as the bucket capacity B.
+//     token bucket seen from the other side) and share state for the same
+//     scope and key; LeakyBucket additionally offers the smoothing delay
+//     (see Limiter.Reserve), and reports its Limit as the bucket capacity B.
 //   - FixedWindow: windows [k·P, (k+1)·P); one counter per key for the
 //     current window, created with its expiry at the window end. Allowed iff
-//     count + n ≤ L. Remaining = L − count'; ResetAfter = RetryAfter = end of
-//     window − now.
+//     count + n ≤ L. Remaining = L − count'; ResetAfter = end of window − now
+//     (0 when the count is 0); RetryAfter = end of window − now.
 //   - SlidingWindowLog: one entry per admitted unit in the last P, each with
-//     a unique member; allowed iff entries + n ≤ L; RetryAfter is when enough
-//     of the oldest entries leave the window; ResetAfter when the newest does.
+//     a unique member; an entry at ts counts while ts > now − P. Allowed iff
+//     entries + n ≤ L; RetryAfter is when enough of the oldest entries leave
+//     the window; ResetAfter when the newest does.
 //   - SlidingWindowCounter: Cloudflare's estimate from the previous and the
 //     current fixed window: est = floor(prev·(P − e) / P) + cur, e = now −
-//     start of the current window. Allowed iff est + n ≤ L.
+//     start of the current window. Allowed iff est + n ≤ L. RetryAfter and
+//     ResetAfter are the exact times the estimate allows the request and
+//     reaches 0 (see algorithms.go).
 //
 // A cost above what the policy can ever admit (n > B for the bucket family,
 // n > L for the windows) is denied with spillway.ReasonCostExceedsLimit and
 // RetryAfter 0: it can never succeed. Cost 0 is a peek: always allowed,
 // writes nothing, reports Remaining. A denial changes no state. Time going
-// backwards is treated as no time passing.
+// backwards never gives more room than if no time had passed: the bucket
+// family clamps now to TAT − τ, the fixed window and the counter to the
+// start of the stored window, the log to its newest entry. Durations are
+// computed in µs and reported rounded up to whole milliseconds. The exact
+// arithmetic, shared by both stores, is ratelimit/algorithms.go.
 type Algorithm uint8
 
 const (
