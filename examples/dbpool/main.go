@@ -9,7 +9,9 @@
 // It needs nothing but Go: the database is an in-process database/sql
 // driver (fakedb.go), and Redis is -redis if given, else a redis-server
 // started from PATH on a free loopback port, else none — then the guards
-// run degraded on local token buckets, as they do when Redis is down.
+// run degraded on local token buckets (a ratelimit memory store, local.go)
+// holding each server's share of the ceiling, as they do when Redis is
+// down.
 //
 //	go run ./examples/dbpool
 //	go run ./examples/dbpool -redis 127.0.0.1:6379 -mode cached -duration 5s
@@ -113,7 +115,7 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 			lim = c
 		}
 		// Degraded mode: this server's share of the ceiling.
-		local, err := globalceiling.NewLocalBucket(max(ceiling/int64(servers), 1), time.Second)
+		local, err := newMemoryShare(max(ceiling/int64(servers), 1))
 		if err != nil {
 			return sum, err
 		}
