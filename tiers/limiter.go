@@ -358,13 +358,13 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // charged like the others. When only shadow rules denied, the enforced
 // rules are decided again without them (the one case of a second round
 // trip), so a shadow rule neither blocks the request nor changes what the
-// enforced rules are charged; the shadow rule, having "denied", is not
-// charged. When an enforced rule denies, nothing is charged, shadow or not.
+// enforced rules are charged; the shadow rules are not charged for that
+// request. When an enforced rule denies, nothing is charged, shadow or not.
 //
 // The decision is Degraded when any item's was (a fallback store decided
 // it locally). A store failure returns a *StoreError (never a silent
-// allow). A request
-// that matches only shadow rules is allowed if the store fails.
+// allow); a request that matches only shadow rules is allowed if the store
+// fails. Done is spillway.Noop: a rate limit has nothing to release.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if err := r.Validate(); err != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
