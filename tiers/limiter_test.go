@@ -680,3 +680,32 @@ limits:
 		{req("GET", "/", "ip", "b"), spillway.Decision{Allowed: true, Limiter: "login", Limit: 1, Remaining: 0, ResetAfter: time.Minute}},
 	})
 }
+
+// More rules than the pooled scratch holds: the batch spills to the heap
+// and still decides all or nothing.
+func TestManyRules(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("limits:\n")
+	r := req("GET", "/x")
+	for i := 0; i < 12; i++ {
+		dim := "d" + string(rune('a'+i))
+		limit := "5"
+		if i == 11 {
+			limit = "2"
+		}
+		b.WriteString("  - id: r" + dim + "\n    by: " + dim + "\n    bucket: " + limit + "/minute\n")
+		r.Set(dim, "v")
+	}
+	clk := newClock()
+	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	l := mustLimiter(t, b.String(), store)
+	run(t, l, []step{
+		{r, spillway.Decision{Allowed: true, Limiter: "rdl", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
+		{r, spillway.Decision{Allowed: true, Limiter: "rdl", Limit: 2, Remaining: 0, ResetAfter: time.Minute}},
+		{r, spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "rdl", Limit: 2, ResetAfter: time.Minute, RetryAfter: 30 * time.Second}},
+	})
+	left := peek(t, l, store, r)
+	if len(left) != 12 || left["rda"] != 3 || left["rdk"] != 3 || left["rdl"] != 0 {
+		t.Fatalf("peek = %v", left)
+	}
+}
