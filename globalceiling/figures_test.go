@@ -93,3 +93,33 @@ func BenchmarkModes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmit: the cost of one admission in each mode on a loopback
+// redis-server, under the ceiling (every admission allowed), in parallel.
+//
+//	go test -run '^$' -bench Admit -benchtime 20000x ./globalceiling/
+func BenchmarkAdmit(b *testing.B) {
+	for _, mode := range []Mode{Exact, Cached, LocalAggregation} {
+		b.Run(mode.String(), func(b *testing.B) {
+			srv := redistest.Start(b)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			b.Cleanup(func() { rdb.Close() })
+			c, err := New(rdb, "bench-db", 1<<40, time.Minute, WithMode(mode))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Close() })
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				r := critical()
+				for pb.Next() {
+					if d, _, err := c.Admit(ctx, r); err != nil || !d.Allowed {
+						b.Fatal(d, err)
+					}
+				}
+			})
+		})
+	}
+}
