@@ -497,3 +497,17 @@ func (c *Cluster) WaitReplicated(ctx context.Context) error {
 		}
 	}
 }
+
+// Revive restarts a node killed with Kill or KillPrimary on the same port
+// and directory, so it rejoins with its old identity (from nodes.conf) and
+// becomes a replica of whichever node took over its slots; then it waits
+// until the cluster is healthy again.
+func (c *Cluster) Revive(ctx context.Context, s *Server) error {
+	if err := s.Restart(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.killed, s)
+	c.mu.Unlock()
+	return c.WaitHealthy(ctx)
+}

@@ -98,6 +98,26 @@ func TestClusterStartFailover(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+
+	// The killed node comes back as a replica of its successor.
+	if err := c.Revive(ctx, dead); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Live()) != 6 {
+		t.Fatalf("live = %d, want 6", len(c.Live()))
+	}
+	ps, err = c.Primaries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p == dead {
+			t.Fatal("revived node is a primary")
+		}
+	}
+	if len(ps) != 3 {
+		t.Fatalf("primaries after revival = %d, want 3", len(ps))
+	}
 }
 
 func TestParseClusterNodes(t *testing.T) {
