@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,6 +78,16 @@ func main() {
 	}
 
 	var errs sync.Map
+	var total, degraded atomic.Int64
+	inner := lim
+	lim = spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		d, done, err := inner.Admit(ctx, r)
+		total.Add(1)
+		if d.Degraded {
+			degraded.Add(1) // decided by the fallback's local share: Redis was too slow or out
+		}
+		return d, done, err
+	})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"results":[]}`) })
 	mw := httpx.Middleware(lim, httpx.WithAPIKeyHeader("X-API-Key"),
 		httpx.WithErrorHandler(func(r *http.Request, err error) { errs.Store(err.Error(), true) }))
@@ -116,6 +127,7 @@ func main() {
 	fmt.Printf("added (middleware − bare): client p50 %+d µs, p99 %+d µs; server p50 %+d µs, p99 %+d µs\n",
 		pct(limited.client, 50)-pct(bare.client, 50), pct(limited.client, 99)-pct(bare.client, 99),
 		pct(limited.server, 50)-pct(bare.server, 50), pct(limited.server, 99)-pct(bare.server, 99))
+	fmt.Printf("decisions: %d, degraded (local share, not Redis): %d\n", total.Load(), degraded.Load())
 	errs.Range(func(k, _ any) bool { fmt.Println("limiter error:", k); return true })
 }
 
