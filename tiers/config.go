@@ -191,8 +191,8 @@ func parseCount(s, what string) (int64, error) {
 // Plan is one API-key tier (free, pro, enterprise): named buckets that the
 // rules with a Plan field take their rate from.
 type Plan struct {
-	Name    string
-	Buckets map[string]Bucket
+	Name    string            // the plan's name, as the resolver returns it
+	Buckets map[string]Bucket // bucket name (a rule's Plan) → rate
 	Line    int // where it was defined, 0 when built in Go
 }
 
@@ -238,8 +238,8 @@ type Rule struct {
 type Config struct {
 	// File is the name used in error messages ("limits.yaml").
 	File        string
-	Rules       []Rule
-	Plans       map[string]Plan
+	Rules       []Rule          // in file order; ties in decisions go to the first
+	Plans       map[string]Plan // by name
 	DefaultPlan string // the plan of a request whose plan is not known
 
 	defaultPlanLine int

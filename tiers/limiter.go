@@ -152,6 +152,7 @@ type StoreError struct {
 	Err error
 }
 
+// Error says which rules the failure affects, their fail mode and why.
 func (e *StoreError) Error() string {
 	return fmt.Sprintf("tiers: store failed (rules %v, fail %s): %v", e.Rules, e.Fail, e.Err)
 }
