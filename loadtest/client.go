@@ -21,7 +21,8 @@ const (
 	// maxNaiveRetries times: the retry storm.
 	RetryNaive RetryMode = iota
 	// RetryHonor waits for Retry-After (with jitter; exponential backoff
-	// when there is none) and retries only under a retry budget.
+	// when there is none) and retries only Critical and CriticalPlus
+	// work, under a retry budget.
 	RetryHonor
 )
 
@@ -113,7 +114,7 @@ func (c *Clients) Close() {
 	go func() { c.inflight.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(3 * time.Second):
 	}
 	c.hc.CloseIdleConnections()
 }
@@ -149,7 +150,10 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 				break
 			}
 		} else {
-			if attempt >= maxHonorRetries || !budget.spend() {
+			// Only user-facing work is worth a retry: Sheddable and
+			// SheddablePlus work (prefetch, batch) is dropped, so the
+			// retry budget is spent where it matters.
+			if a.Priority < spillway.Critical || attempt >= maxHonorRetries || !budget.spend() {
 				break
 			}
 			if res.retryAfter > 0 {
@@ -213,10 +217,19 @@ func (c *Clients) attempt(a Arrival, retry bool) (attemptResult, bool) {
 	}()
 	t := time.NewTimer(c.timeout)
 	defer t.Stop()
+	t0 := time.Now()
 	select {
 	case r := <-done:
+		if debugDegraded {
+			k := "client:" + strconv.Itoa(r.status)
+			degradedCauses.Add(k+"_n", 1)
+			degradedCauses.Add(k+"_us", time.Since(t0).Microseconds())
+		}
 		return r, false
 	case <-t.C:
+		if debugDegraded {
+			degradedCauses.Add("client:timeout_n", 1)
+		}
 		return attemptResult{}, true
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
 )
@@ -77,8 +78,10 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	}, nil
 }
 
-// fallbackBudget is the time one Redis call of the full chain may take.
-const fallbackBudget = 50 * time.Millisecond
+// fallbackBudget is the time one Redis call of the full chain may take:
+// milliseconds, not go-redis's seconds; generous enough that a busy
+// two-core machine does not trip the breakers on a healthy Redis.
+const fallbackBudget = 100 * time.Millisecond
 
 // Settings of the full chain's fallback wrappers: a Redis call may take
 // fallbackBudget; five failures in a row open the breaker for a second;
@@ -168,63 +171,63 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 		return fail(err)
 	}
 
-	// 3. Fleet usage shedder over the backend's capacity; 20% kept for
-	// Critical work. Without Redis each server uses 1/N of it.
-	fleet, err := shedder.NewFleet(client, "api", int64(env.System.Capacity),
+	// 3. Fleet usage shedder: the fleet-wide bound in front of the
+	// database. Its capacity is the backend's; Sheddable and SheddablePlus
+	// work may use 90% of it, Critical and CriticalPlus all of it.
+	// Without Redis each server uses 1/N of it.
+	fleet, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
 		shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
+		shedder.WithThresholds(0.9, 0.9, 1, 1),
 		shedder.WithTimeout(fallbackBudget), shedder.WithLocalShare(1/n))
 	if err != nil {
 		return fail(err)
 	}
 
-	// 4. Worker utilization shedder: this server's share of the backend
-	// with 25% headroom, since it sheds before it is full (it keeps its
-	// peak utilization under 90% by shedding the lowest priorities).
-	worker, err := shedder.NewWorker(int64(math.Ceil(1.25 * float64(env.System.Capacity) / n)))
+	// 4. Worker utilization shedder, sized as this server's pool of
+	// database work: 1/N of the backend's capacity (its last 5% kept for
+	// Critical work). Its hard caps bound the backend's concurrency
+	// without Redis; its band (0.95–1.01) makes the shed level move only
+	// when the pool is full, so it does not hold the pool below capacity.
+	worker, err := shedder.NewWorker(int64(env.System.Capacity/env.Servers),
+		shedder.WithReserve(0.05), shedder.WithBand(0.95, 1.01))
 	if err != nil {
 		return fail(err)
 	}
 
-	// 5. The hard bound in front of the database: at most its capacity of
-	// requests in flight across the fleet (Stripe's concurrent-request
-	// limiter on one key), 1/N of it per server while Redis is away.
-	dbShared, err := concurrency.New(cstore, int64(env.System.Capacity), concurrency.WithName("db_concurrency"),
-		concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+	// 5. Global ceiling in front of the database: a fleet-wide rate
+	// backstop at 1.2× the backend's throughput per second (10% kept for
+	// Critical work), one round trip per admission (Cached mode). While
+	// Redis is away each server admits 1/N of it from a local bucket.
+	ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+	ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
+		globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 	if err != nil {
 		return fail(err)
 	}
-	dbLocal, err := concurrency.New(concurrency.NewMemoryStore(), int64(env.System.Capacity/env.Servers), concurrency.WithName("db_concurrency"))
+	localCeil, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{
+		Limit: max(1, ceilingLimit/int64(env.Servers)), Period: time.Second,
+	}, ratelimit.WithScope("db_ceiling_local"))
 	if err != nil {
+		ceil.Close()
 		return fail(err)
 	}
-	dbGuard, err := fallback.NewLimiter(ceilingOf(dbShared), ceilingOf(dbLocal), fallbackSettings("db_concurrency", 1/n))
+	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings("ceiling", 1/n))
 	if err != nil {
+		ceil.Close()
 		return fail(err)
 	}
 
 	return ServerChain{
-		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), conc, fleet, worker, dbGuard),
+		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), conc, fleet, worker, ceiling),
 		BreakerOpen: func() bool {
-			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || dbGuard.State() != fallback.Closed
+			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
 		Close: func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
 			_ = fleet.Close(ctx)
+			_ = ceil.Close()
 			client.Close()
 		},
 	}, nil
-}
-
-// ceilingOf makes a concurrency limiter on the single key "db" a ceiling
-// in front of the database: a denial is load shedding (503), not a
-// per-client limit.
-func ceilingOf(l *concurrency.Limiter) spillway.Limiter {
-	return spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		d, done, err := l.Acquire(ctx, "db")
-		if err == nil && !d.Allowed {
-			d.Reason = spillway.ReasonCeiling
-		}
-		return d, done, err
-	})
 }

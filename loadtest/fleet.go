@@ -21,8 +21,25 @@ type recording struct {
 }
 
 func (r recording) Admit(ctx context.Context, req *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	t0 := time.Now()
 	d, done, err := r.inner.Admit(ctx, req)
+	if debugDegraded {
+		degradedCauses.Add("timing:admit_us", time.Since(t0).Microseconds())
+		degradedCauses.Add("timing:admit_n", 1)
+		if done != nil && d.Allowed {
+			inner := done
+			done = func(o spillway.Outcome) {
+				t1 := time.Now()
+				inner(o)
+				degradedCauses.Add("timing:done_us", time.Since(t1).Microseconds())
+				degradedCauses.Add("timing:done_n", 1)
+			}
+		}
+	}
 	r.rec.Decision(d, err)
+	if debugDegraded && err == nil && !d.Allowed {
+		degradedCauses.Add("deny:"+req.Priority.String()+":"+d.Limiter+":"+d.Reason.String(), 1)
+	}
 	if err != nil {
 		// The middleware's fail mode decides; the configurations that
 		// reach here fail open, so count it as admitted.
@@ -45,6 +62,13 @@ type APIServer struct {
 func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder) (*APIServer, error) {
 	mux := http.NewServeMux()
 	work := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t0 := time.Now()
+		defer func() {
+			if debugDegraded {
+				degradedCauses.Add("timing:handler_us", time.Since(t0).Microseconds())
+				degradedCauses.Add("timing:handler_n", 1)
+			}
+		}()
 		if err := db.Query(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -81,7 +105,7 @@ func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder) (*APIServe
 
 // Close stops the server, waiting briefly for requests in flight.
 func (s *APIServer) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := s.srv.Shutdown(ctx); err != nil {
 		_ = s.srv.Close()

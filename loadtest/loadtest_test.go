@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -16,20 +17,46 @@ import (
 // the harness works, not what the chain does (the full run does).
 func TestShortRun(t *testing.T) {
 	dir := t.TempDir()
-	p := Params{Scenario: "all", Duration: 3 * time.Second, Seed: 7, Servers: 2, Out: dir, Retry: RetryHonor, Scale: 0.25, Quiet: true}
-	sum, err := Run(context.Background(), p, nil)
-	if err != nil {
-		t.Fatal(err)
+	base := Params{Duration: 3 * time.Second, Seed: 7, Servers: 2, Retry: RetryHonor, Scale: 0.25, Quiet: true}
+	sum := &Summary{Scenarios: map[string]*ScenarioResult{}}
+	for _, run := range []struct {
+		scenario string
+		configs  []string
+	}{
+		{"cascade", nil},              // all three configurations
+		{"goodput", []string{"full"}}, // one is enough to prove the sweep
+		{"accuracy", nil},
+	} {
+		p := base
+		p.Scenario, p.Configs = run.scenario, run.configs
+		s, err := Run(context.Background(), p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum.Redis = max(sum.Redis, s.Redis)
+		sum.Scenarios[run.scenario] = s.Scenarios[run.scenario]
+		sum.order = append(sum.order, run.scenario)
+		sum.Verdict = append(sum.Verdict, s.Verdict...)
 	}
 	files, err := WriteOutputs(dir, sum)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(files) != 8 { // summary, cascade comparison + 3, goodput curves + 1, report
+		t.Errorf("wrote %d files, want 8: %v", len(files), files)
 	}
 	for _, f := range files {
 		st, err := os.Stat(f)
 		if err != nil || st.Size() == 0 {
 			t.Errorf("output %s missing or empty: %v", f, err)
 		}
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(html), "data:image/png;base64,") || strings.Contains(string(html), "src=\"http") {
+		t.Error("report.html does not embed its plots")
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
 	if err != nil {
@@ -50,9 +77,10 @@ func TestShortRun(t *testing.T) {
 	if raw.Redis == "" {
 		t.Error("summary does not say which Redis it used")
 	}
+	wantCap := float64(systemFor(base).Capacity)
 	fields := []string{"offered", "admitted", "goodput", "backend_peak_concurrency", "backend_capacity", "backend_p99_ms",
 		"rejected_by_reason", "degraded_decisions", "recovery_seconds"}
-	for _, sc := range []string{"cascade", "goodput"} {
+	for sc, cfgs := range map[string][]string{"cascade": {"none", "naive", "full"}, "goodput": {"full"}} {
 		s, ok := raw.Scenarios[sc]
 		if !ok {
 			t.Fatalf("summary has no scenario %q", sc)
@@ -60,7 +88,7 @@ func TestShortRun(t *testing.T) {
 		if len(s.ScheduleSHA256) != 64 {
 			t.Errorf("%s: schedule digest %q", sc, s.ScheduleSHA256)
 		}
-		for _, cfg := range []string{"none", "naive", "full"} {
+		for _, cfg := range cfgs {
 			c, ok := s.Configurations[cfg]
 			if !ok {
 				t.Fatalf("%s: no configuration %q", sc, cfg)
@@ -80,11 +108,17 @@ func TestShortRun(t *testing.T) {
 			if cfg != "none" && (admitted <= 0 || admitted > offered) {
 				t.Errorf("%s/%s: admitted %v not in (0, offered %v]", sc, cfg, admitted, offered)
 			}
-			if c["backend_capacity"].(float64) != 10 {
-				t.Errorf("%s/%s: backend_capacity %v, want 10 (40 × scale 0.25)", sc, cfg, c["backend_capacity"])
+			if cfg == "none" && admitted != 0 {
+				t.Errorf("%s/none: admitted %v, want 0 (no limiter decides)", sc, admitted)
+			}
+			if c["backend_capacity"].(float64) != wantCap {
+				t.Errorf("%s/%s: backend_capacity %v, want %v", sc, cfg, c["backend_capacity"], wantCap)
 			}
 			if c["backend_peak_concurrency"].(float64) <= 0 || c["backend_p99_ms"].(float64) <= 0 {
 				t.Errorf("%s/%s: backend peak %v, p99 %v: the backend did no work", sc, cfg, c["backend_peak_concurrency"], c["backend_p99_ms"])
+			}
+			if _, ok := c["rejected_by_reason"].(map[string]any); !ok {
+				t.Errorf("%s/%s: rejected_by_reason is %T", sc, cfg, c["rejected_by_reason"])
 			}
 		}
 	}
@@ -95,6 +129,9 @@ func TestShortRun(t *testing.T) {
 	}
 	if acc["boundary_demo_fixed_window"].(float64) != 2*acc["boundary_demo_limit"].(float64) {
 		t.Errorf("accuracy: fixed window boundary demo admitted %v, want 2 × %v", acc["boundary_demo_fixed_window"], acc["boundary_demo_limit"])
+	}
+	if acc["overshoot_sliding_window_log"].(float64) > 1 {
+		t.Errorf("accuracy: the exact sliding log admitted %v× its limit in one period", acc["overshoot_sliding_window_log"])
 	}
 	if len(raw.Verdict) == 0 {
 		t.Error("no verdict rows")

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 )
@@ -37,6 +38,12 @@ func main() {
 	if p.Quiet {
 		progress = nil
 	}
+	if f := os.Getenv("LOADTEST_CPUPROFILE"); f != "" {
+		if out, err := os.Create(f); err == nil {
+			_ = pprof.StartCPUProfile(out)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	sum, err := Run(ctx, p, progress)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -55,6 +62,7 @@ func main() {
 		fmt.Printf("\nwrote %s\n", strings.Join(files, ", "))
 	}
 	if !sum.Passed() {
+		pprof.StopCPUProfile()
 		os.Exit(3)
 	}
 }
@@ -66,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	fs.StringVar(&p.Scenario, "scenario", "cascade", "scenario to run: cascade, goodput, accuracy or all")
 	fs.DurationVar(&p.Duration, "duration", 0, "total load time of each scenario over all its configurations (0: cascade 75s, goodput 72s; accuracy replays 8× this in simulated time); every phase scales with it")
 	fs.Uint64Var(&p.Seed, "seed", 1, "seed of the offered schedule: the same seed offers exactly the same load")
-	fs.IntVar(&p.Servers, "servers", 4, "number of API servers in the fleet")
+	fs.IntVar(&p.Servers, "servers", 3, "number of API servers in the fleet")
 	fs.StringVar(&p.Out, "out", "", "directory for summary.json, PNG plots and report.html (empty: none)")
 	fs.StringVar(&p.RedisAddr, "redis", "", "address of an existing Redis to use (empty: start redis-server on a free port, or an embedded Redis when redis-server is not installed)")
 	retry := fs.String("retry", "honor", "how well-behaved clients retry: honor (Retry-After, under a retry budget) or naive (at once); abusive clients always retry naively")

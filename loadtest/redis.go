@@ -24,7 +24,7 @@ const (
 // slowLatency is added each way in the "slow" phase: a 2·slowLatency round
 // trip, well past the full chain's budget and a heavy load on a naive
 // client's connection pool.
-const slowLatency = 60 * time.Millisecond
+const slowLatency = 150 * time.Millisecond
 
 // RedisEnv is the Redis the fleet talks to, always through the fault proxy.
 type RedisEnv struct {
