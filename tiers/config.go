@@ -193,7 +193,7 @@ func parseCount(s, what string) (int64, error) {
 type Plan struct {
 	Name    string            // the plan's name, as the resolver returns it
 	Buckets map[string]Bucket // bucket name (a rule's Plan) → rate
-	Line    int // where it was defined, 0 when built in Go
+	Line    int               // where it was defined, 0 when built in Go
 }
 
 // Rule is one limit of a config. Every rule that matches a request is
@@ -240,7 +240,7 @@ type Config struct {
 	File        string
 	Rules       []Rule          // in file order; ties in decisions go to the first
 	Plans       map[string]Plan // by name
-	DefaultPlan string // the plan of a request whose plan is not known
+	DefaultPlan string          // the plan of a request whose plan is not known
 
 	defaultPlanLine int
 }
