@@ -266,6 +266,7 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			}
 			if m, path, ok := strings.Cut(strings.TrimSpace(s), " "); ok {
 				path = strings.TrimSpace(path)
+				m = strings.ToUpper(m)
 				if !validMethod(m) {
 					return p.errf(v, fmt.Sprintf("endpoint %q", s), "%q is not an HTTP method (write \"POST /path\")", m)
 				}

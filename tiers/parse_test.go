@@ -222,6 +222,20 @@ func TestParseDemoFile(t *testing.T) {
 	}
 }
 
+func TestParseMethodInEndpoint(t *testing.T) {
+	c, err := Parse("x.yaml", []byte("limits:\n  - endpoint: post /login\n    method: POST\n    by: ip\n    bucket: 1/s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Rules[0]; r.Endpoint != "/login" || len(r.Methods) != 1 || r.Methods[0] != "POST" {
+		t.Fatalf("rule = %+v", r)
+	}
+	_, err = Parse("x.yaml", []byte("limits:\n  - endpoint: p0st /login\n    by: ip\n    bucket: 1/s\n"))
+	if err == nil || err.Error() != `tiers: x.yaml:2: endpoint "p0st /login": "P0ST" is not an HTTP method (write "POST /path")` {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestParseEmptyLimits(t *testing.T) {
 	for _, in := range []string{"limits:\n", "limits: []\n"} {
 		c, err := Parse("x.yaml", []byte(in))
