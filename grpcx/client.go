@@ -66,10 +66,10 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 			c.budget.Deposit()
 		}
 		canRetry := c.maxRetries > 0 && (c.retryable == nil || c.retryable(method))
+		if c.throttle != nil && !c.throttle.Allow() {
+			return ErrThrottled
+		}
 		for attempt := 0; ; attempt++ {
-			if c.throttle != nil && !c.throttle.Allow() {
-				return ErrThrottled
-			}
 			err := invoker(ctx, method, req, reply, cc, callOpts...)
 			if !overloaded(err) {
 				if c.throttle != nil {
@@ -92,6 +92,11 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 				return err
 			}
 			if c.budget != nil && !c.budget.TryRetry() {
+				return err
+			}
+			// A retry the throttle refuses returns the server's status,
+			// not ErrThrottled.
+			if c.throttle != nil && !c.throttle.Allow() {
 				return err
 			}
 			if serr := sleep(ctx, wait); serr != nil {

@@ -391,3 +391,22 @@ func TestClientThrottle(t *testing.T) {
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 3)
 }
+
+type onceThrottle struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (o *onceThrottle) Allow() bool { o.mu.Lock(); defer o.mu.Unlock(); o.n++; return o.n == 1 }
+func (o *onceThrottle) Accepted()   {}
+
+// A retry the throttle refuses returns the server's status, not ErrThrottled.
+func TestClientThrottleRefusesRetry(t *testing.T) {
+	rec := &recorder{decide: always(spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "per_ip", RetryAfter: time.Millisecond}, nil)}
+	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithThrottle(&onceThrottle{}))))
+	_, err := check(context.Background(), conn)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err))
+	require.NotErrorIs(t, err, grpcx.ErrThrottled)
+	reqs, _, _ := rec.snapshot()
+	require.Len(t, reqs, 1)
+}

@@ -96,11 +96,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Budget != nil {
 		t.Budget.Deposit()
 	}
+	if t.Throttle != nil && !t.Throttle.Allow() {
+		closeBody(req)
+		return nil, ErrThrottled
+	}
 	for attempt := 0; ; attempt++ {
-		if t.Throttle != nil && !t.Throttle.Allow() {
-			closeBody(req)
-			return nil, ErrThrottled
-		}
 		if attempt > 0 {
 			req = req.Clone(ctx)
 			if req.GetBody != nil {
@@ -134,6 +134,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil // the answer would come too late anyway
 		}
 		if t.Budget != nil && !t.Budget.TryRetry() {
+			return resp, nil
+		}
+		// A retry the throttle refuses returns the server's answer, not
+		// ErrThrottled: the caller learns more from the 429 itself.
+		if t.Throttle != nil && !t.Throttle.Allow() {
 			return resp, nil
 		}
 		// Drain a little so the connection can be reused, then wait.

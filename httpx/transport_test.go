@@ -211,6 +211,12 @@ type recThrottle struct {
 func (r *recThrottle) Allow() bool { r.allows++; return r.allow }
 func (r *recThrottle) Accepted()   { r.accepts++ }
 
+// onceThrottle allows only the first request.
+type onceThrottle struct{ n int }
+
+func (o *onceThrottle) Allow() bool { o.n++; return o.n == 1 }
+func (o *onceThrottle) Accepted()   {}
+
 func TestTransportThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
@@ -228,6 +234,15 @@ func TestTransportThrottle(t *testing.T) {
 		require.ErrorIs(t, err, httpx.ErrThrottled)
 		require.Nil(t, resp)
 		require.Equal(t, 2, f.hits()) // not sent
+
+		// A retry the throttle refuses: the caller gets the server's 429.
+		f = &flaky{n: 1, status: 429, ra: "1"}
+		once := &onceThrottle{}
+		tr = &httpx.Transport{Base: inProcess{f}, Backoff: noJitter(), Throttle: once}
+		resp, err = tr.RoundTrip(req)
+		require.NoError(t, err)
+		require.Equal(t, 429, resp.StatusCode)
+		require.Equal(t, 1, f.hits())
 	})
 }
 
