@@ -34,7 +34,9 @@ var ErrThrottled = fmt.Errorf("httpx: request throttled locally: the backend is 
 // load. It
 //
 //   - rejects requests locally with ErrThrottled when the Throttle says the
-//     backend is rejecting most of them (Google SRE adaptive throttling);
+//     backend is rejecting most of them (Google SRE adaptive throttling); a
+//     retry the Throttle refuses is not sent either, and the caller gets
+//     the server's 429 or 503;
 //   - retries a 429 or 503 answer, waiting the server's Retry-After plus
 //     jitter (or an exponential backoff when there is none; see Backoff),
 //     when the request is retryable, the RetryBudget has room, MaxRetries
