@@ -68,6 +68,23 @@ func (o outcome) decision(scope string, p Policy) spillway.Decision {
 	return o.decisionCap(scope, p.Capacity())
 }
 
+// decisionInto writes the decision into *d (the hot path: no copies).
+func (o *outcome) decisionInto(d *spillway.Decision, scope string, capacity int64) {
+	d.Allowed = o.allowed
+	d.Reason = spillway.ReasonNone
+	if o.exceeds {
+		d.Reason = spillway.ReasonCostExceedsLimit
+	} else if !o.allowed {
+		d.Reason = spillway.ReasonRateLimited
+	}
+	d.Limiter = scope
+	d.Limit = capacity
+	d.Remaining = o.remaining
+	d.ResetAfter = ceilMillis(o.reset)
+	d.RetryAfter = ceilMillis(o.retry)
+	d.Degraded = false
+}
+
 func (o outcome) decisionCap(scope string, capacity int64) spillway.Decision {
 	d := spillway.Decision{
 		Allowed:    o.allowed,

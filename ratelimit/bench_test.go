@@ -71,6 +71,35 @@ func BenchmarkOneKey(b *testing.B) {
 	})
 }
 
+// BenchmarkOneKeyFixedClock is BenchmarkOneKey with the clock taken out on
+// both sides (a constant time, cost 0 so nothing runs out): what the
+// decision itself costs.
+func BenchmarkOneKeyFixedClock(b *testing.B) {
+	t := time.Now()
+	ctx := context.Background()
+	b.Run("memory", func(b *testing.B) {
+		l, err := New(NewMemoryStore(WithClock(func() time.Time { return t })), benchPolicy(TokenBucket))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		m := startCPU(b, rusageThread)
+		for i := 0; i < b.N; i++ {
+			l.AllowN(ctx, "key", 0)
+		}
+		m.stop(b)
+	})
+	b.Run("x_time_rate", func(b *testing.B) {
+		l := rate.NewLimiter(rate.Limit(1<<40), 1<<30)
+		b.ReportAllocs()
+		m := startCPU(b, rusageThread)
+		for i := 0; i < b.N; i++ {
+			l.AllowN(t, 0)
+		}
+		m.stop(b)
+	})
+}
+
 const benchKeys = 10_000
 
 // cpuMeter reports CPU time per operation (metric "cpu-ns/op") next to the

@@ -81,12 +81,13 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
 // the policy's Capacity; Limiter is the scope.
-func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (spillway.Decision, error) {
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
-		return l.mem.decideOne(l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n), nil
+		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
+		return d, nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision
@@ -221,7 +222,9 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	l := d.l
 	n := r.EffectiveCost()
 	if l.mem != nil {
-		return l.mem.decideOne(d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n), spillway.Noop, nil
+		var dec spillway.Decision
+		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
+		return dec, spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision

@@ -170,7 +170,9 @@ func (s *MemoryStore) now() int64 {
 }
 
 func (s *MemoryStore) prepare(scope, key string, a Algorithm) lookup {
-	return s.prepareH(scope, s.scopeHash(scope), key, a)
+	var k lookup
+	s.prepareH(&k, scope, s.scopeHash(scope), key, a)
+	return k
 }
 
 // scopeHash is the hash of a scope under this store's seed; a Limiter
@@ -179,8 +181,8 @@ func (s *MemoryStore) scopeHash(scope string) uint64 {
 	return bits.RotateLeft64(maphash.String(s.seedScope, scope), 17)
 }
 
-func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Algorithm) lookup {
-	k := lookup{scope: scope, layout: layoutOf(a)}
+func (s *MemoryStore) prepareH(k *lookup, scope string, scopeHash uint64, key string, a Algorithm) {
+	k.scope, k.layout = scope, layoutOf(a)
 	var hk uint64
 	if len(key) > keys.MaxPart {
 		sum := sha256.Sum256([]byte(key))
@@ -193,7 +195,6 @@ func (s *MemoryStore) prepareH(scope string, scopeHash uint64, key string, a Alg
 	}
 	k.shard = (hk >> 32) & s.mask
 	k.hash = hk ^ scopeHash ^ uint64(k.layout)*0x9e3779b97f4a7c15
-	return k
 }
 
 func (sh *shard) find(k *lookup) *entry {
@@ -299,8 +300,7 @@ type undo struct {
 // apply decides one item against e (nil: no state) and, when allowed with
 // a cost, writes the new state, creating the entry if needed. u, when not
 // nil, records how to roll the write back.
-func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) outcome {
-	var o outcome
+func (sh *shard) apply(o *outcome, e *entry, k *lookup, p *limits, n, now int64, u *undo) {
 	switch k.layout {
 	case layoutBucket:
 		var tat int64
@@ -308,7 +308,7 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 			tat = e.a
 		}
 		var next int64
-		o, next = bucketDecide(tat, now, *p, n)
+		*o, next = bucketDecide(tat, now, *p, n)
 		if next != tat {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a = next
@@ -320,7 +320,7 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 			st = fixedState{e.a, e.b}
 		}
 		var next fixedState
-		o, next = fixedDecide(st, now, *p, n)
+		*o, next = fixedDecide(st, now, *p, n)
 		if next != st {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a, e.b = next.window, next.count
@@ -332,7 +332,7 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 			st = counterState{e.a, e.b, e.c}
 		}
 		var next counterState
-		o, next = counterDecide(st, now, *p, n)
+		*o, next = counterDecide(st, now, *p, n)
 		if next != st {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a, e.b, e.c = next.window, next.prev, next.cur
@@ -345,7 +345,7 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 		}
 		var trim int
 		var at int64
-		o, trim, at = logDecide(ts, now, *p, n)
+		*o, trim, at = logDecide(ts, now, *p, n)
 		if trim > 0 { // expired entries: dropping them changes no decision
 			l := e.log
 			l.start += trim
@@ -365,7 +365,6 @@ func (sh *shard) apply(e *entry, k *lookup, p *limits, n, now int64, u *undo) ou
 			e.full = satAdd(at, p.P)
 		}
 	}
-	return o
 }
 
 // prepareWrite returns the entry to write, creating it when e is nil, and
@@ -406,14 +405,16 @@ func (l *windowLog) append(at, n, limit int64) {
 
 // decideOne is the single-item fast path (no validation: the Limiter
 // validated its policy and cost).
-func (s *MemoryStore) decideOne(scope string, scopeHash uint64, key string, a Algorithm, p *limits, n int64) spillway.Decision {
+func (s *MemoryStore) decideOne(d *spillway.Decision, scope string, scopeHash uint64, key string, a Algorithm, p *limits, n int64) {
 	now := s.now()
-	k := s.prepareH(scope, scopeHash, key, a)
+	var k lookup
+	s.prepareH(&k, scope, scopeHash, key, a)
 	sh := &s.shards[k.shard]
 	sh.mu.Lock()
-	o := sh.apply(sh.find(&k), &k, p, n, now, nil)
+	var o outcome
+	sh.apply(&o, sh.find(&k), &k, p, n, now, nil)
 	sh.mu.Unlock()
-	return o.decisionCap(scope, p.capacity)
+	o.decisionInto(d, scope, p.capacity)
 }
 
 // batchStack is the batch size decided without allocating.
@@ -440,7 +441,7 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 	case 1:
 		it := &items[0]
 		lim := it.Policy.limits()
-		out[0] = s.decideOne(it.Scope, s.scopeHash(it.Scope), it.Key, it.Policy.Algorithm, &lim, it.Cost)
+		s.decideOne(&out[0], it.Scope, s.scopeHash(it.Scope), it.Key, it.Policy.Algorithm, &lim, it.Cost)
 		return out[0].Allowed, nil
 	}
 
@@ -472,7 +473,8 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 		it := &items[i]
 		sh := &s.shards[lks[i].shard]
 		lim := it.Policy.limits()
-		o := sh.apply(sh.find(&lks[i]), &lks[i], &lim, it.Cost, now, &undos[i])
+		var o outcome
+		sh.apply(&o, sh.find(&lks[i]), &lks[i], &lim, it.Cost, now, &undos[i])
 		out[i] = o.decisionCap(it.Scope, lim.capacity)
 		allowed = allowed && o.allowed
 	}
