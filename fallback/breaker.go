@@ -88,6 +88,19 @@ func (b *breaker) call(ctx context.Context, f func(ctx context.Context) error) e
 	return b.finish(ctx, done, err)
 }
 
+// bypass runs f under the budget unless the breaker is open, without
+// reporting to the breaker: for reconcile, whose calls must neither take
+// the half-open probe slots of real traffic nor reopen the breaker on a
+// stale pooled connection (a failed pass is simply retried later).
+func (b *breaker) bypass(ctx context.Context, f func(ctx context.Context) error) error {
+	if b.state() == Open {
+		return ErrOpen
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.set.Budget)
+	defer cancel()
+	return f(cctx)
+}
+
 // finish reports the outcome err of a call the breaker allowed (done) and
 // classifies it as call does; ctx is the caller's context.
 func (b *breaker) finish(ctx context.Context, done func(error), err error) error {

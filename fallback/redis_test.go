@@ -468,3 +468,62 @@ func TestResetAndBlackholeConnections(t *testing.T) {
 		})
 	}
 }
+
+// Three servers reconcile one after the other into a Redis that kept its
+// state: each carries its 20 local admissions, the last one only what is
+// left, so the key ends empty, not over-drawn and not refilled.
+func TestFleetReconcileIsCappedByRoom(t *testing.T) {
+	b := newBed(t)
+	const servers = 3
+	fleet := make([]*fallback.Store, servers)
+	events := make([]chan fallback.ReconcileEvent, servers)
+	for i := range fleet {
+		ch := make(chan fallback.ReconcileEvent, 4)
+		events[i] = ch
+		fleet[i] = b.fallback(t, fallback.Settings{
+			OpenTimeout: 200 * time.Millisecond,
+			OnReconcile: func(ev fallback.ReconcileEvent) { ch <- ev },
+		})
+	}
+	if allowed, _ := count(t, fleet[0], "api", "k", hourly, 50); allowed != 50 {
+		t.Fatalf("healthy: %d of 50 allowed", allowed)
+	}
+	b.setMode(t, faultproxy.Refuse)
+	for i, st := range fleet {
+		if allowed, degraded := count(t, st, "api", "k", hourly, 25); allowed != 20 || degraded != 25 {
+			t.Fatalf("server %d during the outage: %d allowed, %d degraded; want 20, 25", i, allowed, degraded)
+		}
+	}
+	b.setMode(t, faultproxy.Pass)
+	time.Sleep(250 * time.Millisecond) // every breaker half-open
+	wantRemaining := []int64{49, 28, 7}
+	wantCharged := []int64{20, 20, 7}
+	for i, st := range fleet {
+		// Probe until Redis decides: after PoolSize failed dials go-redis
+		// stops dialing and returns the last dial error until a background
+		// dial, once a second, succeeds; until then probes fail and reopen
+		// the breaker.
+		var d spillway.Decision
+		attempts := 0
+		waitFor(t, "a decision by Redis", func() bool {
+			attempts++
+			d = decide(t, st, "api", "k", hourly, 1)
+			return !d.Degraded
+		})
+		t.Logf("server %d: Redis decided after %d attempts", i, attempts)
+		if !d.Allowed || d.Remaining != wantRemaining[i] {
+			t.Fatalf("server %d probe = %+v; want allowed by Redis with %d left", i, d, wantRemaining[i])
+		}
+		select {
+		case ev := <-events[i]:
+			if ev.Keys != 1 || ev.Charged != wantCharged[i] || ev.Err != nil {
+				t.Fatalf("server %d reconcile = %+v; want 1 key, %d charged", i, ev, wantCharged[i])
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("server %d: no reconcile pass", i)
+		}
+	}
+	if d := decide(t, b.directStore(t), "api", "k", hourly, 0); d.Remaining != 0 {
+		t.Fatalf("after the fleet reconciled Redis has %d left; want 0", d.Remaining)
+	}
+}

@@ -327,7 +327,7 @@ pass:
 			items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
 		}
 		n := len(batch)
-		if err = s.br.call(ctx, func(ctx context.Context) error {
+		if err = s.br.bypass(ctx, func(ctx context.Context) error {
 			_, err := s.inner.Decide(ctx, items[:n], out[:n])
 			return err
 		}); err != nil {
@@ -340,7 +340,7 @@ pass:
 				one[0].Cost = cost
 				var d [1]spillway.Decision
 				var ok bool
-				if err = s.br.call(ctx, func(ctx context.Context) error {
+				if err = s.br.bypass(ctx, func(ctx context.Context) error {
 					var err error
 					ok, err = s.inner.Decide(ctx, one[:], d[:])
 					return err
