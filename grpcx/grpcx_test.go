@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"testing"
@@ -409,4 +410,23 @@ func TestClientThrottleRefusesRetry(t *testing.T) {
 	require.NotErrorIs(t, err, grpcx.ErrThrottled)
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 1)
+}
+
+func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.1.1.1")
+	for _, tc := range []struct {
+		trusted []netip.Prefix
+		want    string
+	}{
+		{nil, "127.0.0.1"},
+		{[]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, "127.0.0.1"}, // the peer itself is not trusted
+		{[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")}, "203.0.113.9"},
+	} {
+		rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
+		conn := start(t, rec, []grpcx.Option{grpcx.WithTrustedProxies(tc.trusted...)})
+		_, err := check(ctx, conn)
+		require.NoError(t, err)
+		reqs, _, _ := rec.snapshot()
+		require.Equal(t, []spillway.Dimension{{Name: "ip", Value: tc.want}}, reqs[0].Dims)
+	}
 }

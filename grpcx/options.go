@@ -2,6 +2,7 @@ package grpcx
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -58,6 +59,7 @@ type config struct {
 	failMode      FailMode
 	onError       func(ctx context.Context, fullMethod string, err error)
 	now           func() time.Time
+	trusted       []netip.Prefix
 
 	// client
 	throttle    Throttle
@@ -208,4 +210,14 @@ func WithRetryable(f func(fullMethod string) bool) Option {
 // the server from storing the call's priority in the handler's context.
 func WithoutPriorityPropagation() Option {
 	return func(c *config) { c.noPropagate = true }
+}
+
+// WithTrustedProxies lists the proxies whose x-forwarded-for metadata is
+// believed. The "ip" dimension is the peer address unless the peer is in
+// one of these prefixes; then it is the right-most x-forwarded-for address
+// that is not itself a trusted proxy (the left-most if all are). The
+// metadata from any other peer is ignored, so a client cannot choose its
+// own key. Default: none. Server only.
+func WithTrustedProxies(prefixes ...netip.Prefix) Option {
+	return func(c *config) { c.trusted = append(c.trusted[:0:0], prefixes...) }
 }

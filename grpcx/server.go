@@ -137,6 +137,9 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, metad
 	req.Dims = make([]spillway.Dimension, 0, 3)
 	if p, ok := peer.FromContext(ctx); ok {
 		if ip, ok := peerIP(p.Addr); ok {
+			if len(s.c.trusted) > 0 {
+				ip = clientIP(ip, metadata.ValueFromIncomingContext(ctx, ForwardedForKey), s.c.trusted)
+			}
 			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimIP, Value: ip.String()})
 		}
 	}
