@@ -20,7 +20,8 @@
 // Endpoint is the full method ("/pkg.Service/Method"), Method is empty,
 // Priority comes from the classifier (default Critical, lowered by the
 // shedder.MetadataKey metadata), and the identity dimensions are "ip" (the
-// peer address), "user" (WithUser or WithUserMetadata) and "api_key"
+// peer address, or x-forwarded-for from a trusted proxy: WithTrustedProxies),
+// "user" (WithUser or WithUserMetadata) and "api_key"
 // (WithAPIKeyMetadata). A denial answers codes.ResourceExhausted for rate
 // and concurrency limits, codes.Unavailable for shedding, the ceiling and a
 // failed-closed store, codes.InvalidArgument for a malformed request, with
