@@ -25,7 +25,7 @@ import (
 const diffConfig = `
 plans:
   free: {api: 6/minute}
-  pro: {api: "20/minute, burst 4"}
+  pro: {api: "8/minute, burst 4"}
 default_plan: free
 limits:
   - id: login-ip
