@@ -57,7 +57,13 @@ func main() {
 
 // summary is what a run observed.
 type summary struct {
-	perWindow               []int64 // admitted in each full window
+	perWindow []int64 // admitted in each printed window (by the ticker)
+	// bySecond counts the admissions whose whole call (admission, statement)
+	// fell inside one second of the clock — one window of the ceiling, which
+	// counts windows on the client clock. Calls that straddle a boundary
+	// are counted in straddled instead.
+	bySecond                map[int64]int64
+	straddled               int64
 	admitted, rejected      int64
 	degraded, failed        int64
 	peakConns, refusedConns int64
@@ -94,6 +100,8 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 	// the ceiling's windows.
 	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 	var admitted, rejected, degraded, failed atomic.Int64
+	var secMu sync.Mutex
+	sum.bySecond = map[int64]int64{}
 	var retryAfter atomic.Int64 // the last RetryAfter seen, ns
 	ctx, cancel := context.WithTimeout(context.Background(), duration+50*time.Millisecond)
 	defer cancel()
@@ -135,11 +143,19 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
+					t0 := time.Now()
 					_, err := gdb.ExecContext(ctx, "UPDATE orders SET state = 'paid' WHERE id = $1", 42)
 					var rej *globalceiling.RejectedError
 					switch {
 					case err == nil:
 						admitted.Add(1)
+						secMu.Lock()
+						if s0, s1 := t0.Unix(), time.Now().Unix(); s0 == s1 {
+							sum.bySecond[s0]++
+						} else {
+							sum.straddled++
+						}
+						secMu.Unlock()
 					case errors.As(err, &rej):
 						rejected.Add(1)
 						retryAfter.Store(int64(rej.RetryAfter()))
