@@ -144,22 +144,35 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	return allowed, err
 }
 
-// decideBucket runs lua/ratelimit_token_bucket.lua for one item.
+// decideBucket runs lua/ratelimit_token_bucket.lua for one item. The
+// script replies only wait (how far the bucket is from full); the decision
+// follows from it as in bucketDecide.
 func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.Decision) (bool, error) {
 	p := it.Policy
 	T := p.EmissionInterval()
+	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key},
-		s.nowArg(), T, p.EffectiveBurst()*T, it.Cost).Result()
+	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.Cost).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
-	v, err := intSlice(res, 4)
-	if err != nil {
-		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
+	wait, ok := res.(int64)
+	if !ok || wait < 0 || wait > tau {
+		return false, fmt.Errorf("ratelimit: redis: token bucket script: unexpected reply %T %v, want an integer in [0, %d]", res, res, tau)
 	}
-	*out = s.outcome(it, v).decision(it.Scope, p)
-	return out.Allowed, nil
+	n := it.Cost
+	need := wait + n*T
+	var o outcome
+	switch {
+	case n > p.EffectiveBurst():
+		o = outcome{exceeds: true, remaining: (tau - wait) / T, reset: wait}
+	case need > tau:
+		o = outcome{remaining: (tau - wait) / T, reset: wait, retry: need - tau}
+	default:
+		o = outcome{allowed: true, remaining: (tau - need) / T, reset: need}
+	}
+	*out = o.decision(it.Scope, p)
+	return o.allowed, nil
 }
 
 // outcome reads {ok, remaining, reset, retry} from v.

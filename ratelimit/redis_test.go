@@ -543,7 +543,7 @@ func TestRedisStoreUnexpectedReply(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Limit: 10, Period: time.Second}
 	w := Policy{Algorithm: FixedWindow, Limit: 10, Period: time.Second}
-	for _, val := range []any{nil, "OK", int64(1), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)}} {
+	for _, val := range []any{nil, "OK", int64(-1), int64(1 << 60), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)}} {
 		c := srv.Client(t)
 		c.AddHook(replyHook{val})
 		s := NewRedisStore(c)
