@@ -16,6 +16,18 @@ type itemKey struct {
 	policy     ratelimit.Policy
 }
 
+// hash spreads keys over the shards of the deny cache and the ledger. The
+// policy is left out: one key rarely has several policies, and hashing the
+// strings alone is cheaper.
+func (k *itemKey) hash(seed maphash.Seed) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	h.WriteString(k.scope)
+	h.WriteByte(0)
+	h.WriteString(k.key)
+	return h.Sum64()
+}
+
 // denyCache remembers denials the store gave, until their RetryAfter ends:
 // a request of at least the denied cost cannot succeed before then, so it
 // is answered without a round trip. It is sharded and bounded; when full it
@@ -48,12 +60,7 @@ func newDenyCache(size int) *denyCache {
 }
 
 func (c *denyCache) shard(k *itemKey) *denyShard {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	h.WriteString(k.scope)
-	h.WriteByte(0)
-	h.WriteString(k.key)
-	return &c.shards[h.Sum64()%uint64(len(c.shards))]
+	return &c.shards[k.hash(c.seed)%uint64(len(c.shards))]
 }
 
 // lookup returns the cached denial for a request of cost n at now.

@@ -48,12 +48,7 @@ func newLedger(limit int) *ledger {
 }
 
 func (l *ledger) shard(k *itemKey) *ledgerShard {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	h.WriteString(k.scope)
-	h.WriteByte(0)
-	h.WriteString(k.key)
-	return &l.shards[h.Sum64()%uint64(len(l.shards))]
+	return &l.shards[k.hash(l.seed)%uint64(len(l.shards))]
 }
 
 func (u *usage) roll(now int64) {
