@@ -79,9 +79,10 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 }
 
 // fallbackBudget is the time one Redis call of the full chain may take:
-// milliseconds, not go-redis's seconds; generous enough that a busy
-// two-core machine does not trip the breakers on a healthy Redis.
-const fallbackBudget = 100 * time.Millisecond
+// milliseconds, not go-redis's seconds, but above the tail latency of a
+// healthy call through the proxy on a busy two-core machine (at 100 ms
+// the breakers tripped on a healthy Redis there).
+const fallbackBudget = 250 * time.Millisecond
 
 // Settings of the full chain's fallback wrappers: a Redis call may take
 // fallbackBudget; five failures in a row open the breaker for a second;
@@ -130,10 +131,10 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 		// Deadlines come from the fallback's budget (the context); the
 		// client's own timeouts are only a backstop.
 		ContextTimeoutEnabled: true,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           20 * time.Millisecond,
+		DialTimeout:           time.Second,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		PoolTimeout:           fallbackBudget,
 		MaxRetries:            -1,
 		PoolSize:              64,
 	})

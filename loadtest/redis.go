@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -24,7 +25,7 @@ const (
 // slowLatency is added each way in the "slow" phase: a 2·slowLatency round
 // trip, well past the full chain's budget and a heavy load on a naive
 // client's connection pool.
-const slowLatency = 150 * time.Millisecond
+const slowLatency = 300 * time.Millisecond
 
 // RedisEnv is the Redis the fleet talks to, always through the fault proxy.
 type RedisEnv struct {
@@ -97,7 +98,16 @@ func redisVersion() string {
 }
 
 // Addr is the address the fleet dials: the fault proxy.
-func (e *RedisEnv) Addr() string { return e.proxy.Addr() }
+func (e *RedisEnv) Addr() string {
+	if bypassProxy {
+		return e.target
+	}
+	return e.proxy.Addr()
+}
+
+// bypassProxy (LOADTEST_NO_PROXY=1) connects the fleet to Redis directly,
+// to tell the proxy's effects from Redis's; the Redis phases then do nothing.
+var bypassProxy = os.Getenv("LOADTEST_NO_PROXY") != ""
 
 // Set puts Redis into a condition.
 func (e *RedisEnv) Set(cond string) {

@@ -48,14 +48,15 @@ type Population struct {
 }
 
 // DefaultPopulation: 200 well-behaved API keys, 4 abusive ones sending 20%
-// of the requests; among the well-behaved requests 2% CriticalPlus, 28%
-// Critical, 40% SheddablePlus, 30% Sheddable.
+// of the requests; among the well-behaved requests 1% CriticalPlus (health
+// checks, charges), 18% Critical (user-facing writes), 46% SheddablePlus
+// (reads), 35% Sheddable (prefetch, batch).
 func DefaultPopulation() Population {
 	return Population{
 		WellBehaved:  200,
 		Abusive:      4,
 		AbusiveShare: 0.20,
-		PriorityMix:  [spillway.NumPriorities]float64{0.30, 0.40, 0.28, 0.02},
+		PriorityMix:  [spillway.NumPriorities]float64{0.35, 0.46, 0.18, 0.01},
 	}
 }
 
