@@ -45,6 +45,7 @@ func main() {
 	warmup := flag.Duration("warmup", 3*time.Second, "unmeasured warm-up")
 	keys := flag.Int("keys", 10000, "distinct API keys")
 	conns := flag.Int("conns", 128, "connections per server")
+	budget := flag.Duration("budget", 50*time.Millisecond, "fallback time budget per Redis call (tiers); larger keeps decisions on Redis on a starved machine")
 	limiterKind := flag.String("limiter", "tiers", "tiers (the example's limits.yaml over fallback(RedisStore)) or ratelimit (one token bucket on RedisStore)")
 	flag.Parse()
 
@@ -55,6 +56,9 @@ func main() {
 	check(err)
 	defer rs.Stop()
 	opt := &redis.Options{Addr: rs.Addr, PoolSize: 64}
+	if *budget > fallback.ClientIOTimeout {
+		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = *budget, *budget, *budget
+	}
 	fallback.TuneOptions(opt)
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
@@ -65,7 +69,7 @@ func main() {
 		_, src, _, _ := runtime.Caller(0)
 		cfg, err := tiers.ParseFile(filepath.Join(filepath.Dir(src), "..", "..", "..", "examples", "httpserver", "limits.yaml"))
 		check(err)
-		store, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{})
+		store, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Budget: *budget})
 		check(err)
 		lim, err = tiers.New(cfg, store)
 		check(err)
