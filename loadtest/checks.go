@@ -76,7 +76,7 @@ func cascadeChecks(sc *ScenarioResult) []Check {
 		if c.RecoverySeconds != nil {
 			m, pass = fmt.Sprintf("%.2f s", *c.RecoverySeconds), *c.RecoverySeconds <= 5
 		}
-		add("full", "recovers within 5 s of Redis returning (no degraded decisions, breakers closed, goodput ≥ 90%)", m, pass)
+		add("full", "recovers within 5 s of Redis returning (no degraded decisions, breakers closed, goodput ≥ 90% of the spike's)", m, pass)
 	}
 	return out
 }

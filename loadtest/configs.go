@@ -172,10 +172,10 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 		return fail(err)
 	}
 
-	// 3. Fleet usage shedder: the fleet-wide bound in front of the
-	// database. Its capacity is the backend's; Sheddable and SheddablePlus
-	// work may use 90% of it, Critical and CriticalPlus all of it.
-	// Without Redis each server uses 1/N of it.
+	// 3. Fleet usage shedder: the fleet-wide, priority-aware bound in
+	// front of the database. Its capacity is the backend's; Sheddable and
+	// SheddablePlus work may use 90% of it, Critical and CriticalPlus all
+	// of it. Without Redis each server uses 1/N of it.
 	fleet, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
 		shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
 		shedder.WithThresholds(0.9, 0.9, 1, 1),

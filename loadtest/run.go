@@ -318,24 +318,31 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		}
 		r.Phases = append(r.Phases, pr)
 	}
-	for _, ph := range phases {
-		if ph.Name == "recovery" {
-			r.RecoverySeconds = recovery(s, ph.Start, sys.capacityRPS())
+	for k, ph := range phases {
+		if ph.Name == "recovery" && k >= 3 {
+			// The phase before the fault: the spike, Redis healthy.
+			before := r.Phases[k-3].GoodputRPS
+			r.RecoverySeconds = recovery(s, ph.Start, before, sys.capacityRPS())
 		}
 	}
 	return r
 }
 
-// recovery returns how long after from the system was healthy again for
-// good: from then on no degraded decision, no store error, no open breaker,
-// and goodput (1 s moving average) at ≥ 90% of the backend's capacity.
+// recovery returns how long after from the system was back, for good, to
+// what it did before the fault: no degraded decision, no store error, no
+// open breaker, and goodput (1 s moving average) at ≥ 90% of its mean in
+// the phase before the fault (before, or the capacity when before is 0).
 // nil when it never was.
-func recovery(s *Series, from time.Duration, capRPS float64) *float64 {
+func recovery(s *Series, from time.Duration, before, capRPS float64) *float64 {
 	i, n := s.window(from, time.Duration(float64(len(s.T))*s.BucketSec*float64(time.Second)))
 	win := max(1, int(math.Round(1/s.BucketSec)))
+	target := 0.9 * before
+	if before <= 0 {
+		target = 0.9 * capRPS
+	}
 	healthy := func(k int) bool {
 		g := mean(s.Goodput, max(i, k-win+1), k+1)
-		return s.Degraded[k] == 0 && s.StoreErrors[k] == 0 && s.BreakersOpen[k] == 0 && g >= 0.9*capRPS
+		return s.Degraded[k] == 0 && s.StoreErrors[k] == 0 && s.BreakersOpen[k] == 0 && g >= target
 	}
 	first := -1
 	for k := n - 1; k >= i; k-- {
