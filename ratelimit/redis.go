@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +34,10 @@ import (
 // grouped by slot (by shard), the groups run in parallel, and when one
 // group denies or fails after another charged, the charged groups are
 // refunded by a second script: the only second round trip, on the rare
-// path. No CROSSSLOT error reaches the caller.
+// path. No CROSSSLOT error reaches the caller: a client of another type
+// whose server answers CROSSSLOT (a wrapper around a ClusterClient) gets
+// the same grouping on a second try (Redis rejects such a script before
+// running it, so nothing was charged).
 //
 // By default the scripts read Redis TIME, so servers with skewed clocks
 // agree; WithClock makes the client send its own time instead.
@@ -138,9 +142,15 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 		}
 	}
 	if s.sharded != oneServer {
-		return s.decideGroups(ctx, items, out)
+		return s.decideGroups(ctx, items, out, s.sharded)
 	}
 	allowed, _, err := s.runBatch(ctx, items, out, nil)
+	if err != nil && strings.Contains(err.Error(), "CROSSSLOT") {
+		// A client that is a Cluster in disguise (a wrapper around a
+		// ClusterClient): Redis refused the script before it ran, so
+		// nothing was charged; decide again, one call per slot.
+		return s.decideGroups(ctx, items, out, bySlot)
+	}
 	return allowed, err
 }
 

@@ -41,8 +41,8 @@ func (g *group) charged() bool {
 // decideGroups decides a batch whose items may live on several Cluster
 // slots (Ring shards): one batch script per group, in parallel; if a group
 // denies or fails while another charged, the charged groups are refunded.
-func (s *RedisStore) decideGroups(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
-	groups := s.split(items)
+func (s *RedisStore) decideGroups(ctx context.Context, items []Item, out []spillway.Decision, by sharding) (bool, error) {
+	groups := s.split(items, by)
 	if len(groups) == 1 {
 		allowed, _, err := s.runBatch(ctx, items, out, nil)
 		return allowed, err
@@ -81,22 +81,26 @@ func (s *RedisStore) decideGroups(ctx context.Context, items []Item, out []spill
 	return false, nil
 }
 
-// split groups items by slot (Cluster) or hash tag (Ring), in order of
+// split groups items by slot (bySlot) or hash tag (byTag), in order of
 // first appearance.
-func (s *RedisStore) split(items []Item) []*group {
+func (s *RedisStore) split(items []Item, by sharding) []*group {
 	var groups []*group
 	for i := range items {
 		k := redisKey(s.prefix, &items[i])
 		tag := keys.Tag(k)
+		sl := -1
+		if by == bySlot {
+			sl = slot(k)
+		}
 		var g *group
 		for _, h := range groups {
-			if (s.sharded == bySlot && h.shard == slot(k)) || (s.sharded == byTag && h.tag == tag) {
+			if (by == bySlot && h.shard == sl) || (by == byTag && h.tag == tag) {
 				g = h
 				break
 			}
 		}
 		if g == nil {
-			g = &group{shard: slot(k), tag: tag}
+			g = &group{shard: sl, tag: tag}
 			groups = append(groups, g)
 		}
 		g.idx = append(g.idx, i)

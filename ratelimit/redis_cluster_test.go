@@ -174,6 +174,25 @@ func TestRedisStoreCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("wrapped-client", func(t *testing.T) {
+		// A ClusterClient behind a type the store does not recognise: the
+		// server's CROSSSLOT answer makes the store group by slot itself.
+		type wrapped struct{ *redis.ClusterClient }
+		s := NewRedisStore(wrapped{cl.Client(t)}, WithPrefix("wrap:"))
+		p := Policy{Limit: 5, Period: time.Minute}
+		batch := []Item{{Scope: "p", Key: "a", Policy: p, Cost: 2}, {Scope: "p", Key: "b", Policy: p, Cost: 3}}
+		out := make([]spillway.Decision, 2)
+		for round, want := range []bool{true, false} {
+			ok, err := s.Decide(ctx, batch, out)
+			if err != nil || ok != want {
+				t.Fatalf("round %d: %v %v, want %v", round, ok, err, want)
+			}
+		}
+		if out[0].Remaining != 1 || out[1].Allowed {
+			t.Fatalf("second round decisions %+v", out)
+		}
+	})
+
 	t.Run("differential", func(t *testing.T) {
 		c := cl.Client(t)
 		hook := &freezeHook{raw: cl.Client(t)}

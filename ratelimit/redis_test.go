@@ -633,3 +633,25 @@ func TestRedisStoreServerTime(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreRing: on a *redis.Ring over two servers the batch is
+// grouped by hash tag (one script per shard) and decides like the memory
+// store.
+func TestRedisStoreRing(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	opts := &redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}}
+	ring := redis.NewRing(opts)
+	raw := redis.NewRing(opts)
+	t.Cleanup(func() { _ = ring.Close(); _ = raw.Close() })
+	hook := &freezeHook{raw: raw}
+	ring.AddHook(hook)
+	differential(t, ring, hook, 21, 300)
+	// the entities of the differential test landed on both shards
+	ctx := context.Background()
+	for _, s := range []*redistest.Server{a, b} {
+		n, err := s.Do(ctx, "DBSIZE")
+		if err != nil || n.(int64) == 0 {
+			t.Fatalf("shard %s holds %v keys (%v), want some", s.Addr, n, err)
+		}
+	}
+}
