@@ -119,25 +119,17 @@ func startClusterNode(bin, dir string, extra []string) (*Server, error) {
 		if err := os.MkdirAll(sdir, 0o755); err != nil {
 			return nil, err
 		}
-		args := []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", sdir,
-			"--logfile", filepath.Join(sdir, "redis.log"),
-			"--daemonize", "no",
-			"--protected-mode", "no",
+		args := append(serverArgs(port, sdir),
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(bus),
-			"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout / time.Millisecond)),
+			"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)),
 			// A replica always volunteers for failover, however long its
 			// link was down: tests kill primaries on purpose.
 			"--cluster-replica-validity-factor", "0",
 			// Replicas sync at once instead of after the default 5 s.
 			"--repl-diskless-sync-delay", "0",
-		}
+		)
 		args = append(args, extra...)
 		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: args}
 		if err := s.start(bin); err != nil {

@@ -98,17 +98,7 @@ func StartServer(dir string, extra ...string) (*Server, error) {
 		if err := os.MkdirAll(sdir, 0o755); err != nil {
 			return nil, err
 		}
-		args := []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", sdir,
-			"--logfile", filepath.Join(sdir, "redis.log"),
-			"--daemonize", "no",
-			"--protected-mode", "no",
-		}
-		args = append(args, extra...)
+		args := append(serverArgs(port, sdir), extra...)
 		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: args}
 		if err := s.start(bin); err != nil {
 			lastErr = err
@@ -117,6 +107,21 @@ func StartServer(dir string, extra ...string) (*Server, error) {
 		return s, nil
 	}
 	return nil, lastErr
+}
+
+// serverArgs is the command line every server here starts with: loopback
+// only, no persistence, in the foreground, logging to dir.
+func serverArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", dir,
+		"--logfile", filepath.Join(dir, "redis.log"),
+		"--daemonize", "no",
+		"--protected-mode", "no",
+	}
 }
 
 func (s *Server) start(bin string) error {
