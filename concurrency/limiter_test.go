@@ -112,24 +112,28 @@ func TestPerKey(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	s := NewMemoryStore()
-	for name, c := range map[string]struct {
+	// The key is the field the error must name.
+	for field, c := range map[string]struct {
 		store Store
 		limit int64
 		opts  []Option
 	}{
-		"nil store":       {nil, 1, nil},
-		"limit":           {s, 0, nil},
-		"ttl":             {s, 1, []Option{WithTTL(0)}},
+		"store":           {nil, 0, nil},
+		"limit 0":         {s, 0, nil},
+		"limit -1":        {s, -1, nil},
+		"ttl 0s":          {s, 1, []Option{WithTTL(0)}},
+		"ttl -1s":         {s, 1, []Option{WithTTL(-time.Second)}},
 		"name":            {s, 1, []Option{WithName("")}},
 		"retry after":     {s, 1, []Option{WithRetryAfter(-1)}},
 		"release timeout": {s, 1, []Option{WithReleaseTimeout(0)}},
 	} {
-		if _, err := New(c.store, c.limit, c.opts...); err == nil || !strings.HasPrefix(err.Error(), "concurrency: ") {
-			t.Errorf("%s: err = %v, want a concurrency: error", name, err)
+		l, err := New(c.store, c.limit, c.opts...)
+		if err == nil || l != nil || !strings.HasPrefix(err.Error(), "concurrency: ") || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: New = %v, %v; want a concurrency: error naming %q", field, l, err, field)
 		}
 	}
-	if _, err := NewRedisStore(nil); err == nil {
-		t.Error("NewRedisStore(nil): no error")
+	if _, err := NewRedisStore(nil); err == nil || !strings.Contains(err.Error(), "client is nil") {
+		t.Errorf("NewRedisStore(nil): err = %v, want one naming the client", err)
 	}
 	if _, err := NewRedisStore(redis.NewClient(&redis.Options{}), WithPrefix("a{b")); err == nil {
 		t.Error("prefix with brace: no error")
