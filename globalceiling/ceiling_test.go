@@ -3,6 +3,7 @@ package globalceiling
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -364,6 +365,7 @@ func TestLocalAggregationStale(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{})
 	defer rdb.Close()
+	// The key is the field the error must name.
 	cases := map[string]struct {
 		client redis.UniversalClient
 		name   string
@@ -371,19 +373,27 @@ func TestNewValidates(t *testing.T) {
 		window time.Duration
 		opts   []Option
 	}{
-		"client":  {nil, "x", 1, time.Second, nil},
-		"name":    {rdb, "", 1, time.Second, nil},
-		"limit":   {rdb, "x", 0, time.Second, nil},
-		"window":  {rdb, "x", 1, 0, nil},
-		"mode":    {rdb, "x", 1, time.Second, []Option{WithMode(9)}},
-		"shards":  {rdb, "x", 1, time.Second, []Option{WithShards(0)}},
-		"sync":    {rdb, "x", 1, time.Second, []Option{WithSyncInterval(-1)}},
-		"reserve": {rdb, "x", 1, time.Second, []Option{WithReserve(1)}},
-		"prefix":  {rdb, "x", 1, time.Second, []Option{WithPrefix("a{")}},
+		"client":        {nil, "", 0, 0, nil},
+		"name":          {rdb, "", 1, time.Second, nil},
+		"limit 0":       {rdb, "x", 0, time.Second, nil},
+		"limit -1":      {rdb, "x", -1, time.Second, nil},
+		"window 0s":     {rdb, "x", 1, 0, nil},
+		"window -1s":    {rdb, "x", 1, -time.Second, nil},
+		"mode":          {rdb, "x", 1, time.Second, []Option{WithMode(9)}},
+		"shards 0":      {rdb, "x", 1, time.Second, []Option{WithShards(0)}},
+		"shards -1":     {rdb, "x", 1, time.Second, []Option{WithShards(-1)}},
+		"sync interval": {rdb, "x", 1, time.Second, []Option{WithSyncInterval(-1)}},
+		"stale after":   {rdb, "x", 1, time.Second, []Option{WithStaleAfter(-1)}},
+		"reserve 1":     {rdb, "x", 1, time.Second, []Option{WithReserve(1)}},
+		"reserve NaN":   {rdb, "x", 1, time.Second, []Option{WithReserve(math.NaN())}},
+		"clock":         {rdb, "x", 1, time.Second, []Option{WithClock(nil)}},
+		"rand":          {rdb, "x", 1, time.Second, []Option{WithRand(nil)}},
+		"prefix":        {rdb, "x", 1, time.Second, []Option{WithPrefix("a{")}},
 	}
-	for name, c := range cases {
-		if _, err := New(c.client, c.name, c.limit, c.window, append(c.opts, WithoutBackgroundSync())...); err == nil || !strings.HasPrefix(err.Error(), "globalceiling: New: ") {
-			t.Errorf("%s: err = %v", name, err)
+	for field, c := range cases {
+		g, err := New(c.client, c.name, c.limit, c.window, append(c.opts, WithoutBackgroundSync())...)
+		if err == nil || g != nil || !strings.HasPrefix(err.Error(), "globalceiling: New: ") || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: New = %v, %v; want an error naming %q", field, g, err, field)
 		}
 	}
 }
