@@ -18,6 +18,7 @@ func TestNewWorkerValidates(t *testing.T) {
 		field    string
 	}{
 		{0, nil, "capacity"},
+		{-1, nil, "capacity -1"},
 		{10, []shedder.Option{shedder.WithBand(0.9, 0.8)}, "band"},
 		{10, []shedder.Option{shedder.WithBand(0, 0.8)}, "band"},
 		{10, []shedder.Option{shedder.WithSteps(0, 0.1)}, "steps"},
