@@ -343,8 +343,11 @@ func TestConfigInGo(t *testing.T) {
 			t.Errorf("New(%+v)\n got: %v\nwant: %s", tc.cfg, err, tc.want)
 		}
 	}
-	if _, err := New(&Config{}, nil); err == nil {
-		t.Error("New with nil store succeeded")
+	if _, err := New(&Config{}, nil); err == nil || err.Error() != "tiers: nil store" {
+		t.Errorf("New with nil store: %v; want tiers: nil store", err)
+	}
+	if _, err := New(nil, ratelimit.NewMemoryStore()); err == nil || err.Error() != "tiers: nil config" {
+		t.Errorf("New with nil config: %v; want tiers: nil config", err)
 	}
 	if _, err := New(&Config{}, ratelimit.NewMemoryStore(), WithIPv6Prefix(129)); err == nil {
 		t.Error("New with /129 succeeded")
