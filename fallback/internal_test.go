@@ -76,11 +76,14 @@ func TestSettingsValidation(t *testing.T) {
 		s.Probes != 3 || s.Share != 0.2 || s.DenyCacheSize != 1<<16 || s.LedgerSize != 1<<16 || s.Clock == nil {
 		t.Fatalf("defaults = %+v", s)
 	}
-	if _, err := NewStore(nil, Settings{}); err == nil {
-		t.Fatal("NewStore(nil) = nil error")
+	if _, err := NewStore(nil, Settings{}); err == nil || err.Error() != "fallback: inner store is nil" {
+		t.Fatalf("NewStore(nil) = %v; want fallback: inner store is nil", err)
 	}
-	if _, err := NewLimiter(nil, nil, Settings{}); err == nil {
-		t.Fatal("NewLimiter(nil) = nil error")
+	if _, err := NewLimiter(nil, nil, Settings{}); err == nil || err.Error() != "fallback: inner limiter is nil" {
+		t.Fatalf("NewLimiter(nil) = %v; want fallback: inner limiter is nil", err)
+	}
+	if _, err := NewStore(ratelimit.NewMemoryStore(), Settings{Budget: -1}); err == nil || !strings.Contains(err.Error(), "budget") {
+		t.Fatalf("NewStore with a negative budget = %v; want an error naming the budget", err)
 	}
 }
 
