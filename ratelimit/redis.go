@@ -77,16 +77,21 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 		}
 	}
 	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock}
-	if client == nil {
+	nilClient := client == nil
+	switch c := client.(type) {
+	case *redis.Client:
+		nilClient = c == nil
+	case *redis.ClusterClient:
+		nilClient = c == nil
+		s.sharded = bySlot
+	case *redis.Ring:
+		nilClient = c == nil
+		s.sharded = byTag
+	}
+	if nilClient {
 		s.err = errors.New("ratelimit: redis: client is nil")
 	} else if err := keys.ValidatePrefix(o.prefix); err != nil {
 		s.err = fmt.Errorf("ratelimit: redis: %w", err)
-	}
-	switch client.(type) {
-	case *redis.ClusterClient:
-		s.sharded = bySlot
-	case *redis.Ring:
-		s.sharded = byTag
 	}
 	var b [9]byte
 	_, _ = rand.Read(b[:])

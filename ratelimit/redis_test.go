@@ -562,8 +562,15 @@ func TestRedisStoreBadInput(t *testing.T) {
 	ctx := context.Background()
 	out := make([]spillway.Decision, 1)
 	it := []Item{{Scope: "s", Key: "k", Policy: Policy{Limit: 1, Period: time.Second}, Cost: 1}}
-	if _, err := NewRedisStore(nil).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "client is nil") {
-		t.Errorf("nil client: %v", err)
+	var nilClient *redis.Client
+	var nilCluster *redis.ClusterClient
+	for _, c := range []redis.UniversalClient{nil, nilClient, nilCluster} {
+		if _, err := NewRedisStore(c).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "client is nil") {
+			t.Errorf("nil client %T: %v", c, err)
+		}
+		if err := NewRedisStore(c).Reset(ctx, "s", "k", it[0].Policy); err == nil {
+			t.Errorf("nil client %T: Reset: no error", c)
+		}
 	}
 	if _, err := NewRedisStore(c, WithPrefix("a{b}")).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "prefix") {
 		t.Errorf("bad prefix: %v", err)
