@@ -102,8 +102,19 @@ const maxPeriod = 366 * 24 * time.Hour
 // ParseBucket parses "N/unit", "N/Kunit" (e.g. "100/10s", "100/15 minutes")
 // with an optional ", burst B", or "unlimited". Units: second, minute, hour,
 // day, their plurals and s, sec, m, min, h, hr, d. The error names the
-// offending part, without the field (the caller adds file, line and field).
+// offending part ("tiers: unknown unit \"minit\"").
 func ParseBucket(s string) (Bucket, error) {
+	b, err := parseBucket(s)
+	if err != nil {
+		return b, fmt.Errorf("tiers: %w", err)
+	}
+	return b, nil
+}
+
+// parseBucket is ParseBucket with errors that name only the offending part,
+// without the package or the field: the config parser adds file, line and
+// field.
+func parseBucket(s string) (Bucket, error) {
 	text := strings.TrimSpace(s)
 	if text == "unlimited" {
 		return Bucket{Unlimited: true}, nil

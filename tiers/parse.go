@@ -311,7 +311,7 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			if err != nil {
 				return err
 			}
-			b, err := ParseBucket(s)
+			b, err := parseBucket(s)
 			if err != nil {
 				return p.errf(v, fmt.Sprintf("bucket %q", s), "%s", err)
 			}
@@ -409,7 +409,7 @@ func (p *parser) plans(c *Config, n *yaml.Node) error {
 			if err != nil {
 				return err
 			}
-			b, err := ParseBucket(s)
+			b, err := parseBucket(s)
 			if err != nil {
 				return p.errf(ev, fmt.Sprintf("plan %q: %s %q", name, entry, s), "%s", err)
 			}

@@ -289,7 +289,7 @@ func TestParseBucket(t *testing.T) {
 	} {
 		got, err := ParseBucket(tc.in)
 		if tc.err != "" {
-			if err == nil || err.Error() != tc.err {
+			if err == nil || err.Error() != "tiers: "+tc.err {
 				t.Errorf("ParseBucket(%q) error = %v, want %s", tc.in, err, tc.err)
 			}
 			continue
