@@ -24,7 +24,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -222,8 +221,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 	var rate *tiers.Limiter
 	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget, Mode: func(scope string) fallback.Mode {
-		id, _, _ := strings.Cut(scope, "@")
-		if m, ok := rate.FailMode(id); ok && m == tiers.FailClosed {
+		if m, ok := rate.FailMode(scope); ok && m == tiers.FailClosed {
 			return fallback.FailClosed
 		}
 		return fallback.FailOpen

@@ -27,7 +27,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -214,8 +213,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	var rate *tiers.Limiter
 	rs := settings("rate")
 	rs.Mode = func(scope string) fallback.Mode {
-		id, _, _ := strings.Cut(scope, "@") // tiers scopes are "rule-id@policy-digest"
-		if m, ok := rate.FailMode(id); ok && m == tiers.FailClosed {
+		if m, ok := rate.FailMode(scope); ok && m == tiers.FailClosed {
 			return fallback.FailClosed
 		}
 		return fallback.FailOpen
