@@ -32,7 +32,11 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 			case x < 5:
 				id := "s" + strconv.FormatUint(seed, 10) + "-" + strconv.Itoa(op)
 				limit := int64(1 + r.IntN(4))
-				ttl := time.Duration(1+r.IntN(50)) * 10 * time.Millisecond
+				// At least 1s: Redis expires an idle key (PEXPIRE ttl) on
+				// its own wall clock, not the fake one, so a TTL shorter
+				// than a scheduling stall of a loaded machine would let
+				// Redis drop a set the memory store still holds.
+				ttl := time.Duration(1+r.IntN(50)) * time.Second
 				a, err1 := mem.Acquire(ctx, "diff", key, id, limit, ttl)
 				b, err2 := rs.Acquire(ctx, "diff", key, id, limit, ttl)
 				if err1 != nil || err2 != nil {
@@ -55,8 +59,10 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 					t.Fatal(err)
 				}
 			default:
-				step := time.Duration(r.IntN(300)-30) * time.Millisecond // sometimes back
-				step += time.Duration(r.IntN(1000)) * time.Microsecond
+				// Steps in the same proportion to the TTLs, with µs
+				// remainders for the rounding edges.
+				step := time.Duration(r.IntN(300)-30) * 100 * time.Millisecond // sometimes back
+				step += time.Duration(r.IntN(100000)) * time.Microsecond
 				memClock.Advance(step)
 				redisClock.Advance(step)
 			}
