@@ -19,11 +19,25 @@ import (
 	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
+	"github.com/spillway-go/spillway/tiers"
 )
 
-// The per-client limit every limiting configuration applies, by API key:
-// well-behaved clients send ~4 req/s at the spike, abusive ones ~50.
-var perKeyPolicy = ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: 10, Period: time.Second, Burst: 20}
+// rateLimits are the rate tiers every limiting configuration applies, in
+// the tiers config format: one bucket per API key. Well-behaved clients
+// send about 1.5 req/s each at the spike, abusive ones about 19.
+const rateLimits = `limits:
+  - by: api_key
+    bucket: 10/second, burst 20
+`
+
+// rateTiers returns the rate tiers over store.
+func rateTiers(store ratelimit.Store) (spillway.Limiter, error) {
+	cfg, err := tiers.Parse("limits.yaml", []byte(rateLimits))
+	if err != nil {
+		return nil, err
+	}
+	return tiers.New(cfg, store)
+}
 
 // configurations returns the systems the scenarios compare: the ones
 // named in only (all three when empty), in the order none, naive, full.
@@ -53,7 +67,7 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 func buildNaive(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{Addr: env.Redis.Addr()})
 	store := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
-	perKey, err := ratelimit.New(store, perKeyPolicy, ratelimit.WithScope("per_key"))
+	perKey, err := rateTiers(store)
 	if err != nil {
 		client.Close()
 		return ServerChain{}, err
@@ -73,7 +87,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return d, spillway.Noop, err
 	})
 	return ServerChain{
-		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), ceiling),
+		Limiter: spillway.Chain(perKey, ceiling),
 		Close:   func() { client.Close() },
 	}, nil
 }
@@ -149,7 +163,7 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	perKey, err := ratelimit.New(rateStore, perKeyPolicy, ratelimit.WithScope("per_key"))
+	perKey, err := rateTiers(rateStore)
 	if err != nil {
 		return fail(err)
 	}
@@ -219,7 +233,7 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 	}
 
 	return ServerChain{
-		Limiter: spillway.Chain(perKey.ByDimension(spillway.DimAPIKey), conc, fleet, worker, ceiling),
+		Limiter: spillway.Chain(perKey, conc, fleet, worker, ceiling),
 		BreakerOpen: func() bool {
 			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
