@@ -144,9 +144,10 @@ func defaultServerID() string {
 func (f *Fleet) ServerID() string { return f.o.serverID }
 
 // Admit decides r against the fleet's usage. It never returns an error and
-// never waits on Redis.
+// never waits on Redis. A malformed (or nil) request is denied with
+// spillway.ReasonInvalid.
 func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if err := r.Validate(); err != nil {
+	if r == nil || r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
 	}
 	now := f.o.now().UnixNano()

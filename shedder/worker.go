@@ -108,9 +108,10 @@ func NewWorker(capacity int64, opts ...Option) (*Worker, error) {
 }
 
 // Admit decides r. It never returns an error. When allowed, done releases
-// r's cost from the in-flight count.
+// r's cost from the in-flight count. A malformed (or nil) request is denied
+// with spillway.ReasonInvalid.
 func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if err := r.Validate(); err != nil {
+	if r == nil || r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: w.o.name}, spillway.Noop, nil
 	}
 	now := w.o.now()

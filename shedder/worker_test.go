@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/shedder"
 )
@@ -220,5 +222,36 @@ func TestWorkerTimeGoesBackwards(t *testing.T) {
 	admit()
 	if w.Level() != 0.5 {
 		t.Fatalf("level %v at the next tick, want 0.5", w.Level())
+	}
+}
+
+// A malformed or nil request is denied with ReasonInvalid by both
+// shedders, never a panic; nothing is counted in flight.
+func TestAdmitMalformedRequests(t *testing.T) {
+	w, err := shedder.NewWorker(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Never refreshed: the Fleet decides on its local share, no Redis
+	// needed for the validation path.
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { client.Close() })
+	f, err := shedder.NewFleet(client, "api", 10, shedder.WithoutAutoRefresh())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		l    spillway.Limiter
+	}{{"worker", w}, {"fleet", f}} {
+		for _, r := range []*spillway.Request{nil, {Cost: -1}, {Priority: 7}, {Priority: -1}} {
+			d, done, err := c.l.Admit(context.Background(), r)
+			if want := (spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}); d != want || err != nil || done == nil {
+				t.Errorf("%s.Admit(%+v) = %+v, %v; want %+v", c.name, r, d, err, want)
+			}
+		}
+	}
+	if got := w.InFlight(); got != 0 {
+		t.Errorf("worker in flight %d after malformed requests, want 0", got)
 	}
 }
