@@ -234,6 +234,9 @@ type Match struct {
 // (decide the items with Cost 0) and for fallbacks that evaluate the same
 // items elsewhere.
 func (l *Limiter) Matches(ctx context.Context, r *spillway.Request) ([]Match, error) {
+	if r == nil {
+		return nil, fmt.Errorf("tiers: Matches: %w: request is nil", spillway.ErrInvalidRequest)
+	}
 	c := l.cur.Load()
 	var (
 		items [batchStack]ratelimit.Item
@@ -365,9 +368,10 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // The decision is Degraded when any item's was (a fallback store decided
 // it locally). A store failure returns a *StoreError (never a silent
 // allow); a request that matches only shadow rules is allowed if the store
-// fails. Done is spillway.Noop: a rate limit has nothing to release.
+// fails. Done is spillway.Noop: a rate limit has nothing to release. A
+// malformed (or nil) request is denied with spillway.ReasonInvalid.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if err := r.Validate(); err != nil {
+	if r == nil || r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
 	}
 	c := l.cur.Load()

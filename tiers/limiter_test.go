@@ -709,3 +709,16 @@ func TestManyRules(t *testing.T) {
 		t.Fatalf("peek = %v", left)
 	}
 }
+
+// A nil request is malformed like a negative cost: Admit denies it with
+// ReasonInvalid and Matches returns an error, never a panic.
+func TestNilRequest(t *testing.T) {
+	l := mustLimiter(t, "limits:\n  - id: ip\n    by: ip\n    bucket: 1/second\n", ratelimit.NewMemoryStore(), WithName("api-tiers"))
+	d, done, err := l.Admit(context.Background(), nil)
+	if want := (spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "api-tiers"}); d != want || err != nil || done == nil {
+		t.Fatalf("Admit(nil) = %+v, %v; want %+v", d, err, want)
+	}
+	if ms, err := l.Matches(context.Background(), nil); !errors.Is(err, spillway.ErrInvalidRequest) || ms != nil {
+		t.Fatalf("Matches(nil) = %v, %v; want an error wrapping ErrInvalidRequest", ms, err)
+	}
+}
