@@ -13,6 +13,8 @@ var (
 	ratelimitBatchSrc string
 	//go:embed ratelimit_token_bucket.lua
 	ratelimitTokenBucketSrc string
+	//go:embed ratelimit_buckets.lua
+	ratelimitBucketsSrc string
 	//go:embed ratelimit_refund.lua
 	ratelimitRefundSrc string
 )
@@ -24,6 +26,12 @@ var RateLimitBatch = redis.NewScript(ratelimitBatchSrc)
 // RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
 // the lean common path (ratelimit_token_bucket.lua).
 var RateLimitTokenBucket = redis.NewScript(ratelimitTokenBucketSrc)
+
+// RateLimitBuckets decides N items of the bucket family (token bucket, GCRA,
+// leaky bucket) all or nothing in one call, with a smaller ARGV and reply
+// than RateLimitBatch: the lean path of a multi-item batch
+// (ratelimit_buckets.lua).
+var RateLimitBuckets = redis.NewScript(ratelimitBucketsSrc)
 
 // RateLimitRefund gives back what RateLimitBatch charged, for the Redis
 // Cluster path where one slot group was charged and another denied

@@ -123,8 +123,9 @@ func (s *RedisStore) nowArg() string {
 }
 
 // Decide implements Store. One item of the bucket family runs the lean
-// token-bucket script; anything else runs the batch script, once per slot
-// on a Cluster (see RedisStore).
+// token-bucket script, several items all of the bucket family the lean
+// buckets script, anything else the batch script; once per slot on a
+// Cluster (see RedisStore).
 func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
 	if s.err != nil {
 		return false, s.err
@@ -149,7 +150,7 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	if s.sharded != oneServer {
 		return s.decideGroups(ctx, items, out, s.sharded)
 	}
-	allowed, _, err := s.runBatch(ctx, items, out, nil)
+	allowed, err := s.runGroup(ctx, items, out, nil)
 	if err != nil && strings.Contains(err.Error(), "CROSSSLOT") {
 		// A client that is a Cluster in disguise (a wrapper around a
 		// ClusterClient): Redis refused the script before it ran, so
@@ -175,19 +176,93 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	if !ok || wait < 0 || wait > tau {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: unexpected reply %T %v, want an integer in [0, %d]", res, res, tau)
 	}
-	n := it.Cost
-	need := wait + n*T
-	var o outcome
-	switch {
-	case n > p.EffectiveBurst():
-		o = outcome{exceeds: true, remaining: (tau - wait) / T, reset: wait}
-	case need > tau:
-		o = outcome{remaining: (tau - wait) / T, reset: wait, retry: need - tau}
-	default:
-		o = outcome{allowed: true, remaining: (tau - need) / T, reset: need}
-	}
+	o := bucketOutcome(it, wait)
 	*out = o.decision(it.Scope, p)
 	return o.allowed, nil
+}
+
+// bucketOutcome derives the decision of a bucket-family item from wait,
+// how far its bucket was from full (in [0, tau]), as bucketDecide does.
+func bucketOutcome(it *Item, wait int64) outcome {
+	p := it.Policy
+	T := p.EmissionInterval()
+	B := p.EffectiveBurst()
+	tau := B * T
+	n := it.Cost
+	need := wait + n*T
+	switch {
+	case n > B:
+		return outcome{exceeds: true, remaining: (tau - wait) / T, reset: wait}
+	case need > tau:
+		return outcome{remaining: (tau - wait) / T, reset: wait, retry: need - tau}
+	default:
+		return outcome{allowed: true, remaining: (tau - need) / T, reset: need}
+	}
+}
+
+// bucketsOnly reports whether every item is of the bucket family.
+func bucketsOnly(items []Item) bool {
+	for i := range items {
+		switch items[i].Policy.Algorithm {
+		case TokenBucket, GCRA, LeakyBucket:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// runGroup decides items (all in one slot): with the buckets script when
+// they are all of the bucket family, else with the batch script. g, when
+// not nil, receives what a refund needs (see runBatch; a bucket item needs
+// nothing more than itself: its mark is 0 and it has no uid).
+func (s *RedisStore) runGroup(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
+	if bucketsOnly(items) {
+		return s.runBuckets(ctx, items, out)
+	}
+	allowed, _, err := s.runBatch(ctx, items, out, g)
+	return allowed, err
+}
+
+// bucketsFields is the number of ARGV values per item of the buckets
+// script.
+const bucketsFields = 3
+
+// runBuckets runs lua/ratelimit_buckets.lua over items (all of the bucket
+// family, all in one slot) and writes their decisions to out. The script
+// replies each item's wait; the decisions follow as in decideBucket, and
+// the batch is allowed when every item is.
+func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	keys := make([]string, len(items))
+	args := make([]any, 1, 1+bucketsFields*len(items))
+	args[0] = s.nowArg()
+	for i := range items {
+		it := &items[i]
+		T := it.Policy.EmissionInterval()
+		keys[i] = redisKey(s.prefix, it)
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost)
+	}
+	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
+	}
+	v, err := intSlice(res, len(items))
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
+	}
+	allowed := true
+	for i := range items {
+		it := &items[i]
+		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); v[i] < 0 || v[i] > tau {
+			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", i, v[i], tau)
+		}
+	}
+	for i := range items {
+		o := bucketOutcome(&items[i], v[i])
+		out[i] = o.decision(items[i].Scope, items[i].Policy)
+		allowed = allowed && o.allowed
+	}
+	return allowed, nil
 }
 
 // outcome reads {ok, remaining, reset, retry} from v.

@@ -39,18 +39,18 @@ func (g *group) charged() bool {
 }
 
 // decideGroups decides a batch whose items may live on several Cluster
-// slots (Ring shards): one batch script per group, in parallel; if a group
-// denies or fails while another charged, the charged groups are refunded.
+// slots (Ring shards): one script per group (see runGroup), in parallel;
+// if a group denies or fails while another charged, the charged groups are
+// refunded.
 func (s *RedisStore) decideGroups(ctx context.Context, items []Item, out []spillway.Decision, by sharding) (bool, error) {
 	groups := s.split(items, by)
 	if len(groups) == 1 {
-		allowed, _, err := s.runBatch(ctx, items, out, nil)
-		return allowed, err
+		return s.runGroup(ctx, items, out, nil)
 	}
 	var eg errgroup.Group
 	for _, g := range groups {
 		eg.Go(func() error {
-			g.allowed, _, g.err = s.runBatch(ctx, g.items, g.out, g)
+			g.allowed, g.err = s.runGroup(ctx, g.items, g.out, g)
 			return nil
 		})
 	}

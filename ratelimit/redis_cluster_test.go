@@ -199,8 +199,11 @@ func TestRedisStoreCluster(t *testing.T) {
 		c.AddHook(hook)
 		for seed := uint64(11); seed <= 12; seed++ {
 			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-				differential(t, c, hook, seed, 300)
+				differential(t, c, hook, seed, 300, false)
 			})
 		}
+		t.Run("buckets13", func(t *testing.T) {
+			differential(t, c, hook, 13, 300, true)
+		})
 	})
 }
