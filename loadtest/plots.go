@@ -203,15 +203,19 @@ func plotGoodputCurves(sc *ScenarioResult, path string) error {
 		for k, ph := range c.Phases {
 			lv := goodputLevels[k]
 			g = append(g, plotter.XY{X: lv, Y: ph.GoodputRPS / c.BackendCapacityRPS})
-			l = append(l, plotter.XY{X: lv, Y: ph.CriticalP99MS})
+			if ph.CriticalP99MS > 0 { // no point where no Critical request succeeded
+				l = append(l, plotter.XY{X: lv, Y: ph.CriticalP99MS})
+			}
 		}
 		addLine(good, name, g, configCols[name], vg.Points(2), false)
-		addLine(crit, name, l, configCols[name], vg.Points(2), false)
+		if len(l) > 0 {
+			addLine(crit, name, l, configCols[name], vg.Points(2), false)
+		}
 		if sp, err := plotter.NewScatter(g); err == nil {
 			sp.Color = configCols[name]
 			good.Add(sp)
 		}
-		if sp, err := plotter.NewScatter(l); err == nil {
+		if sp, err := plotter.NewScatter(l); err == nil && len(l) > 0 {
 			sp.Color = configCols[name]
 			crit.Add(sp)
 		}
