@@ -122,6 +122,7 @@ func TestChainRejectsMalformedRequests(t *testing.T) {
 	a := &counting{name: "rate", d: allow(10, 9)}
 	ch := spillway.Chain(a)
 	for _, r := range []*spillway.Request{
+		nil,
 		{Cost: -1, Priority: spillway.Critical},
 		{Priority: spillway.Priority(9)},
 	} {

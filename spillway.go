@@ -127,9 +127,12 @@ func (r *Request) EffectiveCost() int64 {
 	return r.Cost
 }
 
-// Validate reports a malformed request: a negative cost or an unknown
-// priority. The error wraps ErrInvalidRequest.
+// Validate reports a malformed request: a nil request, a negative cost or
+// an unknown priority. The error wraps ErrInvalidRequest.
 func (r *Request) Validate() error {
+	if r == nil {
+		return fmt.Errorf("%w: nil request", ErrInvalidRequest)
+	}
 	if r.Cost < 0 {
 		return fmt.Errorf("%w: cost %d is negative", ErrInvalidRequest, r.Cost)
 	}
