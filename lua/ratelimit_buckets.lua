@@ -38,6 +38,13 @@ elseif now < 0 then
   now = 0
 end
 
+-- MGET reads the keys (false for a missing key or one of another type),
+-- in chunks that unpack fits on Lua's stack
+local cur = {}
+for j = 1, #KEYS, 1000 do
+  local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, #KEYS)))
+  for k = 1, #part do cur[j + k - 1] = part[k] end
+end
 local pending = {} -- key -> TAT an earlier item of this call charged
 local reply = {}
 local all = true
@@ -49,7 +56,7 @@ for i = 1, #KEYS do
   local tau = tonumber(ARGV[b + 1])
   local n = tonumber(ARGV[b + 2])
   local tat = pending[key]
-  if tat == nil then tat = tonumber(redis.pcall('GET', key)) or 0 end
+  if tat == nil then tat = tonumber(cur[i]) or 0 end
   local t = now
   if t < tat - tau then t = tat - tau end
   local wait = 0

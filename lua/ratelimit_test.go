@@ -2,6 +2,7 @@ package lua
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +118,18 @@ func TestRateLimitBuckets(t *testing.T) {
 	// Later: room again.
 	check(run("1000300000000", []string{"k1"}, 1), 2*T)
 	state("k1", "1000600000000")
+	// More keys than one MGET reads: the last one still sees its state.
+	many := make([]string, 2500)
+	costs := make([]int64, len(many))
+	for i := range many {
+		many[i] = fmt.Sprint("m", i)
+		costs[i] = 1
+	}
+	many[len(many)-1] = "k1"
+	got := run("1000300000000", many, costs...)
+	want := make([]int64, len(many))
+	want[len(many)-1] = 3 * T
+	check(got, want...)
+	state("m1999", "1000400000000")
+	state("k1", "1000700000000")
 }
