@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,8 +11,9 @@ import (
 )
 
 // BenchmarkRedisStore measures one Decide against a local redis-server: a
-// single token-bucket item (the lean script) and a three-item batch (the
-// batch script), with allocations. Run it briefly:
+// single token-bucket item (the lean script), three token-bucket items (the
+// buckets script) and a three-item batch with a window (the batch script),
+// with allocations. Run it briefly:
 //
 //	go test -run '^$' -bench RedisStore -benchtime 20000x ./ratelimit/
 func BenchmarkRedisStore(b *testing.B) {
@@ -35,6 +37,20 @@ func BenchmarkRedisStore(b *testing.B) {
 			}
 		}
 	})
+	b.Run("buckets3", func(b *testing.B) {
+		b.ReportAllocs()
+		out := make([]spillway.Decision, 3)
+		items := make([]Item, 3)
+		for i := 0; b.Loop(); i++ {
+			k := keys[i%len(keys)]
+			items[0] = Item{Scope: "ip", Key: k, Policy: p, Cost: 1}
+			items[1] = Item{Scope: "user", Key: k, Policy: p, Cost: 1}
+			items[2] = Item{Scope: "endpoint", Key: k, Policy: p, Cost: 1}
+			if _, err := s.Decide(ctx, items, out); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("batch3", func(b *testing.B) {
 		b.ReportAllocs()
 		out := make([]spillway.Decision, 3)
@@ -49,4 +65,85 @@ func BenchmarkRedisStore(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkRedisScriptCPU measures the server's CPU per script call (INFO
+// commandstats) for one token-bucket item (the lean script), three bucket
+// items (the buckets script) and the same three items through the general
+// batch script, in alternating rounds so that a changing load weighs on
+// all alike:
+//
+//	go test -run '^$' -bench RedisScriptCPU -benchtime 20000x ./ratelimit/
+func BenchmarkRedisScriptCPU(b *testing.B) {
+	_, c := redisServer(b)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	p := Policy{Limit: 1_000_000, Period: time.Second}
+	out := make([]spillway.Decision, 3)
+	one := make([]Item, 1)
+	three := make([]Item, 3)
+	variants := []func(k string) error{
+		func(k string) error {
+			one[0] = Item{Scope: "ip", Key: k, Policy: p, Cost: 1}
+			_, err := s.Decide(ctx, one, out)
+			return err
+		},
+		func(k string) error {
+			three[0] = Item{Scope: "ip", Key: k, Policy: p, Cost: 1}
+			three[1] = Item{Scope: "user", Key: k, Policy: p, Cost: 1}
+			three[2] = Item{Scope: "api", Key: k, Policy: p, Cost: 1}
+			_, err := s.Decide(ctx, three, out)
+			return err
+		},
+		func(k string) error {
+			three[0] = Item{Scope: "ip", Key: k, Policy: p, Cost: 1}
+			three[1] = Item{Scope: "user", Key: k, Policy: p, Cost: 1}
+			three[2] = Item{Scope: "api", Key: k, Policy: p, Cost: 1}
+			_, _, err := s.runBatch(ctx, three, out, nil)
+			return err
+		},
+	}
+	serverUsec := func() float64 {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total float64
+		for _, line := range strings.Split(info, "\n") {
+			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+				continue
+			}
+			for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+				if v, ok := strings.CutPrefix(f, "usec="); ok {
+					n, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					total += n
+				}
+			}
+		}
+		return total
+	}
+	var usec [3]float64
+	const round = 100
+	for i := 0; i < b.N; i += round {
+		for v, f := range variants {
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			for j := i; j < i+round && j < b.N; j++ {
+				if err := f("user" + strconv.Itoa(j%1000)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			usec[v] += serverUsec()
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(usec[0]/n, "single-server-µs/call")
+	b.ReportMetric(usec[1]/n, "buckets3-server-µs/call")
+	b.ReportMetric(usec[2]/n, "batch3-server-µs/call")
+	b.ReportMetric(usec[1]/usec[0], "buckets3/single")
+	b.ReportMetric(usec[2]/usec[0], "batch3/single")
 }
