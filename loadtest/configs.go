@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -132,14 +131,20 @@ var degradedCauses = expvar.NewMap("degraded_causes")
 // across the fleet.
 const perKeyConcurrency = 10
 
-// buildFull is the whole spillway chain, cheapest first: the per-key rate
-// limit and the per-key concurrency limit (both in Redis, each behind a
-// fallback: time budget, breaker, local share), the fleet usage shedder
-// (Redis, degrades to local counts), the worker utilization shedder (this
-// server's share of the backend's capacity: the hard bound on backend
-// concurrency that needs no Redis), and the global ceiling in front of the
-// database.
-func buildFull(env *Env, server int) (ServerChain, error) {
+// buildFull is the spillway chain, cheapest first: the per-key rate limit
+// and the per-key concurrency limit (both in Redis, each behind a
+// fallback: time budget, breaker, local share), this server's pool of
+// database slots (C/N, every priority), the worker utilization shedder on
+// the same pool (the priority-aware bound: one slot kept for Critical
+// work), and the global ceiling in front of the database.
+//
+// There is no fleet usage shedder (shedder.Fleet): with each server's pool
+// sized C/N the pools already bound the fleet to C, and the Fleet's
+// estimate, which counts this server's changes since its last report once
+// per server, errs towards full near the top. It was the main source of
+// Critical denials (Critical threshold 1) and held the pools below what
+// they could take (threshold 0.9); see docs/loadtest.md.
+func buildFull(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
 		Addr: env.Redis.Addr(),
 		// Deadlines come from the fallback's budget (the context); the
@@ -158,8 +163,9 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 	}
 	n := float64(env.Servers)
 
-	// 1. Per-key rate limit; locally 20% of the quota per server.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0.2))
+	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
+	// fleet keeps the whole quota while Redis is away.
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 1/n))
 	if err != nil {
 		return fail(err)
 	}
@@ -186,25 +192,32 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 		return fail(err)
 	}
 
-	// 3. Fleet usage shedder: the fleet-wide, priority-aware bound in
-	// front of the database. Its capacity is the backend's; Sheddable and
-	// SheddablePlus work may use 90% of it, Critical and CriticalPlus all
-	// of it. Without Redis each server uses 1/N of it.
-	fleet, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
-		shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
-		shedder.WithThresholds(0.9, 0.9, 1, 1),
-		shedder.WithTimeout(fallbackBudget), shedder.WithLocalShare(1/n))
+	// 3. This server's pool of database connections: C/N queries at once,
+	// whatever their priority (CriticalPlus included, which the Worker
+	// does not cap). It comes before the Worker so that the Worker never
+	// sees more than C/N in flight: a CriticalPlus request past its caps
+	// would read as utilization above the band and raise its shed level.
+	poolSize := int64(env.System.Capacity / env.Servers)
+	poolLim, err := concurrency.New(concurrency.NewMemoryStore(), poolSize, concurrency.WithName("db_pool"))
 	if err != nil {
 		return fail(err)
 	}
+	pool := spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		return poolLim.Acquire(ctx, "db")
+	})
 
-	// 4. Worker utilization shedder, sized as this server's pool of
-	// database work: 1/N of the backend's capacity (its last 5% kept for
-	// Critical work). Its hard caps bound the backend's concurrency
-	// without Redis; its band (0.95–1.01) makes the shed level move only
-	// when the pool is full, so it does not hold the pool below capacity.
-	worker, err := shedder.NewWorker(int64(env.System.Capacity/env.Servers),
-		shedder.WithReserve(0.05), shedder.WithBand(0.95, 1.01))
+	// 4. Worker utilization shedder over the same pool: Sheddable and
+	// SheddablePlus work may hold C/N − 1 of its slots (reserve 5% of 10,
+	// rounded down to a whole slot), Critical work all of them; these
+	// hard caps need no Redis. Its shed level must not ratchet up under a
+	// saturated pool: with the band at 0.95–1.01 it rises only past the
+	// pool (never, behind the pool) or, by the down step, when a cap turned
+	// work away, which happens all the time here. A down step of 0.001 per
+	// 100 ms tick keeps that drift under a quarter of a priority over the
+	// run; at the default 0.05 it shed all Sheddable and SheddablePlus work
+	// within a few seconds and goodput oscillated.
+	worker, err := shedder.NewWorker(poolSize,
+		shedder.WithReserve(0.05), shedder.WithBand(0.95, 1.01), shedder.WithSteps(0.25, 0.001))
 	if err != nil {
 		return fail(err)
 	}
@@ -233,14 +246,11 @@ func buildFull(env *Env, server int) (ServerChain, error) {
 	}
 
 	return ServerChain{
-		Limiter: spillway.Chain(perKey, conc, fleet, worker, ceiling),
+		Limiter: spillway.Chain(perKey, conc, pool, worker, ceiling),
 		BreakerOpen: func() bool {
 			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
 		Close: func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			defer cancel()
-			_ = fleet.Close(ctx)
 			_ = ceil.Close()
 			client.Close()
 		},
