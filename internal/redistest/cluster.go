@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,22 +101,17 @@ func startCluster(dir string, extra []string) (*Cluster, error) {
 // startClusterNode starts one node; the bus port is chosen explicitly
 // (cluster-port) because port+10000 may be out of range or taken.
 func startClusterNode(bin, dir string, extra []string) (*Server, error) {
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("redistest: no free port: %w", err)
-		}
+	return startOnFreePort(bin, dir, "cluster", func(port int, sdir string) ([]string, error) {
 		bus, err := FreePort()
 		if err != nil {
 			return nil, fmt.Errorf("redistest: no free port: %w", err)
 		}
 		if bus == port {
-			continue
-		}
-		sdir := filepath.Join(dir, "cluster-"+strconv.Itoa(port))
-		if err := os.MkdirAll(sdir, 0o755); err != nil {
-			return nil, err
+			// The listener that found port is closed again, so the next
+			// look-up may return it: ask once more.
+			if bus, err = FreePort(); err != nil {
+				return nil, fmt.Errorf("redistest: no free port: %w", err)
+			}
 		}
 		args := append(serverArgs(port, sdir),
 			"--cluster-enabled", "yes",
@@ -130,15 +124,8 @@ func startClusterNode(bin, dir string, extra []string) (*Server, error) {
 			// Replicas sync at once instead of after the default 5 s.
 			"--repl-diskless-sync-delay", "0",
 		)
-		args = append(args, extra...)
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: args}
-		if err := s.start(bin); err != nil {
-			lastErr = err
-			continue
-		}
-		return s, nil
-	}
-	return nil, lastErr
+		return append(args, extra...), nil
+	})
 }
 
 // Stop kills every node. It is safe to call twice.

@@ -88,18 +88,31 @@ func StartServer(dir string, extra ...string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return startOnFreePort(bin, dir, "redis", func(port int, sdir string) ([]string, error) {
+		return append(serverArgs(port, sdir), extra...), nil
+	})
+}
+
+// startOnFreePort starts bin on a free loopback port in dir/<name>-<port>,
+// with the command line args returns for that port and directory. A port
+// taken between the look-up and the start is retried on another, up to five
+// times.
+func startOnFreePort(bin, dir, name string, args func(port int, sdir string) ([]string, error)) (*Server, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := FreePort()
 		if err != nil {
 			return nil, fmt.Errorf("redistest: no free port: %w", err)
 		}
-		sdir := filepath.Join(dir, "redis-"+strconv.Itoa(port))
+		sdir := filepath.Join(dir, name+"-"+strconv.Itoa(port))
 		if err := os.MkdirAll(sdir, 0o755); err != nil {
 			return nil, err
 		}
-		args := append(serverArgs(port, sdir), extra...)
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: args}
+		a, err := args(port, sdir)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: a}
 		if err := s.start(bin); err != nil {
 			lastErr = err
 			continue

@@ -77,16 +77,7 @@ func startSentinel(dir string, primaryPort int, downAfter, failoverTimeout time.
 	if err != nil {
 		return nil, err
 	}
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("redistest: no free port: %w", err)
-		}
-		sdir := filepath.Join(dir, "sentinel-"+strconv.Itoa(port))
-		if err := os.MkdirAll(sdir, 0o755); err != nil {
-			return nil, err
-		}
+	return startOnFreePort(bin, dir, "sentinel", func(port int, sdir string) ([]string, error) {
 		conf := filepath.Join(sdir, "sentinel.conf")
 		text := fmt.Sprintf(`port %d
 bind 127.0.0.1
@@ -106,14 +97,8 @@ sentinel parallel-syncs %s 1
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: sdir, args: []string{conf, "--sentinel"}}
-		if err := s.start(bin); err != nil {
-			lastErr = err
-			continue
-		}
-		return s, nil
-	}
-	return nil, lastErr
+		return []string{conf, "--sentinel"}, nil
+	})
 }
 
 // waitStable waits until the replica's link is up and every sentinel sees
