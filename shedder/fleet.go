@@ -67,8 +67,9 @@ type Fleet struct {
 	lastTry    atomic.Int64 // UnixNano of the last refresh started
 	refreshing atomic.Bool
 
-	mu      sync.Mutex // serializes refreshes
-	byPrio  [spillway.NumPriorities]int64
+	mu sync.Mutex // serializes refreshes; held across the Redis call
+
+	errMu   sync.Mutex // guards lastErr only, so Stats never waits on Redis
 	lastErr error
 }
 
@@ -277,16 +278,17 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		err = fmt.Errorf("reply has %d values, want 5", len(res))
 	}
 	if err != nil {
-		f.lastErr = fmt.Errorf("shedder: fleet refresh: %w", err)
-		return f.lastErr
+		err = fmt.Errorf("shedder: fleet refresh: %w", err)
+		f.setLastErr(err)
+		return err
 	}
 	v := &fleetView{servers: res[4]}
 	for p := range sent {
-		f.byPrio[p] = res[p]
+		v.byPrio[p] = res[p]
 		v.sum += res[p]
 		v.sent += sent[p]
 	}
-	f.lastErr = nil
+	f.setLastErr(nil)
 	f.view.Store(v)
 	f.servers.Store(res[4])
 	if ttl > 0 {
@@ -302,6 +304,13 @@ type fleetView struct {
 	sum     int64 // the fleet's in-flight cost, this server's report included
 	sent    int64 // this server's report
 	servers int64
+	byPrio  [spillway.NumPriorities]int64 // the fleet's in-flight cost per priority
+}
+
+func (f *Fleet) setLastErr(err error) {
+	f.errMu.Lock()
+	f.lastErr = err
+	f.errMu.Unlock()
 }
 
 // estimate returns the fleet usage given this server's in-flight cost
@@ -341,9 +350,12 @@ type FleetStats struct {
 // Stats returns a snapshot of the Fleet's view.
 func (f *Fleet) Stats() FleetStats {
 	var s FleetStats
-	f.mu.Lock()
-	s.Fleet, s.LastError = f.byPrio, f.lastErr
-	f.mu.Unlock()
+	if v := f.view.Load(); v != nil {
+		s.Fleet = v.byPrio
+	}
+	f.errMu.Lock()
+	s.LastError = f.lastErr
+	f.errMu.Unlock()
 	for p := range s.Local {
 		s.Local[p] = f.local[p].Load()
 	}
