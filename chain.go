@@ -32,6 +32,27 @@ func Chain(limiters ...Limiter) Limiter {
 	return c
 }
 
+// chainDone releases an allowed chain's limiters in reverse order, once.
+// One allocation per admitted request holds the Done of every limiter.
+type chainDone struct {
+	called atomic.Bool
+	dones  []Done
+	buf    [6]Done
+}
+
+func (cd *chainDone) release(o Outcome) {
+	for i := len(cd.dones) - 1; i >= 0; i-- {
+		cd.dones[i](o)
+	}
+}
+
+func (cd *chainDone) done(o Outcome) {
+	if cd.called.Swap(true) {
+		return
+	}
+	cd.release(o)
+}
+
 func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 	if err := r.Validate(); err != nil {
 		return Decision{Reason: ReasonInvalid, Limiter: "request"}, Noop, nil
@@ -46,37 +67,29 @@ func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 		best     Decision
 		haveBest bool
 		degraded bool
-		dones    = make([]Done, 0, len(c))
 	)
-	release := func() {
-		for i := len(dones) - 1; i >= 0; i-- {
-			dones[i](Ignored)
-		}
-	}
+	cd := &chainDone{}
+	cd.dones = cd.buf[:0]
 	for _, l := range c {
 		d, done, err := l.Admit(ctx, r)
 		if err != nil {
-			release()
+			cd.release(Ignored)
 			return Decision{}, Noop, err
 		}
 		degraded = degraded || d.Degraded
 		if !d.Allowed {
-			release()
+			cd.release(Ignored)
 			d.Degraded = degraded
 			return d, Noop, nil
 		}
 		if done == nil {
 			done = Noop
 		}
-		dones = append(dones, done)
+		cd.dones = append(cd.dones, done)
 		if !haveBest || (d.Limit > 0 && (best.Limit == 0 || d.Remaining < best.Remaining)) {
 			best, haveBest = d, true
 		}
 	}
 	best.Degraded = degraded
-	return best, Once(func(o Outcome) {
-		for i := len(dones) - 1; i >= 0; i-- {
-			dones[i](o)
-		}
-	}), nil
+	return best, cd.done, nil
 }

@@ -226,3 +226,17 @@ func ExampleChain() {
 	// critical: allowed=true by=rate reason=none remaining=3
 	// sheddable: allowed=false by=shed reason=shed remaining=0
 }
+
+func BenchmarkChainAllowed(b *testing.B) {
+	allowAll := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		return spillway.Decision{Allowed: true, Limit: 10, Remaining: 5}, spillway.Noop, nil
+	})
+	ch := spillway.Chain(allowAll, allowAll, allowAll)
+	r := &spillway.Request{Priority: spillway.Critical}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_, done, _ := ch.Admit(ctx, r)
+		done(spillway.Success)
+	}
+}
