@@ -427,13 +427,8 @@ const batchStack = 8
 // locked in ascending order, so concurrent batches cannot deadlock. The
 // context is not consulted: the memory store never blocks on I/O.
 func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
-	if len(out) < len(items) {
-		return false, fmt.Errorf("ratelimit: out has %d decisions for %d items", len(out), len(items))
-	}
-	for i := range items {
-		if err := validateItem(&items[i]); err != nil {
-			return false, fmt.Errorf("ratelimit: item %d: %w", i, err)
-		}
+	if err := validateBatch(items, out); err != nil {
+		return false, err
 	}
 	switch len(items) {
 	case 0:
@@ -516,6 +511,20 @@ func insertSorted(xs []uint64, v uint64) []uint64 {
 	copy(xs[i+1:], xs[i:])
 	xs[i] = v
 	return xs
+}
+
+// validateBatch checks what every Store's Decide needs of its arguments:
+// out has room for a decision per item and every item is valid.
+func validateBatch(items []Item, out []spillway.Decision) error {
+	if len(out) < len(items) {
+		return fmt.Errorf("ratelimit: out has %d decisions for %d items", len(out), len(items))
+	}
+	for i := range items {
+		if err := validateItem(&items[i]); err != nil {
+			return fmt.Errorf("ratelimit: item %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 func validateItem(it *Item) error {

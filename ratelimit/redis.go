@@ -130,13 +130,8 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	if s.err != nil {
 		return false, s.err
 	}
-	if len(out) < len(items) {
-		return false, fmt.Errorf("ratelimit: out has %d decisions for %d items", len(out), len(items))
-	}
-	for i := range items {
-		if err := validateItem(&items[i]); err != nil {
-			return false, fmt.Errorf("ratelimit: item %d: %w", i, err)
-		}
+	if err := validateBatch(items, out); err != nil {
+		return false, err
 	}
 	switch len(items) {
 	case 0:
