@@ -130,11 +130,17 @@ func (s *server) propagate(ctx context.Context, method string) context.Context {
 // admit returns the Done to call after the handler, the response metadata
 // to set, and the status error of a denial.
 func (s *server) admit(ctx context.Context, method string) (spillway.Done, metadata.MD, error) {
-	req := &spillway.Request{Endpoint: method, Priority: s.priority(ctx, method)}
+	// One allocation for the request and room for its three dimensions.
+	buf := &struct {
+		req  spillway.Request
+		dims [3]spillway.Dimension
+	}{}
+	req := &buf.req
+	req.Endpoint, req.Priority = method, s.priority(ctx, method)
 	if s.c.cost != nil {
 		req.Cost = s.c.cost(ctx, method)
 	}
-	req.Dims = make([]spillway.Dimension, 0, 3)
+	req.Dims = buf.dims[:0]
 	if p, ok := peer.FromContext(ctx); ok {
 		if ip, ok := peerIP(p.Addr); ok {
 			if len(s.c.trusted) > 0 {
