@@ -72,20 +72,18 @@ func benchAdmit(b *testing.B, ls ...*Limiter) {
 // three single-rule checks in a row (three round trips).
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b)
-	store := ratelimit.NewRedisStore(srv.Client(b))
-	one := mustLimiter(b, benchOne, store)
-	three := mustLimiter(b, benchThree, store)
-	user := mustLimiter(b, benchUser, store)
-	key := mustLimiter(b, benchKey, store)
-	b.Run("single", func(b *testing.B) { benchAdmit(b, one) })
-	b.Run("three-tier", func(b *testing.B) { benchAdmit(b, three) })
-	b.Run("three-sequential", func(b *testing.B) { benchAdmit(b, one, user, key) })
+	benchCompare(b, ratelimit.NewRedisStore(srv.Client(b)))
 }
 
 // BenchmarkMemory is the same comparison on the memory store: the cost of
 // matching and key building itself.
 func BenchmarkMemory(b *testing.B) {
-	store := ratelimit.NewMemoryStore()
+	benchCompare(b, ratelimit.NewMemoryStore())
+}
+
+// benchCompare runs the single-rule, three-tier and three-sequential
+// checks over store as sub-benchmarks.
+func benchCompare(b *testing.B, store ratelimit.Store) {
 	one := mustLimiter(b, benchOne, store)
 	three := mustLimiter(b, benchThree, store)
 	user := mustLimiter(b, benchUser, store)
