@@ -41,14 +41,16 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
 		}
-		done, hdr, err := s.admit(ctx, info.FullMethod)
+		done, pri, hdr, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = grpc.SetHeader(ctx, hdr)
 		}
 		if err != nil {
 			return nil, err
 		}
-		ctx = s.propagate(ctx, info.FullMethod)
+		if !s.c.noPropagate {
+			ctx = shedder.NewContext(ctx, pri)
+		}
 		finished := false
 		defer func() {
 			if !finished {
@@ -71,7 +73,7 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(srv, ss)
 		}
-		done, hdr, err := s.admit(ctx, info.FullMethod)
+		done, pri, hdr, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = ss.SetHeader(hdr)
 		}
@@ -79,7 +81,8 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 			return err
 		}
 		if !s.c.noPropagate {
-			ss = &ctxStream{ServerStream: ss, ctx: s.propagate(ctx, info.FullMethod)}
+			// Outgoing calls made while serving carry the priority.
+			ss = &ctxStream{ServerStream: ss, ctx: shedder.NewContext(ctx, pri)}
 		}
 		finished := false
 		defer func() {
@@ -119,17 +122,10 @@ func (s *server) priority(ctx context.Context, method string) spillway.Priority 
 	return p
 }
 
-func (s *server) propagate(ctx context.Context, method string) context.Context {
-	if s.c.noPropagate {
-		return ctx
-	}
-	// Recomputing is cheaper than carrying it: the classifier is a lookup.
-	return shedder.NewContext(ctx, s.priority(ctx, method))
-}
-
-// admit returns the Done to call after the handler, the response metadata
-// to set, and the status error of a denial.
-func (s *server) admit(ctx context.Context, method string) (spillway.Done, metadata.MD, error) {
+// admit returns the Done to call after the handler, the priority the call
+// was admitted at (for propagation), the response metadata to set, and the
+// status error of a denial.
+func (s *server) admit(ctx context.Context, method string) (spillway.Done, spillway.Priority, metadata.MD, error) {
 	// One allocation for the request and room for its three dimensions.
 	buf := &struct {
 		req  spillway.Request
@@ -167,7 +163,7 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, metad
 		}
 	}
 	if err := req.Validate(); err != nil {
-		return spillway.Noop, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}).Err()
+		return spillway.Noop, req.Priority, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}).Err()
 	}
 	d, done, err := s.l.Admit(ctx, req)
 	if err != nil {
@@ -176,9 +172,9 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, metad
 		}
 		var se *tiers.StoreError
 		if s.c.failMode == FailClosed || (errors.As(err, &se) && se.Fail == tiers.FailClosed) {
-			return spillway.Noop, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
+			return spillway.Noop, req.Priority, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
 		}
-		return spillway.Noop, nil, nil
+		return spillway.Noop, req.Priority, nil, nil
 	}
 	if done == nil {
 		done = spillway.Noop
@@ -186,9 +182,9 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, metad
 	hdr := s.headers(d)
 	if !d.Allowed {
 		done(spillway.Ignored)
-		return spillway.Noop, hdr, DenialStatus(d).Err()
+		return spillway.Noop, req.Priority, hdr, DenialStatus(d).Err()
 	}
-	return done, hdr, nil
+	return done, req.Priority, hdr, nil
 }
 
 func (s *server) headers(d spillway.Decision) metadata.MD {
