@@ -2,34 +2,17 @@ package concurrency
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
-// fakeClock is a settable clock shared by a test and a store.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is a settable clock, safe for concurrent use.
+type fakeClock = testclock.Clock
 
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return testclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) }
 
 type storeFactory func(t *testing.T, clock *fakeClock) Store
 

@@ -15,28 +15,15 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is a settable clock, safe for concurrent use.
+type fakeClock = testclock.Clock
 
 // newFakeClock starts exactly at the beginning of a second, so a window of
 // one second (or 100 ms) begins now.
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return testclock.New(time.Unix(1_800_000_000, 0)) }
 
 // servers returns n ceilings ("servers") with their own clients on srv.
 func servers(t *testing.T, srv *redistest.Server, n int, limit int64, window time.Duration, opts ...Option) []*Ceiling {

@@ -10,28 +10,14 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/shedder"
 )
 
 // fakeClock is a settable clock, safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = testclock.Clock
 
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *fakeClock { return testclock.New(time.Unix(1_700_000_000, 0)) }
 
 // seeded returns a deterministic uniform source for WithRand.
 func seeded(seed uint64) func() float64 {

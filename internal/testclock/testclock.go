@@ -1,0 +1,32 @@
+// Package testclock is a settable clock for tests, safe for concurrent use:
+// a test moves it with Advance while the code under test reads it with Now.
+package testclock
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock is a settable clock. Pass its Now method where code takes a
+// func() time.Time.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// New returns a Clock set to start.
+func New(start time.Time) *Clock { return &Clock{t: start} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock by d (backwards when d is negative).
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}

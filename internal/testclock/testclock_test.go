@@ -1,0 +1,22 @@
+package testclock
+
+import (
+	"testing"
+	"time"
+)
+
+func TestClock(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0)
+	c := New(start)
+	if got := c.Now(); !got.Equal(start) {
+		t.Fatalf("Now = %v, want %v", got, start)
+	}
+	c.Advance(1500 * time.Millisecond)
+	if got, want := c.Now(), start.Add(1500*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("after Advance(1.5s): Now = %v, want %v", got, want)
+	}
+	c.Advance(-2 * time.Second)
+	if got, want := c.Now(), start.Add(-500*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("after Advance(-2s): Now = %v, want %v", got, want)
+	}
+}
