@@ -38,7 +38,9 @@ func parseRemote(s string) (netip.Addr, bool) {
 // ("for=192.0.2.60;proto=http;by=203.0.113.43", `for="[2001:db8::1]:4711"`).
 // Obfuscated identifiers and "unknown" are not addresses.
 func parseForwardedFor(elem string) (netip.Addr, bool) {
-	for _, pair := range strings.Split(elem, ";") {
+	for elem != "" {
+		var pair string
+		pair, elem, _ = strings.Cut(elem, ";") // no slice of pairs per request
 		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
 		if !ok || !strings.EqualFold(strings.TrimSpace(k), "for") {
 			continue
