@@ -129,5 +129,16 @@ func (c *denyCache) add(k itemKey, n, now int64, d spillway.Decision) {
 	c.size.Add(1)
 }
 
+// remove forgets k's denial.
+func (c *denyCache) remove(k itemKey) {
+	sh := c.shard(&k)
+	sh.mu.Lock()
+	if _, ok := sh.m[k]; ok {
+		delete(sh.m, k)
+		c.size.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
 // len returns the number of entries.
 func (c *denyCache) len() int { return int(c.size.Load()) }

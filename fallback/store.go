@@ -281,14 +281,7 @@ func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []s
 func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy) error {
 	_ = s.local.Reset(ctx, scope, key, scalePolicy(p, s.ppm))
 	if s.cache != nil {
-		k := itemKey{scope, key, p}
-		sh := s.cache.shard(&k)
-		sh.mu.Lock()
-		if _, ok := sh.m[k]; ok {
-			delete(sh.m, k)
-			s.cache.size.Add(-1)
-		}
-		sh.mu.Unlock()
+		s.cache.remove(itemKey{scope, key, p})
 	}
 	err := s.br.call(ctx, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) })
 	if err != nil {
