@@ -196,10 +196,12 @@ func (s *server) headers(d spillway.Decision) metadata.MD {
 	if reset.Nanosecond() > 0 {
 		epoch++
 	}
+	v := make([]string, 3) // one backing array for the three values
+	v[0], v[1], v[2] = strconv.FormatInt(d.Limit, 10), strconv.FormatInt(max(d.Remaining, 0), 10), strconv.FormatInt(epoch, 10)
 	return metadata.MD{
-		HeaderLimit:     {strconv.FormatInt(d.Limit, 10)},
-		HeaderRemaining: {strconv.FormatInt(max(d.Remaining, 0), 10)},
-		HeaderReset:     {strconv.FormatInt(epoch, 10)},
+		HeaderLimit:     v[0:1:1],
+		HeaderRemaining: v[1:2:2],
+		HeaderReset:     v[2:3:3],
 	}
 }
 
