@@ -80,12 +80,11 @@ func (a *Adaptive) InFlight() int {
 
 // Admit admits r when fewer than Limit requests are in flight in this
 // process. A denial has Reason spillway.ReasonShed (the server protects
-// itself: answer 503) and a RetryAfter of 1 s. err is always nil.
+// itself: answer 503) and a RetryAfter of 1 s. A malformed (or nil)
+// request is denied with spillway.ReasonInvalid. err is always nil.
 func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r != nil {
-		if err := r.Validate(); err != nil {
-			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil
-		}
+	if r == nil || r.Validate() != nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil
 	}
 	a.mu.Lock()
 	limit := a.alg.Limit()

@@ -117,6 +117,9 @@ func TestAdaptiveAdmitAndOutcomes(t *testing.T) {
 	if d, _, _ := a.Admit(ctx, &spillway.Request{Cost: -1}); d.Reason != spillway.ReasonInvalid {
 		t.Fatalf("malformed: %+v", d)
 	}
+	if d, _, _ := a.Admit(ctx, nil); d.Allowed || d.Reason != spillway.ReasonInvalid {
+		t.Fatalf("nil request: %+v, want ReasonInvalid", d)
+	}
 }
 
 // sim is a deterministic server of a fixed capacity behind an Adaptive: a
