@@ -141,6 +141,7 @@ type Ceiling struct {
 	entities []string // per shard: the hash tag entity
 	charge   string   // script SHA
 	ttlMS    int64
+	wkeys    atomic.Pointer[windowKeys] // the shard keys of the latest window asked for
 
 	mu      sync.Mutex
 	cur     winState // the window now being admitted
@@ -228,6 +229,26 @@ func (c *Ceiling) Window() time.Duration { return c.window }
 // divided by the window length).
 func (c *Ceiling) Key(w int64, j int) string {
 	return keys.Key(c.o.prefix, "ceil:"+strconv.FormatInt(w, 10), c.entities[j])
+}
+
+// windowKeys are the shard keys of one window.
+type windowKeys struct {
+	w    int64
+	keys []string // keys[j] == Key(w, j); never modified
+}
+
+// keysOf returns the shard keys of window w, built once per window rather
+// than on every admission.
+func (c *Ceiling) keysOf(w int64) []string {
+	if k := c.wkeys.Load(); k != nil && k.w == w {
+		return k.keys
+	}
+	k := &windowKeys{w: w, keys: make([]string, c.o.shards)}
+	for j := range k.keys {
+		k.keys[j] = c.Key(w, j)
+	}
+	c.wkeys.Store(k)
+	return k.keys
 }
 
 // Threshold returns the total up to which priority p is admitted.
@@ -384,12 +405,13 @@ func (c *Ceiling) sumShards(gets []*redis.StringCmd) (int64, error) {
 // landed before it.
 func (c *Ceiling) chargeAndRead(ctx context.Context, w int64, i int, cost int64) (total int64, err error) {
 	err = c.withScript(ctx, func() error {
+		ks := c.keysOf(w)
 		pipe := c.client.Pipeline()
-		charge := pipe.EvalSha(ctx, c.charge, []string{c.Key(w, i)}, cost, c.ttlMS)
+		charge := pipe.EvalSha(ctx, c.charge, []string{ks[i]}, cost, c.ttlMS)
 		gets := make([]*redis.StringCmd, c.o.shards)
 		for j := range gets {
 			if j != i {
-				gets[j] = pipe.Get(ctx, c.Key(w, j))
+				gets[j] = pipe.Get(ctx, ks[j])
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -458,7 +480,7 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 		i := c.o.intn(c.o.shards)
 		c.writes.Add(1)
 		c.roundTrips.Add(1)
-		if err := lua.CeilingCharge.Run(ctx, c.client, []string{c.Key(cw, i)}, cost, c.ttlMS).Err(); err != nil {
+		if err := lua.CeilingCharge.Run(ctx, c.client, []string{c.keysOf(cw)[i]}, cost, c.ttlMS).Err(); err != nil {
 			c.mu.Lock()
 			if c.cur.w == cw {
 				c.cur.local -= cost
@@ -550,9 +572,10 @@ func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flu
 		if flushCur > 0 && !curDone {
 			curCmd = pipe.EvalSha(ctx, c.charge, []string{c.Key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS)
 		}
+		ks := c.keysOf(cw)
 		gets := make([]*redis.StringCmd, c.o.shards)
 		for j := range gets {
-			gets[j] = pipe.Get(ctx, c.Key(cw, j))
+			gets[j] = pipe.Get(ctx, ks[j])
 		}
 		_, _ = pipe.Exec(ctx)
 		c.roundTrips.Add(1)

@@ -457,3 +457,26 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 		t.Fatalf("shard 0 holds %d after the retried flush, want 4", got)
 	}
 }
+
+// TestKeysOfMatchesKey: the shard keys cached per window are Key's, for a
+// new window, a repeated one and an older one asked for again.
+func TestKeysOfMatchesKey(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialed
+	t.Cleanup(func() { rdb.Close() })
+	c, err := New(rdb, "orders-db", 100, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	for _, w := range []int64{7, 7, 8, 7} {
+		ks := c.keysOf(w)
+		if len(ks) != c.o.shards {
+			t.Fatalf("window %d: %d keys, want %d", w, len(ks), c.o.shards)
+		}
+		for j, k := range ks {
+			if want := c.Key(w, j); k != want {
+				t.Fatalf("window %d shard %d: %q, want %q", w, j, k, want)
+			}
+		}
+	}
+}
