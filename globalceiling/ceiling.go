@@ -454,12 +454,12 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 	w, end := c.windowOf(now)
 	c.mu.Lock()
 	if c.o.background && c.o.staleAfter > 0 && now.Sub(c.synced) > c.o.staleAfter {
-		err := c.syncErr
+		err, synced := c.syncErr, c.synced
 		c.mu.Unlock()
 		if err == nil {
 			err = errors.New("no successful sync yet")
 		}
-		return spillway.Decision{}, fmt.Errorf("%w: last successful sync %v ago: %w", ErrStale, now.Sub(c.synced).Round(time.Millisecond), err)
+		return spillway.Decision{}, fmt.Errorf("%w: last successful sync %v ago: %w", ErrStale, now.Sub(synced).Round(time.Millisecond), err)
 	}
 	c.roll(w)
 	if c.cur.w != w {

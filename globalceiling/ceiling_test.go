@@ -349,6 +349,47 @@ func TestLocalAggregationStale(t *testing.T) {
 	}
 }
 
+// TestStaleAnswersWhileSyncing: admissions that find the total stale
+// while the background loop keeps syncing (and refreshing it) answer
+// either ErrStale or a decision, and under -race touch nothing the loop
+// writes without the lock (a read of the last sync time after unlocking
+// was caught by the load-test harness in CI).
+func TestStaleAnswersWhileSyncing(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := newFakeClock()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := New(rdb, "db", 1_000_000, time.Hour, WithClock(clock.Now), WithMode(LocalAggregation),
+		WithSyncInterval(time.Millisecond), WithStaleAfter(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	stale, allowed := 0, 0
+	for i := 0; i < 300; i++ {
+		if i%10 == 0 {
+			clock.Advance(1100 * time.Millisecond)
+		}
+		d, _, err := c.Admit(ctx, critical())
+		switch {
+		case errors.Is(err, ErrStale):
+			stale++
+		case err == nil && d.Allowed:
+			allowed++
+		default:
+			t.Fatalf("admission %d: %+v %v, want ErrStale or allowed", i, d, err)
+		}
+		if i%10 == 5 {
+			time.Sleep(5 * time.Millisecond) // let the loop sync
+		}
+	}
+	if stale == 0 || allowed == 0 {
+		t.Fatalf("%d admissions found the total stale, %d were allowed; want both", stale, allowed)
+	}
+	t.Logf("%d stale, %d allowed", stale, allowed)
+}
+
 func TestNewValidates(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{})
 	defer rdb.Close()
