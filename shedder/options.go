@@ -26,6 +26,10 @@ type options struct {
 	stepUp   float64
 	stepDown float64
 
+	// Queue.
+	maxWait time.Duration
+	depth   int
+
 	// Fleet.
 	thresholds  [4]float64 // fractions of capacity; 0 means derive from reserve
 	prefix      string
@@ -51,6 +55,7 @@ func defaultOptions(name string) options {
 		high:        0.9,
 		stepUp:      0.25,
 		stepDown:    0.05,
+		maxWait:     100 * time.Millisecond,
 		prefix:      "spillway:",
 		interval:    100 * time.Millisecond,
 		ttl:         2 * time.Second,
@@ -107,6 +112,15 @@ func WithBand(low, high float64) Option { return func(o *options) { o.low, o.hig
 // four ticks and give it back in twenty. The down step is also the gentle
 // step up taken when only the reserve turned work away. Worker only.
 func WithSteps(up, down float64) Option { return func(o *options) { o.stepUp, o.stepDown = up, down } }
+
+// WithMaxWait sets how long a request may wait in a Queue for a slot
+// (default 100ms); 0 denies at once when no slot is free. Keep it well
+// under the clients' timeout. Queue only.
+func WithMaxWait(d time.Duration) Option { return func(o *options) { o.maxWait = d } }
+
+// WithQueueDepth sets how many requests may wait in a Queue at once
+// (default its number of slots). Queue only.
+func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 
 // WithThresholds sets, as fractions of the fleet capacity, the usage at
 // which each priority is shed (default 1−reserve, 1−reserve, 1, +Inf):

@@ -1,0 +1,248 @@
+package shedder
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Queue is a server's own pool of slots (its database connections, its
+// workers) with a short wait in priority order in front of it: at most
+// slots units of cost are in flight; a request that finds no free slot
+// waits up to the maximum wait (default 100ms) for one, and a slot that
+// comes free goes to the waiter of the highest priority (the longest
+// waiting among equals), never to whoever asks next.
+//
+// It does what a Worker's hard cap cannot on a saturated pool. A cap
+// rejects at once, so every slot that comes free stays idle until the
+// next request arrives, and Critical work only gets a slot that the
+// reserve kept idle for it; both cost throughput. The Queue hands each
+// freed slot straight to a waiter, and Critical work waits only for the
+// next slot to come free, however much lower-priority work is offered.
+//
+// The queue holds at most depth waiters (default slots). When it is full,
+// an arriving request displaces the newest waiter of the lowest priority
+// below its own, which is denied at once; if there is none, the arrival is
+// denied at once. A waiter whose wait runs out or whose context ends is
+// denied. Denials have Reason spillway.ReasonShed and the Queue's
+// RetryAfter; a request that costs more than slots is denied with
+// spillway.ReasonCostExceedsLimit, a malformed one with
+// spillway.ReasonInvalid. Allowed decisions carry Limit 0, so a chain's
+// headers keep reporting the client's own quota.
+//
+// A slot is not taken from a waiter: a request is admitted without waiting
+// only when its cost fits and nobody of its priority or higher waits. The
+// head of the queue is never overtaken by smaller requests behind it, so
+// a large request is not starved.
+//
+// The options that apply are WithName, WithRetryAfter, WithMaxWait and
+// WithQueueDepth; the order of the queue takes the place of a reserve, so
+// WithReserve is ignored. A Queue is safe for concurrent use; Admit never
+// returns an error.
+type Queue struct {
+	slots int64
+	o     options
+
+	mu      sync.Mutex
+	used    int64
+	waiting [spillway.NumPriorities][]*waiter // FIFO per priority
+	nwait   int
+
+	admitted, waited, timedOut, displaced, rejected atomic.Int64
+}
+
+type waiter struct {
+	cost  int64
+	ready chan struct{} // closed when granted or displaced
+	// Written under Queue.mu before ready is closed.
+	granted bool
+}
+
+// QueueStats are a Queue's counters since it was made.
+type QueueStats struct {
+	Admitted  int64 // admissions, with or without a wait
+	Waited    int64 // admissions that waited for a slot
+	TimedOut  int64 // waiters denied when their wait or context ran out
+	Displaced int64 // waiters denied to make room for a higher priority
+	Rejected  int64 // arrivals denied at once (queue full, or no wait)
+	InFlight  int64 // cost admitted and not yet done
+	Waiting   int   // waiters now
+}
+
+// NewQueue returns a Queue of slots units of cost.
+func NewQueue(slots int64, opts ...Option) (*Queue, error) {
+	if slots <= 0 {
+		return nil, fmt.Errorf("shedder: queue slots %d must be positive", slots)
+	}
+	o := defaultOptions("queue")
+	o.depth = int(min(slots, 1<<20))
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.validateCommon(); err != nil {
+		return nil, err
+	}
+	if o.maxWait < 0 {
+		return nil, fmt.Errorf("shedder: max wait %v is negative", o.maxWait)
+	}
+	if o.depth < 0 {
+		return nil, fmt.Errorf("shedder: queue depth %d is negative", o.depth)
+	}
+	return &Queue{slots: slots, o: o}, nil
+}
+
+// Admit decides r, waiting up to the maximum wait for a slot. When
+// allowed, done gives r's slots back (to the first waiter).
+func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if r == nil || r.Validate() != nil {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
+	}
+	c, p := r.EffectiveCost(), r.Priority
+	if c > q.slots {
+		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: q.slots}, spillway.Noop, nil
+	}
+	q.mu.Lock()
+	if q.used+c <= q.slots && !q.waitingFrom(p) {
+		q.used += c
+		q.mu.Unlock()
+		return q.allow(c)
+	}
+	if q.o.maxWait == 0 || ctx.Err() != nil || !q.makeRoom(p) {
+		d := q.deny()
+		q.mu.Unlock()
+		q.rejected.Add(1)
+		return d, spillway.Noop, nil
+	}
+	w := &waiter{cost: c, ready: make(chan struct{})}
+	q.waiting[p] = append(q.waiting[p], w)
+	q.nwait++
+	q.mu.Unlock()
+
+	t := time.NewTimer(q.o.maxWait)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	granted := w.granted
+	if !granted && q.remove(p, w) {
+		q.timedOut.Add(1) // still queued: its wait ran out
+	}
+	var d spillway.Decision
+	if !granted {
+		d = q.deny()
+	}
+	q.mu.Unlock()
+	if !granted {
+		return d, spillway.Noop, nil
+	}
+	q.waited.Add(1)
+	return q.allow(c)
+}
+
+func (q *Queue) allow(c int64) (spillway.Decision, spillway.Done, error) {
+	q.admitted.Add(1)
+	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) { q.release(c) }), nil
+}
+
+// deny is called with q.mu held.
+func (q *Queue) deny() spillway.Decision {
+	return spillway.Decision{
+		Reason:     spillway.ReasonShed,
+		Limiter:    q.o.name,
+		Limit:      q.slots,
+		Remaining:  max(0, q.slots-q.used),
+		RetryAfter: q.o.retryAfter,
+	}
+}
+
+// waitingFrom reports whether anyone of priority p or higher waits. Called
+// with q.mu held.
+func (q *Queue) waitingFrom(p spillway.Priority) bool {
+	for i := int(p); i < spillway.NumPriorities; i++ {
+		if len(q.waiting[i]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// makeRoom reports whether a waiter of priority p can join the queue,
+// displacing the newest waiter of the lowest priority below p when the
+// queue is full. Called with q.mu held.
+func (q *Queue) makeRoom(p spillway.Priority) bool {
+	if q.nwait < q.o.depth {
+		return true
+	}
+	for i := 0; i < int(p); i++ {
+		if n := len(q.waiting[i]); n > 0 {
+			w := q.waiting[i][n-1]
+			q.waiting[i] = q.waiting[i][:n-1]
+			q.nwait--
+			q.displaced.Add(1)
+			close(w.ready) // not granted: it is denied
+			return true
+		}
+	}
+	return false
+}
+
+// remove takes w out of the queue of priority p if it is still there.
+// Called with q.mu held.
+func (q *Queue) remove(p spillway.Priority, w *waiter) bool {
+	i := slices.Index(q.waiting[p], w)
+	if i < 0 {
+		return false
+	}
+	q.waiting[p] = slices.Delete(q.waiting[p], i, i+1)
+	q.nwait--
+	return true
+}
+
+// release gives c slots back and hands free slots to the waiters in
+// order: highest priority first, the longest waiting first among equals,
+// stopping at the first head that does not fit.
+func (q *Queue) release(c int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.used -= c
+	for p := spillway.NumPriorities - 1; p >= 0; p-- {
+		for len(q.waiting[p]) > 0 {
+			w := q.waiting[p][0]
+			if q.used+w.cost > q.slots {
+				return
+			}
+			q.used += w.cost
+			q.waiting[p][0] = nil
+			q.waiting[p] = q.waiting[p][1:]
+			q.nwait--
+			w.granted = true
+			close(w.ready)
+		}
+	}
+}
+
+// Stats returns the Queue's counters.
+func (q *Queue) Stats() QueueStats {
+	q.mu.Lock()
+	inflight, nwait := q.used, q.nwait
+	q.mu.Unlock()
+	return QueueStats{
+		Admitted:  q.admitted.Load(),
+		Waited:    q.waited.Load(),
+		TimedOut:  q.timedOut.Load(),
+		Displaced: q.displaced.Load(),
+		Rejected:  q.rejected.Load(),
+		InFlight:  inflight,
+		Waiting:   nwait,
+	}
+}
+
+var _ spillway.Limiter = (*Queue)(nil)
