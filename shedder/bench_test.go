@@ -64,3 +64,30 @@ func BenchmarkFleet(b *testing.B) {
 		}
 	})
 }
+
+// Queue.Admit with a free slot (no wait) + done, beside Worker.Admit.
+func BenchmarkQueueAdmit(b *testing.B) {
+	q, err := shedder.NewQueue(1 << 30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.Run("serial", func(b *testing.B) {
+		r := spillway.Request{Priority: spillway.Critical}
+		b.ReportAllocs()
+		for b.Loop() {
+			_, done, _ := q.Admit(ctx, &r)
+			done(spillway.Success)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			r := spillway.Request{Priority: spillway.Critical}
+			for pb.Next() {
+				_, done, _ := q.Admit(ctx, &r)
+				done(spillway.Success)
+			}
+		})
+	})
+}

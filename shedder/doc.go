@@ -7,6 +7,10 @@
 //     quotas by CgroupCPU) rises, it sheds Sheddable work first, then
 //     SheddablePlus, then Critical, and CriticalPlus only once everything
 //     below is shed. Shedding ramps in and out in steps, with hysteresis.
+//   - Queue bounds a server's own pool (its database connections, say) and
+//     lets a request that finds it full wait briefly for a slot; a freed
+//     slot goes to the highest-priority waiter, so Critical work waits
+//     only for the next slot and no slot idles while work waits.
 //   - Fleet, the fleet usage shedder, protects a whole fleet: every server
 //     reports its in-flight work per priority to Redis about every 100ms
 //     and decides locally against the fleet-wide sum, keeping a fraction of
@@ -18,10 +22,10 @@
 //     Sheddable), and NewContext, Header and MetadataKey carry a priority to
 //     downstream services so that they shed the same way.
 //
-// Both shedders implement spillway.Limiter. A denial has Reason
+// Worker, Queue and Fleet implement spillway.Limiter. A denial has Reason
 // spillway.ReasonShed (answered with 503 by the adapters) and a RetryAfter.
-// Neither waits on the network inside Admit, and Admit never returns an
-// error.
+// None waits on the network inside Admit (the Queue waits only for a slot
+// of its own), and Admit never returns an error.
 //
 // The shortest use:
 //
@@ -31,5 +35,5 @@
 //	d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: shedder.ClassifyHTTP(req)})
 //	if d.Allowed { defer done(spillway.Success) }
 //
-// Worker, Fleet and HTTPClassifier are safe for concurrent use.
+// Worker, Queue, Fleet and HTTPClassifier are safe for concurrent use.
 package shedder
