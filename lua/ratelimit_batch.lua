@@ -233,7 +233,7 @@ for i = 1, #KEYS do
     if c > 0 then reset = newest + P - t end
     if ok == 1 and n > 0 then writes[#writes][7] = ttl(reset) end
   else
-    return redis.error_reply('ratelimit: unknown algorithm ' .. tostring(ARGV[b]))
+    return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
   end
 
   if ok == 0 then all = 0 end

@@ -92,7 +92,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
-		return spillway.Decision{}, fmt.Errorf("ratelimit: %s: %w", l.scope, err)
+		return spillway.Decision{}, wrapf(err, "%s", l.scope)
 	}
 	return out[0], nil
 }
@@ -100,7 +100,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 // Reset forgets the state of key.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.store.Reset(ctx, l.scope, key, l.policy); err != nil {
-		return fmt.Errorf("ratelimit: %s: reset: %w", l.scope, err)
+		return wrapf(err, "%s: reset", l.scope)
 	}
 	return nil
 }
@@ -229,7 +229,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
-		return spillway.Decision{}, spillway.Noop, fmt.Errorf("ratelimit: %s: %w", d.scope, err)
+		return spillway.Decision{}, spillway.Noop, wrapf(err, "%s", d.scope)
 	}
 	return out[0], spillway.Noop, nil
 }
@@ -237,7 +237,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 // Reset forgets the state of the dimension value v.
 func (d *DimensionLimiter) Reset(ctx context.Context, v string) error {
 	if err := d.l.store.Reset(ctx, d.scope, v, d.l.policy); err != nil {
-		return fmt.Errorf("ratelimit: %s: reset: %w", d.scope, err)
+		return wrapf(err, "%s: reset", d.scope)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-go/spillway"
 )
 
@@ -110,12 +112,57 @@ func TestLimiterStoreErrors(t *testing.T) {
 	if _, err := l.Allow(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: backend down" {
 		t.Fatalf("Allow: %v", err)
 	}
-	if err := l.Reset(ctx, "k"); !errors.Is(err, errBackend) {
+	if err := l.Reset(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: reset: backend down" {
 		t.Fatalf("Reset: %v", err)
 	}
 	d, done, err := l.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
-	if !errors.Is(err, errBackend) || d != (spillway.Decision{}) || done == nil {
+	if !errors.Is(err, errBackend) || d != (spillway.Decision{}) || done == nil || err.Error() != "ratelimit: s:ip: backend down" {
 		t.Fatalf("Admit: %+v %v", d, err)
+	}
+	if err := l.ByDimension(spillway.DimIP).Reset(ctx, "1"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s:ip: reset: backend down" {
+		t.Fatalf("dimension Reset: %v", err)
+	}
+}
+
+// TestErrorsSayRatelimitOnce: an error of this package wrapping another of
+// its errors (a sentinel, a RedisStore error) says "ratelimit:" once, keeps
+// the item index or the scope, and still matches the sentinel.
+func TestErrorsSayRatelimitOnce(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Limit: 1, Period: time.Second}
+	l := mustLimiter(t, NewRedisStore(nil), p, WithScope("s"))
+	if _, err := l.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: client is nil" {
+		t.Fatalf("Allow over a nil client: %v", err)
+	}
+	if err := l.Reset(ctx, "k"); err == nil || err.Error() != "ratelimit: s: reset: redis: client is nil" {
+		t.Fatalf("Reset over a nil client: %v", err)
+	}
+	d := l.ByDimension(spillway.DimIP)
+	if _, _, err := d.Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}}); err == nil || err.Error() != "ratelimit: s:ip: redis: client is nil" {
+		t.Fatalf("Admit over a nil client: %v", err)
+	}
+	// A store whose errors are ratelimit's own validation errors.
+	wl := mustLimiter(t, wrappedStore{NewMemoryStore()}, p, WithScope("w"))
+	wl.policy.Limit = 0 // as if the store rejected the policy
+	_, err := wl.Allow(ctx, "k")
+	if err == nil || err.Error() != "ratelimit: w: item 0: invalid policy: limit 0 must be positive" || !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("invalid item through a limiter: %v", err)
+	}
+	// A client that fails (closed): the Redis error keeps its own "redis:".
+	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cl := mustLimiter(t, NewRedisStore(closed), p, WithScope("s"))
+	if _, err := cl.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: token bucket script: redis: client is closed" || !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("Allow over a closed client: %v", err)
+	}
+	for _, st := range []Store{NewMemoryStore(), NewRedisStore(closed)} {
+		out := make([]spillway.Decision, 1)
+		_, err := st.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p, Cost: -1}}, out)
+		if err == nil || err.Error() != "ratelimit: item 0: invalid cost: cost -1 is negative" || !errors.Is(err, ErrInvalidCost) {
+			t.Fatalf("%T: negative cost: %v", st, err)
+		}
 	}
 }
 

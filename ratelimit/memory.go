@@ -521,7 +521,7 @@ func validateBatch(items []Item, out []spillway.Decision) error {
 	}
 	for i := range items {
 		if err := validateItem(&items[i]); err != nil {
-			return fmt.Errorf("ratelimit: item %d: %w", i, err)
+			return wrapf(err, "item %d", i)
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -313,8 +314,13 @@ func TestMemoryStoreDecideErrors(t *testing.T) {
 	}
 	out := make([]spillway.Decision, 1)
 	_, err := st.Decide(ctx, []Item{{Key: "a", Policy: p, Cost: -2}}, out)
-	if err == nil || !strings.Contains(err.Error(), "ratelimit: item 0: ratelimit: invalid cost: cost -2 is negative") {
+	if err == nil || err.Error() != "ratelimit: item 0: invalid cost: cost -2 is negative" || !errors.Is(err, ErrInvalidCost) {
 		t.Fatalf("negative cost: %v", err)
+	}
+	out = make([]spillway.Decision, 2)
+	_, err = st.Decide(ctx, []Item{{Key: "a", Policy: p, Cost: 1}, {Key: "b", Policy: Policy{Period: time.Second}, Cost: 1}}, out)
+	if err == nil || err.Error() != "ratelimit: item 1: invalid policy: limit 0 must be positive" || !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("invalid policy: %v", err)
 	}
 }
 
