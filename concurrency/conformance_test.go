@@ -2,6 +2,7 @@ package concurrency
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,7 @@ type step struct {
 	advance  time.Duration // before the call
 	release  string        // release this id instead of acquiring
 	id       string
+	cost     int64  // default 1; of the release too
 	key      string // default "k"
 	allowed  bool
 	inFlight int64
@@ -59,19 +61,23 @@ func runSteps(t *testing.T, s Store, clock *fakeClock, limit int64, ttl time.Dur
 		if key == "" {
 			key = "k"
 		}
+		cost := st.cost
+		if cost == 0 {
+			cost = 1
+		}
 		if st.release != "" {
-			if err := s.Release(ctx, "scope", key, st.release); err != nil {
+			if err := s.Release(ctx, "scope", key, st.release, cost); err != nil {
 				t.Fatalf("step %d: release %s: %v", i, st.release, err)
 			}
 			continue
 		}
-		res, err := s.Acquire(ctx, "scope", key, st.id, limit, ttl)
+		res, err := s.Acquire(ctx, "scope", key, st.id, cost, limit, ttl)
 		if err != nil {
-			t.Fatalf("step %d: acquire %s: %v", i, st.id, err)
+			t.Fatalf("step %d: acquire %s cost %d: %v", i, st.id, cost, err)
 		}
 		want := Result{Allowed: st.allowed, InFlight: st.inFlight, Wait: st.wait}
 		if res != want {
-			t.Fatalf("step %d (%s): got %+v, want %+v", i, st.id, res, want)
+			t.Fatalf("step %d (%s cost %d): got %+v, want %+v", i, st.id, cost, res, want)
 		}
 	}
 }
@@ -140,7 +146,7 @@ func runConformance(t *testing.T, newStore storeFactory) {
 			// A key that looks like another's hash tag stays separate.
 			{id: "d", key: "{k1}", allowed: true, inFlight: 1},
 		})
-		res, err := s.Acquire(context.Background(), "other", "k1", "e", 1, ttl)
+		res, err := s.Acquire(context.Background(), "other", "k1", "e", 1, 1, ttl)
 		if err != nil || !res.Allowed {
 			t.Fatalf("other scope: %+v, %v; want allowed", res, err)
 		}
@@ -156,18 +162,109 @@ func runConformance(t *testing.T, newStore storeFactory) {
 			{advance: time.Millisecond, id: "b", allowed: true, inFlight: 1},
 		})
 	})
+	t.Run("CostsHoldUnits", func(t *testing.T) {
+		clock := newFakeClock()
+		runSteps(t, newStore(t, clock), clock, 10, ttl, []step{
+			{id: "a", cost: 3, allowed: true, inFlight: 3},
+			{advance: time.Second, id: "b", cost: 3, allowed: true, inFlight: 6},
+			{advance: time.Second, id: "c", cost: 3, allowed: true, inFlight: 9},
+			// 9 + 2 > 10: one unit must go, the oldest, a's: 10 s after
+			// a started, 7 s from now.
+			{advance: time.Second, id: "d", cost: 2, allowed: false, inFlight: 9, wait: 7 * time.Second},
+			{id: "e", cost: 1, allowed: true, inFlight: 10},
+			// Full: the wait is until the request holding the
+			// (in flight + cost − L)-th oldest unit is reaped.
+			{id: "d", cost: 2, allowed: false, inFlight: 10, wait: 7 * time.Second}, // unit 2: a
+			{id: "d", cost: 3, allowed: false, inFlight: 10, wait: 7 * time.Second}, // unit 3: a
+			{id: "d", cost: 4, allowed: false, inFlight: 10, wait: 8 * time.Second}, // unit 4: b
+			{id: "d", cost: 9, allowed: false, inFlight: 10, wait: 9 * time.Second}, // unit 9: c
+			{id: "d", cost: 10, allowed: false, inFlight: 10, wait: ttl},            // unit 10: e
+			// Releasing b frees exactly its 3 units.
+			{release: "b", cost: 3},
+			{id: "f", cost: 4, allowed: false, inFlight: 7, wait: 7 * time.Second},
+			{id: "f", cost: 3, allowed: true, inFlight: 10},
+			{id: "g", cost: 1, allowed: false, inFlight: 10, wait: 7 * time.Second},
+			{release: "a", cost: 3},
+			{release: "a", cost: 3}, // twice: nothing more
+			{id: "g", cost: 1, allowed: true, inFlight: 8},
+			{id: "h", cost: 2, allowed: true, inFlight: 10},
+		})
+	})
+	t.Run("CrashedCostReapedAfterTTL", func(t *testing.T) {
+		clock := newFakeClock()
+		runSteps(t, newStore(t, clock), clock, 5, ttl, []step{
+			{id: "crashed", cost: 3, allowed: true, inFlight: 3}, // never released
+			{advance: time.Second, id: "b", cost: 2, allowed: true, inFlight: 5},
+			{advance: ttl - time.Second - time.Millisecond, id: "c", cost: 3, allowed: false, inFlight: 5, wait: time.Millisecond},
+			// ttl after its start all 3 units of the crashed request go
+			// at once.
+			{advance: time.Millisecond, id: "c", cost: 3, allowed: true, inFlight: 5},
+			{id: "d", cost: 1, allowed: false, inFlight: 5, wait: time.Second}, // unit 1: b
+		})
+	})
+	t.Run("DuplicateIDWithCostCountsOnce", func(t *testing.T) {
+		clock := newFakeClock()
+		runSteps(t, newStore(t, clock), clock, 5, ttl, []step{
+			{id: "a", cost: 2, allowed: true, inFlight: 2},
+			{id: "a", cost: 2, allowed: true, inFlight: 2},
+			{id: "a", cost: 3, allowed: true, inFlight: 2},
+			{id: "b", cost: 3, allowed: true, inFlight: 5},
+		})
+	})
+	t.Run("LargeCost", func(t *testing.T) {
+		// More members than the script adds in one ZADD (1000).
+		clock := newFakeClock()
+		runSteps(t, newStore(t, clock), clock, 2500, ttl, []step{
+			{id: "big", cost: 2499, allowed: true, inFlight: 2499},
+			{id: "x", cost: 2, allowed: false, inFlight: 2499, wait: ttl},
+			{id: "x", cost: 1, allowed: true, inFlight: 2500},
+			{release: "big", cost: 2499},
+			{id: "y", cost: 2499, allowed: true, inFlight: 2500},
+			{release: "y", cost: 2499},
+			{release: "x"},
+			{id: "z", cost: 2500, allowed: true, inFlight: 2500},
+		})
+	})
 	t.Run("BadInput", func(t *testing.T) {
 		clock := newFakeClock()
 		s := newStore(t, clock)
 		ctx := context.Background()
+		// want is what the error must name.
 		for _, c := range []struct {
-			limit int64
-			ttl   time.Duration
-			id    string
-		}{{0, ttl, "a"}, {-1, ttl, "a"}, {1, 0, "a"}, {1, -time.Second, "a"}, {1, ttl, ""}} {
-			if _, err := s.Acquire(ctx, "scope", "k", c.id, c.limit, c.ttl); err == nil {
-				t.Errorf("Acquire(limit=%d, ttl=%v, id=%q): no error", c.limit, c.ttl, c.id)
+			cost, limit int64
+			ttl         time.Duration
+			id          string
+			want        string
+		}{
+			{1, 0, ttl, "a", "limit 0"},
+			{1, -1, ttl, "a", "limit -1"},
+			{1, 1, 0, "a", "ttl 0s"},
+			{1, 1, -time.Second, "a", "ttl -1s"},
+			{1, 1, ttl, "", "id is empty"},
+			{1, 1, ttl, "a#1", "contains '#'"},
+			{0, 1, ttl, "a", "cost 0"},
+			{-1, 1, ttl, "a", "cost -1"},
+			{3, 2, ttl, "a", "cost 3"},
+		} {
+			if _, err := s.Acquire(ctx, "scope", "k", c.id, c.cost, c.limit, c.ttl); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Acquire(cost=%d, limit=%d, ttl=%v, id=%q): err = %v, want one naming %q", c.cost, c.limit, c.ttl, c.id, err, c.want)
 			}
+		}
+		// An id with '#' could name another request's unit.
+		if res, err := s.Acquire(ctx, "scope", "k", "a", 3, 3, ttl); err != nil || !res.Allowed {
+			t.Fatalf("a: %+v %v", res, err)
+		}
+		for _, c := range []struct {
+			id   string
+			cost int64
+			want string
+		}{{"a#1", 1, "contains '#'"}, {"", 1, "id is empty"}, {"a", 0, "cost 0"}} {
+			if err := s.Release(ctx, "scope", "k", c.id, c.cost); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Release(id=%q, cost=%d): err = %v, want one naming %q", c.id, c.cost, err, c.want)
+			}
+		}
+		if res, err := s.Acquire(ctx, "scope", "k", "b", 1, 3, ttl); err != nil || res.Allowed || res.InFlight != 3 {
+			t.Fatalf("after refused releases: %+v %v; want a's 3 units still held", res, err)
 		}
 	})
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // TestDifferentialMemoryVsRedis replays the same random sequence of
-// acquisitions, releases and clock steps (including steps back) on both
+// acquisitions of random costs, releases and clock steps (including steps back) on both
 // stores and compares every result: the memory store is the oracle.
 func TestDifferentialMemoryVsRedis(t *testing.T) {
 	srv := redistest.Start(t)
@@ -25,37 +25,38 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 3; seed++ {
 		r := rand.New(rand.NewPCG(seed, 99))
-		var held []string // "key|id"
+		var held []held1
 		for op := 0; op < 400; op++ {
 			key := "k" + strconv.Itoa(r.IntN(3))
 			switch x := r.IntN(10); {
 			case x < 5:
 				id := "s" + strconv.FormatUint(seed, 10) + "-" + strconv.Itoa(op)
-				limit := int64(1 + r.IntN(4))
+				limit := int64(1 + r.IntN(6))
+				cost := int64(1 + r.IntN(int(limit)))
 				// At least 1s: Redis expires an idle key (PEXPIRE ttl) on
 				// its own wall clock, not the fake one, so a TTL shorter
 				// than a scheduling stall of a loaded machine would let
 				// Redis drop a set the memory store still holds.
 				ttl := time.Duration(1+r.IntN(50)) * time.Second
-				a, err1 := mem.Acquire(ctx, "diff", key, id, limit, ttl)
-				b, err2 := rs.Acquire(ctx, "diff", key, id, limit, ttl)
+				a, err1 := mem.Acquire(ctx, "diff", key, id, cost, limit, ttl)
+				b, err2 := rs.Acquire(ctx, "diff", key, id, cost, limit, ttl)
 				if err1 != nil || err2 != nil {
 					t.Fatal(err1, err2)
 				}
 				if a != b {
-					t.Fatalf("seed %d op %d acquire %s limit %d ttl %v: memory %+v, redis %+v", seed, op, key, limit, ttl, a, b)
+					t.Fatalf("seed %d op %d acquire %s cost %d limit %d ttl %v: memory %+v, redis %+v", seed, op, key, cost, limit, ttl, a, b)
 				}
 				if a.Allowed {
-					held = append(held, key+"|"+id)
+					held = append(held, held1{key, id, cost})
 				}
 			case x < 8 && len(held) > 0:
 				i := r.IntN(len(held))
-				k, id := splitHeld(held[i])
+				h := held[i]
 				held = append(held[:i], held[i+1:]...)
-				if err := mem.Release(ctx, "diff", k, id); err != nil {
+				if err := mem.Release(ctx, "diff", h.key, h.id, h.cost); err != nil {
 					t.Fatal(err)
 				}
-				if err := rs.Release(ctx, "diff", k, id); err != nil {
+				if err := rs.Release(ctx, "diff", h.key, h.id, h.cost); err != nil {
 					t.Fatal(err)
 				}
 			default:
@@ -70,13 +71,10 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 	}
 }
 
-func splitHeld(s string) (string, string) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '|' {
-			return s[:i], s[i+1:]
-		}
-	}
-	return s, ""
+// held1 is an admitted request of the differential test.
+type held1 struct {
+	key, id string
+	cost    int64
 }
 
 // FuzzGradient feeds arbitrary samples to Gradient and AIMD: they never

@@ -12,8 +12,9 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-// Limiter admits at most Limit requests of one key in flight at a time,
-// across every process that shares its Store. Create it with New.
+// Limiter admits at most Limit units of one key in flight at a time,
+// across every process that shares its Store: a request of cost c holds c
+// units (Acquire is cost 1). Create it with New.
 type Limiter struct {
 	store    Store
 	limit    int64
@@ -61,8 +62,8 @@ func WithReleaseTimeout(d time.Duration) Option { return func(o *options) { o.re
 // TTL. The default ignores the error.
 func WithReleaseErrorHandler(f func(error)) Option { return func(o *options) { o.onReleaseError = f } }
 
-// New returns a limiter that admits at most limit requests per key in
-// flight. It fails when store is nil, limit is below 1 or an option is out
+// New returns a limiter that admits at most limit units per key in flight
+// (limit requests of cost 1). It fails when store is nil, limit is below 1 or an option is out
 // of range.
 func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	o := options{name: "concurrency", ttl: time.Minute, retryAfter: time.Second, releaseTimeout: time.Second}
@@ -96,19 +97,38 @@ func (l *Limiter) Limit() int64 { return l.limit }
 // Name returns the limiter's name.
 func (l *Limiter) Name() string { return l.o.name }
 
-// Acquire admits one request of key when fewer than Limit are in flight.
-//
-// Allowed: Remaining is Limit minus the requests in flight (this one
-// included); done removes the entry — call it once when the work ends;
-// further calls do nothing. Denied: Reason is spillway.ReasonConcurrency
-// (answer 429), Remaining is 0 and RetryAfter is the WithRetryAfter hint,
-// or the time until the oldest entry is reaped when sooner. ResetAfter is
-// always 0: when the key is back to empty depends on requests the limiter
-// cannot foresee. err != nil means only that the store failed; it wraps
-// the store's error.
+// Acquire is shorthand for AcquireN(ctx, key, 1).
 func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, spillway.Done, error) {
+	return l.AcquireN(ctx, key, 1)
+}
+
+// AcquireN admits a request of key that holds n units when the units in
+// flight plus n are at most Limit. n = 0 means 1, as spillway.Request.Cost
+// does; a negative n is an error.
+//
+// Allowed: Remaining is Limit minus the units in flight (this request's
+// included); done frees the request's n units — call it once when the work
+// ends; further calls do nothing. Denied: Reason is
+// spillway.ReasonConcurrency (answer 429), Remaining is the units left
+// (fewer than n; 0 for n = 1) and RetryAfter is the WithRetryAfter hint,
+// or the time until enough of the oldest entries are reaped for n units to
+// fit when sooner. An n above Limit can never be admitted: it is denied
+// with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
+// without a store call. ResetAfter is always 0: when the key
+// is back to empty depends on requests the limiter cannot foresee. Other
+// than for a negative n, err != nil means only that the store failed; it
+// wraps the store's error.
+func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
+	switch {
+	case n < 0:
+		return spillway.Decision{}, spillway.Noop, fmt.Errorf("concurrency: %s: cost %d is negative", l.o.name, n)
+	case n == 0:
+		n = 1
+	case n > l.limit:
+		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: l.o.name, Limit: l.limit}, spillway.Noop, nil
+	}
 	id := l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
-	res, err := l.store.Acquire(ctx, l.o.name, key, id, l.limit, l.o.ttl)
+	res, err := l.store.Acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	if err != nil {
 		return spillway.Decision{}, spillway.Noop, err
 	}
@@ -128,12 +148,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 	}
 	if _, local := l.store.(*MemoryStore); local {
 		// A memory release cannot block: no timeout context needed.
-		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(ctx, l.o.name, key, id) }), nil
+		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(ctx, l.o.name, key, id, n) }), nil
 	}
 	return d, spillway.Once(func(spillway.Outcome) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.releaseTimeout)
 		defer cancel()
-		if err := l.store.Release(rctx, l.o.name, key, id); err != nil && l.o.onReleaseError != nil {
+		if err := l.store.Release(rctx, l.o.name, key, id, n); err != nil && l.o.onReleaseError != nil {
 			l.o.onReleaseError(err)
 		}
 	}), nil
@@ -143,14 +163,15 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that
 // lack the dimension share the key "" — they are limited together, not
 // let through unlimited. A malformed (or nil) request is denied with
-// spillway.ReasonInvalid. The request's Cost is ignored: each request is
-// one slot.
+// spillway.ReasonInvalid. A request holds r.EffectiveCost() units (Cost 0
+// is 1); one that costs more than the limit is denied with
+// spillway.ReasonCostExceedsLimit.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
 	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		if r == nil || r.Validate() != nil {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
 		key, _ := r.Get(dim)
-		return l.Acquire(ctx, key)
+		return l.AcquireN(ctx, key, r.EffectiveCost())
 	})
 }

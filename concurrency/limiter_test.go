@@ -140,9 +140,107 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
+// countingStore counts the store calls, to show which decisions need none.
+type countingStore struct {
+	Store
+	acquires, releases atomic.Int64
+}
+
+func (s *countingStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+	s.acquires.Add(1)
+	return s.Store.Acquire(ctx, scope, key, id, cost, limit, ttl)
+}
+
+func (s *countingStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
+	s.releases.Add(1)
+	return s.Store.Release(ctx, scope, key, id, cost)
+}
+
+// TestPerKeyCost: a request holds its EffectiveCost in units of the limit,
+// on both stores, through PerKey (as a chain calls it).
+func TestPerKeyCost(t *testing.T) {
+	for _, f := range []struct {
+		name string
+		new  storeFactory
+	}{{"memory", memoryFactory}, {"redis", redisFactory}} {
+		t.Run(f.name, func(t *testing.T) {
+			clock := newFakeClock()
+			store := &countingStore{Store: f.new(t, clock)}
+			lim, err := New(store, 10, WithName("cc"), WithTTL(10*time.Second), WithRetryAfter(500*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := PerKey(lim, spillway.DimUser)
+			ctx := context.Background()
+			req := func(cost int64) *spillway.Request {
+				r := &spillway.Request{Priority: spillway.Critical, Cost: cost}
+				r.Set(spillway.DimUser, "u")
+				return r
+			}
+			admit := func(cost int64, want spillway.Decision) spillway.Done {
+				t.Helper()
+				d, done, err := l.Admit(ctx, req(cost))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d != want {
+					t.Fatalf("cost %d: %+v, want %+v", cost, d, want)
+				}
+				return done
+			}
+			allowed := func(remaining int64) spillway.Decision {
+				return spillway.Decision{Allowed: true, Limiter: "cc", Limit: 10, Remaining: remaining}
+			}
+			// A denial reports what is left, less than the request needs.
+			denied := func(remaining int64) spillway.Decision {
+				return spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "cc", Limit: 10, Remaining: remaining, RetryAfter: 500 * time.Millisecond}
+			}
+			doneA := admit(3, allowed(7))
+			admit(3, allowed(4))
+			admit(3, allowed(1))
+			admit(2, denied(1))
+			doneD := admit(1, allowed(0))
+			admit(1, denied(0))
+			// done of a cost-3 request frees exactly 3 units, once.
+			doneA(spillway.Success)
+			doneA(spillway.Success)
+			admit(4, denied(3))
+			admit(3, allowed(0))
+			admit(1, denied(0))
+			// Cost 0 is 1 (EffectiveCost).
+			doneD(spillway.Success)
+			done0 := admit(0, allowed(0))
+			admit(0, denied(0))
+			done0(spillway.Success)
+			// Above the limit: never admissible, so no RetryAfter and no
+			// store call.
+			before := store.acquires.Load()
+			admit(11, spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "cc", Limit: 10})
+			if n := store.acquires.Load() - before; n != 0 {
+				t.Fatalf("cost 11 made %d store calls, want 0", n)
+			}
+			// A cost of exactly the limit fits an empty key.
+			r := req(10)
+			r.Set(spillway.DimUser, "other")
+			if d, _, _ := l.Admit(ctx, r); d != allowed(0) {
+				t.Fatalf("cost 10 on an empty key: %+v", d)
+			}
+			if d, done, err := lim.AcquireN(ctx, "u", -1); err == nil || !strings.Contains(err.Error(), "cost -1") || d.Allowed {
+				t.Fatalf("AcquireN(-1): %+v, %v; want an error naming the cost", d, err)
+			} else {
+				done(spillway.Success) // Noop
+			}
+			if got := store.releases.Load(); got != 3 {
+				t.Fatalf("%d store releases, want 3 (doneA twice is one)", got)
+			}
+		})
+	}
+}
+
 // TestRedis200GoroutinesLimit20 is the acceptance test: 200 goroutines
-// hammer one key limited to 20 on a real Redis (with Redis TIME); the
-// handler counts what is in flight and it never exceeds 20.
+// hammer one key limited to 20 units on a real Redis (with Redis TIME),
+// with costs 1 to 4; the handler counts the units in flight and they never
+// exceed 20.
 func TestRedis200GoroutinesLimit20(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 200})
@@ -159,6 +257,7 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 		t.Fatal(err)
 	}
 	var inFlight, maxSeen, admitted, denied atomic.Int64
+	var admittedUnits [5]atomic.Int64 // by cost
 	var wg sync.WaitGroup
 	ctx := context.Background()
 	errc := make(chan error, 200)
@@ -167,7 +266,8 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 10; i++ {
-				d, done, err := lim.Acquire(ctx, "hot")
+				cost := int64(1 + (g+i)%4)
+				d, done, err := lim.AcquireN(ctx, "hot", cost)
 				if err != nil {
 					errc <- err
 					return
@@ -177,7 +277,8 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 					continue
 				}
 				admitted.Add(1)
-				n := inFlight.Add(1)
+				admittedUnits[cost].Add(1)
+				n := inFlight.Add(cost)
 				for {
 					m := maxSeen.Load()
 					if n <= m || maxSeen.CompareAndSwap(m, n) {
@@ -185,7 +286,7 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 					}
 				}
 				time.Sleep(time.Millisecond) // the work
-				inFlight.Add(-1)
+				inFlight.Add(-cost)
 				done(spillway.Success)
 			}
 		}()
@@ -195,9 +296,10 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 	for err := range errc {
 		t.Fatal(err)
 	}
-	t.Logf("admitted %d, denied %d, max in flight %d", admitted.Load(), denied.Load(), maxSeen.Load())
+	t.Logf("admitted %d (cost 1..4: %d %d %d %d), denied %d, max units in flight %d", admitted.Load(),
+		admittedUnits[1].Load(), admittedUnits[2].Load(), admittedUnits[3].Load(), admittedUnits[4].Load(), denied.Load(), maxSeen.Load())
 	if maxSeen.Load() > 20 {
-		t.Fatalf("max in flight %d > 20", maxSeen.Load())
+		t.Fatalf("max units in flight %d > 20", maxSeen.Load())
 	}
 	if admitted.Load()+denied.Load() != 2000 || admitted.Load() < 20 {
 		t.Fatalf("admitted %d denied %d", admitted.Load(), denied.Load())
@@ -290,7 +392,7 @@ func TestMemoryStoreSweepsOnCap(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 1000; i++ {
 		// Every acquisition leaks; the TTL is 1 s and the clock moves 10 ms.
-		if _, err := s.Acquire(ctx, "s", "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26), "id", 1, time.Second); err != nil {
+		if _, err := s.Acquire(ctx, "s", "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26), "id", 1, 1, time.Second); err != nil {
 			t.Fatal(err)
 		}
 		clock.Advance(10 * time.Millisecond)

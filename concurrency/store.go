@@ -1,10 +1,13 @@
 package concurrency
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,29 +18,35 @@ import (
 )
 
 // Store holds the in-flight sets. MemoryStore and RedisStore implement it
-// with the same semantics:
+// with the same semantics, counted in units: a request of cost c holds c
+// units of the limit.
 //
 //   - Acquire first reaps the entries of (scope, key) that started more than
-//     ttl ago, then adds id with the current time when fewer than limit
-//     entries remain. Acquiring an id that is already present admits it
-//     without adding a second entry.
-//   - Release removes id; releasing an id that is absent (released before,
-//     or reaped) does nothing.
+//     ttl ago, then adds id, holding cost units, with the current time when
+//     the units in flight plus cost are at most limit. Acquiring an id that
+//     is already present admits it without adding anything.
+//   - Release removes id and frees its units; releasing an id that is
+//     absent (released before, or reaped) does nothing. cost must be the
+//     cost id was acquired with (RedisStore removes that many members).
+//
+// ids must be non-empty and must not contain '#'; cost must be in
+// [1, limit]. Bad arguments are an error, not a denial.
 type Store interface {
-	Acquire(ctx context.Context, scope, key, id string, limit int64, ttl time.Duration) (Result, error)
-	Release(ctx context.Context, scope, key, id string) error
+	Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error)
+	Release(ctx context.Context, scope, key, id string, cost int64) error
 }
 
 // Result is the outcome of Store.Acquire.
 type Result struct {
 	// Allowed reports whether id was admitted.
 	Allowed bool
-	// InFlight is the number of live entries after the call, the new one
-	// included when allowed.
+	// InFlight is the number of units in flight after the call, the new
+	// request's included when allowed.
 	InFlight int64
-	// Wait is, when denied, the time until the oldest entry is reaped: the
-	// longest a caller waits for a slot if no request ever releases. It is
-	// at least 1 ms when denied and 0 when allowed.
+	// Wait is, when denied, the time until enough of the oldest entries are
+	// reaped for the request to fit: the longest a caller waits if no
+	// request ever releases. It is at least 1 ms when denied and 0 when
+	// allowed.
 	Wait time.Duration
 }
 
@@ -77,8 +86,10 @@ func buildStoreOptions(opts []StoreOption) storeOptions {
 	return o
 }
 
-// RedisStore keeps each key's in-flight set in a Redis sorted set. One
-// Acquire is one EVALSHA; one Release is one ZREM.
+// RedisStore keeps each key's in-flight set in a Redis sorted set, one
+// member per unit: a request of cost c is c members (its id, then id#1 …
+// id#(c-1)) with one score, its start time. One Acquire is one EVALSHA;
+// one Release is one ZREM of the request's members.
 type RedisStore struct {
 	client redis.UniversalClient
 	o      storeOptions
@@ -103,8 +114,8 @@ func (s *RedisStore) Key(scope, key string) string {
 }
 
 // Acquire implements Store with one script call.
-func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, limit int64, ttl time.Duration) (Result, error) {
-	if err := checkAcquire(limit, ttl, id); err != nil {
+func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+	if err := checkAcquire(cost, limit, ttl, id); err != nil {
 		return Result{}, err
 	}
 	now := ""
@@ -112,7 +123,7 @@ func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, limit i
 		now = strconv.FormatInt(s.o.clock().UnixMicro(), 10)
 	}
 	raw, err := lua.ConcurrencyAcquire.Run(ctx, s.client, []string{s.Key(scope, key)},
-		limit, ttlMillis(ttl), id, now).Result()
+		limit, ttlMillis(ttl), id, now, cost).Result()
 	if err != nil {
 		return Result{}, fmt.Errorf("concurrency: acquire: %w", err)
 	}
@@ -131,13 +142,31 @@ func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, limit i
 	return Result{Allowed: n[0] == 1, InFlight: n[1], Wait: time.Duration(n[2]) * time.Millisecond}, nil
 }
 
-// Release implements Store with one ZREM.
-func (s *RedisStore) Release(ctx context.Context, scope, key, id string) error {
-	if err := s.client.ZRem(ctx, s.Key(scope, key), id).Err(); err != nil {
+// Release implements Store with one ZREM of the request's cost members.
+func (s *RedisStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
+	if err := checkRelease(id, cost); err != nil {
+		return err
+	}
+	var err error
+	if cost == 1 {
+		err = s.client.ZRem(ctx, s.Key(scope, key), id).Err()
+	} else {
+		members := make([]any, cost)
+		members[0] = id
+		for u := int64(1); u < cost; u++ {
+			members[u] = unitMember(id, u)
+		}
+		err = s.client.ZRem(ctx, s.Key(scope, key), members...).Err()
+	}
+	if err != nil {
 		return fmt.Errorf("concurrency: release: %w", err)
 	}
 	return nil
 }
+
+// unitMember is the member of unit u >= 1 of request id, as the script
+// names it.
+func unitMember(id string, u int64) string { return id + "#" + strconv.FormatInt(u, 10) }
 
 // ttlMillis rounds ttl up to whole milliseconds, at least 1.
 func ttlMillis(ttl time.Duration) int64 {
@@ -148,14 +177,32 @@ func ttlMillis(ttl time.Duration) int64 {
 	return ms
 }
 
-func checkAcquire(limit int64, ttl time.Duration, id string) error {
+func checkAcquire(cost, limit int64, ttl time.Duration, id string) error {
 	switch {
 	case limit < 1:
 		return fmt.Errorf("concurrency: acquire: limit %d must be at least 1", limit)
+	case cost < 1 || cost > limit:
+		return fmt.Errorf("concurrency: acquire: cost %d must be in [1, limit %d]", cost, limit)
 	case ttl <= 0:
 		return fmt.Errorf("concurrency: acquire: ttl %v must be positive", ttl)
+	}
+	return checkID("acquire", id)
+}
+
+func checkRelease(id string, cost int64) error {
+	if cost < 1 {
+		return fmt.Errorf("concurrency: release: cost %d must be at least 1", cost)
+	}
+	return checkID("release", id)
+}
+
+// checkID rejects the ids that could name another request's unit member.
+func checkID(op, id string) error {
+	switch {
 	case id == "":
-		return fmt.Errorf("concurrency: acquire: id is empty")
+		return fmt.Errorf("concurrency: %s: id is empty", op)
+	case strings.IndexByte(id, '#') >= 0:
+		return fmt.Errorf("concurrency: %s: id %q contains '#'", op, id)
 	}
 	return nil
 }
@@ -175,8 +222,14 @@ type memShard struct {
 }
 
 type memSet struct {
-	ttlUS int64            // the TTL of the last Acquire, for sweeps
-	m     map[string]int64 // id -> start µs
+	ttlUS int64 // the TTL of the last Acquire, for sweeps
+	units int64 // the sum of the costs in m
+	m     map[string]memEntry
+}
+
+type memEntry struct {
+	start int64 // µs
+	cost  int64
 }
 
 // NewMemoryStore returns an empty memory store.
@@ -198,8 +251,8 @@ func (s *MemoryStore) shard(k string) *memShard {
 func memKey(scope, key string) string { return scope + "\x00" + key }
 
 // Acquire implements Store.
-func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, limit int64, ttl time.Duration) (Result, error) {
-	if err := checkAcquire(limit, ttl, id); err != nil {
+func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+	if err := checkAcquire(cost, limit, ttl, id); err != nil {
 		return Result{}, err
 	}
 	now := s.o.clock().UnixMicro()
@@ -213,27 +266,34 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, limit in
 		if len(sh.sets) >= s.o.maxKeys/len(s.shards)+1 {
 			sh.sweep(now)
 		}
-		set = &memSet{m: make(map[string]int64, 4)}
+		set = &memSet{m: make(map[string]memEntry, 4)}
 		sh.sets[k] = set
 	}
 	set.ttlUS = ttlUS
 	oldest, haveOldest := int64(0), false
-	for m, start := range set.m {
-		if start <= now-ttlUS {
+	for m, e := range set.m {
+		if e.start <= now-ttlUS {
 			delete(set.m, m)
+			set.units -= e.cost
 			continue
 		}
-		if !haveOldest || start < oldest {
-			oldest, haveOldest = start, true
+		if !haveOldest || e.start < oldest {
+			oldest, haveOldest = e.start, true
 		}
 	}
-	n := int64(len(set.m))
-	if n < limit {
+	n := set.units
+	if n+cost <= limit {
 		if _, dup := set.m[id]; !dup {
-			set.m[id] = now
-			n++
+			set.m[id] = memEntry{start: now, cost: cost}
+			set.units += cost
 		}
-		return Result{Allowed: true, InFlight: n}, nil
+		return Result{Allowed: true, InFlight: set.units}, nil
+	}
+	// n + cost - limit units must be reaped, the oldest first: the wait is
+	// until the request that holds the last of them is, as the script's
+	// ZRANGE at that rank.
+	if need := n + cost - limit; need > 1 {
+		oldest = set.startOfUnit(need)
 	}
 	waitUS := oldest + ttlUS - now
 	waitMS := (waitUS + 999) / 1000
@@ -243,13 +303,30 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, limit in
 	return Result{InFlight: n, Wait: time.Duration(waitMS) * time.Millisecond}, nil
 }
 
+// startOfUnit returns the start of the entry that holds the need-th
+// oldest unit (need >= 1, at most the units in the set).
+func (set *memSet) startOfUnit(need int64) int64 {
+	es := make([]memEntry, 0, len(set.m))
+	for _, e := range set.m {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b memEntry) int { return cmp.Compare(a.start, b.start) })
+	for _, e := range es {
+		if need -= e.cost; need <= 0 {
+			return e.start
+		}
+	}
+	return es[len(es)-1].start // unreachable: need <= units
+}
+
 // sweep drops the reaped entries of every key of the shard (each by its
 // own TTL), and the keys left empty.
 func (sh *memShard) sweep(now int64) {
 	for k, set := range sh.sets {
-		for m, start := range set.m {
-			if start <= now-set.ttlUS {
+		for m, e := range set.m {
+			if e.start <= now-set.ttlUS {
 				delete(set.m, m)
+				set.units -= e.cost
 			}
 		}
 		if len(set.m) == 0 {
@@ -258,14 +335,20 @@ func (sh *memShard) sweep(now int64) {
 	}
 }
 
-// Release implements Store.
-func (s *MemoryStore) Release(_ context.Context, scope, key, id string) error {
+// Release implements Store. It frees the cost id was acquired with.
+func (s *MemoryStore) Release(_ context.Context, scope, key, id string, cost int64) error {
+	if err := checkRelease(id, cost); err != nil {
+		return err
+	}
 	k := memKey(scope, key)
 	sh := s.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if set, ok := sh.sets[k]; ok {
-		delete(set.m, id)
+		if e, ok := set.m[id]; ok {
+			delete(set.m, id)
+			set.units -= e.cost
+		}
 		if len(set.m) == 0 {
 			delete(sh.sets, k)
 		}

@@ -9,7 +9,8 @@ import (
 //go:embed concurrency_acquire.lua
 var concurrencyAcquireSrc string
 
-// ConcurrencyAcquire admits one request into a per-key in-flight sorted set
-// (Stripe's concurrent-request limiter). See concurrency_acquire.lua for
-// KEYS, ARGV and the reply. Release is a plain ZREM of the request id.
+// ConcurrencyAcquire admits one request of cost c into a per-key in-flight
+// sorted set (Stripe's concurrent-request limiter, weighted): the request
+// holds c members, its id and id#1 … id#(c-1). See concurrency_acquire.lua
+// for KEYS, ARGV and the reply. Release is a plain ZREM of those members.
 var ConcurrencyAcquire = redis.NewScript(concurrencyAcquireSrc)
