@@ -25,6 +25,7 @@
 // different clients spread) and braces escaped, long values hashed.
 //
 // A Limiter is safe for concurrent use. Swap and Reload replace the config
-// atomically; unchanged rules keep their counters. See docs/tiers.md for the
-// config reference.
+// atomically; unchanged rules keep their counters. Watch follows a config
+// file and reloads on change, keeping the last good config when a new one
+// is rejected. See docs/tiers.md for the config reference.
 package tiers
