@@ -30,6 +30,7 @@ type Algorithm interface {
 
 // Adaptive is a local (per-process) concurrency limit whose value an
 // Algorithm adapts from the latency and the outcome of completed requests.
+// It counts requests, not their Cost (see Admit).
 // It implements spillway.Limiter; its Done reports the outcome: Success and
 // Dropped (timeout, overload) teach the algorithm, Ignored only releases.
 type Adaptive struct {
@@ -82,6 +83,13 @@ func (a *Adaptive) InFlight() int {
 // process. A denial has Reason spillway.ReasonShed (the server protects
 // itself: answer 503) and a RetryAfter of 1 s. A malformed (or nil)
 // request is denied with spillway.ReasonInvalid. err is always nil.
+//
+// r.Cost does not weigh here: every request is one, whatever its cost.
+// The algorithms learn a limit in requests from each request's latency;
+// counting a cost-c request as c in flight, while its RTT stays one
+// sample that is not divided by c, would mix units (a heavy request's
+// longer RTT reads as queueing). Weigh costs against a server's own
+// capacity with shedder.Worker or shedder.Queue, which count units.
 func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if r == nil || r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil

@@ -122,6 +122,33 @@ func TestAdaptiveAdmitAndOutcomes(t *testing.T) {
 	}
 }
 
+// TestAdaptiveCountsRequestsNotCost: Adaptive's limit is in requests; a
+// request's Cost does not weigh (see Adaptive.Admit for why).
+func TestAdaptiveCountsRequestsNotCost(t *testing.T) {
+	alg, _ := NewAIMD(AIMDConfig{Initial: 2, Min: 1})
+	a, _ := NewAdaptive(alg, WithAdaptiveName("local"))
+	ctx := context.Background()
+	d1, done1, _ := a.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: 5})
+	d2, done2, _ := a.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: 100})
+	if want := (spillway.Decision{Allowed: true, Limiter: "local", Limit: 2, Remaining: 1}); d1 != want {
+		t.Fatalf("cost 5: %+v, want %+v", d1, want)
+	}
+	if want := (spillway.Decision{Allowed: true, Limiter: "local", Limit: 2, Remaining: 0}); d2 != want {
+		t.Fatalf("cost 100 (above the limit, one request): %+v, want %+v", d2, want)
+	}
+	if d, _, _ := a.Admit(ctx, &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Reason != spillway.ReasonShed {
+		t.Fatalf("third request: %+v, want shed", d)
+	}
+	if a.InFlight() != 2 {
+		t.Fatalf("in flight %d, want 2 requests", a.InFlight())
+	}
+	done1(spillway.Ignored)
+	done2(spillway.Ignored)
+	if a.InFlight() != 0 {
+		t.Fatalf("in flight %d after both done, want 0", a.InFlight())
+	}
+}
+
 // sim is a deterministic server of a fixed capacity behind an Adaptive: a
 // request's RTT is base while at most capacity run, and grows in
 // proportion to the queue beyond it. Each round offers more work than any

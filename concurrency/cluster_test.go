@@ -53,4 +53,20 @@ func TestRedisCluster(t *testing.T) {
 	if len(owners) < 2 {
 		t.Fatalf("12 users' sets all on %d primary", len(owners))
 	}
+	// A request of cost 2 is 2 members of the user's one key: one slot,
+	// one script call, no CROSSSLOT.
+	for u := 0; u < 12; u++ {
+		key := "weighted-" + strconv.Itoa(u)
+		d, done, err := lim.AcquireN(ctx, key, 2)
+		if err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%s cost 2: %+v %v", key, d, err)
+		}
+		if d, _, err := lim.Acquire(ctx, key); err != nil || d.Allowed {
+			t.Fatalf("%s cost 1 beside a cost 2: %+v %v; want denied", key, d, err)
+		}
+		done(spillway.Success)
+		if d, _, err := lim.Acquire(ctx, key); err != nil || !d.Allowed || d.Remaining != 1 {
+			t.Fatalf("%s after the cost 2 is done: %+v %v", key, d, err)
+		}
+	}
 }

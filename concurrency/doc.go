@@ -1,16 +1,18 @@
 // Package concurrency limits how much work is in flight.
 //
-// Limiter is Stripe's concurrent-request limiter: at most L requests of one
-// key (a user, an API key, an endpoint) in flight across the whole fleet. Its
-// state is a Redis sorted set per key — member a unique request id, score the
-// start time — changed by one Lua script (lua.ConcurrencyAcquire) that reaps
-// entries older than a TTL on every call, so a server that crashed
-// mid-request leaks its slot only until the TTL. MemoryStore is a twin with
+// Limiter is Stripe's concurrent-request limiter: at most L units of one
+// key (a user, an API key, an endpoint) in flight across the whole fleet,
+// where a request of cost c holds c units (one by default). Its state is a
+// Redis sorted set per key — one member per unit, named after a unique
+// request id, scored with the request's start time — changed by one Lua
+// script (lua.ConcurrencyAcquire) that reaps entries older than a TTL on
+// every call, so a server that crashed mid-request leaks its units only
+// until the TTL. MemoryStore is a twin with
 // the same semantics for a single process and for tests; one conformance
 // suite runs against both.
 //
-// Adaptive is a local limit on a server's own concurrency that learns from
-// latency and drops: AIMD, or Gradient (a latency-gradient algorithm with
+// Adaptive is a local limit on a server's own concurrency (in requests,
+// whatever their cost) that learns from latency and drops: AIMD, or Gradient (a latency-gradient algorithm with
 // slow start and a min-RTT baseline re-measured by periodic probes, so it
 // does not creep upward under steady overload).
 //
