@@ -14,11 +14,12 @@ import (
 
 // BenchmarkAcquireRelease: one admission and its release per op, on the
 // memory store and on a real redis-server (one EVALSHA + one ZREM), over
-// 64 keys, in parallel.
+// 64 keys, in parallel; cost 1 (Acquire), and cost 3 (AcquireN: 3 members
+// added by the script, 3 removed by the ZREM).
 //
-//	go test -run '^$' -bench AcquireRelease -benchtime 20000x ./concurrency/
+//	go test -run '^$' -bench . -benchmem ./concurrency
 func BenchmarkAcquireRelease(b *testing.B) {
-	run := func(b *testing.B, store Store) {
+	run := func(b *testing.B, store Store, cost int64) {
 		lim, err := New(store, 1000)
 		if err != nil {
 			b.Fatal(err)
@@ -33,7 +34,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				d, done, err := lim.Acquire(ctx, keys[n.Add(1)%64])
+				d, done, err := lim.AcquireN(ctx, keys[n.Add(1)%64], cost)
 				if err != nil || !d.Allowed {
 					b.Fatal(d, err)
 				}
@@ -41,14 +42,17 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		})
 	}
-	b.Run("memory", func(b *testing.B) { run(b, NewMemoryStore()) })
-	b.Run("redis", func(b *testing.B) {
+	redisStore := func(b *testing.B) Store {
 		srv := redistest.Start(b)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		b.Cleanup(func() { rdb.Close() })
 		s, _ := NewRedisStore(rdb)
-		run(b, s)
-	})
+		return s
+	}
+	b.Run("memory", func(b *testing.B) { run(b, NewMemoryStore(), 1) })
+	b.Run("redis", func(b *testing.B) { run(b, redisStore(b), 1) })
+	b.Run("memory-cost3", func(b *testing.B) { run(b, NewMemoryStore(), 3) })
+	b.Run("redis-cost3", func(b *testing.B) { run(b, redisStore(b), 3) })
 }
 
 // BenchmarkAdaptive: Admit and Done on an Adaptive with each algorithm.

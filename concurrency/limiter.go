@@ -147,8 +147,9 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 		return d, spillway.Noop, nil
 	}
 	if _, local := l.store.(*MemoryStore); local {
-		// A memory release cannot block: no timeout context needed.
-		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(ctx, l.o.name, key, id, n) }), nil
+		// A memory release cannot block and ignores its context: none is
+		// kept.
+		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(context.Background(), l.o.name, key, id, n) }), nil
 	}
 	return d, spillway.Once(func(spillway.Outcome) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.releaseTimeout)

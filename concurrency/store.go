@@ -222,14 +222,25 @@ type memShard struct {
 }
 
 type memSet struct {
-	ttlUS int64 // the TTL of the last Acquire, for sweeps
-	units int64 // the sum of the costs in m
-	m     map[string]memEntry
+	ttlUS int64            // the TTL of the last Acquire, for sweeps
+	m     map[string]int64 // id -> start µs
+	// costs holds the cost of the ids in m that cost more than 1; nil
+	// until one does, so that cost 1 allocates no more than it did before
+	// costs existed.
+	costs map[string]int64
 }
 
-type memEntry struct {
-	start int64 // µs
-	cost  int64
+func (set *memSet) costOf(id string) int64 {
+	if c, ok := set.costs[id]; ok {
+		return c
+	}
+	return 1
+}
+
+// remove drops id and frees its units.
+func (set *memSet) remove(id string) {
+	delete(set.m, id)
+	delete(set.costs, id)
 }
 
 // NewMemoryStore returns an empty memory store.
@@ -266,28 +277,38 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, li
 		if len(sh.sets) >= s.o.maxKeys/len(s.shards)+1 {
 			sh.sweep(now)
 		}
-		set = &memSet{m: make(map[string]memEntry, 4)}
+		set = &memSet{m: make(map[string]int64, 4)}
 		sh.sets[k] = set
 	}
 	set.ttlUS = ttlUS
 	oldest, haveOldest := int64(0), false
-	for m, e := range set.m {
-		if e.start <= now-ttlUS {
-			delete(set.m, m)
-			set.units -= e.cost
+	for m, start := range set.m {
+		if start <= now-ttlUS {
+			set.remove(m)
 			continue
 		}
-		if !haveOldest || e.start < oldest {
-			oldest, haveOldest = e.start, true
+		if !haveOldest || start < oldest {
+			oldest, haveOldest = start, true
 		}
 	}
-	n := set.units
+	// The units in flight: one per id, plus the extra of the costly ones
+	// (none for a key that only ever saw cost 1).
+	n := int64(len(set.m))
+	for _, c := range set.costs {
+		n += c - 1
+	}
 	if n+cost <= limit {
 		if _, dup := set.m[id]; !dup {
-			set.m[id] = memEntry{start: now, cost: cost}
-			set.units += cost
+			set.m[id] = now
+			if cost > 1 {
+				if set.costs == nil {
+					set.costs = make(map[string]int64)
+				}
+				set.costs[id] = cost
+			}
+			n += cost
 		}
-		return Result{Allowed: true, InFlight: set.units}, nil
+		return Result{Allowed: true, InFlight: n}, nil
 	}
 	// n + cost - limit units must be reaped, the oldest first: the wait is
 	// until the request that holds the last of them is, as the script's
@@ -306,11 +327,12 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, li
 // startOfUnit returns the start of the entry that holds the need-th
 // oldest unit (need >= 1, at most the units in the set).
 func (set *memSet) startOfUnit(need int64) int64 {
-	es := make([]memEntry, 0, len(set.m))
-	for _, e := range set.m {
-		es = append(es, e)
+	type entry struct{ start, cost int64 }
+	es := make([]entry, 0, len(set.m))
+	for id, start := range set.m {
+		es = append(es, entry{start, set.costOf(id)})
 	}
-	slices.SortFunc(es, func(a, b memEntry) int { return cmp.Compare(a.start, b.start) })
+	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.start, b.start) })
 	for _, e := range es {
 		if need -= e.cost; need <= 0 {
 			return e.start
@@ -323,10 +345,9 @@ func (set *memSet) startOfUnit(need int64) int64 {
 // own TTL), and the keys left empty.
 func (sh *memShard) sweep(now int64) {
 	for k, set := range sh.sets {
-		for m, e := range set.m {
-			if e.start <= now-set.ttlUS {
-				delete(set.m, m)
-				set.units -= e.cost
+		for m, start := range set.m {
+			if start <= now-set.ttlUS {
+				set.remove(m)
 			}
 		}
 		if len(set.m) == 0 {
@@ -345,9 +366,8 @@ func (s *MemoryStore) Release(_ context.Context, scope, key, id string, cost int
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if set, ok := sh.sets[k]; ok {
-		if e, ok := set.m[id]; ok {
-			delete(set.m, id)
-			set.units -= e.cost
+		if _, ok := set.m[id]; ok {
+			set.remove(id)
 		}
 		if len(set.m) == 0 {
 			delete(sh.sets, k)
