@@ -7,6 +7,13 @@
 //
 //	go run ./examples/httpserver                        # in-memory
 //	go run ./examples/httpserver -redis 127.0.0.1:6379  # shared state in Redis
+//	go run ./examples/httpserver -otel none             # no telemetry output
+//
+// Telemetry (otel.go): an OpenTelemetry SDK with the stdout exporters prints,
+// as one JSON line each (-otel-pretty indents them), every denied request's
+// span with its spillway.decision event and, every 10 s (-otel-interval)
+// when there was traffic, the spillway.decisions counter and the
+// spillway.decision.duration histogram of that interval.
 //
 // Routes: POST /api/v1/login, GET /api/v1/search, POST /api/v1/posts,
 // GET /healthz (never limited). Identity: user from X-User-ID, API key from
@@ -60,27 +67,42 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "httpserver:", err)
 		os.Exit(1)
 	}
 }
 
-// run serves until ctx ends. ready, when set, receives the address it
-// listens on (tests pass -addr 127.0.0.1:0).
-func run(ctx context.Context, args []string, out io.Writer, ready func(addr string)) error {
+// run serves until ctx ends, printing messages to out and telemetry to
+// otelOut. ready, when set, receives the address it listens on (tests pass
+// -addr 127.0.0.1:0).
+func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(addr string)) (err error) {
 	fs := flag.NewFlagSet("httpserver", flag.ContinueOnError)
 	fs.SetOutput(out)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
+	otelMode := fs.String("otel", "stdout", "telemetry exporter: stdout (denied requests' spans, metrics every -otel-interval) or none")
+	otelInterval := fs.Duration("otel-interval", 10*time.Second, "how often metrics are exported")
+	otelPretty := fs.Bool("otel-pretty", false, "indent the telemetry JSON (about 140 lines per span) instead of one line per document")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 
+	otelp, err := setupOTel(*otelMode, otelOut, *otelInterval, *otelPretty)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush what is left: the spans and the last interval's metrics.
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = errors.Join(err, otelp.shutdown(c))
+	}()
+	tel := []telemetry.Option{telemetry.WithTracerProvider(otelp.tp), telemetry.WithMeterProvider(otelp.mp)}
+
 	var cfg *tiers.Config
-	var err error
 	if *config == "" {
 		cfg, err = tiers.Parse("limits.yaml", defaultLimits)
 	} else {
@@ -90,7 +112,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 		return err
 	}
 
-	b, err := build(ctx, cfg, *redisAddr, *budget)
+	b, err := build(ctx, cfg, *redisAddr, *budget, tel)
 	if err != nil {
 		return err
 	}
@@ -103,16 +125,18 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 		httpx.WithIETFHeaders(),
 	)
 	mux := http.NewServeMux()
+	tracer := otelp.tp.Tracer("github.com/spillway-go/spillway/examples/httpserver")
+	api := func(route string, h http.HandlerFunc) { mux.Handle(route, traced(tracer, route, mw(h))) }
 	var posts atomic.Int64
-	mux.Handle("POST /api/v1/login", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	api("POST /api/v1/login", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"token": "demo-token-for-" + r.Header.Get("X-User-ID")})
-	})))
-	mux.Handle("GET /api/v1/search", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	})
+	api("GET /api/v1/search", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"query": r.URL.Query().Get("q"), "results": []string{}})
-	})))
-	mux.Handle("POST /api/v1/posts", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	})
+	api("POST /api/v1/posts", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, map[string]int64{"id": posts.Add(1)})
-	})))
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "degraded": b.degraded()})
 	})
@@ -164,7 +188,7 @@ func (b *blocks) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration) (*blocks, error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (*blocks, error) {
 	b := &blocks{degraded: func() bool { return false }}
 	worker, err := shedder.NewWorker(workerCapacity, shedder.WithName("worker"))
 	if err != nil {
@@ -182,7 +206,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		}
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
-		b.chain = telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "api")
+		b.chain = telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "api", tel...)
 		b.describe = "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -201,7 +225,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return nil, fmt.Errorf("redis %s: %w", redisAddr, err)
 	}
 
-	gauge := telemetry.NewBreakerGauge()
+	gauge := telemetry.NewBreakerGauge(tel...)
 	settings := func(name string) fallback.Settings {
 		return fallback.Settings{Name: name, Budget: budget, OnStateChange: func(name string, _, to fallback.State) {
 			gauge.Record(context.Background(), name, telemetry.BreakerState(to))
@@ -283,7 +307,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return nil, err
 	}
 
-	b.chain = telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker, guard), "api")
+	b.chain = telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker, guard), "api", tel...)
 	b.degraded = func() bool { return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed }
 	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
 	return b, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,30 +28,48 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
+// demo is a running httpserver: out gets its messages, otel its telemetry.
+type demo struct {
+	base      string
+	out, otel *syncBuffer
+	stop      func() // stops the server and waits for run to return nil
+}
+
 func startDemo(t *testing.T, args ...string) (string, *syncBuffer) {
 	t.Helper()
+	d := startDemoOTel(t, args...)
+	return d.base, d.out
+}
+
+func startDemoOTel(t *testing.T, args ...string) *demo {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	d := &demo{out: &syncBuffer{}, otel: &syncBuffer{}}
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), out, func(a string) { addrc <- a })
+		errc <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), d.out, d.otel, func(a string) { addrc <- a })
 	}()
 	select {
 	case a := <-addrc:
-		t.Cleanup(func() {
-			cancel()
-			require.NoError(t, <-errc)
-		})
-		return "http://" + a, out
+		var once sync.Once
+		d.stop = func() {
+			once.Do(func() {
+				cancel()
+				require.NoError(t, <-errc)
+			})
+		}
+		t.Cleanup(d.stop)
+		d.base = "http://" + a
+		return d
 	case err := <-errc:
 		cancel()
-		t.Fatalf("run: %v\n%s", err, out.String())
+		t.Fatalf("run: %v\n%s", err, d.out.String())
 	case <-time.After(20 * time.Second):
 		cancel()
 		t.Fatal("server did not start")
 	}
-	return "", nil
+	return nil
 }
 
 func do(t *testing.T, method, url string, hdr map[string]string) (*http.Response, string) {
@@ -146,8 +165,162 @@ func TestSmokeRedis(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-config", "/nonexistent/limits.yaml"}, io.Discard, nil)
+	err := run(context.Background(), []string{"-config", "/nonexistent/limits.yaml"}, io.Discard, io.Discard, nil)
 	require.ErrorContains(t, err, "/nonexistent/limits.yaml")
-	err = run(context.Background(), []string{"-redis", "127.0.0.1:1"}, io.Discard, nil)
+	err = run(context.Background(), []string{"-redis", "127.0.0.1:1"}, io.Discard, io.Discard, nil)
 	require.ErrorContains(t, err, "redis 127.0.0.1:1")
+	err = run(context.Background(), []string{"-otel", "otlp"}, io.Discard, io.Discard, nil)
+	require.EqualError(t, err, `-otel "otlp": want stdout or none`)
+	err = run(context.Background(), []string{"-otel-interval", "0s"}, io.Discard, io.Discard, nil)
+	require.EqualError(t, err, "-otel-interval 0s: must be positive")
+}
+
+// jsonAttr is an attribute as the stdout exporters print it.
+type jsonAttr struct {
+	Key   string
+	Value struct{ Value any }
+}
+
+func attrMap(attrs []jsonAttr) map[string]any {
+	m := make(map[string]any, len(attrs))
+	for _, a := range attrs {
+		m[a.Key] = a.Value.Value
+	}
+	return m
+}
+
+type jsonSpan struct {
+	Name     string
+	SpanKind int
+	Events   []struct {
+		Name       string
+		Attributes []jsonAttr
+	}
+	Resource []jsonAttr
+}
+
+type jsonMetrics struct {
+	ScopeMetrics []struct {
+		Scope   struct{ Name string }
+		Metrics []struct {
+			Name string
+			Data struct {
+				Temporality string
+				DataPoints  []struct {
+					Attributes []jsonAttr
+					Value      float64 // counter points
+					Count      float64 // histogram points
+				}
+			}
+		}
+	}
+}
+
+// decodeOTel splits what the stdout exporters wrote into spans and metric
+// exports.
+func decodeOTel(t *testing.T, s string) ([]jsonSpan, []jsonMetrics) {
+	t.Helper()
+	var spans []jsonSpan
+	var metrics []jsonMetrics
+	dec := json.NewDecoder(strings.NewReader(s))
+	for dec.More() {
+		var raw map[string]json.RawMessage
+		require.NoError(t, dec.Decode(&raw))
+		b, err := json.Marshal(raw)
+		require.NoError(t, err)
+		if _, ok := raw["ScopeMetrics"]; ok {
+			var m jsonMetrics
+			require.NoError(t, json.Unmarshal(b, &m))
+			metrics = append(metrics, m)
+		} else {
+			var sp jsonSpan
+			require.NoError(t, json.Unmarshal(b, &sp))
+			spans = append(spans, sp)
+		}
+	}
+	return spans, metrics
+}
+
+// sumPoints adds up, across exports (delta temporality), the points of the
+// named instrument by their attribute set.
+func sumPoints(t *testing.T, exports []jsonMetrics, name string) map[string]float64 {
+	t.Helper()
+	sums := map[string]float64{}
+	for _, e := range exports {
+		for _, sm := range e.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != name {
+					continue
+				}
+				require.Equal(t, "github.com/spillway-go/spillway/telemetry", sm.Scope.Name)
+				require.Equal(t, "DeltaTemporality", m.Data.Temporality)
+				for _, p := range m.Data.DataPoints {
+					k, err := json.Marshal(attrMap(p.Attributes)) // sorted keys
+					require.NoError(t, err)
+					sums[string(k)] += p.Value + p.Count
+				}
+			}
+		}
+	}
+	return sums
+}
+
+// The stdout SDK prints the denied request's span, with its decision event,
+// and counts every decision; the flush on exit exports the last interval.
+func TestTelemetryStdout(t *testing.T) {
+	d := startDemoOTel(t, "-otel-interval", "1h") // one export: the flush on exit
+	for i := 1; i <= 6; i++ {
+		resp, _ := do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
+		require.Equal(t, map[bool]int{true: 200, false: 429}[i <= 5], resp.StatusCode, "login %d", i)
+	}
+	resp, _ := do(t, "GET", d.base+"/healthz", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	d.stop()
+
+	spans, metrics := decodeOTel(t, d.otel.String())
+	require.Len(t, spans, 1, "only the denied request's span is printed")
+	sp := spans[0]
+	require.Equal(t, "POST /api/v1/login", sp.Name)
+	require.Equal(t, 2, sp.SpanKind) // server
+	require.Equal(t, map[string]any{"service.name": "spillway-httpserver"}, attrMap(sp.Resource))
+	require.Len(t, sp.Events, 1)
+	require.Equal(t, "spillway.decision", sp.Events[0].Name)
+	ev := attrMap(sp.Events[0].Attributes)
+	retry, latency := ev["spillway.retry_after_ms"], ev["spillway.latency_us"]
+	delete(ev, "spillway.retry_after_ms")
+	delete(ev, "spillway.latency_us")
+	require.Equal(t, map[string]any{
+		"spillway.limiter":    "api",
+		"spillway.decided_by": "/api/v1/login:user",
+		"spillway.outcome":    "denied",
+		"spillway.reason":     "rate_limited",
+		"spillway.limit":      float64(5),
+		"spillway.remaining":  float64(0),
+		"spillway.degraded":   false,
+		"spillway.priority":   "critical",
+	}, ev)
+	require.Greater(t, retry, float64(0)) // 5/minute: the next token in at most 12 s
+	require.LessOrEqual(t, retry, float64(12000))
+	require.GreaterOrEqual(t, latency, float64(0))
+
+	require.Len(t, metrics, 1)
+	require.Equal(t, map[string]float64{
+		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"allowed","spillway.priority":"critical","spillway.reason":"none"}`:        5,
+		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"denied","spillway.priority":"critical","spillway.reason":"rate_limited"}`: 1,
+	}, sumPoints(t, metrics, "spillway.decisions"))
+	require.Equal(t, map[string]float64{
+		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"allowed"}`: 5,
+		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"denied"}`:  1,
+	}, sumPoints(t, metrics, "spillway.decision.duration"))
+}
+
+func TestTelemetryNone(t *testing.T) {
+	d := startDemoOTel(t, "-otel", "none")
+	for i := 1; i <= 6; i++ {
+		do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
+	}
+	resp, _ := do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
+	require.Equal(t, 429, resp.StatusCode)
+	d.stop()
+	require.Empty(t, d.otel.String())
 }
