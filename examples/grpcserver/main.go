@@ -7,10 +7,17 @@
 //
 //	go run ./examples/grpcserver                        # in-memory
 //	go run ./examples/grpcserver -redis 127.0.0.1:6379
+//	go run ./examples/grpcserver -otel none            # no telemetry output
 //
 // Identity: API key from the "x-api-key" metadata, user from "x-user-id",
 // IP from the peer. Denials are ResourceExhausted (rate, concurrency) or
 // Unavailable (shedding) with RetryInfo and QuotaFailure details.
+//
+// Telemetry (otel.go): an OpenTelemetry SDK with the stdout exporters prints,
+// as one JSON line each (-otel-pretty indents them), every denied call's span
+// with its spillway.decision event and, every 10 s (-otel-interval) when
+// there was traffic, the spillway.decisions counter and the
+// spillway.decision.duration histogram of that interval.
 package main
 
 import (
@@ -113,24 +120,40 @@ var greeterDesc = grpc.ServiceDesc{
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "grpcserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, out io.Writer, ready func(addr string)) error {
+// run serves until ctx ends, printing messages to out and telemetry to
+// otelOut. ready, when set, receives the address it listens on.
+func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(addr string)) (err error) {
 	fs := flag.NewFlagSet("grpcserver", flag.ContinueOnError)
 	fs.SetOutput(out)
 	addr := fs.String("addr", "127.0.0.1:50051", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML); empty uses examples/grpcserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
+	otelMode := fs.String("otel", "stdout", "telemetry exporter: stdout (denied calls' spans, metrics every -otel-interval) or none")
+	otelInterval := fs.Duration("otel-interval", 10*time.Second, "how often metrics are exported")
+	otelPretty := fs.Bool("otel-pretty", false, "indent the telemetry JSON instead of one line per document")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	otelp, err := setupOTel(*otelMode, otelOut, *otelInterval, *otelPretty)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush what is left: the spans and the last interval's metrics.
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = errors.Join(err, otelp.shutdown(c))
+	}()
+	tel := []telemetry.Option{telemetry.WithTracerProvider(otelp.tp), telemetry.WithMeterProvider(otelp.mp)}
+
 	var cfg *tiers.Config
-	var err error
 	if *config == "" {
 		cfg, err = tiers.Parse("limits.yaml", defaultLimits)
 	} else {
@@ -139,7 +162,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	if err != nil {
 		return err
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget)
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel)
 	if err != nil {
 		return err
 	}
@@ -150,9 +173,10 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 		grpcx.WithAPIKeyMetadata("x-api-key"),
 		grpcx.WithUserMetadata("x-user-id"),
 	}
+	tracer := otelp.tp.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, opts...)),
-		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, opts...)),
+		grpc.ChainUnaryInterceptor(tracedUnary(tracer), grpcx.UnaryServerInterceptor(chain, opts...)),
+		grpc.ChainStreamInterceptor(tracedStream(tracer), grpcx.StreamServerInterceptor(chain, opts...)),
 	)
 	srv.RegisterService(&greeterDesc, greeterServer{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -179,7 +203,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(addr stri
 	return nil
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration) (spillway.Limiter, string, func(), error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -203,7 +227,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc")
+		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel...)
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
@@ -257,6 +281,6 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		defer cancel()
 		fleet.Close(c)
 	})
-	chain := telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker), "grpc")
+	chain := telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker), "grpc", tel...)
 	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, Redis blocks behind the fallback", closeAll, nil
 }
