@@ -24,8 +24,11 @@
 --   retry      µs until the item can succeed; 0 when ok, and 0 with ok = 0
 --              when n exceeds the capacity (the Go side reports that as
 --              ReasonCostExceedsLimit)
---   mark       the window index written (fixed window, window counter),
---              which a refund needs; 0 otherwise
+--   mark       what a Cluster refund needs (ratelimit_refund.lua): the
+--              window index written (fixed window, window counter); the
+--              TAT the item saw, before its charge (bucket family; 0: no
+--              state), from which and now the caller recomputes the TAT'
+--              it wrote; 0 for the log
 --
 -- State, one key per item:
 --   bucket family   string "TAT" (µs)
@@ -93,6 +96,7 @@ for i = 1, #KEYS do
     local tau = B * T
     local s = getstr(key)
     local tat = s and tonumber(s) or 0
+    mark = tat
     local t = now
     if t < tat - tau then t = tat - tau end -- time went backwards
     local base = tat

@@ -13,14 +13,19 @@
 --          tau  Burst·T in µs, the capacity in time (≤ 2^53)
 --          n    the cost (≥ 0; 0 peeks)
 --
--- Reply: an array of N integers, wait_i in [0, tau_i]: max(TAT, now') −
--- now' for item i, where TAT includes the charges of the earlier items of
--- this call on the same key that had room (as ratelimit_batch.lua does).
--- The caller derives each decision from it exactly as for
--- ratelimit_token_bucket.lua (need = wait + n·T; the item has room iff
--- n·T ≤ tau and need ≤ tau), and the batch is allowed iff every item has
--- room. A Cluster refund of such an item needs only (T, n), which the
--- caller already has.
+-- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
+-- tat_N}:
+--   now     the µs time the call decided at (before the per-item clamp)
+--   wait_i  in [0, tau_i]: max(TAT, now') − now' for item i, where TAT
+--           includes the charges of the earlier items of this call on the
+--           same key that had room (as ratelimit_batch.lua does). The
+--           caller derives each decision from it exactly as for
+--           ratelimit_token_bucket.lua (need = wait + n·T; the item has
+--           room iff n·T ≤ tau and need ≤ tau), and the batch is allowed
+--           iff every item has room.
+--   tat_i   that TAT itself (0: no state): what a Cluster refund restores
+--           (ratelimit_refund.lua); with now, the caller recomputes the TAT'
+--           the item wrote.
 --
 -- Writes: only when every item has room, for each item with n > 0:
 -- SET KEYS[i] TAT' PX ceil(need/1000), TAT' = now' + need, in call order
@@ -46,7 +51,8 @@ for j = 1, #KEYS, 1000 do
   for k = 1, #part do cur[j + k - 1] = part[k] end
 end
 local pending = {} -- key -> TAT an earlier item of this call charged
-local reply = {}
+local N = #KEYS
+local reply = {now}
 local all = true
 local wk, wv, wp = {}, {}, {} -- writes: key, TAT', PX
 for i = 1, #KEYS do
@@ -71,7 +77,8 @@ for i = 1, #KEYS do
   else
     all = false
   end
-  reply[i] = wait
+  reply[1 + i] = wait
+  reply[1 + N + i] = tat
 end
 
 if all then

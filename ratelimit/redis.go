@@ -209,11 +209,10 @@ func bucketsOnly(items []Item) bool {
 
 // runGroup decides items (all in one slot): with the buckets script when
 // they are all of the bucket family, else with the batch script. g, when
-// not nil, receives what a refund needs (see runBatch; a bucket item needs
-// nothing more than itself: its mark is 0 and it has no uid).
+// not nil, receives what a refund needs (see runBatch and runBuckets).
 func (s *RedisStore) runGroup(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
 	if bucketsOnly(items) {
-		return s.runBuckets(ctx, items, out)
+		return s.runBuckets(ctx, items, out, g)
 	}
 	allowed, _, err := s.runBatch(ctx, items, out, g)
 	return allowed, err
@@ -225,9 +224,10 @@ const bucketsFields = 3
 
 // runBuckets runs lua/ratelimit_buckets.lua over items (all of the bucket
 // family, all in one slot) and writes their decisions to out. The script
-// replies each item's wait; the decisions follow as in decideBucket, and
-// the batch is allowed when every item is.
-func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+// replies its now and each item's wait and TAT; the decisions follow from
+// the waits as in decideBucket, and the batch is allowed when every item
+// is. g, when not nil, receives now and the TATs (for a refund).
+func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
 	keys := make([]string, len(items))
 	args := make([]any, 1, 1+bucketsFields*len(items))
 	args[0] = s.nowArg()
@@ -241,21 +241,29 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
-	v, err := intSlice(res, len(items))
+	r, err := intSlice(res, 1+2*len(items))
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
+	if r[0] < 0 {
+		return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value 0 (now) = %d, want an integer ≥ 0", r[0])
+	}
+	v := r[1 : 1+len(items)]
 	allowed := true
 	for i := range items {
 		it := &items[i]
 		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); v[i] < 0 || v[i] > tau {
-			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", i, v[i], tau)
+			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", 1+i, v[i], tau)
 		}
 	}
 	for i := range items {
 		o := bucketOutcome(&items[i], v[i])
 		out[i] = o.decision(items[i].Scope, items[i].Policy)
 		allowed = allowed && o.allowed
+	}
+	if g != nil {
+		g.now = r[0]
+		copy(g.marks, r[1+len(items):])
 	}
 	return allowed, nil
 }
@@ -276,9 +284,9 @@ func (s *RedisStore) outcome(it *Item, v []int64) outcome {
 const batchFields = 7
 
 // runBatch runs lua/ratelimit_batch.lua over items (all in one slot) and
-// writes their decisions to out. marks, when not nil, receives each item's
-// mark (for a refund); uids, the ids it sent. It returns whether the batch
-// was allowed and the script's now.
+// writes their decisions to out. g, when not nil, receives what a refund
+// needs: the script's now, each item's mark and the log ids sent. It
+// returns whether the batch was allowed and the script's now.
 func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, int64, error) {
 	keys := make([]string, len(items))
 	args := make([]any, 1, 1+batchFields*len(items))
@@ -310,6 +318,9 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 		if g != nil {
 			g.marks[i] = r[4]
 		}
+	}
+	if g != nil {
+		g.now = v[0]
 	}
 	return v[1] == 1, v[0], nil
 }

@@ -21,7 +21,8 @@ type group struct {
 	items   []Item // items[idx[j]]
 	out     []spillway.Decision
 	uids    []string // the log ids sent, for a refund
-	marks   []int64  // the marks returned, for a refund
+	marks   []int64  // the marks returned (bucket family: the TAT before the charge), for a refund
+	now     int64    // the µs time the script decided at
 	allowed bool
 	err     error
 }
@@ -115,11 +116,16 @@ func (s *RedisStore) split(items []Item, by sharding) []*group {
 }
 
 // refundFields is the number of ARGV values per item of the refund script.
-const refundFields = 8
+const refundFields = 9
 
 // refund gives back, with lua/ratelimit_refund.lua, what the charged groups
 // took; the groups run in parallel. It runs even when ctx is done: a
 // charge must not outlive the batch that was denied.
+//
+// A bucket item is sent with the TAT it saw (its mark) and the TAT' it
+// wrote, recomputed here by bucketDecide from the script's now: when the
+// key still holds TAT', the script restores the TAT exactly (deleting the
+// key only when there was no state), as the memory store's rollback does.
 func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 	ctx = context.WithoutCancel(ctx)
 	var eg errgroup.Group
@@ -135,7 +141,13 @@ func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 				it := &g.items[i]
 				p := it.Policy
 				keys[i] = redisKey(s.prefix, it)
-				args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, g.uids[i], g.marks[i])
+				var wrote int64
+				switch p.Algorithm {
+				case TokenBucket, GCRA, LeakyBucket:
+					// a negative TAT (garbage) decides as 0 does, and cannot overflow
+					_, wrote = bucketDecide(max(g.marks[i], 0), g.now, p.limits(), it.Cost)
+				}
+				args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, g.uids[i], g.marks[i], wrote)
 			}
 			if err := lua.RateLimitRefund.Run(ctx, s.client, keys, args...).Err(); err != nil {
 				return fmt.Errorf("ratelimit: redis: refund script: %w", err)

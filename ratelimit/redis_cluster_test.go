@@ -127,6 +127,57 @@ func TestRedisStoreCluster(t *testing.T) {
 		})
 	}
 
+	// A bucket whose TAT is at or before now is full, but a clock that then
+	// goes back before it is clamped by it (algorithms.go): the refund of a
+	// denied cross-slot batch restores that TAT, as the memory store (which
+	// charges nothing) keeps it, instead of deleting the key.
+	for _, a := range []Algorithm{TokenBucket, GCRA, LeakyBucket} {
+		t.Run("refund-keeps-full-state/"+a.String(), func(t *testing.T) {
+			c := cl.Client(t)
+			clk := newFakeClock(rt0)
+			prefix := "refund-full-" + a.String() + ":"
+			rs := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+			ms := NewMemoryStore(WithClock(clk.Now))
+			p := Policy{Algorithm: a, Limit: 5, Period: time.Minute} // T = 12 s
+			full := Policy{Algorithm: a, Limit: 1, Period: time.Minute}
+			a1 := Item{Scope: "p", Key: "a", Policy: p, Cost: 1}
+			z := Item{Scope: "z", Key: "z", Policy: full, Cost: 1}
+			if rk, zk := redisKey(prefix, &a1), redisKey(prefix, &z); slot(rk) == slot(zk) {
+				t.Fatalf("%s and %s share a slot; change the entity names", rk, zk)
+			}
+			outR := make([]spillway.Decision, 2)
+			outM := make([]spillway.Decision, 2)
+			step := func(what string, items []Item, wantOK bool) {
+				t.Helper()
+				okR, errR := rs.Decide(ctx, items, outR)
+				okM, errM := ms.Decide(ctx, items, outM)
+				if errR != nil || errM != nil || okR != wantOK || okM != wantOK {
+					t.Fatalf("%s: redis %v %v, memory %v %v; want %v", what, okR, errR, okM, errM, wantOK)
+				}
+				for i := range items {
+					if outR[i] != outM[i] {
+						t.Fatalf("%s item %d:\n redis  %+v\n memory %+v", what, i, outR[i], outM[i])
+					}
+				}
+			}
+			step("charge a and z", []Item{a1, z}, true) // a: TAT = rt0 + 12 s
+			clk.Add(30 * time.Second)                   // a is full again, its TAT stays
+			step("denied batch", []Item{a1, z}, false)  // a charged on its slot, refunded
+			want := fmt.Sprint(rt0.Add(12 * time.Second).UnixMicro())
+			if v, err := c.Get(ctx, redisKey(prefix, &a1)).Result(); err != nil || v != want {
+				t.Fatalf("after the refund a holds %q (%v), want the TAT from before the charge, %s", v, err, want)
+			}
+			// Back before the TAT: 5 s of it still to wait, so 3 left after a
+			// charge of 1, reset after 17 s (no state would leave 4, reset
+			// after 12 s).
+			clk.Add(-23 * time.Second)
+			step("clock gone back", []Item{a1}, true)
+			if outR[0].Remaining != 3 || outR[0].ResetAfter != 17*time.Second {
+				t.Fatalf("after the clock went back: %+v, want 3 remaining, reset after 17s", outR[0])
+			}
+		})
+	}
+
 	t.Run("refund-after-error", func(t *testing.T) {
 		c := cl.Client(t, func(o *redis.ClusterOptions) {
 			o.ReadTimeout = 200 * time.Millisecond

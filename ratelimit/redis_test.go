@@ -155,13 +155,6 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 	prefix := fmt.Sprintf("diff%d:", seed)
 	rs := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
 	ms := NewMemoryStore(WithClock(clk.Now))
-	// A Cluster (Ring) refund of a bucket gives back TAT −= n·T and deletes
-	// the key when that is ≤ now: the TAT from before the charge, when it
-	// was already ≤ now, is lost. No later decision can tell, unless the
-	// clock then goes back before it, where the memory store (which never
-	// charged) still sees it. Bucket-only batches refund often, so on a
-	// sharded client that mode keeps the clock from going backwards.
-	refundsBlind := buckets && rs.sharded != oneServer
 	ctx := context.Background()
 
 	type scope struct {
@@ -188,7 +181,7 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 			clk.Add(time.Duration(r.Int64N(int64(300 * time.Millisecond))))
 		case x < 14:
 			clk.Add(time.Duration(r.Int64N(int64(3 * time.Second))))
-		case x < 15 && !refundsBlind:
+		case x < 15:
 			clk.Add(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
 		case x < 16:
 			clk.Add(time.Duration(r.Int64N(1000)) * time.Microsecond)
@@ -569,8 +562,11 @@ func TestRedisStoreUnexpectedReply(t *testing.T) {
 	p := Policy{Limit: 10, Period: time.Second}
 	w := Policy{Algorithm: FixedWindow, Limit: 10, Period: time.Second}
 	for _, val := range []any{nil, "OK", int64(-1), int64(1 << 60), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)},
-		// two waits, the shape of the buckets script's reply, out of range or not integers
-		[]any{int64(-1), int64(0)}, []any{int64(0), int64(1 << 60)}, []any{int64(0), "x"}, []any{int64(0)}} {
+		// the shape of the buckets script's reply for two items {now, wait, wait, tat, tat}: a
+		// negative now, waits out of range, values not integers, too short
+		[]any{int64(-1), int64(0), int64(0), int64(0), int64(0)}, []any{int64(0), int64(-1), int64(0), int64(0), int64(0)},
+		[]any{int64(0), int64(0), int64(1 << 60), int64(0), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0), "x"},
+		[]any{int64(-1), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0)}} {
 		c := srv.Client(t)
 		c.AddHook(replyHook{val})
 		s := NewRedisStore(c)
