@@ -63,8 +63,8 @@ func WithReleaseTimeout(d time.Duration) Option { return func(o *options) { o.re
 func WithReleaseErrorHandler(f func(error)) Option { return func(o *options) { o.onReleaseError = f } }
 
 // New returns a limiter that admits at most limit units per key in flight
-// (limit requests of cost 1). It fails when store is nil, limit is below 1 or an option is out
-// of range.
+// (limit requests of cost 1). It fails when store is nil, limit is below 1
+// or an option is out of range.
 func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	o := options{name: "concurrency", ttl: time.Minute, retryAfter: time.Second, releaseTimeout: time.Second}
 	for _, opt := range opts {
@@ -114,10 +114,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // or the time until enough of the oldest entries are reaped for n units to
 // fit when sooner. An n above Limit can never be admitted: it is denied
 // with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
-// without a store call. ResetAfter is always 0: when the key
-// is back to empty depends on requests the limiter cannot foresee. Other
-// than for a negative n, err != nil means only that the store failed; it
-// wraps the store's error.
+// without a store call. ResetAfter is always 0: when the key is back to
+// empty depends on requests the limiter cannot foresee. Other than for a
+// negative n, err != nil means only that the store failed; it wraps the
+// store's error.
 func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	switch {
 	case n < 0:
