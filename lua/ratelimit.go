@@ -33,7 +33,8 @@ var RateLimitTokenBucket = redis.NewScript(ratelimitTokenBucketSrc)
 // (ratelimit_buckets.lua).
 var RateLimitBuckets = redis.NewScript(ratelimitBucketsSrc)
 
-// RateLimitRefund gives back what RateLimitBatch charged, for the Redis
-// Cluster path where one slot group was charged and another denied
-// (ratelimit_refund.lua).
+// RateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
+// for the Redis Cluster (Ring) path where one slot group was charged and
+// another denied: it restores the state from before the charge when the
+// key still holds what the charge wrote (ratelimit_refund.lua).
 var RateLimitRefund = redis.NewScript(ratelimitRefundSrc)

@@ -14,8 +14,8 @@
 --          uid  unique id of this item in this call: the sliding window
 --               log's members are uid (n = 1) or uid..":"..j (j = 1..n)
 --
--- Reply: {now, allowed, then 5 integers per item: ok, remaining, reset,
---         retry, mark}
+-- Reply: {now, allowed, then 7 integers per item: ok, remaining, reset,
+--         retry, s1, s2, s3}
 --   now        the µs time the call decided at
 --   allowed    1 if every item was allowed (and so charged), else 0
 --   ok         1 if the item alone had room (0 peeks always do)
@@ -24,11 +24,13 @@
 --   retry      µs until the item can succeed; 0 when ok, and 0 with ok = 0
 --              when n exceeds the capacity (the Go side reports that as
 --              ReasonCostExceedsLimit)
---   mark       what a Cluster refund needs (ratelimit_refund.lua): the
---              window index written (fixed window, window counter); the
---              TAT the item saw, before its charge (bucket family; 0: no
---              state), from which and now the caller recomputes the TAT'
---              it wrote; 0 for the log
+--   s1 s2 s3   the state the item saw, before its charge (including the
+--              charges of earlier items of this call on its key), which a
+--              Cluster refund restores (ratelimit_refund.lua); with now,
+--              the caller recomputes the state the item wrote. Bucket
+--              family: TAT, 0, 0 (TAT 0: no state); fixed window: w,
+--              count, 0; window counter: w, prev, cur (all 0: no state);
+--              log: 0, 0, 0
 --
 -- State, one key per item:
 --   bucket family   string "TAT" (µs)
@@ -90,13 +92,13 @@ for i = 1, #KEYS do
   local B = tonumber(ARGV[b + 3])
   local T = tonumber(ARGV[b + 4])
   local n = tonumber(ARGV[b + 5])
-  local ok, rem, reset, retry, mark = 0, 0, 0, 0, 0
+  local ok, rem, reset, retry, s1, s2, s3 = 0, 0, 0, 0, 0, 0, 0
 
   if alg == 0 or alg == 1 or alg == 5 then
     local tau = B * T
     local s = getstr(key)
     local tat = s and tonumber(s) or 0
-    mark = tat
+    s1 = tat
     local t = now
     if t < tat - tau then t = tat - tau end -- time went backwards
     local base = tat
@@ -122,6 +124,7 @@ for i = 1, #KEYS do
       local ws, cs = string.match(s, '^(%d+):(%d+)$')
       if ws ~= nil then w, c = tonumber(ws), tonumber(cs) end
     end
+    s1, s2 = w, c
     local t = now
     if t < w * P then t = w * P end -- time went backwards: stay in the window
     local k = floor(t / P)
@@ -137,7 +140,6 @@ for i = 1, #KEYS do
       ok, rem = 1, L - c
       if c > 0 then reset = wend - t end
       if n > 0 then
-        mark = k
         local v = fmt('%d:%d', k, c)
         pending[key] = v
         writes[#writes + 1] = {0, key, v, ttl(reset)}
@@ -151,6 +153,7 @@ for i = 1, #KEYS do
       local ws, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
       if ws ~= nil then w, prev, cur = tonumber(ws), tonumber(ps), tonumber(cs) end
     end
+    s1, s2, s3 = w, prev, cur
     local t = now
     if t < w * P then t = w * P end
     local k = floor(t / P)
@@ -182,7 +185,6 @@ for i = 1, #KEYS do
       if reset < 0 then reset = 0 end
     end
     if ok == 1 and n > 0 then
-      mark = k
       local v = fmt('%d:%d:%d', k, prev, cur)
       pending[key] = v
       writes[#writes + 1] = {0, key, v, ttl(reset)}
@@ -242,7 +244,8 @@ for i = 1, #KEYS do
 
   if ok == 0 then all = 0 end
   local o = #reply
-  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = ok, rem, reset, retry, mark
+  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = ok, rem, reset, retry
+  reply[o + 5], reply[o + 6], reply[o + 7] = s1, s2, s3
 end
 
 if all == 0 then

@@ -5,36 +5,42 @@
 --
 -- KEYS[i]  the state key of item i (all in one Cluster slot)
 -- ARGV[1]  now in µs, or "" to read Redis TIME
--- ARGV[2 + 9(i-1) .. 10 + 9(i-1)], for item i: alg, L, P, B, T, n, uid,
---          mark, wrote: the item exactly as it was sent to the charging
---          script, the mark that call returned for it (bucket family: the
---          TAT before the charge, 0 for none; windows: the window index
---          written) and, for the bucket family, the TAT' the charge wrote
---          (0 otherwise)
+-- ARGV[2 + 10(i-1) .. 11 + 10(i-1)], for item i:
+--          alg  as sent to the charging script (0 token bucket, 1 GCRA,
+--               2 fixed window, 3 sliding window log, 4 sliding window
+--               counter, 5 leaky bucket)
+--          T    the emission interval in µs; n the cost; uid the log's id
+--               as sent
+--          o1 o2 o3  the state the item saw before its charge, as the
+--               charging script replied it: TAT, 0, 0 (bucket family; TAT
+--               0: no state); w, count, 0 (fixed window); w, prev, cur
+--               (window counter); unused for the log
+--          w1 w2 w3  the state the charge wrote, in the same form (the Go
+--               side recomputes it with algorithms.go from o and the
+--               charge's now)
 --
--- Reply: the number of items given back (a bucket item counts only when
--- restored exactly).
+-- Reply: the number of items restored exactly to the state before their
+-- charge.
 --
 -- Items are undone last first, so that two items of the group on one key
--- each find the state the other left. Writes, per algorithm (an item that
--- cannot be refunded exactly is never given back more than it took):
---   bucket family  when the key still holds TAT' (nothing wrote it since
---                  the charge, or what did was undone): the TAT from before
---                  the charge, exactly, as the memory store's rollback of a
---                  denied batch leaves it. The key is deleted when there
---                  was no state; else the TAT is set back keeping the
---                  charge's TTL (which ends after that TAT: the state is
---                  full by then), even when it is at or before now: a clock
---                  that then goes backwards is clamped by it
---                  (algorithms.go), so forgetting it would give more room
---                  than the memory store. When another charge landed in
---                  between: TAT -= n·T (not exact); the key is deleted when
---                  that leaves the bucket full, else its TTL is reset to
---                  TAT - now
---   fixed window   count -= n if the window is still the charged one (mark)
---   window counter cur -= n in the charged window, or prev -= n once the
---                  charged window has become the previous one
---   window log     ZREM of the members the charge added
+-- each find the state the other left. Writes, per algorithm:
+--   bucket family,  when the key still holds w (nothing wrote it since the
+--   fixed window,   charge, or what did was undone): o, exactly, as the
+--   window counter  memory store's rollback of a denied batch leaves it.
+--                   The key is deleted when o is no state; else o is set
+--                   back keeping the charge's TTL (which ends after o is
+--                   full), even when o is full already: a clock that then
+--                   goes backwards is clamped by it (algorithms.go), so
+--                   forgetting it would give more room than the memory
+--                   store does.
+--   otherwise (another charge landed in between; never more than n is
+--   given back):
+--     bucket family  TAT -= n·T; the key is deleted when that leaves the
+--                    bucket full, else its TTL is reset to TAT - now
+--     fixed window   count -= n if the window is still the charged one
+--     window counter cur -= n in the charged window, or prev -= n once the
+--                    charged window has become the previous one
+--   window log       ZREM of the members the charge added (exact)
 -- A missing key (expired, reset) is left missing.
 local floor = math.floor
 local fmt = string.format
@@ -49,41 +55,51 @@ if now < 0 then now = 0 end
 local refunded = 0
 for i = #KEYS, 1, -1 do
   local key = KEYS[i]
-  local b = 2 + 9 * (i - 1)
+  local b = 2 + 10 * (i - 1)
   local alg = tonumber(ARGV[b])
-  local T = tonumber(ARGV[b + 4])
-  local n = tonumber(ARGV[b + 5])
-  local uid = ARGV[b + 6]
-  local mark = tonumber(ARGV[b + 7])
-  local wrote = tonumber(ARGV[b + 8])
+  local T = tonumber(ARGV[b + 1])
+  local n = tonumber(ARGV[b + 2])
+  local uid = ARGV[b + 3]
+  local o1, o2, o3 = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
+  local w1, w2, w3 = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
   if n > 0 then
     if alg == 0 or alg == 1 or alg == 5 then
       local cur = tonumber(redis.pcall('GET', key))
       if cur ~= nil then
-        local tat = cur - n * T
-        local exact = cur == wrote
-        if exact then tat = mark end
-        if tat <= 0 or (not exact and tat <= now) then
-          redis.call('DEL', key)
-        elseif exact then
-          redis.call('SET', key, fmt('%d', tat), 'KEEPTTL')
+        if cur == w1 then
+          if o1 <= 0 then
+            redis.call('DEL', key)
+          else
+            redis.call('SET', key, fmt('%d', o1), 'KEEPTTL')
+          end
+          refunded = refunded + 1
         else
-          redis.call('SET', key, fmt('%d', tat), 'PX', floor((tat - now + 999) / 1000))
+          local tat = cur - n * T
+          if tat <= now then
+            redis.call('DEL', key)
+          else
+            redis.call('SET', key, fmt('%d', tat), 'PX', floor((tat - now + 999) / 1000))
+          end
         end
-        if exact then refunded = refunded + 1 end
       end
     elseif alg == 2 then
       local s = redis.pcall('GET', key)
       if type(s) == 'string' then
         local ks, cs = string.match(s, '^(%d+):(%d+)$')
         ks, cs = tonumber(ks), tonumber(cs)
-        if ks ~= nil and ks == mark and cs >= n then
+        if ks ~= nil and ks == w1 and cs == w2 then
+          if o1 == 0 and o2 == 0 then
+            redis.call('DEL', key)
+          else
+            redis.call('SET', key, fmt('%d:%d', o1, o2), 'KEEPTTL')
+          end
+          refunded = refunded + 1
+        elseif ks ~= nil and ks == w1 and cs >= n then
           if cs == n then
             redis.call('DEL', key)
           else
             redis.call('SET', key, fmt('%d:%d', ks, cs - n), 'KEEPTTL')
           end
-          refunded = refunded + 1
         end
       end
     elseif alg == 4 then
@@ -91,22 +107,30 @@ for i = #KEYS, 1, -1 do
       if type(s) == 'string' then
         local ks, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
         ks, ps, cs = tonumber(ks), tonumber(ps), tonumber(cs)
-        if ks ~= nil then
-          if ks == mark and cs >= n then
-            cs = cs - n
-          elseif ks == mark + 1 and ps >= n then
-            ps = ps - n
-          else
-            ks = nil
-          end
-        end
-        if ks ~= nil then
-          if ps == 0 and cs == 0 then
+        if ks ~= nil and ks == w1 and ps == w2 and cs == w3 then
+          if o1 == 0 and o2 == 0 and o3 == 0 then
             redis.call('DEL', key)
           else
-            redis.call('SET', key, fmt('%d:%d:%d', ks, ps, cs), 'KEEPTTL')
+            redis.call('SET', key, fmt('%d:%d:%d', o1, o2, o3), 'KEEPTTL')
           end
           refunded = refunded + 1
+        else
+          if ks ~= nil then
+            if ks == w1 and cs >= n then
+              cs = cs - n
+            elseif ks == w1 + 1 and ps >= n then
+              ps = ps - n
+            else
+              ks = nil
+            end
+          end
+          if ks ~= nil then
+            if ps == 0 and cs == 0 then
+              redis.call('DEL', key)
+            else
+              redis.call('SET', key, fmt('%d:%d:%d', ks, ps, cs), 'KEEPTTL')
+            end
+          end
         end
       end
     elseif alg == 3 then

@@ -173,7 +173,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 		args := []any{nowS}
 		for i, it := range items {
 			keys[i] = it.key
-			args = append(args, 0, 5, 5*T, 5, T, it.n, "", it.mark, it.wrote)
+			args = append(args, 0, T, it.n, "", it.mark, 0, 0, it.wrote, 0, 0)
 		}
 		return keys, args
 	}
@@ -234,4 +234,47 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	charge([]string{"s"}, 1)
 	refund(1, item{"s", 1, now - 5, now + T})
 	state("s", fmt.Sprint(now-5), 90*time.Second)
+}
+
+// RateLimitRefund restores a window's state from before the charge when
+// the key still holds what the charge wrote (even a past window, which
+// clamps a clock that goes back), and otherwise takes the cost off the
+// charged window.
+func TestRateLimitRefundWindows(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	cases := []struct {
+		name, key, before string
+		alg, n            int64
+		old, wrote        [3]int64
+		want              string // "" absent
+		exact             int64
+	}{
+		{"fixed: past window restored", "f1", "8:1", 2, 1, [3]int64{7, 2}, [3]int64{8, 1}, "7:2", 1},
+		{"fixed: no state before", "f2", "8:1", 2, 1, [3]int64{}, [3]int64{8, 1}, "", 1},
+		{"fixed: charged since", "f3", "8:3", 2, 1, [3]int64{}, [3]int64{8, 1}, "8:2", 0},
+		{"counter: past window restored", "c1", "9:2:1", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "8:1:2", 1},
+		{"counter: no state before", "c2", "9:0:3", 4, 3, [3]int64{}, [3]int64{9, 0, 3}, "", 1},
+		{"counter: charged window now the previous", "c3", "10:3:0", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "10:2:0", 0},
+	}
+	for _, tc := range cases {
+		if err := c.Set(ctx, tc.key, tc.before, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := RateLimitRefund.Run(ctx, c, []string{tc.key}, "1000000000000", tc.alg, 1000, tc.n, "",
+			tc.old[0], tc.old[1], tc.old[2], tc.wrote[0], tc.wrote[1], tc.wrote[2]).Int64()
+		if err != nil || got != tc.exact {
+			t.Fatalf("%s: refund replied %d %v, want %d", tc.name, got, err, tc.exact)
+		}
+		v, err := c.Get(ctx, tc.key).Result()
+		if tc.want == "" && err != redis.Nil || tc.want != "" && (err != nil || v != tc.want) {
+			t.Fatalf("%s: %s = %q (%v), want %q", tc.name, tc.key, v, err, tc.want)
+		}
+		if tc.want != "" {
+			if ttl, err := c.PTTL(ctx, tc.key).Result(); err != nil || ttl < 50*time.Minute {
+				t.Fatalf("%s: PTTL %v (%v), want the hour kept", tc.name, ttl, err)
+			}
+		}
+	}
 }

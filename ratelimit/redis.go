@@ -263,7 +263,9 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	if g != nil {
 		g.now = r[0]
-		copy(g.marks, r[1+len(items):])
+		for i, tat := range r[1+len(items):] {
+			g.old[i] = [3]int64{tat}
+		}
 	}
 	return allowed, nil
 }
@@ -280,13 +282,17 @@ func (s *RedisStore) outcome(it *Item, v []int64) outcome {
 	}
 }
 
-// batchFields is the number of ARGV values per item of the batch script.
-const batchFields = 7
+// batchFields is the number of ARGV values per item of the batch script,
+// batchReplyFields the number of reply values per item.
+const (
+	batchFields      = 7
+	batchReplyFields = 7
+)
 
 // runBatch runs lua/ratelimit_batch.lua over items (all in one slot) and
 // writes their decisions to out. g, when not nil, receives what a refund
-// needs: the script's now, each item's mark and the log ids sent. It
-// returns whether the batch was allowed and the script's now.
+// needs: the script's now, the state each item saw and the log ids sent.
+// It returns whether the batch was allowed and the script's now.
 func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, int64, error) {
 	keys := make([]string, len(items))
 	args := make([]any, 1, 1+batchFields*len(items))
@@ -308,15 +314,15 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
-	v, err := intSlice(res, 2+5*len(items))
+	v, err := intSlice(res, 2+batchReplyFields*len(items))
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
 	for i := range items {
-		r := v[2+5*i : 7+5*i]
+		r := v[2+batchReplyFields*i : 2+batchReplyFields*(i+1)]
 		out[i] = s.outcome(&items[i], r).decision(items[i].Scope, items[i].Policy)
 		if g != nil {
-			g.marks[i] = r[4]
+			g.old[i] = [3]int64(r[4:7])
 		}
 	}
 	if g != nil {

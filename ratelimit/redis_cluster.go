@@ -20,9 +20,9 @@ type group struct {
 	idx     []int  // positions in the caller's batch
 	items   []Item // items[idx[j]]
 	out     []spillway.Decision
-	uids    []string // the log ids sent, for a refund
-	marks   []int64  // the marks returned (bucket family: the TAT before the charge), for a refund
-	now     int64    // the µs time the script decided at
+	uids    []string   // the log ids sent, for a refund
+	old     [][3]int64 // the state each item saw before its charge, for a refund (see refundArgs)
+	now     int64      // the µs time the script decided at
 	allowed bool
 	err     error
 }
@@ -110,22 +110,17 @@ func (s *RedisStore) split(items []Item, by sharding) []*group {
 	for _, g := range groups {
 		g.out = make([]spillway.Decision, len(g.items))
 		g.uids = make([]string, len(g.items))
-		g.marks = make([]int64, len(g.items))
+		g.old = make([][3]int64, len(g.items))
 	}
 	return groups
 }
 
 // refundFields is the number of ARGV values per item of the refund script.
-const refundFields = 9
+const refundFields = 10
 
 // refund gives back, with lua/ratelimit_refund.lua, what the charged groups
 // took; the groups run in parallel. It runs even when ctx is done: a
 // charge must not outlive the batch that was denied.
-//
-// A bucket item is sent with the TAT it saw (its mark) and the TAT' it
-// wrote, recomputed here by bucketDecide from the script's now: when the
-// key still holds TAT', the script restores the TAT exactly (deleting the
-// key only when there was no state), as the memory store's rollback does.
 func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 	ctx = context.WithoutCancel(ctx)
 	var eg errgroup.Group
@@ -138,16 +133,8 @@ func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 			args := make([]any, 1, 1+refundFields*len(g.items))
 			args[0] = s.nowArg()
 			for i := range g.items {
-				it := &g.items[i]
-				p := it.Policy
-				keys[i] = redisKey(s.prefix, it)
-				var wrote int64
-				switch p.Algorithm {
-				case TokenBucket, GCRA, LeakyBucket:
-					// a negative TAT (garbage) decides as 0 does, and cannot overflow
-					_, wrote = bucketDecide(max(g.marks[i], 0), g.now, p.limits(), it.Cost)
-				}
-				args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, g.uids[i], g.marks[i], wrote)
+				keys[i] = redisKey(s.prefix, &g.items[i])
+				args = refundArgs(args, &g.items[i], g.uids[i], g.old[i], g.now)
 			}
 			if err := lua.RateLimitRefund.Run(ctx, s.client, keys, args...).Err(); err != nil {
 				return fmt.Errorf("ratelimit: redis: refund script: %w", err)
@@ -156,6 +143,31 @@ func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 		})
 	}
 	return eg.Wait()
+}
+
+// refundArgs appends the refund script's ARGV for it: the item, the state
+// it saw before its charge (old, as the charging script replied it) and
+// the state the charge wrote, recomputed here from old and the script's
+// now with the functions of algorithms.go, which the scripts follow line
+// by line. When the key still holds that state, the script restores old
+// exactly, as the memory store's rollback of a denied batch does; else it
+// gives back the cost (not exact).
+func refundArgs(args []any, it *Item, uid string, old [3]int64, now int64) []any {
+	p := it.Policy
+	lim := p.limits()
+	var wrote [3]int64
+	switch p.Algorithm {
+	case TokenBucket, GCRA, LeakyBucket:
+		// a negative TAT (garbage) decides as 0 does, and cannot overflow
+		_, wrote[0] = bucketDecide(max(old[0], 0), now, lim, it.Cost)
+	case FixedWindow:
+		_, st := fixedDecide(fixedState{old[0], old[1]}, now, lim, it.Cost)
+		wrote = [3]int64{st.window, st.count}
+	case SlidingWindowCounter:
+		_, st := counterDecide(counterState{old[0], old[1], old[2]}, now, lim, it.Cost)
+		wrote = [3]int64{st.window, st.prev, st.cur}
+	}
+	return append(args, uint8(p.Algorithm), p.EmissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
