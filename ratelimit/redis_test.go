@@ -385,8 +385,12 @@ func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
 	s := NewRedisStore(c)
 	ctx := context.Background()
 	out := make([]spillway.Decision, 2)
-	p := Policy{Limit: 10, Period: time.Second}
-	w := Policy{Algorithm: SlidingWindowLog, Limit: 10, Period: time.Second}
+	// Redis TIME is the clock here (the default path), so the bucket refills
+	// in real time: an hour period keeps a refill (one token per 6 minutes)
+	// out of the count below however slowly a loaded machine runs the rounds
+	// (with a second it refilled one token in 1 of 18 runs, 6 at a time).
+	p := Policy{Limit: 10, Period: time.Hour}
+	w := Policy{Algorithm: SlidingWindowLog, Limit: 10, Period: time.Hour}
 	single := []Item{{Scope: "s", Key: "k", Policy: p, Cost: 1}}
 	batch := []Item{{Scope: "s", Key: "k", Policy: p, Cost: 1}, {Scope: "w", Key: "k", Policy: w, Cost: 1}}
 	for round := 0; round < 3; round++ {
