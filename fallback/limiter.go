@@ -15,7 +15,11 @@ import (
 // decision marked Degraded) or, without one, admitted (fail-open) or denied
 // with spillway.ReasonFailClosed (fail-closed), per Settings.Mode applied to
 // the request's Endpoint. The inner limiter's errors never reach the
-// caller, except the caller's own cancellation.
+// caller, except the caller's own cancellation. A request the local limiter
+// calls too big for it (spillway.ReasonCostExceedsLimit, "never retry") is
+// denied with spillway.ReasonFailClosed and RetryAfter = OpenTimeout
+// instead: the local limiter holds a share of the limit, so only the inner
+// limiter can say never.
 //
 // Settings.DenyCacheSize, LedgerSize and Local do not apply: the wrapper
 // knows nothing of the inner limiter's keys. Build the local limiter with
@@ -87,6 +91,12 @@ func (l *Limiter) degrade(ctx context.Context, r *spillway.Request, cause error)
 		}
 		if done == nil {
 			done = spillway.Noop
+		}
+		if !d.Allowed && d.Reason == spillway.ReasonCostExceedsLimit {
+			// "Never" is the inner limiter's answer to give, not the local
+			// share's: a cost above the share may fit the full limit once
+			// the backend is back, so the request is refused for now.
+			d.Reason, d.RetryAfter = spillway.ReasonFailClosed, l.set.OpenTimeout
 		}
 	default:
 		d = spillway.Decision{Allowed: true, Limiter: l.set.Name}
