@@ -14,7 +14,6 @@ import (
 	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -162,8 +161,8 @@ func TestUnaryCodes(t *testing.T) {
 		{"cost exceeds", spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk"}, nil, nil, codes.ResourceExhausted, 0},
 		{"invalid", spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil, nil, codes.InvalidArgument, 0},
 		{"store down open", spillway.Decision{}, storeDown, nil, codes.OK, 0},
-		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(grpcx.FailClosed)}, codes.Unavailable, time.Second},
-		{"store down, fail-closed tiers rule", spillway.Decision{}, &tiers.StoreError{Fail: tiers.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
+		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(spillway.FailClosed)}, codes.Unavailable, time.Second},
+		{"store down, fail-closed tiers rule", spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
 		{"invalid cost", spillway.Decision{Allowed: true}, nil, []grpcx.Option{grpcx.WithCost(func(context.Context, string) int64 { return -2 })}, codes.InvalidArgument, 0},
 	}
 	for _, tc := range cases {

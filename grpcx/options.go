@@ -14,25 +14,6 @@ import (
 // client interceptors and the other way round, as documented on each.
 type Option func(*config)
 
-// FailMode says what a server interceptor does when the limiter returns an
-// error (its store failed and nothing below it decided).
-type FailMode uint8
-
-const (
-	// FailOpen runs the handler unlimited (default).
-	FailOpen FailMode = iota
-	// FailClosed answers codes.Unavailable with a RetryInfo of one second.
-	FailClosed
-)
-
-// String returns "open" or "closed".
-func (m FailMode) String() string {
-	if m == FailClosed {
-		return "closed"
-	}
-	return "open"
-}
-
 // Throttle is client-side adaptive throttling; *clientside.Throttle
 // implements it. See httpx.Throttle.
 type Throttle interface {
@@ -56,7 +37,7 @@ type config struct {
 	apiKeyMD      string
 	userMD        string
 	user          func(ctx context.Context) string
-	failMode      FailMode
+	failMode      spillway.FailMode
 	onError       func(ctx context.Context, fullMethod string, err error)
 	now           func() time.Time
 	trusted       []netip.Prefix
@@ -144,9 +125,10 @@ func WithUser(f func(ctx context.Context) string) Option {
 }
 
 // WithFailMode sets what happens when the limiter returns an error
-// (default FailOpen). A *tiers.StoreError for a call that matched a
-// fail-closed rule is denied whatever the mode. Server only.
-func WithFailMode(m FailMode) Option {
+// (default spillway.FailOpen: the handler runs). A *spillway.StoreError
+// whose Fail is spillway.FailClosed (a call that matched a tiers rule with
+// fail: closed, say) is denied whatever the mode. Server only.
+func WithFailMode(m spillway.FailMode) Option {
 	return func(c *config) { c.failMode = m }
 }
 

@@ -2,7 +2,6 @@ package grpcx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -170,8 +168,7 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, spill
 		if s.c.onError != nil {
 			s.c.onError(ctx, method, err)
 		}
-		var se *tiers.StoreError
-		if s.c.failMode == FailClosed || (errors.As(err, &se) && se.Fail == tiers.FailClosed) {
+		if spillway.FailModeOf(err, s.c.failMode) == spillway.FailClosed {
 			return spillway.Noop, req.Priority, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
 		}
 		return spillway.Noop, req.Priority, nil, nil

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
 )
 
 // Middleware returns net/http middleware that admits every request through
@@ -95,14 +94,10 @@ func PatternPath(pattern string) string {
 }
 
 // failClosed reports whether a limiter error denies: when the mode says so,
-// or when the error is a tiers.StoreError for a request that matched a
-// fail-closed rule (login, say).
-func failClosed(m FailMode, err error) bool {
-	if m == FailClosed {
-		return true
-	}
-	var se *tiers.StoreError
-	return errors.As(err, &se) && se.Fail == tiers.FailClosed
+// or when the error is a spillway.StoreError of a fail-closed limit (a
+// `fail: closed` tiers rule, login say).
+func failClosed(m spillway.FailMode, err error) bool {
+	return spillway.FailModeOf(err, m) == spillway.FailClosed
 }
 
 // outcome maps how a response ended to what adaptive limiters learn.
