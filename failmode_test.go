@@ -104,6 +104,25 @@ func TestPriorityPropagation(t *testing.T) {
 	}
 }
 
+func TestReceivedPriority(t *testing.T) {
+	for _, tc := range []struct {
+		def   spillway.Priority
+		value string
+		trust bool
+		want  spillway.Priority
+	}{
+		{spillway.Critical, "sheddable", false, spillway.Sheddable},
+		{spillway.Critical, "critical_plus", false, spillway.Critical},
+		{spillway.Critical, "critical_plus", true, spillway.CriticalPlus},
+		{spillway.SheddablePlus, "", true, spillway.SheddablePlus},
+		{spillway.SheddablePlus, "bogus", true, spillway.SheddablePlus},
+	} {
+		if got := spillway.ReceivedPriority(tc.def, tc.value, tc.trust); got != tc.want {
+			t.Errorf("ReceivedPriority(%v, %q, %v) = %v; want %v", tc.def, tc.value, tc.trust, got, tc.want)
+		}
+	}
+}
+
 func TestRequestValid(t *testing.T) {
 	var nilReq *spillway.Request
 	for _, tc := range []struct {

@@ -43,3 +43,17 @@ func ParsePriorityValue(v string) (Priority, bool) {
 	p, err := ParsePriority(v)
 	return p, err == nil
 }
+
+// ReceivedPriority applies a priority received from a caller (the value of
+// a PriorityHeader header or a PriorityMetadataKey metadata entry) to def,
+// the priority the server gives the request itself: the received one wins
+// when it is lower — lowering one's own priority is always safe — or at any
+// level when trust is set, which only a service behind an edge that strips
+// the header from outside traffic should do (otherwise any client could
+// claim CriticalPlus). An empty or unknown value leaves def.
+func ReceivedPriority(def Priority, value string, trust bool) Priority {
+	if p, ok := ParsePriorityValue(value); ok && (p < def || trust) {
+		return p
+	}
+	return def
+}

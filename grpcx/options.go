@@ -53,8 +53,12 @@ type config struct {
 	noPropagate bool
 }
 
+// DefaultMaxRetries is the client's retries when WithMaxRetries is not
+// given.
+const DefaultMaxRetries = 2
+
 func newConfig(opts []Option) config {
-	c := config{now: time.Now}
+	c := config{now: time.Now, maxRetries: DefaultMaxRetries}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -88,13 +92,14 @@ var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")
 
 // WithPriority sets the server's classifier. The default gives every call
 // spillway.Critical, lowered (never raised, unless WithTrustPriorityMetadata)
-// to the priority named in the shedder.MetadataKey metadata.
+// to the priority named in the spillway.PriorityMetadataKey metadata (see
+// spillway.ReceivedPriority).
 func WithPriority(classify func(ctx context.Context, fullMethod string) spillway.Priority) Option {
 	return func(c *config) { c.priority = classify }
 }
 
-// WithTrustPriorityMetadata lets the shedder.MetadataKey metadata raise a
-// call's priority too. Use it only behind an edge that strips the key from
+// WithTrustPriorityMetadata lets the spillway.PriorityMetadataKey metadata
+// raise a call's priority too. Use it only behind an edge that strips the key from
 // outside traffic. Server only.
 func WithTrustPriorityMetadata() Option {
 	return func(c *config) { c.trustPriority = true }
@@ -173,8 +178,8 @@ func WithBackoff(b clientside.Backoff) Option {
 	return func(c *config) { c.backoff = b }
 }
 
-// WithMaxRetries sets the retries after the first attempt (default 2;
-// negative: none). Client only.
+// WithMaxRetries sets the retries after the first attempt (default
+// DefaultMaxRetries); 0 (or a negative n) turns retries off. Client only.
 func WithMaxRetries(n int) Option {
 	return func(c *config) { c.maxRetries = n }
 }
@@ -188,7 +193,8 @@ func WithRetryable(f func(fullMethod string) bool) Option {
 }
 
 // WithoutPriorityPropagation stops the client from sending the context's
-// priority (shedder.NewContext) in the shedder.MetadataKey metadata, and
+// priority (spillway.ContextWithPriority) in the
+// spillway.PriorityMetadataKey metadata, and
 // the server from storing the call's priority in the handler's context.
 func WithoutPriorityPropagation() Option {
 	return func(c *config) { c.noPropagate = true }

@@ -172,8 +172,8 @@ func WithProblemTypeBase(uri string) Option {
 }
 
 // WithoutPriorityContext stops Middleware from storing the request's
-// priority in its context (shedder.NewContext), where Transport finds it to
-// propagate downstream. Storing it costs one request copy.
+// priority in its context (spillway.ContextWithPriority), where Transport
+// finds it to propagate downstream. Storing it costs one request copy.
 func WithoutPriorityContext() Option {
 	return func(c *config) { c.noPropagate = true }
 }
