@@ -22,7 +22,8 @@ var ErrBudgetSpent = errors.New("spillway: admission budget spent")
 // context's deadline governs as usual.
 type budgetCtx struct {
 	context.Context
-	end time.Time
+	end   time.Time
+	total time.Duration
 }
 
 type budgetKey struct{}
@@ -51,7 +52,7 @@ func WithBudget(ctx context.Context, d time.Duration) context.Context {
 	if old, ok := BudgetFrom(ctx); ok && !old.After(end) {
 		return ctx
 	}
-	return &budgetCtx{Context: ctx, end: end}
+	return &budgetCtx{Context: ctx, end: end, total: d}
 }
 
 // BudgetFrom returns when the budget ctx carries ends, and whether it
@@ -61,6 +62,17 @@ func BudgetFrom(ctx context.Context) (end time.Time, ok bool) {
 		return b.end, true
 	}
 	return time.Time{}, false
+}
+
+// BudgetTotal returns the length the budget ctx carries was given
+// (WithBudget's d), or 0 when it carries none. A block uses it to tell a
+// store that was too slow (it had most of the budget and did not answer)
+// from a call cut short because the blocks before it spent the budget.
+func BudgetTotal(ctx context.Context) time.Duration {
+	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok {
+		return b.total
+	}
+	return 0
 }
 
 // BudgetDeadline is the deadline a block sets on one call to its shared

@@ -161,18 +161,19 @@ func (b *chainBed) admit(t *testing.T) (spillway.Decision, time.Duration) {
 	return d, el
 }
 
-// healthy waits until a decision is made by Redis in every block: not
-// degraded, the fleet's view fresh.
-func (b *chainBed) waitHealthy(t *testing.T, within time.Duration) time.Duration {
+// waitHealthy waits until a decision is made by Redis in every block:
+// not degraded, the fleet's view fresh, the health closed. It returns how
+// long that took, or an error after within.
+func (b *chainBed) waitHealthy(t *testing.T, within time.Duration) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	for {
 		d, _ := b.admit(t)
 		if !d.Degraded && !b.fleet.Stats().Degraded && b.health.State() == fallback.Closed {
-			return time.Since(start)
+			return time.Since(start), nil
 		}
 		if time.Since(start) > within {
-			t.Fatalf("decisions still degraded %v after the fault ended (last %+v, health %+v, fleet %+v)",
+			return time.Since(start), fmt.Errorf("decisions still degraded %v after the fault ended (last %+v, health %+v, fleet %+v)",
 				within, d, b.health.Stats(), b.fleet.Stats())
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -282,10 +283,10 @@ func oneOutage(t *testing.T, srv *redistest.Server, fault func(b *chainBed) (res
 	b := newChainBed(t, srv)
 	// Healthy: every block decides by Redis (the fleet after its first
 	// refresh, the ceiling after its first sync).
-	b.waitHealthy(t, 5*time.Second)
-	if s := b.health.Stats(); s.Failures != 0 || s.Opened != 0 {
-		return fmt.Errorf("healthy Redis: health %+v; want no failure", s)
+	if _, err := b.waitHealthy(t, 10*time.Second); err != nil {
+		return err
 	}
+	opened := b.health.Stats().Opened
 
 	lag := startLagMonitor()
 	defer lag.close()
@@ -331,8 +332,8 @@ func oneOutage(t *testing.T, srv *redistest.Server, fault func(b *chainBed) (res
 	// Open: nothing reaches Redis, from any block, the background work
 	// (fleet reports, ceiling sync, releases) included.
 	st := b.health.Stats()
-	if st.State != fallback.Open || st.Opened != 1 {
-		return fmt.Errorf("after %d requests the health is %+v; want open, opened once", n, st)
+	if st.State != fallback.Open || st.Opened != opened+1 {
+		return fmt.Errorf("after %d requests the health is %+v; want open, opened once by the outage", n, st)
 	}
 	sentBefore, proxyBefore := b.sent.n.Load(), b.proxy.Stats()
 	for i := 0; i < 50; i++ {
@@ -347,7 +348,7 @@ func oneOutage(t *testing.T, srv *redistest.Server, fault func(b *chainBed) (res
 		return fmt.Errorf("ceiling sync succeeded while the health is open")
 	}
 	st2 := b.health.Stats()
-	if st2.Opened != 1 || st2.State != fallback.Open {
+	if st2.Opened != st.Opened || st2.State != fallback.Open {
 		// The open timeout ran out while checking: the window is not
 		// "open" any more and the counts below would include probes.
 		return &errStarved{fmt.Sprintf("the open window (%v) ended during the checks", time.Since(st.Since))}
@@ -364,7 +365,14 @@ func oneOutage(t *testing.T, srv *redistest.Server, fault func(b *chainBed) (res
 
 	resume()
 	resumed = true
-	took := b.waitHealthy(t, 2*time.Second)
+	resumedAt := time.Now()
+	took, err := b.waitHealthy(t, 2*time.Second)
+	if err != nil {
+		if w := lag.worst(resumedAt, time.Now()); w >= starved {
+			return &errStarved{fmt.Sprintf("%v (a wake-up was %v late meanwhile)", err, w)}
+		}
+		return err
+	}
 	t.Logf("undegraded %v after the fault ended; health %+v", took, b.health.Stats())
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -279,10 +280,15 @@ func (h *Health) report(ctx context.Context, done func(error), err error) {
 }
 
 // finish reports the outcome err of a call the breaker allowed (done) and
-// classifies it: nil on success, the caller's cancellation as a
+// classifies it (a call cut short by the request's budget, sc.cutShort,
+// is reported as neither success nor failure): nil on success, the caller's cancellation as a
 // *canceledError (not counted), any other failure (the budget's deadline
 // included) as itself.
-func (h *Health) finish(ctx context.Context, done func(error), err error) error {
+func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
+	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
+		done(errExcluded)
+		return err
+	}
 	h.report(ctx, done, err)
 	switch {
 	case err == nil:
@@ -308,10 +314,10 @@ func (h *Health) call(ctx context.Context, own time.Duration, f func(ctx context
 	if err != nil {
 		return err
 	}
-	sc := h.guard(ctx, deadline)
+	sc := h.guard(ctx, deadline, own)
 	err = f(sc.ctx)
 	sc.end()
-	return h.finish(ctx, done, err)
+	return h.finish(ctx, done, err, sc)
 }
 
 // bypass runs f within own unless the breaker is open, without reporting
@@ -323,7 +329,7 @@ func (h *Health) bypass(ctx context.Context, own time.Duration, f func(ctx conte
 		return ErrOpen
 	}
 	deadline, _ := spillway.BudgetDeadline(ctx, own)
-	sc := h.guard(ctx, deadline)
+	sc := h.guard(ctx, deadline, own)
 	defer sc.end()
 	return f(sc.ctx)
 }
@@ -353,6 +359,18 @@ type guardScope struct {
 	ctx    context.Context
 	g      *guardCtx
 	cancel context.CancelFunc
+	// short: the call was given less than half of its full allowance (its
+	// own budget, or the request's whole budget when that is smaller)
+	// because the blocks before it spent the rest. Running out of such a
+	// slice proves nothing against the store, so it is not a failure.
+	short    bool
+	deadline time.Time
+}
+
+// cutShort reports whether the call of sc ran out of a slice of the
+// budget too small to blame the store for.
+func (sc *guardScope) cutShort() bool {
+	return sc.short && !time.Now().Before(sc.deadline)
 }
 
 func (sc guardScope) end() {
@@ -365,10 +383,17 @@ func (sc guardScope) end() {
 }
 
 // guard returns ctx with the deadline (none when zero) and, when h is
-// attached to a client, the mark that its hook lets through.
-func (h *Health) guard(ctx context.Context, deadline time.Time) guardScope {
+// attached to a client, the mark that its hook lets through. own is the
+// wrapper's own budget.
+func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duration) guardScope {
 	var sc guardScope
 	if !deadline.IsZero() {
+		full := own
+		if t := spillway.BudgetTotal(ctx); t > 0 && (full <= 0 || t < full) {
+			full = t
+		}
+		sc.deadline = deadline
+		sc.short = full > 0 && time.Until(deadline) < full/2
 		ctx, sc.cancel = context.WithDeadline(ctx, deadline)
 	}
 	if h.attached {
@@ -390,7 +415,18 @@ func (h *Health) accountedFor(ctx context.Context) bool {
 // wrapper of its Health accounts for.
 type hook struct{ h *Health }
 
-func (k hook) DialHook(next redis.DialHook) redis.DialHook { return next }
+// DialHook refuses to open connections while the health is open: go-redis
+// redials in the background after failed dials, and a connection attempt
+// to a sick Redis is traffic too.
+func (k hook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if u := k.h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+			k.h.rejected.Add(1)
+			return nil, ErrOpen
+		}
+		return next(ctx, network, addr)
+	}
+}
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {

@@ -150,10 +150,10 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	var allowed bool
 	done, err := s.br.allow()
 	if err == nil {
-		sc := s.br.guard(ctx, deadline)
+		sc := s.br.guard(ctx, deadline, s.set.Budget)
 		allowed, err = s.inner.Decide(sc.ctx, items, out)
 		sc.end()
-		err = s.br.finish(ctx, done, err)
+		err = s.br.finish(ctx, done, err, sc)
 	}
 	if err == nil {
 		s.stats.calls.Add(1)
