@@ -108,16 +108,20 @@ func settled(in Instance, want int64) int64 {
 	return h
 }
 
-func invalid(t *testing.T, s Subject, in Instance) {
-	ctx := context.Background()
-	h0 := held(in)
-	cases := map[string]func() *spillway.Request{
+// malformed returns the malformed requests the suite sends, by name.
+func malformed(s Subject) map[string]func() *spillway.Request {
+	return map[string]func() *spillway.Request{
 		"nil":               func() *spillway.Request { return nil },
 		"negative cost":     func() *spillway.Request { r := s.Request(); r.Cost = -1; return r },
 		"priority above":    func() *spillway.Request { r := s.Request(); r.Priority = spillway.CriticalPlus + 1; return r },
 		"negative priority": func() *spillway.Request { r := s.Request(); r.Priority = -1; return r },
 	}
-	for name, mk := range cases {
+}
+
+func invalid(t *testing.T, s Subject, in Instance) {
+	ctx := context.Background()
+	h0 := held(in)
+	for name, mk := range malformed(s) {
 		d, done, err := in.Limiter.Admit(ctx, mk())
 		if err != nil {
 			t.Errorf("%s request: err = %v; want a ReasonInvalid denial, no error", name, err)
@@ -231,6 +235,14 @@ func backendError(t *testing.T, s Subject) {
 		}
 		done(spillway.Ignored)
 		done(spillway.Ignored)
+	}
+	// A malformed request is denied as such, backend or not: blocks check
+	// it before they touch the backend (or decide locally).
+	for name, mk := range malformed(s) {
+		d, done, err := in.Limiter.Admit(ctx, mk())
+		if err != nil || d.Allowed || d.Reason != spillway.ReasonInvalid || done == nil {
+			t.Errorf("%s request, backend broken: %+v, %v; want a ReasonInvalid denial", name, d, err)
+		}
 	}
 	before(spillway.Ignored)
 	before(spillway.Ignored)
