@@ -24,7 +24,8 @@ type Limiter struct {
 	policy Policy
 	lim    limits // policy in µs
 	scope  string
-	hash   uint64 // the scope's hash in mem
+	hash   uint64        // the scope's hash in mem
+	window time.Duration // policy.Window(), the Window of every decision
 }
 
 // LimiterOption configures a Limiter.
@@ -47,7 +48,7 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String(), window: p.Window()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
@@ -80,13 +81,14 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 // is not an error: err != nil only when the store failed.
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
-// the policy's Capacity; Limiter is the scope.
+// the policy's Capacity; Window is Policy.Window; Limiter is the scope.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
 		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
+		d.Window = l.window
 		return d, nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
@@ -94,6 +96,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, wrapf(err, "%s", l.scope)
 	}
+	out[0].Window = l.window
 	return out[0], nil
 }
 
@@ -224,6 +227,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if l.mem != nil {
 		var dec spillway.Decision
 		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
+		dec.Window = l.window
 		return dec, spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
@@ -231,6 +235,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, spillway.Noop, wrapf(err, "%s", d.scope)
 	}
+	out[0].Window = l.window
 	return out[0], spillway.Noop, nil
 }
 
