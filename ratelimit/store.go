@@ -12,11 +12,17 @@ import (
 // physical key from both in one place (see the package doc): user-supplied
 // Key values cannot choose a Redis Cluster slot or collide with another
 // scope, and long values are hashed. Items that share a Key share a hash tag.
+//
+// Fail is what the item's limit wants when the store cannot answer. The
+// memory and Redis stores ignore it; a store that decides on failures (a
+// fallback.Store) honours it per item, so a fail-closed rule fails closed
+// whatever else is in the batch.
 type Item struct {
 	Scope  string
 	Key    string
 	Policy Policy
-	Cost   int64 // 0 peeks: allowed, charges nothing
+	Cost   int64             // 0 peeks: allowed, charges nothing
+	Fail   spillway.FailMode // what the limit wants when the store is unavailable
 }
 
 // Store decides batches of items. Both stores implement the same semantics,
