@@ -15,8 +15,8 @@
 --          sum to N = #KEYS). Without them the call is one group of N.
 -- then, for item i, 3 values:
 --          T    the emission interval ceil(Period/Limit) in µs (≥ 1)
---          tau  Burst·T in µs, the capacity in time (≤ 2^53)
---          n    the cost (≥ 0; 0 peeks)
+--          tau  Burst·T in µs, the capacity in time (≤ 2^52)
+--          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
 -- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
 -- tat_N}:

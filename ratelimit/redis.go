@@ -176,7 +176,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.Cost).Result()
+	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -273,7 +273,7 @@ func bucketsArgs(args []any, items []Item) []any {
 	for i := range items {
 		it := &items[i]
 		T := it.Policy.EmissionInterval()
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost)
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost())
 	}
 	return args
 }
@@ -376,7 +376,7 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 		if uids != nil {
 			uids[i] = uid
 		}
-		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, uid)
+		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}
 	return args
 }

@@ -43,3 +43,17 @@ type Store interface {
 	// selects the algorithm's physical layout).
 	Reset(ctx context.Context, scope, key string, p Policy) error
 }
+
+// scriptCost is the cost a Redis script is sent for it: Cost, or
+// Capacity+1 when Cost is above the capacity. The script decides any cost
+// above the capacity the same way (denied, nothing written), and
+// Capacity+1 ≤ 2^52+1 is exact in its doubles, where a cost above 2^53
+// would be rounded (2^53+1 became 2^53 and was admitted against a burst of
+// 2^53). Validate bounds the capacity; the store's decision still reports
+// the item's own cost as exceeding.
+func (it *Item) scriptCost() int64 {
+	if c := it.Policy.Capacity(); it.Cost > c {
+		return c + 1
+	}
+	return it.Cost
+}
