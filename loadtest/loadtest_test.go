@@ -142,7 +142,7 @@ func TestShortRun(t *testing.T) {
 // another seed does not.
 func TestScheduleIsReproducible(t *testing.T) {
 	sys := systemFor(Params{Scale: 1})
-	ph := cascadePhases(5*time.Second, sys)
+	ph := cascadePhases(5*time.Second, sys, 3)
 	a := BuildSchedule(42, ph, DefaultPopulation())
 	b := BuildSchedule(42, ph, DefaultPopulation())
 	c := BuildSchedule(43, ph, DefaultPopulation())

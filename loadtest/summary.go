@@ -23,7 +23,11 @@ type Summary struct {
 	Started   time.Time                  `json:"started"`
 	Scenarios map[string]*ScenarioResult `json:"scenarios"`
 	Verdict   []Check                    `json:"verdict"`
-	order     []string
+	// Ablation is, per scenario, the full chain without each block in
+	// turn: removed block → the full chain's criteria that then fail
+	// (empty: none). Only with -ablation.
+	Ablation map[string]map[string][]string `json:"ablation,omitempty"`
+	order    []string
 }
 
 // ScenarioResult is one scenario's outcome.
@@ -35,6 +39,9 @@ type ScenarioResult struct {
 	ScheduleSHA256  string                   `json:"schedule_sha256,omitempty"`
 	Order           []string                 `json:"configuration_order,omitempty"`
 	Configurations  map[string]*ConfigResult `json:"configurations,omitempty"`
+	// Ablated are the full chain's runs without one block (-ablation).
+	Ablated  map[string]*ConfigResult `json:"ablated,omitempty"`
+	scenario Scenario
 	Accuracy        *AccuracyResult          `json:"accuracy,omitempty"`
 }
 
@@ -48,12 +55,18 @@ type Check struct {
 	// Info marks a measurement reported without a threshold; Pass then
 	// only says that it was measured.
 	Info bool `json:"info,omitempty"`
+	// Expected marks a criterion of a configuration that is shown failing
+	// on purpose (static): it does not decide the verdict, Pass says
+	// whether it was met.
+	Expected bool `json:"shown_only,omitempty"`
+	// Key names the criterion in the ablation table.
+	Key string `json:"key,omitempty"`
 }
 
 // Passed reports whether every check passed.
 func (s *Summary) Passed() bool {
 	for _, c := range s.Verdict {
-		if !c.Pass {
+		if !c.Pass && !c.Expected {
 			return false
 		}
 	}
@@ -73,12 +86,15 @@ func Run(ctx context.Context, p Params, progress io.Writer) (*Summary, error) {
 	}
 	scenarios := []string{p.Scenario}
 	if p.Scenario == "all" {
-		scenarios = []string{"cascade", "goodput", "accuracy"}
+		scenarios = scenarioNames
 	}
 	var wall time.Duration
 	for _, sc := range scenarios {
 		if sc != "accuracy" {
 			wall += durationFor(p, sc)
+			if p.Ablation && sc != "goodput" {
+				wall += durationFor(p, sc) / time.Duration(len(configurations(p.Configs))) * time.Duration(len(fullBlocks))
+			}
 		}
 	}
 	prog := NewProgress(progress, wall)
@@ -120,25 +136,35 @@ func Run(ctx context.Context, p Params, progress io.Writer) (*Summary, error) {
 		sum.Scenarios[sc] = res
 		sum.order = append(sum.order, sc)
 		sum.Verdict = append(sum.Verdict, checks(res)...)
+		if res.Ablated != nil {
+			if sum.Ablation == nil {
+				sum.Ablation = map[string]map[string][]string{}
+			}
+			sum.Ablation[sc] = ablationOf(res)
+		}
 	}
 	return sum, nil
 }
 
 func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *RedisEnv, prog *Progress) (*ScenarioResult, error) {
+	spec, ok := scenarioByName(name)
+	if !ok {
+		return nil, fmt.Errorf("loadtest: unknown scenario %q", name)
+	}
 	sys := systemFor(p)
 	cfgs := configurations(p.Configs)
 	per := durationFor(p, name) / time.Duration(len(cfgs))
-	var phases []Phase
-	if name == "goodput" {
-		phases = goodputPhases(per, sys)
-	} else {
-		phases = cascadePhases(per, sys)
-	}
+	phases := spec.Phases(per, sys, p.Servers)
 	pop := DefaultPopulation()
 	sched := BuildSchedule(p.Seed, phases, pop)
 	res := &ScenarioResult{
 		Name: name, DurationSeconds: per.Seconds(), Phases: phases, Arrivals: len(sched),
-		ScheduleSHA256: ScheduleDigest(sched), Configurations: map[string]*ConfigResult{},
+		ScheduleSHA256: ScheduleDigest(sched), Configurations: map[string]*ConfigResult{}, scenario: spec,
+	}
+	if p.Ablation && name != "goodput" {
+		for _, b := range fullBlocks {
+			cfgs = append(cfgs, Configuration{Name: "full-" + b, Title: "full chain without " + b + " (" + blockTitles[b] + ")", Build: fullChain(b), removed: b})
+		}
 	}
 	for k, cfg := range cfgs {
 		env := &Env{Redis: redisEnv, Servers: p.Servers, System: sys, Prefix: "lt" + strconv.Itoa(int(time.Now().UnixNano()%1e9)) + ":" + cfg.Name + ":"}
@@ -146,6 +172,17 @@ func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *Redis
 		r, err := runConfiguration(ctx, p, env, cfg, phases, sched, pop, prog, label)
 		if err != nil {
 			return nil, err
+		}
+		if spec.Recovery != "" {
+			r.setRecovery(r.Series, phases, spec.Before, spec.Recovery, sys)
+		}
+		if cfg.removed != "" {
+			r.Removed = cfg.removed
+			if res.Ablated == nil {
+				res.Ablated = map[string]*ConfigResult{}
+			}
+			res.Ablated[cfg.removed] = r
+			continue
 		}
 		res.Configurations[cfg.Name] = r
 		res.Order = append(res.Order, cfg.Name)

@@ -32,16 +32,18 @@ import (
 // Redis round trip, on the fleet sum from the last refresh and this
 // server's measured share of it. Between refreshes a server may grow its
 // own in-flight work by its share of the headroom the last refresh showed
-// (threshold − fleet usage); the share is its reported usage plus an even
+// (threshold − fleet usage), rounded to whole units at random once per
+// refresh so that the fleet does not stop short of the threshold; the
+// share is its reported usage plus an even
 // part, (own + capacity/n) / (fleet + capacity), so the shares of n
 // servers that saw the same sum add up to one and a server that carries
 // most of the traffic gets most of the headroom, instead of every server
 // assuming the others change as it does. A server may always reuse what
 // its own finished work freed. The bound this keeps: servers that
-// refreshed on the same sum never exceed a threshold together; with
-// refreshes staggered by up to one interval, the fleet can exceed it by
-// at most the headroom handed out in that interval, and not at all once
-// usage has stood at the threshold for an interval. A server that
+// refreshed on the same sum exceed a threshold together by less than one
+// unit each (the rounding); with refreshes staggered by up to one
+// interval, by at most the headroom handed out in that interval besides,
+// which is nothing once usage has stood at the threshold for an interval. A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
@@ -170,7 +172,7 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 	}
 	limit, degraded := f.limitFor(p, now)
 	own := f.localTotal.Add(c)
-	if usage := f.estimate(own, degraded); usage > float64(limit)+1e-9 {
+	if !f.fits(own, limit, degraded) {
 		f.localTotal.Add(-c)
 		rem := max(int64(math.Floor(float64(limit)-f.estimate(own-c, degraded)+1e-9)), 0)
 		return spillway.Decision{
@@ -291,7 +293,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		f.setLastErr(err)
 		return err
 	}
-	v := &fleetView{servers: res[4]}
+	v := &fleetView{servers: res[4], round: f.o.rand()}
 	for p := range sent {
 		v.byPrio[p] = res[p]
 		v.sum += res[p]
@@ -314,12 +316,31 @@ type fleetView struct {
 	sent    int64 // this server's report
 	servers int64
 	byPrio  [spillway.NumPriorities]int64 // the fleet's in-flight cost per priority
+	round   float64                       // uniform in [0, 1): rounds this interval's grant
 }
 
 func (f *Fleet) setLastErr(err error) {
 	f.errMu.Lock()
 	f.lastErr = err
 	f.errMu.Unlock()
+}
+
+// fits reports whether this server's in-flight cost own keeps the fleet
+// within limit. Degraded (or before the first refresh), own is compared
+// with limit, already this server's share. Otherwise own may exceed the
+// last report by the server's share of the headroom, rounded to a whole
+// unit at random once per refresh (floor(share·headroom + r), r uniform
+// in [0, 1)): rounded down, three servers that each had 0.9 of a unit
+// would leave 2.7 units idle for good; rounded at random, the fleet
+// reaches the threshold on average and exceeds it by less than one unit
+// per server at worst.
+func (f *Fleet) fits(own, limit int64, degraded bool) bool {
+	v := f.view.Load()
+	if degraded || v == nil {
+		return own <= limit
+	}
+	grant := math.Floor(f.share(v)*float64(limit-v.sum) + v.round)
+	return float64(own-v.sent) <= grant
 }
 
 // share returns this server's share of the fleet at view v: its reported

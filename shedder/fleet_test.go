@@ -18,6 +18,7 @@ func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeCl
 	t.Helper()
 	opts = append([]shedder.Option{
 		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
+		shedder.WithRand(func() float64 { return 0 }), // grants rounded down
 		shedder.WithTimeout(2 * time.Second), // a loaded CI box, not a budget under test
 	}, opts...)
 	f, err := shedder.NewFleet(client, "api", 100, opts...)
@@ -213,6 +214,34 @@ func TestFleetUnevenShares(t *testing.T) {
 	// Work that ends frees room for its own server at once.
 	dones[1](spillway.Success)
 	runFleet(t, c, []fleetStep{{spillway.Critical, 4, true, 0}})
+}
+
+// A share of the headroom is rounded to whole units at random once per
+// refresh: rounded down, three servers with 2/3 of a unit each would leave
+// the last 2 units of the threshold idle for good.
+func TestFleetRoundsGrantsAtRandom(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	r := 0.0
+	rnd := shedder.WithRand(func() float64 { return r })
+	fs := []*shedder.Fleet{newFleet(t, client, "a", clk, rnd), newFleet(t, client, "b", clk, rnd), newFleet(t, client, "c", clk, rnd)}
+	refresh(t, fs...)
+	for _, f := range fs {
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 26, true, 0}})
+	}
+	refresh(t, append(fs, fs...)...) // 78 of the 80 for Sheddable work: 2/3 of a unit each
+	runFleet(t, fs[0], []fleetStep{{spillway.Sheddable, 1, false, 2}})
+	r = 0.5 // floor(2/3 + 0.5) = 1
+	refresh(t, append(fs, fs...)...)
+	for _, f := range fs[:2] {
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 1, true, 0}, {spillway.Sheddable, 1, false, 0}})
+	}
+	refresh(t, append(fs, fs...)...)
+	if s := fs[2].Stats(); s.Usage != 80 {
+		t.Fatalf("usage %d, want the threshold, 80", s.Usage)
+	}
+	runFleet(t, fs[2], []fleetStep{{spillway.Sheddable, 1, false, 0}})
 }
 
 // The sums key lost (evicted) is rebuilt from the live reports.
