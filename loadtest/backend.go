@@ -53,6 +53,11 @@ func (b *Backend) Query(ctx context.Context) error {
 	n := b.inflight.Add(1)
 	defer b.inflight.Add(-1)
 	start := time.Now()
+	if debugDegraded {
+		defer func() {
+			degradedCauses.Add("db:busy_us", time.Since(start).Microseconds())
+		}()
+	}
 	b.rec.BackendStart(n)
 	if b.MaxConns > 0 && n > int64(b.MaxConns) {
 		b.rec.BackendDone(start, 0, false)

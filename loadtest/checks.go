@@ -177,7 +177,7 @@ func cascadeChecks(sc *ScenarioResult) []Check {
 		if spec.Name != "cascade" {
 			out = append(out, Check{Scenario: spec.Name, Configuration: "static", Key: "static_fails",
 				Criterion: "fails at least one of the full chain's criteria (the scenario is hard enough)",
-				Measured: fmt.Sprintf("%d of %d failed", failed, len(sc)), Pass: failed > 0})
+				Measured:  fmt.Sprintf("%d of %d failed", failed, len(sc)), Pass: failed > 0})
 		}
 	}
 	if c := sc.Configurations["full"]; c != nil {

@@ -259,14 +259,18 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 }
 
 // The blocks of the full chain, in chain order; the ablation removes each
-// in turn.
+// in turn ("queue" is the pool's wait: without it the learned limit turns
+// work away at once). The pool comes before the fleet shedder so that the
+// fleet counts database work, not work waiting for a slot. (The ceiling
+// first, before the pool, turned away work the pool would have queued;
+// between the pool and the fleet it did no better; measured in uneven.)
 var fullBlocks = []string{"rate", "concurrency", "pool", "queue", "fleet", "ceiling"}
 
 // blockTitles say what each block is, for the ablation table.
 var blockTitles = map[string]string{
 	"rate":        "per-key rate tiers (Redis, fallback)",
 	"concurrency": "per-key concurrent requests (Redis, fallback)",
-	"pool":        "learned local limit (AIMD on latency)",
+	"pool":        "learned local limit (from database latency)",
 	"queue":       "wait in priority order for the learned limit",
 	"fleet":       "fleet usage shedder (Redis, by priority)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
@@ -274,13 +278,10 @@ var blockTitles = map[string]string{
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
 // keeps for Critical and CriticalPlus work.
-const fleetReserve = 0.1
+const fleetReserve = 0.03
 
-// latencyObjective is the database latency past which the learned limit
-// takes a query as a sign of overload (AIMD's Timeout): the one number the
-// team running the database states. Queries take 100–300 ms when it is not
-// overloaded.
-const latencyObjective = 350 * time.Millisecond
+// fleetInterval is how often each server reports to the fleet shedder.
+const fleetInterval = 50 * time.Millisecond
 
 // fullChain returns the builder of the full spillway chain without the
 // block named removed ("" for the whole chain). Cheapest first:
@@ -289,8 +290,9 @@ const latencyObjective = 350 * time.Millisecond
 //     breaker, local share);
 //  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
 //  3. pool: this server's limit on database queries, learned from their
-//     latency (AIMD: grows while queries stay under the latency objective,
-//     backs off when one does not or fails), and
+//     latency (latencyLimit: grows while windows of queries keep their
+//     usual latency, backs off when they do not or fail), capped by what
+//     the fleet shedder allows this server now, and
 //  4. queue: a request that finds the learned limit used waits up to
 //     queueWait in a shedder.Queue whose slots follow the limit, and a
 //     freed slot goes to the highest priority waiting;
@@ -329,10 +331,10 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		return ServerChain{}, err
 	}
 	var (
-		chain    []spillway.Limiter
+		blocks   = map[string]spillway.Limiter{}
 		breakers []func() bool
 	)
-	add := func(block string, l spillway.Limiter) { chain = append(chain, tagged{block: block, inner: l}) }
+	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
 		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0))
@@ -366,11 +368,9 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		add("concurrency", conc)
 		breakers = append(breakers, func() bool { return conc.State() != fallback.Closed })
 	}
+	var pool *learnedPool
 	if removed != "pool" {
-		alg, err := concurrency.NewAIMD(concurrency.AIMDConfig{Initial: 4, Min: 1, Backoff: 0.75, Timeout: latencyObjective})
-		if err != nil {
-			return fail(err)
-		}
+		alg := newLatencyLimit(4)
 		if removed == "queue" {
 			a, err := concurrency.NewAdaptive(alg, concurrency.WithAdaptiveName("db_pool"))
 			if err != nil {
@@ -382,6 +382,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			if err != nil {
 				return fail(err)
 			}
+			pool = lp
 			add("pool", lp)
 		}
 	}
@@ -389,11 +390,40 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	if removed != "fleet" {
 		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
 			shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
-			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond))
+			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond), shedder.WithInterval(fleetInterval))
 		if err != nil {
 			return fail(err)
 		}
 		fleet = f
+		if pool != nil {
+			pool.fleet = f
+		}
+		if debugDegraded {
+			stop := make(chan struct{})
+			go func() {
+				t := time.NewTicker(20 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+					}
+					st := f.Stats()
+					var local int64
+					for _, v := range st.Local {
+						local += v
+					}
+					if local > 5 {
+						degradedCauses.Add("fleet:usage_sum", st.Usage)
+						degradedCauses.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
+						degradedCauses.Add("fleet:local_sum", local)
+						degradedCauses.Add("fleet:n", 1)
+					}
+				}
+			}()
+			closers = append(closers, func() { close(stop) })
+		}
 		closers = append(closers, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
@@ -445,6 +475,12 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		add("ceiling", ceiling)
 		breakers = append(breakers, func() bool { return ceiling.State() != fallback.Closed })
 	}
+	var chain []spillway.Limiter
+	for _, b := range fullBlocks {
+		if l, ok := blocks[b]; ok {
+			chain = append(chain, l)
+		}
+	}
 	return ServerChain{
 		Limiter: spillway.Chain(chain...),
 		BreakerOpen: func() bool {
@@ -489,6 +525,22 @@ type learnedPool struct {
 	mu       sync.Mutex
 	alg      concurrency.Algorithm
 	inFlight int
+	// fleet, when set, caps the slots at what the fleet shedder allows
+	// this server for Critical work now: its share of the fleet's
+	// capacity, from the fleet's measured usage.
+	fleet *shedder.Fleet
+}
+
+// resize sets the queue's slots to the learned limit, capped by the
+// fleet's allowance.
+func (p *learnedPool) resize() {
+	p.mu.Lock()
+	limit := int64(p.alg.Limit())
+	p.mu.Unlock()
+	if p.fleet != nil {
+		limit = min(limit, p.fleet.Allowance(spillway.SheddablePlus))
+	}
+	_ = p.q.SetSlots(max(1, limit))
 }
 
 func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
@@ -500,6 +552,7 @@ func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
 }
 
 func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	p.resize()
 	d, done, err := p.q.Admit(ctx, r)
 	if err != nil || !d.Allowed {
 		return d, done, err
@@ -519,14 +572,14 @@ func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.
 		}
 		limit := p.alg.Limit()
 		p.mu.Unlock()
+		p.resize()
 		if debugDegraded {
 			degradedCauses.Add("pool:limit_sum", int64(limit))
 			degradedCauses.Add("pool:limit_n", 1)
-			if o == spillway.Dropped || rtt > latencyObjective {
+			if o == spillway.Dropped {
 				degradedCauses.Add("pool:drop", 1)
 			}
 		}
-		_ = p.q.SetSlots(int64(max(1, limit)))
 		done(o)
 	}), nil
 }

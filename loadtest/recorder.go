@@ -177,6 +177,7 @@ func (r *Recorder) RedisProbe(lat time.Duration, ok bool) {
 	b := r.b()
 	if !ok {
 		b.redisFail.Add(1)
+		return
 	}
 	storeMax(&b.redisMaxUS, lat.Microseconds())
 }
@@ -195,7 +196,7 @@ type Series struct {
 	Goodput        []float64            `json:"goodput_rps"`  // 200 answers within the client timeout /s
 	BackendConc    []float64            `json:"backend_concurrency"`
 	BackendP99     []float64            `json:"backend_p99_ms"`
-	RedisMS        []float64            `json:"redis_latency_ms"` // worst probe in the bucket
+	RedisMS        []float64            `json:"redis_latency_ms"` // worst answered probe in the bucket
 	RedisDown      []float64            `json:"redis_probe_failures"`
 	BreakersOpen   []float64            `json:"breakers_open"`
 	Degraded       []float64            `json:"degraded_rps"`

@@ -91,7 +91,7 @@ type Configuration struct {
 type ConfigResult struct {
 	Name                   string           `json:"name"`
 	Title                  string           `json:"title"`
-	Offered                int64            `json:"offered"` // attempts sent, retries included
+	Offered                int64            `json:"offered"`                 // attempts sent, retries included
 	Removed                string           `json:"removed_block,omitempty"` // ablation: the block left out of the full chain
 	OfferedLogical         int64            `json:"offered_logical"`
 	Retries                int64            `json:"retries"`
@@ -119,16 +119,17 @@ type ConfigResult struct {
 
 // PhaseResult is a configuration's figures over one phase.
 type PhaseResult struct {
-	Name            string  `json:"name"`
-	Capacity        int     `json:"db_capacity"`
-	OfferedRPS      float64 `json:"offered_rps"`
-	AdmittedRPS     float64 `json:"admitted_rps"`
-	GoodputRPS      float64 `json:"goodput_rps"`
-	BackendPeak     float64 `json:"backend_peak_concurrency"`
-	BackendP99MS    float64 `json:"backend_p99_ms"`
-	DegradedRPS     float64 `json:"degraded_rps"`
-	CriticalP99MS   float64 `json:"critical_p99_ms"`
-	CriticalSuccess float64 `json:"critical_success"`
+	Name             string  `json:"name"`
+	Capacity         int     `json:"db_capacity"`
+	OfferedRPS       float64 `json:"offered_rps"`
+	AdmittedRPS      float64 `json:"admitted_rps"`
+	GoodputRPS       float64 `json:"goodput_rps"`
+	BackendPeak      float64 `json:"backend_peak_concurrency"`
+	BackendP99MS     float64 `json:"backend_p99_ms"`
+	DegradedRPS      float64 `json:"degraded_rps"`
+	CriticalP99MS    float64 `json:"critical_p99_ms"`
+	CriticalSuccess  float64 `json:"critical_success"`
+	CriticalRequests int64   `json:"critical_requests"`
 }
 
 func bucketWidth(total time.Duration) time.Duration {
@@ -350,7 +351,7 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		GoodputRPS:         mean(s.Goodput, 0, n),
 		BackendCapacity:    sys.Capacity,
 		BackendCapacityRPS: sys.capacityRPS(),
-		BackendP99MS:       s.backendP99(0, n),
+		BackendP99MS:       s.backendP99(0, len(s.backendLat)),
 		RejectedByReason:   s.totalsRejected,
 		DegradedDecisions:  s.count(s.Degraded, 0, n),
 		StoreErrors:        s.count(s.StoreErrors, 0, n),
@@ -388,6 +389,7 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		if ok+fail > 0 {
 			pr.CriticalSuccess = ok / (ok + fail)
 		}
+		pr.CriticalRequests = int64(ok + fail)
 		r.Phases = append(r.Phases, pr)
 	}
 	return r

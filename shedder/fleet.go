@@ -343,6 +343,26 @@ func (f *Fleet) fits(own, limit int64, degraded bool) bool {
 	return float64(own-v.sent) <= grant
 }
 
+// Allowance returns the in-flight cost this server may hold now, its
+// work in flight included, before work of priority p is shed: its last
+// report plus its share of the headroom (see Fleet), or its share of the
+// threshold when degraded. A server's own pool can follow it (a
+// shedder.Queue's SetSlots, say), so that work waits for a slot of the
+// fleet's capacity rather than being turned away while a slot comes free.
+// For CriticalPlus, which is never shed by default, it is a very large
+// number.
+func (f *Fleet) Allowance(p spillway.Priority) int64 {
+	if p < 0 || int(p) >= spillway.NumPriorities {
+		return 0
+	}
+	limit, degraded := f.limitFor(p, f.o.now().UnixNano())
+	v := f.view.Load()
+	if degraded || v == nil || limit >= math.MaxInt64/2 {
+		return limit
+	}
+	return max(0, v.sent+int64(math.Floor(f.share(v)*float64(limit-v.sum)+v.round)))
+}
+
 // share returns this server's share of the fleet at view v: its reported
 // usage plus an even part of the capacity, over the fleet's usage plus the
 // capacity. The shares of servers that saw the same sum add up to one; an
