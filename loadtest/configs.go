@@ -93,7 +93,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return d, spillway.Noop, err
 	})
 	return ServerChain{
-		Limiter: spillway.Chain(perKey, ceiling),
+		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"ceiling", ceiling}),
 		Close:   func() { client.Close() },
 	}, nil
 }

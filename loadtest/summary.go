@@ -216,8 +216,10 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		fmt.Fprintf(tw, "database: capacity %d concurrent (%.0f queries/s); %d servers; %.1f s per configuration;\n",
 			first.BackendCapacity, first.BackendCapacityRPS, s.Servers, sc.DurationSeconds)
 		fmt.Fprintf(tw, "%d requests offered to each configuration (schedule %s…)\n", sc.Arrivals, sc.ScheduleSHA256[:12])
-		fmt.Fprintln(tw, "config\tphase\tDB cap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99 ms\tdegraded/s\tCrit p99 ms\tCrit ok\t")
-		fmt.Fprintln(tw, "\t\t\t(incl. retries)\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "cap: the database's capacity; DB peak: most queries in flight; DB p99, Crit p99 (client latency of")
+		fmt.Fprintln(tw, "Critical requests that succeeded) in ms; Crit ok: Critical success after retries; –: does not apply")
+		fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
+		fmt.Fprintln(tw, "\t\t\t(incl. retries)")
 		rows := func(cn string, c *ConfigResult) {
 			for _, ph := range c.Phases {
 				adm, deg := fmt.Sprintf("%.0f", ph.AdmittedRPS), fmt.Sprintf("%.0f", ph.DegradedRPS)
@@ -235,7 +237,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 				if ph.BackendP99MS > 0 {
 					p99 = fmt.Sprintf("%.0f", ph.BackendP99MS)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t\n", cn, ph.Name, ph.Capacity, ph.OfferedRPS, adm,
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\n", cn, ph.Name, ph.Capacity, ph.OfferedRPS, adm,
 					ph.GoodputRPS, ph.BackendPeak, p99, deg, crit99, critOK)
 			}
 		}
@@ -245,7 +247,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		tw.Flush()
 		if len(sc.Ablated) > 0 {
 			fmt.Fprintln(tw, "\nthe full chain without one block (ablation):")
-			fmt.Fprintln(tw, "config\tphase\tDB cap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99 ms\tdegraded/s\tCrit p99 ms\tCrit ok\t")
+			fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
 			for _, b := range fullBlocks {
 				if c := sc.Ablated[b]; c != nil {
 					rows("-"+b, c)
@@ -295,7 +297,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 func printAblation(w io.Writer, s *Summary) {
 	fmt.Fprintln(w, "\n== ablation: the full chain's criteria that fail without each block ==")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\tremoved\tfails without it (beyond what the full chain fails)\t")
+	fmt.Fprintln(tw, "scenario\tremoved\tfails without it (beyond what the full chain fails)")
 	matters := map[string]bool{}
 	for _, name := range s.order {
 		ab := s.Ablation[name]
@@ -324,7 +326,7 @@ func printAblation(w io.Writer, s *Summary) {
 				cell = strings.Join(extra, ", ")
 				matters[b] = true
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", name, b, cell)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", name, b, cell)
 		}
 	}
 	tw.Flush()
