@@ -127,8 +127,17 @@ func (r *Request) EffectiveCost() int64 {
 	return r.Cost
 }
 
+// Valid reports whether r is well formed: not nil, a cost that is not
+// negative and a known priority. It is the cheap form of Validate (a few
+// comparisons, no error built) that every block uses to deny a malformed
+// request with ReasonInvalid when it is called directly; Chain and the
+// adapters validate a request once, before any block runs.
+func (r *Request) Valid() bool {
+	return r != nil && r.Cost >= 0 && r.Priority.Valid()
+}
+
 // Validate reports a malformed request: a nil request, a negative cost or
-// an unknown priority. The error wraps ErrInvalidRequest.
+// an unknown priority. The error wraps ErrInvalidRequest and says which.
 func (r *Request) Validate() error {
 	if r == nil {
 		return fmt.Errorf("%w: nil request", ErrInvalidRequest)

@@ -43,13 +43,15 @@ func ExampleNewStore() {
 	// open
 }
 
-// A rule that must not run unchecked fails closed.
-func ExampleFailClosedScopes() {
-	store, err := fallback.NewStore(downStore{}, fallback.Settings{Mode: fallback.FailClosedScopes("login")})
+// A limit that must not run unchecked fails closed: its items say so, and
+// the Store honours it with no other wiring.
+func ExampleStore_failClosed() {
+	store, err := fallback.NewStore(downStore{}, fallback.Settings{})
 	if err != nil {
 		panic(err)
 	}
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 5, Period: time.Minute}, ratelimit.WithScope("login"))
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 5, Period: time.Minute},
+		ratelimit.WithScope("login"), ratelimit.WithFailMode(spillway.FailClosed))
 	if err != nil {
 		panic(err)
 	}

@@ -166,7 +166,6 @@ func runFuzzOps(t *testing.T, data []byte) {
 		Probes:      uint32(data[2]%3) + 1,
 		OpenTimeout: 500 * time.Millisecond,
 		Share:       r.share,
-		Mode:        fallback.FailClosedScopes("login"),
 		Clock:       r.clk.Now,
 		OnStateChange: func(_ string, from, to fallback.State) {
 			r.mu.Lock()
@@ -263,7 +262,11 @@ func (r *fuzzRun) decide(ctx context.Context, b byte) int {
 				cost = 1000 // never fits
 			}
 		}
-		items = append(items, ratelimit.Item{Scope: sc.name, Key: fmt.Sprintf("k%d", c%fuzzKeys), Policy: sc.p, Cost: cost})
+		it := ratelimit.Item{Scope: sc.name, Key: fmt.Sprintf("k%d", c%fuzzKeys), Policy: sc.p, Cost: cost}
+		if sc.name == "login" {
+			it.Fail = spillway.FailClosed
+		}
+		items = append(items, it)
 	}
 	canceled := ctx.Err() != nil
 	stBefore := r.st.Stats()

@@ -108,10 +108,16 @@ var hourly = ratelimit.Policy{Limit: 100, Period: time.Hour}
 
 func decide(t *testing.T, s ratelimit.Store, scope, key string, p ratelimit.Policy, cost int64) spillway.Decision {
 	t.Helper()
+	return decideItem(t, s, ratelimit.Item{Scope: scope, Key: key, Policy: p, Cost: cost})
+}
+
+// decideItem decides one item.
+func decideItem(t *testing.T, s ratelimit.Store, it ratelimit.Item) spillway.Decision {
+	t.Helper()
 	out := make([]spillway.Decision, 1)
-	_, err := s.Decide(context.Background(), []ratelimit.Item{{Scope: scope, Key: key, Policy: p, Cost: cost}}, out)
+	_, err := s.Decide(context.Background(), []ratelimit.Item{it}, out)
 	if err != nil {
-		t.Fatalf("Decide(%s/%s): %v", scope, key, err)
+		t.Fatalf("Decide(%s/%s): %v", it.Scope, it.Key, err)
 	}
 	return out[0]
 }

@@ -155,15 +155,8 @@ func TestDenyCacheIsBounded(t *testing.T) {
 	}
 }
 
-func TestStateAndModeStrings(t *testing.T) {
+func TestStateStrings(t *testing.T) {
 	if Closed.String() != "closed" || HalfOpen.String() != "half_open" || Open.String() != "open" || State(9).String() != "state(9)" {
 		t.Fatal("State.String")
-	}
-	if FailOpen.String() != "fail_open" || FailClosed.String() != "fail_closed" || Mode(9).String() != "mode(9)" {
-		t.Fatal("Mode.String")
-	}
-	m := FailClosedScopes("login")
-	if m("login") != FailClosed || m("api") != FailOpen {
-		t.Fatal("FailClosedScopes")
 	}
 }

@@ -12,10 +12,10 @@ import (
 // concurrency limiter or a global ceiling over Redis, say) with the time
 // budget and the circuit breaker. When the inner limiter errs or the
 // breaker is open, the request is decided by the local limiter (its
-// decision marked Degraded) or, without one, admitted (fail-open) or denied
-// with spillway.ReasonFailClosed (fail-closed), per Settings.Mode applied to
-// the request's Endpoint. The inner limiter's errors never reach the
-// caller, except the caller's own cancellation. A request the local limiter
+// decision marked Degraded) or, without one, admitted; with Settings.Fail
+// = spillway.FailClosed it is denied with spillway.ReasonFailClosed
+// instead. The inner limiter's errors never reach the caller, except the
+// caller's own cancellation. A request the local limiter
 // calls too big for it (spillway.ReasonCostExceedsLimit, "never retry") is
 // denied with spillway.ReasonFailClosed and RetryAfter = OpenTimeout
 // instead: the local limiter holds a share of the limit, so only the inner
@@ -81,7 +81,7 @@ func (l *Limiter) degrade(ctx context.Context, r *spillway.Request, cause error)
 		done spillway.Done = spillway.Noop
 	)
 	switch {
-	case l.set.Mode != nil && l.set.Mode(r.Endpoint) == FailClosed:
+	case l.set.Fail == spillway.FailClosed:
 		d = spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: l.set.Name, RetryAfter: l.set.OpenTimeout}
 	case l.local != nil:
 		var err error

@@ -132,10 +132,10 @@ func TestLimiterFailedProbeReopens(t *testing.T) {
 	})
 }
 
-func TestLimiterFailClosedByEndpoint(t *testing.T) {
+func TestLimiterFailClosed(t *testing.T) {
 	inner := &slowLimiter{}
 	inner.fail.Store(true)
-	l, err := fallback.NewLimiter(inner, nil, fallback.Settings{Mode: fallback.FailClosedScopes("/login"), OpenTimeout: 3 * time.Second})
+	l, err := fallback.NewLimiter(inner, nil, fallback.Settings{Fail: spillway.FailClosed, OpenTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +143,16 @@ func TestLimiterFailClosedByEndpoint(t *testing.T) {
 	if err != nil || d.Allowed || d.Reason != spillway.ReasonFailClosed || !d.Degraded || d.RetryAfter != 3*time.Second || done == nil {
 		t.Fatalf("/login = %+v, %v; want denied fail_closed, RetryAfter 3s", d, err)
 	}
-	d, _, err = l.Admit(context.Background(), &spillway.Request{Endpoint: "/search"})
+	open, err := fallback.NewLimiter(inner, nil, fallback.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _, err = open.Admit(context.Background(), &spillway.Request{Endpoint: "/search"})
 	if err != nil || !d.Allowed || !d.Degraded {
-		t.Fatalf("/search = %+v, %v; want admitted, degraded", d, err)
+		t.Fatalf("/search, fail open = %+v, %v; want admitted, degraded", d, err)
+	}
+	if _, err := fallback.NewLimiter(inner, nil, fallback.Settings{Fail: 7}); err == nil || err.Error() != "fallback: unknown fail mode 7 (want spillway.FailOpen or spillway.FailClosed)" {
+		t.Fatalf("Fail 7: err = %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -245,9 +245,13 @@ func TestSlowRedisOpensAndProbesClose(t *testing.T) {
 
 func TestFailClosedAndFailOpenRules(t *testing.T) {
 	b := newBed(t)
-	st := b.fallback(t, fallback.Settings{Mode: fallback.FailClosedScopes("login"), OpenTimeout: 2 * time.Second})
+	st := b.fallback(t, fallback.Settings{OpenTimeout: 2 * time.Second})
+	login := ratelimit.Item{Scope: "login", Key: "alice", Policy: hourly, Cost: 1, Fail: spillway.FailClosed}
+	if d := decideItem(t, st, login); !d.Allowed || d.Degraded {
+		t.Fatalf("fail-closed rule, store up = %+v; want allowed by the store", d)
+	}
 	b.setMode(t, faultproxy.Refuse)
-	d := decide(t, st, "login", "alice", hourly, 1)
+	d := decideItem(t, st, login)
 	if d.Allowed || d.Reason != spillway.ReasonFailClosed || !d.Degraded || d.RetryAfter != 2*time.Second || d.Limiter != "login" {
 		t.Fatalf("fail-closed rule = %+v; want denied, fail_closed, degraded, RetryAfter 2s", d)
 	}
@@ -255,7 +259,7 @@ func TestFailClosedAndFailOpenRules(t *testing.T) {
 	out := make([]spillway.Decision, 2)
 	ok, err := st.Decide(context.Background(), []ratelimit.Item{
 		{Scope: "api", Key: "alice", Policy: hourly, Cost: 1},
-		{Scope: "login", Key: "alice", Policy: hourly, Cost: 1},
+		login,
 	}, out)
 	if err != nil || ok || !out[0].Allowed || out[0].Remaining != 20 || out[1].Reason != spillway.ReasonFailClosed {
 		t.Fatalf("mixed batch = %v, %v, %+v; want denied by login, api peeked with 20 left", ok, err, out)

@@ -11,44 +11,6 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-// Mode says what a rule does while its shared store cannot answer.
-type Mode uint8
-
-const (
-	// FailOpen decides from the local share: each server admits at most
-	// Share of the rule's quota on its own, marked Degraded. The default.
-	FailOpen Mode = iota
-	// FailClosed denies with spillway.ReasonFailClosed (a 503): for rules
-	// where a burst past the limit is worse than an error, such as login.
-	FailClosed
-)
-
-// String returns "fail_open" or "fail_closed".
-func (m Mode) String() string {
-	switch m {
-	case FailOpen:
-		return "fail_open"
-	case FailClosed:
-		return "fail_closed"
-	}
-	return fmt.Sprintf("mode(%d)", uint8(m))
-}
-
-// FailClosedScopes returns a Settings.Mode that fails closed for the named
-// scopes (rules, limiters) and open for every other.
-func FailClosedScopes(scopes ...string) func(scope string) Mode {
-	set := make(map[string]struct{}, len(scopes))
-	for _, s := range scopes {
-		set[s] = struct{}{}
-	}
-	return func(scope string) Mode {
-		if _, ok := set[scope]; ok {
-			return FailClosed
-		}
-		return FailOpen
-	}
-}
-
 // State is the circuit breaker's state.
 type State uint8
 
@@ -126,10 +88,14 @@ type Settings struct {
 	// are scaled by it, rounded down, at least 1. Must be in (0, 1].
 	Share float64
 
-	// Mode picks fail-open or fail-closed per scope (for a Limiter, per
-	// request Endpoint). Nil means FailOpen everywhere. See
-	// FailClosedScopes.
-	Mode func(scope string) Mode
+	// Fail is what happens while the store cannot answer: with
+	// spillway.FailOpen (the default) the local share decides, with
+	// spillway.FailClosed the request is denied with
+	// spillway.ReasonFailClosed (a 503). A Store fails an item closed when
+	// the item's own mode (ratelimit.Item.Fail, set per rule by tiers or
+	// per limiter by ratelimit.WithFailMode) or this one says so; a
+	// Limiter, which sees no items, uses this one.
+	Fail spillway.FailMode
 
 	// DenyCacheSize bounds the local cache of denials (default 65536
 	// entries; negative disables it). Store only.
@@ -174,6 +140,9 @@ const (
 func (s Settings) withDefaults() (Settings, error) {
 	if s.Name == "" {
 		s.Name = "fallback"
+	}
+	if !s.Fail.Valid() {
+		return s, fmt.Errorf("fallback: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(s.Fail))
 	}
 	switch {
 	case s.Budget < 0:
@@ -257,7 +226,7 @@ func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
 	if q.Validate() != nil && p.Validate() == nil {
 		switch q.Algorithm {
 		case ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.LeakyBucket:
-			q.Burst = max((1<<53)/q.EmissionInterval(), 1)
+			q.Burst = max(ratelimit.MaxSpanMicros/q.EmissionInterval(), 1)
 		}
 	}
 	return q

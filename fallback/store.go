@@ -12,8 +12,13 @@ import (
 )
 
 // Store is a ratelimit.Store that puts a time budget, a circuit breaker, a
-// local share, fail-open/fail-closed rules, a cache of denials and
+// local share, fail-open/fail-closed per item, a cache of denials and
 // reconcile in front of another store (a ratelimit.RedisStore, typically).
+// While the store cannot answer, a batch with a fail-closed item
+// (ratelimit.Item.Fail, which tiers sets from each rule's `fail:` and
+// ratelimit.WithFailMode per limiter; or Settings.Fail for every item) is
+// denied, its fail-closed items with spillway.ReasonFailClosed; other
+// batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
 // call is decided locally, marked Degraded. Errors are returned only for
 // invalid items and when the caller's context is canceled.
@@ -218,7 +223,7 @@ func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []s
 		it := items[i]
 		it.Policy = scalePolicy(it.Policy, s.ppm)
 		scaled = append(scaled, it)
-		if s.set.Mode != nil && s.set.Mode(it.Scope) == FailClosed {
+		if s.failClosed(&it) {
 			closed = true
 		}
 	}
@@ -233,7 +238,7 @@ func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []s
 			return false, fmt.Errorf("fallback: local store: %w", err)
 		}
 		for i := range items {
-			if s.set.Mode(items[i].Scope) == FailClosed {
+			if s.failClosed(&items[i]) {
 				out[i] = spillway.Decision{
 					Reason:     spillway.ReasonFailClosed,
 					Limiter:    items[i].Scope,
@@ -273,6 +278,12 @@ func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []s
 		s.set.OnDegraded(ev)
 	}
 	return allowed, nil
+}
+
+// failClosed reports whether it must be denied while the store cannot
+// answer: its own fail mode or the Store's says closed.
+func (s *Store) failClosed(it *ratelimit.Item) bool {
+	return it.Fail == spillway.FailClosed || s.set.Fail == spillway.FailClosed
 }
 
 // Reset implements ratelimit.Store: it forgets (scope, key) in the inner

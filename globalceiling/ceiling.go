@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -143,6 +144,12 @@ type Ceiling struct {
 	ttlMS    int64
 	wkeys    atomic.Pointer[windowKeys] // the shard keys of the latest window asked for
 
+	// syncSem lets one Sync run at a time, from its snapshot of the
+	// local counts to applying what it read: a read that started earlier
+	// is never applied after one that started later, and each local count
+	// is subtracted once.
+	syncSem chan struct{}
+
 	mu      sync.Mutex
 	cur     winState // the window now being admitted
 	prev    winState // LocalAggregation: the last window's unflushed count
@@ -159,7 +166,8 @@ type Ceiling struct {
 type winState struct {
 	w       int64 // window index
 	total   int64 // the shared total at the last read (all servers)
-	local   int64 // this server's admissions since that read started (Cached), or not yet flushed (LocalAggregation)
+	local   int64 // this server's admissions not known to be in total: since that read started (Cached), or not yet flushed (LocalAggregation)
+	acked   int64 // Cached: the part of local whose charge has landed in Redis
 	inFlush int64 // LocalAggregation: part of local being flushed now
 }
 
@@ -202,7 +210,7 @@ func New(client redis.UniversalClient, name string, limit int64, window time.Dur
 		return nil, fmt.Errorf("globalceiling: New: %w", err)
 	}
 	c := &Ceiling{client: client, name: name, limit: limit, window: window, o: o,
-		charge: lua.CeilingCharge.Hash(), synced: o.clock()}
+		charge: lua.CeilingCharge.Hash(), synced: o.clock(), syncSem: make(chan struct{}, 1)}
 	for j := 0; j < o.shards; j++ {
 		c.entities = append(c.entities, name+":"+strconv.Itoa(j))
 	}
@@ -297,6 +305,12 @@ func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 }
 
 // AdmitN is Admit for a priority and a cost (>= 1) without a Request.
+//
+// A cost above Threshold(p), which no window can ever admit, is denied
+// with spillway.ReasonCostExceedsLimit and RetryAfter 0 before anything is
+// charged (Remaining reports what is left; in Exact mode that costs one
+// read-only round trip). Every cost from 1 to math.MaxInt64 is accepted:
+// totals never wrap.
 func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (spillway.Decision, error) {
 	if cost < 1 {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: cost %d must be at least 1", cost)
@@ -307,8 +321,10 @@ func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (
 	now := c.o.clock()
 	var d spillway.Decision
 	var err error
-	switch c.o.mode {
-	case Exact:
+	switch {
+	case cost > c.Threshold(p):
+		d, err = c.tooCostly(ctx, now, p)
+	case c.o.mode == Exact:
 		d, err = c.admitExact(ctx, now, p, cost)
 	default:
 		d, err = c.admitLocal(ctx, now, p, cost)
@@ -335,6 +351,49 @@ func (c *Ceiling) decision(allowed bool, p spillway.Priority, total int64, end, 
 	return d
 }
 
+// tooCostly denies a cost above Threshold(p) without charging: it reads
+// the total (Exact) or takes this server's view of it (Cached,
+// LocalAggregation) only to report Remaining.
+func (c *Ceiling) tooCostly(ctx context.Context, now time.Time, p spillway.Priority) (spillway.Decision, error) {
+	w, end := c.windowOf(now)
+	var seen int64
+	if c.o.mode == Exact {
+		ks := c.keysOf(w)
+		pipe := c.client.Pipeline()
+		gets := make([]*redis.StringCmd, len(ks))
+		for j, k := range ks {
+			gets[j] = pipe.Get(ctx, k)
+		}
+		_, _ = pipe.Exec(ctx)
+		c.roundTrips.Add(1)
+		var err error
+		if seen, err = c.sumShards(gets); err != nil {
+			return spillway.Decision{}, err
+		}
+	} else {
+		c.mu.Lock()
+		if c.cur.w == w {
+			seen = satAdd(c.cur.total, c.cur.local)
+		} else if c.cur.w > w {
+			seen = satAdd(c.cur.total, c.cur.local)
+			_, end = c.windowOf(time.Unix(0, c.cur.w*int64(c.window)))
+		}
+		c.mu.Unlock()
+	}
+	d := c.decision(false, p, seen, end, now)
+	d.Reason, d.RetryAfter = spillway.ReasonCostExceedsLimit, 0
+	return d, nil
+}
+
+// satAdd returns a + b for a, b ≥ 0, saturated at math.MaxInt64 instead of
+// wrapping.
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxInt64
+}
+
 func (c *Ceiling) admitExact(ctx context.Context, now time.Time, p spillway.Priority, cost int64) (spillway.Decision, error) {
 	w, end := c.windowOf(now)
 	i := c.o.intn(c.o.shards)
@@ -352,7 +411,7 @@ func (c *Ceiling) admitExact(ctx context.Context, now time.Time, p spillway.Prio
 	if err := lua.CeilingRefund.Run(ctx, c.client, []string{c.Key(w, i)}, cost).Err(); err != nil {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: refund: %w", err)
 	}
-	return c.decision(false, p, total-cost, end, now), nil
+	return c.decision(false, p, max(total-cost, 0), end, now), nil
 }
 
 // errNoScript says the server lost the charge script (a restart, SCRIPT
@@ -392,8 +451,8 @@ func (c *Ceiling) sumShards(gets []*redis.StringCmd) (int64, error) {
 		case errors.Is(err, redis.Nil):
 		case err != nil:
 			return 0, fmt.Errorf("globalceiling: read shard: %w", err)
-		default:
-			total += n
+		case n > 0: // a negative shard (a refund raced its window's expiry) adds nothing: erring on the safe side
+			total = satAdd(total, n)
 		}
 	}
 	return total, nil
@@ -425,7 +484,7 @@ func (c *Ceiling) chargeAndRead(ctx context.Context, w int64, i int, cost int64)
 		// reported as an error (nothing admitted) and the charge expires
 		// with the window, erring on the safe side.
 		rest, err := c.sumShards(gets)
-		total = n + rest
+		total = satAdd(max(n, 0), rest)
 		return err
 	})
 	return total, err
@@ -467,12 +526,14 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 		// newer one, whose end is later.
 		_, end = c.windowOf(time.Unix(0, c.cur.w*int64(c.window)))
 	}
-	seen := c.cur.total + c.cur.local
-	if seen+cost > c.Threshold(p) {
+	// seen ≥ 0 and cost ≤ Threshold(p): compared without forming seen + cost,
+	// which could wrap.
+	seen := satAdd(c.cur.total, c.cur.local)
+	if th := c.Threshold(p); seen > th || cost > th-seen {
 		c.mu.Unlock()
 		return c.decision(false, p, seen, end, now), nil
 	}
-	c.cur.local += cost
+	c.cur.local += cost // ≤ Threshold(p) − total: no overflow
 	seen += cost
 	cw := c.cur.w
 	c.mu.Unlock()
@@ -480,12 +541,18 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 		i := c.o.intn(c.o.shards)
 		c.writes.Add(1)
 		c.roundTrips.Add(1)
-		if err := lua.CeilingCharge.Run(ctx, c.client, []string{c.keysOf(cw)[i]}, cost, c.ttlMS).Err(); err != nil {
-			c.mu.Lock()
-			if c.cur.w == cw {
+		err := lua.CeilingCharge.Run(ctx, c.client, []string{c.keysOf(cw)[i]}, cost, c.ttlMS).Err()
+		c.mu.Lock()
+		if c.cur.w == cw {
+			if err != nil {
 				c.cur.local -= cost
+			} else {
+				// Landed: a sync whose read is sent from now on sees it.
+				c.cur.acked += cost
 			}
-			c.mu.Unlock()
+		}
+		c.mu.Unlock()
+		if err != nil {
 			return spillway.Decision{}, fmt.Errorf("globalceiling: charge: %w", err)
 		}
 	}
@@ -495,10 +562,21 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 // Sync reads the shared total now (Cached), or flushes this server's count
 // and reads the total (LocalAggregation), in one pipeline. The background
 // loop calls it every SyncInterval. In Exact mode it does nothing.
+//
+// Any number of goroutines may call Sync, with the background loop
+// running: syncs run one at a time (a caller waits for the one in
+// progress, or until ctx ends), so a newer total is never overwritten by
+// an older read and each local count is subtracted once.
 func (c *Ceiling) Sync(ctx context.Context) error {
 	if c.o.mode == Exact {
 		return nil
 	}
+	select {
+	case c.syncSem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("globalceiling: sync: %w", ctx.Err())
+	}
+	defer func() { <-c.syncSem }()
 	now := c.o.clock()
 	w, _ := c.windowOf(now)
 	c.mu.Lock()
@@ -506,7 +584,9 @@ func (c *Ceiling) Sync(ctx context.Context) error {
 	cw := c.cur.w
 	var flushPrev, flushCur int64
 	prevW := c.prev.w
-	startLocal := c.cur.local
+	// Cached: only charges that have landed are surely in the total read
+	// below; one still in flight stays in local until a later sync.
+	startAcked := c.cur.acked
 	if c.o.mode == LocalAggregation {
 		flushPrev, c.prev.local = c.prev.local, 0
 		flushCur = c.cur.local - c.cur.inFlush
@@ -540,9 +620,10 @@ func (c *Ceiling) Sync(ctx context.Context) error {
 	if c.cur.w == cw {
 		c.cur.total = total
 		if c.o.mode == Cached {
-			// Admissions counted before the read started are in the
+			// Charges that landed before the read was sent are in the
 			// total now; later ones may not be.
-			c.cur.local -= startLocal
+			c.cur.local -= startAcked
+			c.cur.acked -= startAcked
 		}
 	}
 	c.synced, c.syncErr = now, nil

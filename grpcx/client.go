@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/clientside"
-	"github.com/spillway-go/spillway/shedder"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -40,20 +40,17 @@ func newClient(opts []Option) *client {
 		}
 		c.budget = b
 	}
-	if c.maxRetries == 0 {
-		c.maxRetries = 2
-	}
 	return &client{c: c}
 }
 
 // UnaryClientInterceptor returns a client interceptor that sends the
-// context's priority downstream (shedder.MetadataKey), rejects calls
+// context's priority downstream (spillway.PriorityMetadataKey), rejects calls
 // locally when adaptive throttling says the backend is rejecting most of
 // them (ErrThrottled), and retries a ResourceExhausted or Unavailable
 // answer that carries errdetails.RetryInfo after the delay it asks (plus
 // jitter), under a retry budget, at most WithMaxRetries times, and only when
 // the context's deadline leaves time for the wait. Defaults: the clientside
-// Throttle and RetryBudget, 2 retries.
+// Throttle and RetryBudget, DefaultMaxRetries retries.
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	cl := newClient(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
@@ -154,14 +151,14 @@ func (cl *client) propagate(ctx context.Context) context.Context {
 	if cl.c.noPropagate {
 		return ctx
 	}
-	p, ok := shedder.FromContext(ctx)
+	p, ok := spillway.PriorityFromContext(ctx)
 	if !ok {
 		return ctx
 	}
-	if md, has := metadata.FromOutgoingContext(ctx); has && len(md.Get(shedder.MetadataKey)) > 0 {
+	if md, has := metadata.FromOutgoingContext(ctx); has && len(md.Get(spillway.PriorityMetadataKey)) > 0 {
 		return ctx // the caller chose one
 	}
-	return metadata.AppendToOutgoingContext(ctx, shedder.MetadataKey, p.String())
+	return metadata.AppendToOutgoingContext(ctx, spillway.PriorityMetadataKey, p.String())
 }
 
 func overloaded(err error) bool {

@@ -13,8 +13,6 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/grpcx"
-	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -162,8 +160,8 @@ func TestUnaryCodes(t *testing.T) {
 		{"cost exceeds", spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk"}, nil, nil, codes.ResourceExhausted, 0},
 		{"invalid", spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil, nil, codes.InvalidArgument, 0},
 		{"store down open", spillway.Decision{}, storeDown, nil, codes.OK, 0},
-		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(grpcx.FailClosed)}, codes.Unavailable, time.Second},
-		{"store down, fail-closed tiers rule", spillway.Decision{}, &tiers.StoreError{Fail: tiers.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
+		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(spillway.FailClosed)}, codes.Unavailable, time.Second},
+		{"store down, fail-closed tiers rule", spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
 		{"invalid cost", spillway.Decision{Allowed: true}, nil, []grpcx.Option{grpcx.WithCost(func(context.Context, string) int64 { return -2 })}, codes.InvalidArgument, 0},
 	}
 	for _, tc := range cases {
@@ -188,11 +186,11 @@ func TestIdentityPriorityAndSkip(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
 	conn := start(t, rec, []grpcx.Option{grpcx.WithAPIKeyMetadata("X-API-Key"), grpcx.WithUserMetadata("x-user-id"),
 		grpcx.WithSkip(grpcx.SkipMethods("/grpc.health.v1.Health/List"))})
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k1", "x-user-id", "u1", shedder.MetadataKey, "critical_plus")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k1", "x-user-id", "u1", spillway.PriorityMetadataKey, "critical_plus")
 	_, err := check(ctx, conn)
 	require.NoError(t, err)
 	// Priority metadata can lower…
-	ctx = metadata.AppendToOutgoingContext(context.Background(), shedder.MetadataKey, "sheddable")
+	ctx = metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "sheddable")
 	_, err = check(ctx, conn)
 	require.NoError(t, err)
 	// …and a skipped method is not admitted at all.
@@ -207,14 +205,14 @@ func TestIdentityPriorityAndSkip(t *testing.T) {
 
 	rec2 := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
 	conn2 := start(t, rec2, []grpcx.Option{grpcx.WithTrustPriorityMetadata(), grpcx.WithSkip(grpcx.SkipHealthChecks)})
-	_, err = check(metadata.AppendToOutgoingContext(context.Background(), shedder.MetadataKey, "critical_plus"), conn2)
+	_, err = check(metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus"), conn2)
 	require.NoError(t, err)
 	reqs, _, _ = rec2.snapshot()
 	require.Empty(t, reqs) // health checks skipped
 
 	rec3 := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
 	conn3 := start(t, rec3, []grpcx.Option{grpcx.WithTrustPriorityMetadata()})
-	_, err = check(metadata.AppendToOutgoingContext(context.Background(), shedder.MetadataKey, "critical_plus"), conn3)
+	_, err = check(metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus"), conn3)
 	require.NoError(t, err)
 	reqs, _, _ = rec3.snapshot()
 	require.Equal(t, spillway.CriticalPlus, reqs[0].Priority)
@@ -307,7 +305,7 @@ func TestClientRetriesRetryInfo(t *testing.T) {
 	}}
 	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithBackoff(clientside.Backoff{Jitter: -1}), grpcx.WithoutThrottle())))
 	start := time.Now()
-	_, err := check(shedder.NewContext(context.Background(), spillway.SheddablePlus), conn)
+	_, err := check(spillway.ContextWithPriority(context.Background(), spillway.SheddablePlus), conn)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)
 	reqs, _, _ := rec.snapshot()
@@ -328,6 +326,25 @@ func TestClientRetryLimits(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 4)
+
+	// WithMaxRetries(0) and a negative count turn retries off; without the
+	// option the client retries DefaultMaxRetries times.
+	for _, tc := range []struct {
+		opts  []grpcx.Option
+		calls int
+	}{
+		{[]grpcx.Option{grpcx.WithMaxRetries(0)}, 1},
+		{[]grpcx.Option{grpcx.WithMaxRetries(-1)}, 1},
+		{nil, 1 + grpcx.DefaultMaxRetries},
+	} {
+		rec = denyAll()
+		opts := append(tc.opts, grpcx.WithoutRetryBudget(), grpcx.WithoutThrottle())
+		conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(opts...)))
+		_, err = check(context.Background(), conn)
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		reqs, _, _ = rec.snapshot()
+		require.Len(t, reqs, tc.calls, "options %d", len(tc.opts))
+	}
 
 	// The budget caps: one token, no refill.
 	budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))

@@ -14,25 +14,6 @@ import (
 // client interceptors and the other way round, as documented on each.
 type Option func(*config)
 
-// FailMode says what a server interceptor does when the limiter returns an
-// error (its store failed and nothing below it decided).
-type FailMode uint8
-
-const (
-	// FailOpen runs the handler unlimited (default).
-	FailOpen FailMode = iota
-	// FailClosed answers codes.Unavailable with a RetryInfo of one second.
-	FailClosed
-)
-
-// String returns "open" or "closed".
-func (m FailMode) String() string {
-	if m == FailClosed {
-		return "closed"
-	}
-	return "open"
-}
-
 // Throttle is client-side adaptive throttling; *clientside.Throttle
 // implements it. See httpx.Throttle.
 type Throttle interface {
@@ -56,7 +37,7 @@ type config struct {
 	apiKeyMD      string
 	userMD        string
 	user          func(ctx context.Context) string
-	failMode      FailMode
+	failMode      spillway.FailMode
 	onError       func(ctx context.Context, fullMethod string, err error)
 	now           func() time.Time
 	trusted       []netip.Prefix
@@ -72,8 +53,12 @@ type config struct {
 	noPropagate bool
 }
 
+// DefaultMaxRetries is the client's retries when WithMaxRetries is not
+// given.
+const DefaultMaxRetries = 2
+
 func newConfig(opts []Option) config {
-	c := config{now: time.Now}
+	c := config{now: time.Now, maxRetries: DefaultMaxRetries}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -107,13 +92,14 @@ var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")
 
 // WithPriority sets the server's classifier. The default gives every call
 // spillway.Critical, lowered (never raised, unless WithTrustPriorityMetadata)
-// to the priority named in the shedder.MetadataKey metadata.
+// to the priority named in the spillway.PriorityMetadataKey metadata (see
+// spillway.ReceivedPriority).
 func WithPriority(classify func(ctx context.Context, fullMethod string) spillway.Priority) Option {
 	return func(c *config) { c.priority = classify }
 }
 
-// WithTrustPriorityMetadata lets the shedder.MetadataKey metadata raise a
-// call's priority too. Use it only behind an edge that strips the key from
+// WithTrustPriorityMetadata lets the spillway.PriorityMetadataKey metadata
+// raise a call's priority too. Use it only behind an edge that strips the key from
 // outside traffic. Server only.
 func WithTrustPriorityMetadata() Option {
 	return func(c *config) { c.trustPriority = true }
@@ -144,9 +130,10 @@ func WithUser(f func(ctx context.Context) string) Option {
 }
 
 // WithFailMode sets what happens when the limiter returns an error
-// (default FailOpen). A *tiers.StoreError for a call that matched a
-// fail-closed rule is denied whatever the mode. Server only.
-func WithFailMode(m FailMode) Option {
+// (default spillway.FailOpen: the handler runs). A *spillway.StoreError
+// whose Fail is spillway.FailClosed (a call that matched a tiers rule with
+// fail: closed, say) is denied whatever the mode. Server only.
+func WithFailMode(m spillway.FailMode) Option {
 	return func(c *config) { c.failMode = m }
 }
 
@@ -191,8 +178,8 @@ func WithBackoff(b clientside.Backoff) Option {
 	return func(c *config) { c.backoff = b }
 }
 
-// WithMaxRetries sets the retries after the first attempt (default 2;
-// negative: none). Client only.
+// WithMaxRetries sets the retries after the first attempt (default
+// DefaultMaxRetries); 0 (or a negative n) turns retries off. Client only.
 func WithMaxRetries(n int) Option {
 	return func(c *config) { c.maxRetries = n }
 }
@@ -206,7 +193,8 @@ func WithRetryable(f func(fullMethod string) bool) Option {
 }
 
 // WithoutPriorityPropagation stops the client from sending the context's
-// priority (shedder.NewContext) in the shedder.MetadataKey metadata, and
+// priority (spillway.ContextWithPriority) in the
+// spillway.PriorityMetadataKey metadata, and
 // the server from storing the call's priority in the handler's context.
 func WithoutPriorityPropagation() Option {
 	return func(c *config) { c.noPropagate = true }

@@ -2,16 +2,12 @@ package grpcx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
-	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
+	"github.com/spillway-go/spillway/internal/admission"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -49,17 +45,12 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 			return nil, err
 		}
 		if !s.c.noPropagate {
-			ctx = shedder.NewContext(ctx, pri)
+			ctx = spillway.ContextWithPriority(ctx, pri)
 		}
-		finished := false
-		defer func() {
-			if !finished {
-				done(spillway.Ignored) // the handler panicked; the panic goes on
-			}
-		}()
+		g := admission.Guard{Done: done}
+		defer g.Release() // the handler panicked: release; the panic goes on
 		resp, err = handler(ctx, req)
-		finished = true
-		done(outcome(err))
+		g.Finish(outcome(err))
 		return resp, err
 	}
 }
@@ -82,17 +73,12 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 		}
 		if !s.c.noPropagate {
 			// Outgoing calls made while serving carry the priority.
-			ss = &ctxStream{ServerStream: ss, ctx: shedder.NewContext(ctx, pri)}
+			ss = &ctxStream{ServerStream: ss, ctx: spillway.ContextWithPriority(ctx, pri)}
 		}
-		finished := false
-		defer func() {
-			if !finished {
-				done(spillway.Ignored)
-			}
-		}()
+		g := admission.Guard{Done: done}
+		defer g.Release()
 		err = handler(srv, ss)
-		finished = true
-		done(outcome(err))
+		g.Finish(outcome(err))
 		return err
 	}
 }
@@ -113,30 +99,22 @@ func (s *server) priority(ctx context.Context, method string) spillway.Priority 
 	if s.c.priority != nil {
 		return s.c.priority(ctx, method)
 	}
-	p := spillway.Critical
-	if v := metadata.ValueFromIncomingContext(ctx, shedder.MetadataKey); len(v) > 0 {
-		if q, err := spillway.ParsePriority(v[0]); err == nil && (q < p || s.c.trustPriority) {
-			p = q
-		}
+	var received string
+	if v := metadata.ValueFromIncomingContext(ctx, spillway.PriorityMetadataKey); len(v) > 0 {
+		received = v[0]
 	}
-	return p
+	return spillway.ReceivedPriority(spillway.Critical, received, s.c.trustPriority)
 }
 
 // admit returns the Done to call after the handler, the priority the call
 // was admitted at (for propagation), the response metadata to set, and the
 // status error of a denial.
 func (s *server) admit(ctx context.Context, method string) (spillway.Done, spillway.Priority, metadata.MD, error) {
-	// One allocation for the request and room for its three dimensions.
-	buf := &struct {
-		req  spillway.Request
-		dims [3]spillway.Dimension
-	}{}
-	req := &buf.req
+	req := admission.NewRequest()
 	req.Endpoint, req.Priority = method, s.priority(ctx, method)
 	if s.c.cost != nil {
 		req.Cost = s.c.cost(ctx, method)
 	}
-	req.Dims = buf.dims[:0]
 	if p, ok := peer.FromContext(ctx); ok {
 		if ip, ok := peerIP(p.Addr); ok {
 			if len(s.c.trusted) > 0 {
@@ -162,42 +140,22 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, spill
 			req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimAPIKey, Value: v[0]})
 		}
 	}
-	if err := req.Validate(); err != nil {
-		return spillway.Noop, req.Priority, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}).Err()
+	res := admission.Admit(ctx, s.l, req, s.c.failMode)
+	if res.Err != nil && s.c.onError != nil {
+		s.c.onError(ctx, method, res.Err)
 	}
-	d, done, err := s.l.Admit(ctx, req)
-	if err != nil {
-		if s.c.onError != nil {
-			s.c.onError(ctx, method, err)
-		}
-		var se *tiers.StoreError
-		if s.c.failMode == FailClosed || (errors.As(err, &se) && se.Fail == tiers.FailClosed) {
-			return spillway.Noop, req.Priority, nil, DenialStatus(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}).Err()
-		}
-		return spillway.Noop, req.Priority, nil, nil
+	hdr := s.headers(res.Decision)
+	if !res.Decision.Allowed {
+		return spillway.Noop, req.Priority, hdr, DenialStatus(res.Decision).Err()
 	}
-	if done == nil {
-		done = spillway.Noop
-	}
-	hdr := s.headers(d)
-	if !d.Allowed {
-		done(spillway.Ignored)
-		return spillway.Noop, req.Priority, hdr, DenialStatus(d).Err()
-	}
-	return done, req.Priority, hdr, nil
+	return res.Done, req.Priority, hdr, nil
 }
 
 func (s *server) headers(d spillway.Decision) metadata.MD {
-	if d.Limit <= 0 {
+	v := admission.RateValues(d, s.c.now())
+	if v == nil {
 		return nil
 	}
-	reset := s.c.now().Add(d.ResetAfter)
-	epoch := reset.Unix()
-	if reset.Nanosecond() > 0 {
-		epoch++
-	}
-	v := make([]string, 3) // one backing array for the three values
-	v[0], v[1], v[2] = strconv.FormatInt(d.Limit, 10), strconv.FormatInt(max(d.Remaining, 0), 10), strconv.FormatInt(epoch, 10)
 	return metadata.MD{
 		HeaderLimit:     v[0:1:1],
 		HeaderRemaining: v[1:2:2],
@@ -225,12 +183,12 @@ func peerIP(a net.Addr) (netip.Addr, bool) {
 // (Reason.IsShed), ResourceExhausted for rate and concurrency limits. It
 // returns OK for an allowed decision.
 func Code(d spillway.Decision) codes.Code {
-	switch {
-	case d.Allowed:
+	switch admission.ClassOf(d) {
+	case admission.Allowed:
 		return codes.OK
-	case d.Reason == spillway.ReasonInvalid:
+	case admission.Invalid:
 		return codes.InvalidArgument
-	case d.Reason.IsShed():
+	case admission.Unavailable:
 		return codes.Unavailable
 	}
 	return codes.ResourceExhausted
@@ -253,11 +211,7 @@ func DenialStatus(d spillway.Decision) *status.Status {
 			Subject: d.Limiter, Description: d.Reason.String(),
 		}}})
 	}
-	if d.Reason != spillway.ReasonInvalid && d.Reason != spillway.ReasonCostExceedsLimit {
-		delay := d.RetryAfter
-		if delay <= 0 {
-			delay = time.Second
-		}
+	if delay, ok := admission.RetryAfter(d); ok {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {

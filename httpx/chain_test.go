@@ -70,7 +70,7 @@ func TestRedisDownFailOpenAndClosed(t *testing.T) {
 	var errs int
 	onErr := httpx.WithErrorHandler(func(*http.Request, error) { errs++ })
 	open := serve(t, httpx.Middleware(lim, onErr)(okHandler()))
-	closed := serve(t, httpx.Middleware(lim, onErr, httpx.WithFailMode(httpx.FailClosed))(okHandler()))
+	closed := serve(t, httpx.Middleware(lim, onErr, httpx.WithFailMode(spillway.FailClosed))(okHandler()))
 
 	resp, _ := get(t, open.URL, nil)
 	require.Equal(t, 200, resp.StatusCode)

@@ -32,8 +32,9 @@
 // (Unix epoch seconds, rounded up) when the decision has a Limit; the IETF
 // RateLimit and RateLimit-Policy headers are an option (WithIETFHeaders).
 // When the limiter returns an error (its store failed and no fallback
-// decided), the fail mode applies: FailOpen serves the request (default),
-// FailClosed answers 503.
+// decided), the fail mode applies: spillway.FailOpen serves the request
+// (default), spillway.FailClosed answers 503; a *spillway.StoreError that
+// asks for FailClosed is answered 503 either way.
 //
 // Middleware and Transport are safe for concurrent use.
 package httpx

@@ -8,11 +8,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
+	"github.com/spillway-go/spillway/internal/admission"
 )
 
 // Middleware returns net/http middleware that admits every request through
@@ -37,47 +35,29 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := h.request(r)
-	if err := req.Validate(); err != nil {
-		h.deny(w, r, spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, err.Error())
-		return
+	res := admission.Admit(r.Context(), h.l, req, c.failMode)
+	if res.Err != nil && c.onError != nil {
+		c.onError(r, res.Err)
 	}
-	d, done, err := h.l.Admit(r.Context(), req)
-	if err != nil {
-		if c.onError != nil {
-			c.onError(r, err)
-		}
-		if failClosed(c.failMode, err) {
-			h.deny(w, r, spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "store"}, "")
-			return
-		}
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	if done == nil {
-		done = spillway.Noop
-	}
+	d := res.Decision
 	h.setRateHeaders(w.Header(), d)
 	if !d.Allowed {
-		done(spillway.Ignored) // harmless: a denial acquires nothing, but a sloppy block might
-		h.deny(w, r, d, "")
+		detail := ""
+		if res.Invalid != nil {
+			detail = res.Invalid.Error()
+		}
+		h.deny(w, r, d, detail)
 		return
 	}
 	if !c.noPropagate {
 		// Outgoing calls made while serving carry the priority (Transport).
-		r = r.WithContext(shedder.NewContext(r.Context(), req.Priority))
+		r = r.WithContext(spillway.ContextWithPriority(r.Context(), req.Priority))
 	}
 	sw := &statusWriter{ResponseWriter: w}
-	finished := false
-	defer func() {
-		if !finished {
-			// The handler panicked: release, and let the panic go on
-			// with its stack intact. A panic is a bug, not overload.
-			done(spillway.Ignored)
-		}
-	}()
+	g := admission.Guard{Done: res.Done}
+	defer g.Release() // the handler panicked: release; the panic goes on
 	h.next.ServeHTTP(sw, r)
-	finished = true
-	done(outcome(r.Context(), sw.status))
+	g.Finish(outcome(r.Context(), sw.status))
 }
 
 // PatternPath returns the path part of a ServeMux pattern
@@ -94,17 +74,6 @@ func PatternPath(pattern string) string {
 	return pattern
 }
 
-// failClosed reports whether a limiter error denies: when the mode says so,
-// or when the error is a tiers.StoreError for a request that matched a
-// fail-closed rule (login, say).
-func failClosed(m FailMode, err error) bool {
-	if m == FailClosed {
-		return true
-	}
-	var se *tiers.StoreError
-	return errors.As(err, &se) && se.Fail == tiers.FailClosed
-}
-
 // outcome maps how a response ended to what adaptive limiters learn.
 func outcome(ctx context.Context, status int) spillway.Outcome {
 	if errors.Is(ctx.Err(), context.Canceled) {
@@ -118,12 +87,7 @@ func outcome(ctx context.Context, status int) spillway.Outcome {
 
 func (h *handler) request(r *http.Request) *spillway.Request {
 	c := &h.c
-	// One allocation for the request and room for its three dimensions.
-	buf := &struct {
-		req  spillway.Request
-		dims [3]spillway.Dimension
-	}{}
-	req := &buf.req
+	req := admission.NewRequest()
 	req.Method, req.Priority = r.Method, c.priority(r)
 	switch {
 	case c.endpoint != nil:
@@ -136,7 +100,6 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 	if c.cost != nil {
 		req.Cost = c.cost(r)
 	}
-	req.Dims = buf.dims[:0]
 	if ip, ok := ClientIP(r, c.trusted, c.fwdHeader); ok {
 		req.Dims = append(req.Dims, spillway.Dimension{Name: spillway.DimIP, Value: ip.String()})
 	}
@@ -158,12 +121,12 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 // store (Reason.IsShed), 429 Too Many Requests for the rest. It returns 200
 // for an allowed decision.
 func Status(d spillway.Decision) int {
-	switch {
-	case d.Allowed:
+	switch admission.ClassOf(d) {
+	case admission.Allowed:
 		return http.StatusOK
-	case d.Reason == spillway.ReasonInvalid:
+	case admission.Invalid:
 		return http.StatusBadRequest
-	case d.Reason.IsShed():
+	case admission.Unavailable:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusTooManyRequests
@@ -173,17 +136,11 @@ func Status(d spillway.Decision) int {
 // rounded up and at least 1, and false when the denial has none: the
 // request was malformed or costs more than the limit can ever admit.
 func RetryAfterSeconds(d spillway.Decision) (int64, bool) {
-	if d.Allowed || d.Reason == spillway.ReasonInvalid || d.Reason == spillway.ReasonCostExceedsLimit {
+	wait, ok := admission.RetryAfter(d)
+	if !ok {
 		return 0, false
 	}
-	return max(ceilSeconds(d.RetryAfter), 1), true
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
+	return max(admission.CeilSeconds(wait), 1), true
 }
 
 func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
@@ -192,13 +149,7 @@ func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
 	}
 	remaining := max(d.Remaining, 0)
 	if h.c.legacy {
-		reset := h.c.now().Add(d.ResetAfter)
-		epoch := reset.Unix()
-		if reset.Nanosecond() > 0 {
-			epoch++ // round up: never claim it resets sooner than it does
-		}
-		v := make([]string, 3) // one backing array for the three values
-		v[0], v[1], v[2] = strconv.FormatInt(d.Limit, 10), strconv.FormatInt(remaining, 10), strconv.FormatInt(epoch, 10)
+		v := admission.RateValues(d, h.c.now())
 		hdr["X-Ratelimit-Limit"] = v[0:1:1]
 		hdr["X-Ratelimit-Remaining"] = v[1:2:2]
 		hdr["X-Ratelimit-Reset"] = v[2:3:3]
@@ -206,7 +157,7 @@ func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
 	if h.c.ietf {
 		name := sfString(d.Limiter)
 		hdr["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10)}
-		hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+		hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(admission.CeilSeconds(d.ResetAfter), 10)}
 	}
 }
 

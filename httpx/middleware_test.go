@@ -16,7 +16,6 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/httpx"
-	"github.com/spillway-go/spillway/tiers"
 	"github.com/stretchr/testify/require"
 )
 
@@ -176,11 +175,11 @@ func TestDenialStatuses(t *testing.T) {
 		{"fail closed decision", fixed(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "login"}, nil), nil, 503, "1", "fail_closed", ""},
 		{"cost exceeds", fixed(spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk", Limit: 10}, nil), nil, 429, "", "cost_exceeds_limit", "10"},
 		{"invalid", fixed(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil), nil, 400, "", "invalid", ""},
-		{"store down, closed", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(httpx.FailClosed)}, 503, "1", "fail_closed", ""},
+		{"store down, closed", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(spillway.FailClosed)}, 503, "1", "fail_closed", ""},
 		{"store down, open", fixed(spillway.Decision{}, storeDown), nil, 200, "", "", ""},
-		{"store down, explicit open", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(httpx.FailOpen)}, 200, "", "", ""},
-		{"store down, fail-closed tiers rule", fixed(spillway.Decision{}, &tiers.StoreError{Fail: tiers.FailClosed, Rules: []string{"login"}, Err: storeDown}), nil, 503, "1", "fail_closed", ""},
-		{"store down, fail-open tiers rule", fixed(spillway.Decision{}, &tiers.StoreError{Fail: tiers.FailOpen, Rules: []string{"search"}, Err: storeDown}), nil, 200, "", "", ""},
+		{"store down, explicit open", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(spillway.FailOpen)}, 200, "", "", ""},
+		{"store down, fail-closed tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Rules: []string{"login"}, Err: storeDown}), nil, 503, "1", "fail_closed", ""},
+		{"store down, fail-open tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailOpen, Rules: []string{"search"}, Err: storeDown}), nil, 200, "", "", ""},
 		{"invalid priority", fixed(spillway.Decision{Allowed: true}, nil), []httpx.Option{httpx.WithPriority(func(*http.Request) spillway.Priority { return 9 })}, 400, "", "invalid", ""},
 		{"negative cost", fixed(spillway.Decision{Allowed: true}, nil), []httpx.Option{httpx.WithCost(func(*http.Request) int64 { return -1 })}, 400, "", "invalid", ""},
 	}

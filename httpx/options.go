@@ -11,27 +11,6 @@ import (
 // Option configures Middleware.
 type Option func(*config)
 
-// FailMode says what Middleware does when the limiter returns an error
-// (its shared store failed and nothing below it decided).
-type FailMode uint8
-
-const (
-	// FailOpen serves the request unlimited; a store outage does not take
-	// the API down. It is the default: put a fallback block in the chain
-	// for bounded local limits instead of none.
-	FailOpen FailMode = iota
-	// FailClosed answers 503 Service Unavailable with Retry-After: 1.
-	FailClosed
-)
-
-// String returns "open" or "closed".
-func (m FailMode) String() string {
-	if m == FailClosed {
-		return "closed"
-	}
-	return "open"
-}
-
 type config struct {
 	endpoint    func(*http.Request) string
 	priority    func(*http.Request) spillway.Priority
@@ -41,7 +20,7 @@ type config struct {
 	trusted     []netip.Prefix
 	fwdHeader   string
 	skip        func(*http.Request) bool
-	failMode    FailMode
+	failMode    spillway.FailMode
 	onError     func(*http.Request, error)
 	ietf        bool
 	legacy      bool
@@ -145,9 +124,10 @@ func WithSkip(skip func(*http.Request) bool) Option {
 }
 
 // WithFailMode sets what happens when the limiter returns an error
-// (default FailOpen). A *tiers.StoreError for a request that matched a
-// fail-closed rule is answered 503 whatever the mode.
-func WithFailMode(m FailMode) Option {
+// (default spillway.FailOpen: the handler runs). A *spillway.StoreError
+// whose Fail is spillway.FailClosed (a request that matched a tiers rule
+// with fail: closed, say) is answered 503 whatever the mode.
+func WithFailMode(m spillway.FailMode) Option {
 	return func(c *config) { c.failMode = m }
 }
 
@@ -192,8 +172,8 @@ func WithProblemTypeBase(uri string) Option {
 }
 
 // WithoutPriorityContext stops Middleware from storing the request's
-// priority in its context (shedder.NewContext), where Transport finds it to
-// propagate downstream. Storing it costs one request copy.
+// priority in its context (spillway.ContextWithPriority), where Transport
+// finds it to propagate downstream. Storing it costs one request copy.
 func WithoutPriorityContext() Option {
 	return func(c *config) { c.noPropagate = true }
 }

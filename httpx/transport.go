@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/clientside"
-	"github.com/spillway-go/spillway/shedder"
 )
 
 // Throttle is client-side adaptive throttling: Allow counts a request and
@@ -41,30 +41,36 @@ var ErrThrottled = fmt.Errorf("httpx: request throttled locally: the backend is 
 //     jitter (or an exponential backoff when there is none; see Backoff),
 //     when the request is retryable, the RetryBudget has room, MaxRetries
 //     is not reached and the context's deadline leaves time for the wait;
-//   - propagates the priority in the request's context (shedder.NewContext;
-//     Middleware puts the served request's priority there) in the
-//     shedder.Header header, unless the request already carries one.
+//   - propagates the priority in the request's context
+//     (spillway.ContextWithPriority; Middleware puts the served request's
+//     priority there) in the spillway.PriorityHeader header, unless the
+//     request already carries one.
 //
 // By default only idempotent methods (GET, HEAD, OPTIONS, TRACE, PUT,
 // DELETE) and requests carrying an Idempotency-Key header are retried; a
 // request with a body is retried only when it has GetBody (http.NewRequest
 // sets it for in-memory bodies). The zero Transport uses
-// http.DefaultTransport with no throttle and no budget (MaxRetries still
-// caps retries); NewTransport adds the clientside defaults. Its fields must
-// not change once it is in use. A Transport is safe for concurrent use.
+// http.DefaultTransport with no throttle, no budget and no retries
+// (MaxRetries 0); NewTransport adds the clientside defaults and
+// DefaultMaxRetries. Its fields must not change once it is in use. A
+// Transport is safe for concurrent use.
 type Transport struct {
 	Base       http.RoundTripper // nil means http.DefaultTransport
 	Throttle   Throttle          // nil: no client-side throttling
 	Budget     RetryBudget       // nil: retries capped only by MaxRetries
 	Backoff    clientside.Backoff
-	MaxRetries int                          // retries after the first attempt; 0 means 2, negative means none
+	MaxRetries int                          // retries after the first attempt; 0 (or negative) means none
 	Retryable  func(req *http.Request) bool // nil: idempotent methods or an Idempotency-Key header
-	NoPriority bool                         // do not set shedder.Header from the context
+	NoPriority bool                         // do not set spillway.PriorityHeader from the context
 }
+
+// DefaultMaxRetries is the MaxRetries of NewTransport.
+const DefaultMaxRetries = 2
 
 // NewTransport returns a Transport over base (nil: http.DefaultTransport)
 // with clientside's default Throttle (K = 2 over two minutes) and
-// RetryBudget (10% of requests, at least one retry a second).
+// RetryBudget (10% of requests, at least one retry a second), and
+// DefaultMaxRetries retries. Set MaxRetries to 0 to turn retries off.
 func NewTransport(base http.RoundTripper) *Transport {
 	th, err := clientside.NewThrottle()
 	if err != nil {
@@ -74,7 +80,7 @@ func NewTransport(base http.RoundTripper) *Transport {
 	if err != nil {
 		panic(err)
 	}
-	return &Transport{Base: base, Throttle: th, Budget: b}
+	return &Transport{Base: base, Throttle: th, Budget: b, MaxRetries: DefaultMaxRetries}
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -85,15 +91,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	if !t.NoPriority {
-		if p, ok := shedder.FromContext(ctx); ok && req.Header.Get(shedder.Header) == "" {
+		if p, ok := spillway.PriorityFromContext(ctx); ok && req.Header.Get(spillway.PriorityHeader) == "" {
 			req = req.Clone(ctx) // a RoundTripper must not modify the caller's request
-			shedder.SetHeader(req.Header, p)
+			req.Header.Set(spillway.PriorityHeader, p.String())
 		}
 	}
 	maxRetries := t.MaxRetries
-	if maxRetries == 0 {
-		maxRetries = 2
-	}
 	canRetry := maxRetries > 0 && t.retryable(req)
 	if t.Budget != nil {
 		t.Budget.Deposit()

@@ -55,7 +55,7 @@ func (f *flaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	f.times = append(f.times, time.Now())
 	f.bodies = append(f.bodies, string(b))
-	f.prios = append(f.prios, r.Header.Get(shedder.Header))
+	f.prios = append(f.prios, r.Header.Get(spillway.PriorityHeader))
 	if len(f.times) <= f.n {
 		if f.ra != "" {
 			w.Header().Set("Retry-After", f.ra)
@@ -77,7 +77,7 @@ func noJitter() clientside.Backoff { return clientside.Backoff{Jitter: -1} }
 func TestTransportRetriesOverLoopback(t *testing.T) {
 	f := &flaky{n: 1, status: 429, ra: "1"}
 	srv := serve(t, f)
-	client := &http.Client{Transport: &httpx.Transport{Backoff: noJitter()}}
+	client := &http.Client{Transport: &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Backoff: noJitter()}}
 	resp, err := client.Get(srv.URL)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -91,7 +91,7 @@ func TestTransportRetriesOverLoopback(t *testing.T) {
 func TestTransportWaitsRetryAfterWithJitter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 2, status: 503, ra: "2"}
-		tr := &httpx.Transport{Base: inProcess{f}, Backoff: clientside.Backoff{Jitter: 0.5, Rand: func() float64 { return 0.5 }}}
+		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: clientside.Backoff{Jitter: 0.5, Rand: func() float64 { return 0.5 }}}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -114,19 +114,32 @@ func TestTransportGivesUpAfterMaxRetries(t *testing.T) {
 		require.Equal(t, "1", resp.Header.Get("Retry-After"))
 		require.Equal(t, 4, f.hits())
 
-		f2 := &flaky{n: 10, status: 429, ra: "1"}
-		tr2 := &httpx.Transport{Base: inProcess{f2}, MaxRetries: -1}
-		resp, err = tr2.RoundTrip(req)
+		// 0 means no retries, as does a negative count; so does the zero
+		// Transport.
+		for _, n := range []int{0, -1} {
+			f2 := &flaky{n: 10, status: 429, ra: "1"}
+			tr2 := &httpx.Transport{Base: inProcess{f2}, MaxRetries: n}
+			resp, err = tr2.RoundTrip(req)
+			require.NoError(t, err)
+			require.Equal(t, 429, resp.StatusCode)
+			require.Equal(t, 1, f2.hits(), "MaxRetries %d", n)
+		}
+		// NewTransport retries DefaultMaxRetries times.
+		f3 := &flaky{n: 10, status: 429, ra: "1"}
+		tr3 := httpx.NewTransport(inProcess{f3})
+		tr3.Throttle, tr3.Budget, tr3.Backoff = nil, nil, noJitter()
+		require.Equal(t, httpx.DefaultMaxRetries, tr3.MaxRetries)
+		resp, err = tr3.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 429, resp.StatusCode)
-		require.Equal(t, 1, f2.hits())
+		require.Equal(t, 1+httpx.DefaultMaxRetries, f3.hits())
 	})
 }
 
 func TestTransportOnlyRetriesIdempotentOrReplayable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
-		tr := &httpx.Transport{Base: inProcess{f}, Backoff: noJitter()}
+		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter()}
 		req, _ := http.NewRequest(http.MethodPost, "http://svc/x", strings.NewReader("payload"))
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -160,7 +173,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 		budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
 		require.NoError(t, err)
 		f := &flaky{n: 100, status: 503, ra: "1"}
-		tr := &httpx.Transport{Base: inProcess{f}, Backoff: noJitter(), Budget: budget}
+		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Budget: budget}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -173,7 +186,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// A deadline shorter than Retry-After: answer at once.
 		f = &flaky{n: 1, status: 429, ra: "5"}
-		tr = &httpx.Transport{Base: inProcess{f}, Backoff: noJitter()}
+		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter()}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		req, _ = http.NewRequestWithContext(ctx, http.MethodGet, "http://svc/x", nil)
@@ -186,7 +199,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// Retry-After beyond Backoff.MaxRetryAfter: not retried.
 		f = &flaky{n: 1, status: 429, ra: "120"}
-		tr = &httpx.Transport{Base: inProcess{f}}
+		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}}
 		req, _ = http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -195,7 +208,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// No Retry-After: exponential backoff (Base 100ms: first wait in [50ms, 100ms)).
 		f = &flaky{n: 1, status: 503}
-		tr = &httpx.Transport{Base: inProcess{f}, Backoff: clientside.Backoff{Rand: func() float64 { return 0 }}}
+		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: clientside.Backoff{Rand: func() float64 { return 0 }}}
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 200, resp.StatusCode)
@@ -221,7 +234,7 @@ func TestTransportThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
 		th := &recThrottle{allow: true}
-		tr := &httpx.Transport{Base: inProcess{f}, Backoff: noJitter(), Throttle: th}
+		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Throttle: th}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -238,7 +251,7 @@ func TestTransportThrottle(t *testing.T) {
 		// A retry the throttle refuses: the caller gets the server's 429.
 		f = &flaky{n: 1, status: 429, ra: "1"}
 		once := &onceThrottle{}
-		tr = &httpx.Transport{Base: inProcess{f}, Backoff: noJitter(), Throttle: once}
+		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Throttle: once}
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 429, resp.StatusCode)
@@ -250,13 +263,13 @@ func TestTransportPropagatesPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{}
 		tr := &httpx.Transport{Base: inProcess{f}}
-		ctx := shedder.NewContext(context.Background(), spillway.Sheddable)
+		ctx := spillway.ContextWithPriority(context.Background(), spillway.Sheddable)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://svc/x", nil)
 		_, err := tr.RoundTrip(req)
 		require.NoError(t, err)
-		require.Empty(t, req.Header.Get(shedder.Header)) // the caller's request is untouched
+		require.Empty(t, req.Header.Get(spillway.PriorityHeader)) // the caller's request is untouched
 		req2, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://svc/x", nil)
-		req2.Header.Set(shedder.Header, "critical")
+		req2.Header.Set(spillway.PriorityHeader, "critical")
 		_, err = tr.RoundTrip(req2)
 		require.NoError(t, err)
 		tr.NoPriority = true

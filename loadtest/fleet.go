@@ -81,7 +81,7 @@ func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder) (*APIServe
 		h = httpx.Middleware(recording{inner: lim, rec: rec},
 			httpx.WithPriority(priorityFromHeader),
 			httpx.WithAPIKeyHeader("X-API-Key"),
-			httpx.WithFailMode(httpx.FailOpen),
+			httpx.WithFailMode(spillway.FailOpen),
 		)(work)
 	}
 	mux.Handle("GET /api/v1/search", h)

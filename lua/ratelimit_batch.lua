@@ -10,7 +10,7 @@
 --               log, 4 sliding window counter, 5 leaky bucket
 --          L    limit; P period in µs; B burst (effective, ≥ 1)
 --          T    emission interval ceil(P/L) in µs
---          n    cost (≥ 0; 0 peeks)
+--          n    cost (≥ 0; 0 peeks; ≤ capacity+1 ≤ 2^52+1, exact: Go sends a larger cost as capacity+1)
 --          uid  unique id of this item in this call: the sliding window
 --               log's members are uid (n = 1) or uid..":"..j (j = 1..n)
 --

@@ -10,8 +10,8 @@
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2 + 3(i-1) .. 4 + 3(i-1)], for item i:
 --          T    the emission interval ceil(Period/Limit) in µs (≥ 1)
---          tau  Burst·T in µs, the capacity in time (≤ 2^53)
---          n    the cost (≥ 0; 0 peeks)
+--          tau  Burst·T in µs, the capacity in time (≤ 2^52)
+--          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
 -- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
 -- tat_N}:

@@ -7,8 +7,8 @@
 --          in integer µs (absent = full bucket)
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2]  T, the emission interval ceil(Period/Limit) in µs (≥ 1)
--- ARGV[3]  tau = Burst·T in µs, the capacity in time (≤ 2^53)
--- ARGV[4]  n, the cost (≥ 0; 0 peeks)
+-- ARGV[3]  tau = Burst·T in µs, the capacity in time (≤ 2^52)
+-- ARGV[4]  n, the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
 -- Reply: wait, an integer in [0, tau]: max(TAT, now') − now', how far the
 -- bucket is from full before this call (now' is now clamped, see below).

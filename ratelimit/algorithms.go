@@ -13,7 +13,7 @@ package ratelimit
 //   - P = Period in µs, L = Limit, B = EffectiveBurst, n = cost (n ≥ 0; the
 //     callers reject negative costs before calling).
 //   - T = EmissionInterval() = ceil(P / L), τ = B·T ("tau", the bucket
-//     capacity expressed in time). Validate keeps B·T and L·P ≤ 2^53, so the
+//     capacity expressed in time). Validate keeps B·T and P ≤ 2^52 and L·P ≤ 2^53, so the
 //     products stay exact in Lua's doubles; the functions still saturate
 //     instead of wrapping if a stored state belongs to another policy.
 //   - A denial returns the state unchanged. Cost 0 is a peek: always allowed
@@ -168,7 +168,7 @@ func bucketDecide(tat, now int64, p limits, n int64) (o outcome, newTAT int64) {
 	if n > B {
 		return outcome{exceeds: true, remaining: (tau - wait) / T, reset: wait}, tat
 	}
-	need := wait + n*T // TAT' − now'; n ≤ B, so n·T ≤ τ ≤ 2^53: no overflow
+	need := wait + n*T // TAT' − now'; n ≤ B, so n·T ≤ τ ≤ 2^52: no overflow
 	if need > tau {
 		return outcome{remaining: (tau - wait) / T, reset: wait, retry: need - tau}, tat
 	}

@@ -314,7 +314,7 @@ func TestConformanceBatches(t *testing.T) {
 				return out[0].Remaining
 			}
 			// Allowed batch: both charged.
-			if !batch(Item{"ip", "a", tb, 1}, Item{"user", "u", one, 1}) {
+			if !batch(Item{Scope: "ip", Key: "a", Policy: tb, Cost: 1}, Item{Scope: "user", Key: "u", Policy: one, Cost: 1}) {
 				t.Fatal("first batch denied")
 			}
 			if out[0].Remaining != 1 || out[1].Remaining != 0 {
@@ -322,7 +322,7 @@ func TestConformanceBatches(t *testing.T) {
 			}
 			// Denied batch: the allowed item reports as if charged, but
 			// nothing is written anywhere.
-			if batch(Item{"ip", "a", tb, 1}, Item{"user", "u", one, 1}) {
+			if batch(Item{Scope: "ip", Key: "a", Policy: tb, Cost: 1}, Item{Scope: "user", Key: "u", Policy: one, Cost: 1}) {
 				t.Fatal("second batch allowed; user u has no token left")
 			}
 			want0 := spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 0, ResetAfter: ms(1000)}
@@ -336,12 +336,12 @@ func TestConformanceBatches(t *testing.T) {
 			// Every algorithm rolls back, new keys included; the denial is
 			// the last item, a cost above capacity.
 			if batch(
-				Item{"ip", "b", tb, 2},
-				Item{"fw", "b", fw, 4},
-				Item{"swl", "b", swl, 2},
-				Item{"swc", "b", swc, 2},
-				Item{"ip", "a", tb, 1},
-				Item{"fw", "a", fw, 6},
+				Item{Scope: "ip", Key: "b", Policy: tb, Cost: 2},
+				Item{Scope: "fw", Key: "b", Policy: fw, Cost: 4},
+				Item{Scope: "swl", Key: "b", Policy: swl, Cost: 2},
+				Item{Scope: "swc", Key: "b", Policy: swc, Cost: 2},
+				Item{Scope: "ip", Key: "a", Policy: tb, Cost: 1},
+				Item{Scope: "fw", Key: "a", Policy: fw, Cost: 6},
 			) {
 				t.Fatal("batch with a cost above capacity allowed")
 			}
@@ -361,7 +361,7 @@ func TestConformanceBatches(t *testing.T) {
 				t.Fatalf("ip a remaining %d, want 1", r)
 			}
 			// Items naming the same key see each other's charges.
-			if batch(Item{"ip", "c", tb, 1}, Item{"ip", "c", tb, 1}, Item{"ip", "c", tb, 1}) {
+			if batch(Item{Scope: "ip", Key: "c", Policy: tb, Cost: 1}, Item{Scope: "ip", Key: "c", Policy: tb, Cost: 1}, Item{Scope: "ip", Key: "c", Policy: tb, Cost: 1}) {
 				t.Fatal("three tokens from a burst of 2 in one batch")
 			}
 			if !out[0].Allowed || !out[1].Allowed || out[1].Remaining != 0 || out[2].Allowed {
@@ -370,18 +370,18 @@ func TestConformanceBatches(t *testing.T) {
 			if r := peek("ip", "c", tb); r != 2 {
 				t.Fatalf("ip c remaining %d after a denied batch, want 2", r)
 			}
-			if !batch(Item{"swl", "c", swl, 1}, Item{"swl", "c", swl, 2}) || out[1].Remaining != 0 {
+			if !batch(Item{Scope: "swl", Key: "c", Policy: swl, Cost: 1}, Item{Scope: "swl", Key: "c", Policy: swl, Cost: 2}) || out[1].Remaining != 0 {
 				t.Fatalf("same-key log batch: %+v %+v", out[0], out[1])
 			}
 			// Peeks never charge, even in a batch.
-			if !batch(Item{"ip", "d", one, 0}, Item{"ip", "d", one, 0}) || out[1].Remaining != 1 {
+			if !batch(Item{Scope: "ip", Key: "d", Policy: one, Cost: 0}, Item{Scope: "ip", Key: "d", Policy: one, Cost: 0}) || out[1].Remaining != 1 {
 				t.Fatalf("peek batch: %+v %+v", out[0], out[1])
 			}
 			// Bad input: an error naming the item, nothing charged.
-			if _, err := st.Decide(ctx, []Item{{"ip", "e", tb, 1}, {"ip", "e", tb, -1}}, out); err == nil {
+			if _, err := st.Decide(ctx, []Item{{Scope: "ip", Key: "e", Policy: tb, Cost: 1}, {Scope: "ip", Key: "e", Policy: tb, Cost: -1}}, out); err == nil {
 				t.Fatal("negative cost accepted")
 			}
-			if _, err := st.Decide(ctx, []Item{{"ip", "e", tb, 1}, {"ip", "e", Policy{Limit: 1}, 1}}, out); err == nil {
+			if _, err := st.Decide(ctx, []Item{{Scope: "ip", Key: "e", Policy: tb, Cost: 1}, {Scope: "ip", Key: "e", Policy: Policy{Limit: 1}, Cost: 1}}, out); err == nil {
 				t.Fatal("zero period accepted")
 			}
 			if r := peek("ip", "e", tb); r != 2 {

@@ -25,6 +25,7 @@ type Limiter struct {
 	lim    limits // policy in µs
 	scope  string
 	hash   uint64 // the scope's hash in mem
+	fail   spillway.FailMode
 }
 
 // LimiterOption configures a Limiter.
@@ -36,6 +37,12 @@ type LimiterOption func(*Limiter)
 // policy's String(), e.g. "token_bucket 100/1s burst 50", so two limiters
 // with the same policy on the same store share state unless named.
 func WithScope(scope string) LimiterOption { return func(l *Limiter) { l.scope = scope } }
+
+// WithFailMode sets what the limiter wants when its store cannot answer
+// (default spillway.FailOpen). Every item it sends carries the mode, so a
+// fallback.Store under it honours it; without such a store, the
+// *spillway.StoreError its Admit returns carries it to the adapter.
+func WithFailMode(m spillway.FailMode) LimiterOption { return func(l *Limiter) { l.fail = m } }
 
 // New returns a limiter applying p over store. It returns an error when
 // store is nil or p is invalid (the error wraps ErrInvalidPolicy and names
@@ -56,11 +63,17 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 			opt(l)
 		}
 	}
+	if !l.fail.Valid() {
+		return nil, fmt.Errorf("ratelimit: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(l.fail))
+	}
 	if l.mem != nil {
 		l.hash = l.mem.scopeHash(l.scope)
 	}
 	return l, nil
 }
+
+// FailMode returns the limiter's fail mode (see WithFailMode).
+func (l *Limiter) FailMode() spillway.FailMode { return l.fail }
 
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() Policy { return l.policy }
@@ -89,7 +102,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
 		return d, nil
 	}
-	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n}}
+	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n, Fail: l.fail}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, wrapf(err, "%s", l.scope)
@@ -196,8 +209,10 @@ var _ spillway.Limiter = (*DimensionLimiter)(nil)
 // being charged, with Limit 0 (a Chain then ignores it for headers) and the
 // Limiter name "<scope>:<dim>:absent", so the gap is visible in telemetry;
 // put a limiter that denies such requests in front if that is wrong for
-// you. A negative cost is denied with spillway.ReasonInvalid. Done is
-// spillway.Noop: a rate limit has nothing to release.
+// you. A nil or malformed request (spillway.Request.Valid) is denied with
+// spillway.ReasonInvalid. A store failure returns a *spillway.StoreError
+// carrying the limiter's fail mode (WithFailMode). Done is spillway.Noop: a
+// rate limit has nothing to release.
 func (l *Limiter) ByDimension(dim string) *DimensionLimiter {
 	scope := l.scope + ":" + dim
 	d := &DimensionLimiter{l: l, dim: dim, scope: scope, missing: scope + ":absent"}
@@ -212,7 +227,7 @@ func PerKey(l *Limiter, dim string) *DimensionLimiter { return l.ByDimension(dim
 
 // Admit implements spillway.Limiter.
 func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r.Cost < 0 {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.scope}, spillway.Noop, nil
 	}
 	v, ok := r.Get(d.dim)
@@ -226,10 +241,10 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
 		return dec, spillway.Noop, nil
 	}
-	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n}}
+	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n, Fail: l.fail}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
-		return spillway.Decision{}, spillway.Noop, wrapf(err, "%s", d.scope)
+		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: d.scope, Fail: l.fail, Err: err}
 	}
 	return out[0], spillway.Noop, nil
 }

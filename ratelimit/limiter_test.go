@@ -116,8 +116,20 @@ func TestLimiterStoreErrors(t *testing.T) {
 		t.Fatalf("Reset: %v", err)
 	}
 	d, done, err := l.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
-	if !errors.Is(err, errBackend) || d != (spillway.Decision{}) || done == nil || err.Error() != "ratelimit: s:ip: backend down" {
+	var se *spillway.StoreError
+	if !errors.Is(err, errBackend) || !errors.As(err, &se) || se.Fail != spillway.FailOpen || d != (spillway.Decision{}) || done == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): backend down" {
 		t.Fatalf("Admit: %+v %v", d, err)
+	}
+	closed := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, WithScope("login"), WithFailMode(spillway.FailClosed))
+	if closed.FailMode() != spillway.FailClosed {
+		t.Fatalf("FailMode() = %v", closed.FailMode())
+	}
+	_, _, err = closed.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
+	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
+		t.Fatalf("fail-closed Admit: %v", err)
+	}
+	if _, err := New(failingStore{}, Policy{Limit: 1, Period: time.Second}, WithFailMode(5)); err == nil || err.Error() != "ratelimit: unknown fail mode 5 (want spillway.FailOpen or spillway.FailClosed)" {
+		t.Fatalf("WithFailMode(5): %v", err)
 	}
 	if err := l.ByDimension(spillway.DimIP).Reset(ctx, "1"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s:ip: reset: backend down" {
 		t.Fatalf("dimension Reset: %v", err)
@@ -138,7 +150,7 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 		t.Fatalf("Reset over a nil client: %v", err)
 	}
 	d := l.ByDimension(spillway.DimIP)
-	if _, _, err := d.Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}}); err == nil || err.Error() != "ratelimit: s:ip: redis: client is nil" {
+	if _, _, err := d.Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}}); err == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): ratelimit: redis: client is nil" {
 		t.Fatalf("Admit over a nil client: %v", err)
 	}
 	// A store whose errors are ratelimit's own validation errors.

@@ -86,8 +86,19 @@ type Policy struct {
 	Burst     int64         // capacity for TokenBucket, GCRA, LeakyBucket; 0 means Limit; ignored (must be 0 or Limit) by the windows
 }
 
-// maxExact is the largest integer Redis Lua (IEEE doubles) represents
-// exactly; every product the scripts form stays at or below it.
+// MaxSpanMicros is the largest Burst·T (bucket family) and the longest
+// Period, in µs, that Validate accepts: 2^52 µs, about 142 years. The
+// Redis scripts compute in doubles, exact up to 2^53: a bucket stores the
+// arrival time now + Burst·T and forms a need of up to 2·Burst·T, a window
+// forms times up to now + 2·Period, so with this bound every number they
+// form stays exact until the year 2112 (now ≤ 2^52 µs). At Burst·T = 2^53
+// the scripts rounded and the two stores disagreed. The windows' product
+// Limit·Period (a count times a duration, never added to now) may go up to
+// 2^53 (maxExact).
+const MaxSpanMicros = 1 << 52
+
+// maxExact is the largest integer a double represents exactly, with every
+// integer below it.
 const maxExact = 1 << 53
 
 // ErrInvalidPolicy is wrapped by every policy validation error.
@@ -95,8 +106,9 @@ var ErrInvalidPolicy = errors.New("ratelimit: invalid policy")
 
 // Validate reports what is wrong with p, naming the field. Limits: Limit and
 // Period > 0, Period a whole number of microseconds, Burst ≥ 0, Period/Limit
-// at least 1µs, and Burst·T and Limit·Period (in µs) at most 2^53 so that the
-// Redis scripts, which compute in doubles, stay exact.
+// at least 1µs, Period and Burst·T (in µs) at most MaxSpanMicros (2^52) and
+// Limit·Period at most 2^53, so that the Redis scripts, which compute in
+// doubles, stay exact.
 func (p Policy) Validate() error {
 	if p.Algorithm >= numAlgorithms {
 		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidPolicy, uint8(p.Algorithm))
@@ -114,6 +126,9 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("%w: burst %d must not be negative", ErrInvalidPolicy, p.Burst)
 	}
 	periodUS := p.Period.Microseconds()
+	if periodUS > MaxSpanMicros {
+		return fmt.Errorf("%w: period %v exceeds 2^52 µs (MaxSpanMicros, about 142 years)", ErrInvalidPolicy, p.Period)
+	}
 	if periodUS < p.Limit {
 		return fmt.Errorf("%w: limit %d per %v is more than one per microsecond", ErrInvalidPolicy, p.Limit, p.Period)
 	}
@@ -126,8 +141,8 @@ func (p Policy) Validate() error {
 			return fmt.Errorf("%w: limit %d × period %v exceeds 2^53 µs", ErrInvalidPolicy, p.Limit, p.Period)
 		}
 	default:
-		if p.EffectiveBurst() > maxExact/p.EmissionInterval() {
-			return fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^53 µs", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval())
+		if p.EffectiveBurst() > MaxSpanMicros/p.EmissionInterval() {
+			return fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^52 µs (MaxSpanMicros)", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval())
 		}
 	}
 	return nil

@@ -163,7 +163,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.Cost).Result()
+	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -235,7 +235,7 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 		it := &items[i]
 		T := it.Policy.EmissionInterval()
 		keys[i] = redisKey(s.prefix, it)
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost)
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost())
 	}
 	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
@@ -308,7 +308,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 		if g != nil {
 			g.uids[i] = uid
 		}
-		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.Cost, uid)
+		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}
 	res, err := lua.RateLimitBatch.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {

@@ -12,11 +12,17 @@ import (
 // physical key from both in one place (see the package doc): user-supplied
 // Key values cannot choose a Redis Cluster slot or collide with another
 // scope, and long values are hashed. Items that share a Key share a hash tag.
+//
+// Fail is what the item's limit wants when the store cannot answer. The
+// memory and Redis stores ignore it; a store that decides on failures (a
+// fallback.Store) honours it per item, so a fail-closed rule fails closed
+// whatever else is in the batch.
 type Item struct {
 	Scope  string
 	Key    string
 	Policy Policy
-	Cost   int64 // 0 peeks: allowed, charges nothing
+	Cost   int64             // 0 peeks: allowed, charges nothing
+	Fail   spillway.FailMode // what the limit wants when the store is unavailable
 }
 
 // Store decides batches of items. Both stores implement the same semantics,
@@ -36,4 +42,18 @@ type Store interface {
 	// Reset forgets the state of (scope, key) under policy p (the policy
 	// selects the algorithm's physical layout).
 	Reset(ctx context.Context, scope, key string, p Policy) error
+}
+
+// scriptCost is the cost a Redis script is sent for it: Cost, or
+// Capacity+1 when Cost is above the capacity. The script decides any cost
+// above the capacity the same way (denied, nothing written), and
+// Capacity+1 ≤ 2^52+1 is exact in its doubles, where a cost above 2^53
+// would be rounded (2^53+1 became 2^53 and was admitted against a burst of
+// 2^53). Validate bounds the capacity; the store's decision still reports
+// the item's own cost as exceeding.
+func (it *Item) scriptCost() int64 {
+	if c := it.Policy.Capacity(); it.Cost > c {
+		return c + 1
+	}
+	return it.Cost
 }

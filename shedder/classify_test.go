@@ -1,7 +1,6 @@
 package shedder_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -34,10 +33,10 @@ func TestClassifyHTTP(t *testing.T) {
 		{"POST", "/v1/x", map[string]string{shedder.TestModeHeader: "false"}, spillway.Critical},
 		{"GET", "/healthz", map[string]string{shedder.TestModeHeader: "1"}, spillway.CriticalPlus},
 		// The propagated header may lower a priority…
-		{"POST", "/v1/x", map[string]string{shedder.Header: "sheddable_plus"}, spillway.SheddablePlus},
+		{"POST", "/v1/x", map[string]string{spillway.PriorityHeader: "sheddable_plus"}, spillway.SheddablePlus},
 		// …but not raise it without TrustHeader.
-		{"GET", "/v1/x", map[string]string{shedder.Header: "critical_plus"}, spillway.SheddablePlus},
-		{"GET", "/v1/x", map[string]string{shedder.Header: "bogus"}, spillway.SheddablePlus},
+		{"GET", "/v1/x", map[string]string{spillway.PriorityHeader: "critical_plus"}, spillway.SheddablePlus},
+		{"GET", "/v1/x", map[string]string{spillway.PriorityHeader: "bogus"}, spillway.SheddablePlus},
 	}
 	for _, c := range cases {
 		r := httptest.NewRequest(c.method, c.path, nil)
@@ -52,7 +51,7 @@ func TestClassifyHTTP(t *testing.T) {
 
 func TestHTTPClassifierOptions(t *testing.T) {
 	r := httptest.NewRequest("GET", "/v1/x", nil)
-	r.Header.Set(shedder.Header, "CRITICAL")
+	r.Header.Set(spillway.PriorityHeader, "CRITICAL")
 	trusting := shedder.HTTPClassifier{TrustHeader: true}
 	if got := trusting.Classify(r); got != spillway.Critical {
 		t.Errorf("trusted header: got %v, want critical", got)
@@ -78,33 +77,5 @@ func TestHTTPClassifierOptions(t *testing.T) {
 	none := shedder.HTTPClassifier{HealthPaths: []string{}}
 	if got := none.Classify(httptest.NewRequest("GET", "/healthz", nil)); got != spillway.SheddablePlus {
 		t.Errorf("empty HealthPaths: got %v, want sheddable_plus", got)
-	}
-}
-
-func TestPropagation(t *testing.T) {
-	ctx := context.Background()
-	if _, ok := shedder.FromContext(ctx); ok {
-		t.Fatal("empty context carries a priority")
-	}
-	ctx = shedder.NewContext(ctx, spillway.Critical)
-	if p, ok := shedder.FromContext(ctx); !ok || p != spillway.Critical {
-		t.Fatalf("FromContext = %v, %v", p, ok)
-	}
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://backend/x", nil)
-	shedder.Propagate(req)
-	if got := req.Header.Get(shedder.Header); got != "critical" {
-		t.Fatalf("header %q, want critical", got)
-	}
-	if p, ok := shedder.FromHeader(req.Header); !ok || p != spillway.Critical {
-		t.Fatalf("FromHeader = %v, %v", p, ok)
-	}
-	shedder.SetHeader(req.Header, spillway.Priority(9))
-	if _, ok := req.Header[shedder.Header]; ok {
-		t.Fatal("invalid priority left the header set")
-	}
-	plain, _ := http.NewRequest("GET", "http://backend/x", nil)
-	shedder.Propagate(plain)
-	if len(plain.Header) != 0 {
-		t.Fatalf("Propagate without a priority set %v", plain.Header)
 	}
 }

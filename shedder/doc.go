@@ -19,8 +19,9 @@
 //     decisions Degraded.
 //   - HTTPClassifier assigns priorities to HTTP requests (health checks are
 //     CriticalPlus, writes Critical, reads SheddablePlus, test traffic
-//     Sheddable), and NewContext, Header and MetadataKey carry a priority to
-//     downstream services so that they shed the same way.
+//     Sheddable), honouring a priority received in spillway.PriorityHeader
+//     (the adapters propagate it downstream, see spillway.ContextWithPriority)
+//     so that services shed the same way as their callers.
 //
 // Worker, Queue and Fleet implement spillway.Limiter. A denial has Reason
 // spillway.ReasonShed (answered with 503 by the adapters) and a RetryAfter.

@@ -55,14 +55,13 @@ func ExampleClassifyHTTP() {
 	// test mode: sheddable
 }
 
-// A server stores the priority of the request it serves in the context;
-// calls it makes downstream carry it in a header (or gRPC metadata under
-// shedder.MetadataKey), so the backend sheds the same way.
-func ExamplePropagate() {
-	ctx := shedder.NewContext(context.Background(), spillway.Critical)
-	out, _ := http.NewRequestWithContext(ctx, "GET", "http://backend.internal/v1/balance", nil)
-	shedder.Propagate(out)
-	fmt.Println(shedder.Header+":", out.Header.Get(shedder.Header))
+// A caller's priority arrives in spillway.PriorityHeader (httpx.Transport
+// sets it from the context of the request being served); the backend's
+// classifier may lower a request's priority to it.
+func ExampleHTTPClassifier_trustHeader() {
+	out, _ := http.NewRequest("GET", "http://backend.internal/v1/balance", nil)
+	out.Header.Set(spillway.PriorityHeader, spillway.Critical.String())
+	fmt.Println(spillway.PriorityHeader+":", out.Header.Get(spillway.PriorityHeader))
 
 	// The backend's classifier raises a GET to the caller's priority only
 	// when it trusts the header (it sits behind an edge that strips it).

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -25,7 +26,7 @@ type crule struct {
 	methods []string
 	by      []string // sorted
 	shadow  bool
-	fail    FailMode
+	fail    spillway.FailMode // FailOpen for shadow rules
 	line    int
 
 	// plan == "": one policy; else perPlan maps a plan name to its bucket.
@@ -136,8 +137,8 @@ func compile(c *Config) (*compiled, error) {
 				return nil, c.errAt(r.Line, where(fmt.Sprintf("by %q", d)), "listed twice")
 			}
 		}
-		if r.Fail > FailClosed {
-			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d (want FailOpen or FailClosed)", uint8(r.Fail))
+		if !r.Fail.Valid() {
+			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(r.Fail))
 		}
 		hasBucket := r.Bucket != (Bucket{})
 		switch {
@@ -159,6 +160,9 @@ func compile(c *Config) (*compiled, error) {
 			line:    r.Line,
 			plan:    r.Plan,
 			stats:   &ruleStats{},
+		}
+		if cr.shadow {
+			cr.fail = spillway.FailOpen // a shadow rule never denies, not even on failure
 		}
 		if cr.id == "" {
 			norm := *r

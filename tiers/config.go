@@ -7,44 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
 )
-
-// FailMode says what a rule wants when the shared store fails. Admit itself
-// never decides on a failure: it returns a *StoreError that carries the
-// mode, and the fallback wrapper (package fallback) or the adapter honors
-// it. The zero value is FailOpen.
-type FailMode uint8
-
-const (
-	// FailOpen: when the store is unavailable, admit (or let a local
-	// fallback limit decide).
-	FailOpen FailMode = iota
-	// FailClosed: when the store is unavailable, deny (login, say).
-	FailClosed
-)
-
-// String returns "open" or "closed", as written in configs.
-func (f FailMode) String() string {
-	switch f {
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("failmode(%d)", uint8(f))
-}
-
-// ParseFailMode parses "open" or "closed".
-func ParseFailMode(s string) (FailMode, error) {
-	switch s {
-	case "open":
-		return FailOpen, nil
-	case "closed":
-		return FailClosed, nil
-	}
-	return 0, fmt.Errorf("tiers: unknown fail mode %q (want open or closed)", s)
-}
 
 // Bucket is a rate as written in a config: Limit per Period, with an
 // optional Burst ("1000/minute, burst 200"). Unlimited is only meaningful
@@ -235,8 +200,12 @@ type Rule struct {
 	// Plan names the plan entry this rule takes its rate from: the bucket
 	// Plans[p].Buckets[Plan] of the request's plan p.
 	Plan string
-	// Fail says what the rule wants when the store fails.
-	Fail FailMode
+	// Fail says what the rule wants when the store cannot answer: every
+	// store item of the rule carries it (ratelimit.Item.Fail), so a
+	// fallback.Store under the Limiter fails the rule closed on its own,
+	// and a store error names it (spillway.StoreError). A shadow rule
+	// never fails closed.
+	Fail spillway.FailMode
 	// Shadow rules are evaluated, counted and reported, but never deny
 	// (dark launches).
 	Shadow bool

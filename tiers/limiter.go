@@ -114,52 +114,6 @@ func (l *Limiter) Reload(name string, data []byte) error {
 // Config returns the config in use.
 func (l *Limiter) Config() *Config { return l.cur.Load().cfg }
 
-// FailMode returns the fail mode of a rule and whether the rule exists.
-// rule is a rule id or one of the rule's store scopes (ratelimit.Item.Scope,
-// "id@digest"), so a store wrapper that sees only items can ask:
-//
-//	fallback.Settings{Mode: func(scope string) fallback.Mode {
-//		if m, _ := lim.FailMode(scope); m == tiers.FailClosed {
-//			return fallback.FailClosed
-//		}
-//		return fallback.FailOpen
-//	}}
-//
-// Admit's errors carry the mode too (see StoreError).
-func (l *Limiter) FailMode(rule string) (FailMode, bool) {
-	c := l.cur.Load()
-	r, ok := c.byID[rule]
-	if !ok {
-		r, ok = c.byScope[rule]
-	}
-	if !ok {
-		return FailOpen, false
-	}
-	return r.fail, true
-}
-
-// StoreError is the error Admit returns when the store failed. Nothing was
-// decided: a fallback (package fallback) or the adapter chooses to admit or
-// deny according to Fail.
-type StoreError struct {
-	// Fail is FailClosed when any enforced rule the request matched is
-	// fail: closed, else FailOpen.
-	Fail FailMode
-	// Rules are the ids of the enforced rules the request matched, in
-	// config order, the fail-closed ones first.
-	Rules []string
-	// Err is the store's error.
-	Err error
-}
-
-// Error says which rules the failure affects, their fail mode and why.
-func (e *StoreError) Error() string {
-	return fmt.Sprintf("tiers: store failed (rules %v, fail %s): %v", e.Rules, e.Fail, e.Err)
-}
-
-// Unwrap returns the store's error.
-func (e *StoreError) Unwrap() error { return e.Err }
-
 // RuleStats counts what one rule did since it was loaded (a Swap that keeps
 // the rule keeps its counts).
 type RuleStats struct {
@@ -223,10 +177,10 @@ func (sc *scratch) release() {
 // Match is one rule that applies to a request, with the store item Admit
 // decides for it.
 type Match struct {
-	Rule   string         // the rule's id
-	Shadow bool           // the rule is a shadow rule
-	Fail   FailMode       // the rule's fail mode
-	Item   ratelimit.Item // what Admit passes to Store.Decide for it
+	Rule   string            // the rule's id
+	Shadow bool              // the rule is a shadow rule
+	Fail   spillway.FailMode // the rule's fail mode (FailOpen for a shadow rule), also in Item.Fail
+	Item   ratelimit.Item    // what Admit passes to Store.Decide for it
 }
 
 // Matches returns the rules that apply to r and their store items, in
@@ -287,7 +241,7 @@ func (l *Limiter) collect(ctx context.Context, c *compiled, r *spillway.Request,
 			}
 			policy, scope = pb.policy, pb.scope
 		}
-		items = append(items, ratelimit.Item{Scope: scope, Key: ent, Policy: policy, Cost: cost})
+		items = append(items, ratelimit.Item{Scope: scope, Key: ent, Policy: policy, Cost: cost, Fail: ru.fail})
 		rules = append(rules, ru)
 	}
 	return items, rules, nil
@@ -366,12 +320,17 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // request. When an enforced rule denies, nothing is charged, shadow or not.
 //
 // The decision is Degraded when any item's was (a fallback store decided
-// it locally). A store failure returns a *StoreError (never a silent
-// allow); a request that matches only shadow rules is allowed if the store
-// fails. Done is spillway.Noop: a rate limit has nothing to release. A
-// malformed (or nil) request is denied with spillway.ReasonInvalid.
+// it locally). Every item carries its rule's fail mode
+// (ratelimit.Item.Fail), so a fallback.Store under the Limiter fails
+// `fail: closed` rules closed by itself. A store failure returns a
+// *spillway.StoreError (never a silent allow) whose Fail is FailClosed
+// when any enforced rule the request matched is fail-closed, and whose
+// Rules are the matched enforced rules, the fail-closed ones first; a
+// request that matches only shadow rules is allowed if the store fails.
+// Done is spillway.Noop: a rate limit has nothing to release. A malformed
+// (or nil) request is denied with spillway.ReasonInvalid.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
 	}
 	c := l.cur.Load()
@@ -403,7 +362,7 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		if shadows == len(items) {
 			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 		}
-		return spillway.Decision{}, spillway.Noop, storeError(rules, err)
+		return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
 	}
 	for i := range out {
 		out[i].Limiter = rules[i].id
@@ -427,7 +386,7 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		items, rules, out = items[:n], rules[:n], out[:n]
 		allowed, err = l.store.Decide(ctx, items, out)
 		if err != nil {
-			return spillway.Decision{}, spillway.Noop, storeError(rules, err)
+			return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
 		}
 		for i := range out {
 			out[i].Limiter = rules[i].id
@@ -436,7 +395,7 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	d := pick(rules, out, allowed)
 	if d == nil {
 		if !allowed {
-			return spillway.Decision{}, spillway.Noop, storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
+			return spillway.Decision{}, spillway.Noop, l.storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
 		}
 		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
@@ -505,16 +464,16 @@ func pick(rules []*crule, out []spillway.Decision, allowed bool) *spillway.Decis
 	return best
 }
 
-func storeError(rules []*crule, err error) error {
-	e := &StoreError{Err: err}
+func (l *Limiter) storeError(rules []*crule, err error) error {
+	e := &spillway.StoreError{Limiter: l.name, Err: err}
 	for _, ru := range rules {
-		if !ru.shadow && ru.fail == FailClosed {
-			e.Fail = FailClosed
+		if !ru.shadow && ru.fail == spillway.FailClosed {
+			e.Fail = spillway.FailClosed
 			e.Rules = append(e.Rules, ru.id)
 		}
 	}
 	for _, ru := range rules {
-		if !ru.shadow && ru.fail != FailClosed {
+		if !ru.shadow && ru.fail != spillway.FailClosed {
 			e.Rules = append(e.Rules, ru.id)
 		}
 	}

@@ -600,21 +600,21 @@ limits:
     shadow: true
 `, failingStore{boom})
 	d, done, err := l.Admit(context.Background(), req("POST", "/login", "ip", "1.1.1.1"))
-	var se *StoreError
-	if !errors.As(err, &se) || !errors.Is(err, boom) {
+	var se *spillway.StoreError
+	if !errors.As(err, &se) || !errors.Is(err, boom) || !errors.Is(err, spillway.ErrStoreUnavailable) {
 		t.Fatalf("err = %v", err)
 	}
-	if se.Fail != FailClosed || strings.Join(se.Rules, ",") != "login,all" {
+	if se.Fail != spillway.FailClosed || se.Limiter != "tiers" || strings.Join(se.Rules, ",") != "login,all" {
 		t.Fatalf("store error = %+v", se)
 	}
 	if d != (spillway.Decision{}) || done == nil {
 		t.Fatalf("decision on error = %+v", d)
 	}
-	if err.Error() != "tiers: store failed (rules [login all], fail closed): connection refused" {
+	if err.Error() != "spillway: store unavailable (tiers, rules [login all], fail closed): connection refused" {
 		t.Fatalf("message = %q", err)
 	}
 	_, _, err = l.Admit(context.Background(), req("GET", "/x", "ip", "1.1.1.1"))
-	if !errors.As(err, &se) || se.Fail != FailOpen || strings.Join(se.Rules, ",") != "all" {
+	if !errors.As(err, &se) || se.Fail != spillway.FailOpen || strings.Join(se.Rules, ",") != "all" {
 		t.Fatalf("open rule error = %v", err)
 	}
 }
@@ -663,12 +663,12 @@ limits:
 		t.Fatalf("matches %+v %v", ms, err)
 	}
 	for _, m := range ms {
-		want := FailOpen
+		want := spillway.FailOpen
 		if m.Rule != "user" {
-			want = FailClosed
+			want = spillway.FailClosed
 		}
-		if got, ok := probe.FailMode(m.Item.Scope); !ok || got != want || m.Fail != want {
-			t.Errorf("FailMode(%q) = %v %v, want %v", m.Item.Scope, got, ok, want)
+		if m.Fail != want || m.Item.Fail != want {
+			t.Errorf("rule %q: Fail %v, Item.Fail %v, want %v", m.Rule, m.Fail, m.Item.Fail, want)
 		}
 	}
 	// The user rule's item is decided by a "fallback": the decision,

@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -334,8 +335,8 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			if err != nil {
 				return err
 			}
-			f, err := ParseFailMode(s)
-			if err != nil {
+			f, err := spillway.ParseFailMode(s)
+			if err != nil || s != f.String() {
 				return p.errf(v, fmt.Sprintf("fail %q", s), "want open or closed")
 			}
 			r.Fail = f

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -172,7 +173,7 @@ func TestParseFull(t *testing.T) {
 		t.Errorf("enterprise = %+v, want %+v", got, wantPlan)
 	}
 	want := []Rule{
-		{ID: "login-ip", Endpoint: "/api/v1/login", Methods: []string{"POST"}, By: []string{"ip"}, Bucket: Bucket{Limit: 10, Period: time.Minute}, Fail: FailClosed, Line: 15},
+		{ID: "login-ip", Endpoint: "/api/v1/login", Methods: []string{"POST"}, By: []string{"ip"}, Bucket: Bucket{Limit: 10, Period: time.Minute}, Fail: spillway.FailClosed, Line: 15},
 		{Endpoint: "/api/v1/login", Methods: []string{"POST", "PUT"}, By: []string{"user"}, Bucket: Bucket{Limit: 5, Period: time.Minute}, Algorithm: ratelimit.GCRA, Line: 20},
 		{ID: "api", Endpoint: "/api/v1/*", By: []string{"api_key"}, Plan: "api", Line: 25},
 		{Endpoint: "/api/v1/search", By: []string{"api_key"}, Plan: "search", Algorithm: ratelimit.SlidingWindowCounter, Line: 29},
@@ -198,14 +199,12 @@ func TestParseFull(t *testing.T) {
 	if !reflect.DeepEqual(ids, wantIDs) {
 		t.Errorf("ids = %q, want %q", ids, wantIDs)
 	}
-	if m, ok := l.FailMode("login-ip"); !ok || m != FailClosed {
-		t.Errorf("FailMode(login-ip) = %v, %v", m, ok)
+	fails := map[string]spillway.FailMode{}
+	for _, r := range l.cur.Load().rules {
+		fails[r.id] = r.fail
 	}
-	if m, ok := l.FailMode("api"); !ok || m != FailOpen {
-		t.Errorf("FailMode(api) = %v, %v", m, ok)
-	}
-	if _, ok := l.FailMode("nope"); ok {
-		t.Error("FailMode(nope) found")
+	if fails["login-ip"] != spillway.FailClosed || fails["api"] != spillway.FailOpen {
+		t.Errorf("fail modes = %v; want login-ip closed, api open", fails)
 	}
 }
 
@@ -306,21 +305,6 @@ func TestParseBucket(t *testing.T) {
 	}
 }
 
-func TestFailModeParse(t *testing.T) {
-	for _, m := range []FailMode{FailOpen, FailClosed} {
-		got, err := ParseFailMode(m.String())
-		if err != nil || got != m {
-			t.Errorf("ParseFailMode(%q) = %v, %v", m.String(), got, err)
-		}
-	}
-	if _, err := ParseFailMode("maybe"); err == nil || err.Error() != `tiers: unknown fail mode "maybe" (want open or closed)` {
-		t.Errorf("ParseFailMode(maybe) = %v", err)
-	}
-	if s := FailMode(7).String(); s != "failmode(7)" {
-		t.Errorf("String = %q", s)
-	}
-}
-
 // Configs built in Go get the same validation, naming the rule.
 func TestConfigInGo(t *testing.T) {
 	min := Bucket{Limit: 10, Period: time.Minute}
@@ -331,7 +315,7 @@ func TestConfigInGo(t *testing.T) {
 		{nil, "tiers: nil config"},
 		{&Config{Rules: []Rule{{By: []string{"ip"}}}}, "tiers: rule 1: missing bucket (e.g. bucket: 10/minute) or plan"},
 		{&Config{Rules: []Rule{{ID: "x", Bucket: min}}}, `tiers: rule "x": missing by (ip, user, api_key, endpoint or a dimension name)`},
-		{&Config{Rules: []Rule{{By: []string{"ip"}, Bucket: min, Fail: 9}}}, "tiers: rule 1: fail: unknown fail mode 9 (want FailOpen or FailClosed)"},
+		{&Config{Rules: []Rule{{By: []string{"ip"}, Bucket: min, Fail: 9}}}, "tiers: rule 1: fail: unknown fail mode 9 (want spillway.FailOpen or spillway.FailClosed)"},
 		{&Config{Rules: []Rule{{By: []string{"ip"}, Bucket: Bucket{Limit: 10, Period: time.Minute, Burst: -1}}}}, `tiers: rule 1: bucket "10/minute, burst -1": burst -1 must not be negative`},
 		{&Config{Rules: []Rule{{By: []string{"ip"}, Bucket: min, Methods: []string{"get"}}}}, `tiers: rule 1: method "get": not an HTTP method (upper case)`},
 		{&Config{Rules: []Rule{{By: []string{"ip"}, Bucket: min}, {By: []string{"ip"}, Bucket: Bucket{Limit: 5, Period: time.Minute}}}}, "tiers: rule 2: contradicts the rule at line 0: same endpoint, method and by with another bucket of the same period"},

@@ -346,7 +346,7 @@ func failover(t *testing.T, c *redistest.Cluster, l *Limiter, store ratelimit.St
 				mu.Lock()
 				switch {
 				case err != nil:
-					var se *StoreError
+					var se *spillway.StoreError
 					if !errors.As(err, &se) {
 						t.Errorf("error is not a StoreError: %v", err)
 					}

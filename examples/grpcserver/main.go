@@ -243,17 +243,14 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err := rdb.Ping(pingCtx).Err(); err != nil {
 		return fail(fmt.Errorf("redis %s: %w", redisAddr, err))
 	}
-	var rate *tiers.Limiter
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget, Mode: func(scope string) fallback.Mode {
-		if m, ok := rate.FailMode(scope); ok && m == tiers.FailClosed {
-			return fallback.FailClosed
-		}
-		return fallback.FailOpen
-	}})
+	// Rules marked "fail: closed" deny while Redis is out: their store
+	// items say so, and the fallback store honours it.
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget})
 	if err != nil {
 		return fail(err)
 	}
-	if rate, err = tiers.New(cfg, rateStore, tiers.WithName("tiers")); err != nil {
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	if err != nil {
 		return fail(err)
 	}
 	cstore, err := concurrency.NewRedisStore(rdb)

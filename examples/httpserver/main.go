@@ -233,21 +233,15 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
-	// local share); rules marked "fail: closed" deny while Redis is out.
-	var rate *tiers.Limiter
-	rs := settings("rate")
-	rs.Mode = func(scope string) fallback.Mode {
-		if m, ok := rate.FailMode(scope); ok && m == tiers.FailClosed {
-			return fallback.FailClosed
-		}
-		return fallback.FailOpen
-	}
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), rs)
+	// local share); rules marked "fail: closed" deny while Redis is out
+	// (their store items say so).
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	if rate, err = tiers.New(cfg, rateStore, tiers.WithName("tiers")); err != nil {
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	if err != nil {
 		b.close()
 		return nil, err
 	}

@@ -1,0 +1,59 @@
+package spillway
+
+import (
+	"context"
+	"strings"
+)
+
+// PriorityHeader is the HTTP header that carries a request's priority to
+// downstream services, so a backend sheds the same way its caller would. Its
+// value is the name returned by Priority.String ("critical_plus").
+const PriorityHeader = "Spillway-Priority"
+
+// PriorityMetadataKey is the gRPC metadata key that carries the priority;
+// gRPC metadata keys are lowercase. The value is the same as
+// PriorityHeader's.
+const PriorityMetadataKey = "spillway-priority"
+
+type priorityKey struct{}
+
+// ContextWithPriority returns a copy of ctx that carries priority p. The
+// adapters store the priority of the request being served there, so that
+// outgoing calls made while serving it (the httpx Transport, the grpcx
+// client interceptors) carry it downstream.
+func ContextWithPriority(ctx context.Context, p Priority) context.Context {
+	return context.WithValue(ctx, priorityKey{}, p)
+}
+
+// PriorityFromContext returns the priority stored by ContextWithPriority
+// and whether there is a valid one.
+func PriorityFromContext(ctx context.Context) (Priority, bool) {
+	p, ok := ctx.Value(priorityKey{}).(Priority)
+	return p, ok && p.Valid()
+}
+
+// ParsePriorityValue reads the value of a PriorityHeader header or a
+// PriorityMetadataKey metadata entry: a ParsePriority name, spaces around
+// it ignored. It reports false when v is empty or names no priority.
+func ParsePriorityValue(v string) (Priority, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	p, err := ParsePriority(v)
+	return p, err == nil
+}
+
+// ReceivedPriority applies a priority received from a caller (the value of
+// a PriorityHeader header or a PriorityMetadataKey metadata entry) to def,
+// the priority the server gives the request itself: the received one wins
+// when it is lower — lowering one's own priority is always safe — or at any
+// level when trust is set, which only a service behind an edge that strips
+// the header from outside traffic should do (otherwise any client could
+// claim CriticalPlus). An empty or unknown value leaves def.
+func ReceivedPriority(def Priority, value string, trust bool) Priority {
+	if p, ok := ParsePriorityValue(value); ok && (p < def || trust) {
+		return p
+	}
+	return def
+}
