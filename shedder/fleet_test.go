@@ -19,7 +19,7 @@ func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeCl
 	opts = append([]shedder.Option{
 		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
 		shedder.WithRand(func() float64 { return 0 }), // grants rounded down
-		shedder.WithTimeout(2 * time.Second), // a loaded CI box, not a budget under test
+		shedder.WithTimeout(2 * time.Second),          // a loaded CI box, not a budget under test
 	}, opts...)
 	f, err := shedder.NewFleet(client, "api", 100, opts...)
 	if err != nil {
