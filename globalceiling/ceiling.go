@@ -299,10 +299,7 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // budget is already spent Admit makes none and returns an error wrapping
 // spillway.ErrBudgetSpent at once, so that a Guard decides locally.
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil {
-		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
-	}
-	if err := r.Validate(); err != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
 	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())

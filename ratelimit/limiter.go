@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
 )
 
 // ErrInvalidCost is wrapped by the errors about a negative cost.
@@ -26,6 +27,7 @@ type Limiter struct {
 	scope  string
 	hash   uint64 // the scope's hash in mem
 	fail   spillway.FailMode
+	window time.Duration // policy.Window(), the Window of every decision
 }
 
 // LimiterOption configures a Limiter.
@@ -33,10 +35,17 @@ type LimiterOption func(*Limiter)
 
 // WithScope names the limiter: the scope under which its keys live in the
 // store (two limiters with different scopes keep separate state for the
-// same key) and the Limiter field of its decisions. The default is the
-// policy's String(), e.g. "token_bucket 100/1s burst 50", so two limiters
-// with the same policy on the same store share state unless named.
+// same key) and the Limiter field of its decisions. The default is a
+// 6-character digest of the policy's String() (see DefaultScope), so that
+// a default key in Redis is only a few bytes longer than the user's key,
+// and two limiters with the same policy on the same store share state
+// unless named. Name a limiter for readable decisions and telemetry.
 func WithScope(scope string) LimiterOption { return func(l *Limiter) { l.scope = scope } }
+
+// DefaultScope returns the scope of a Limiter of policy p made without
+// WithScope: the first 36 bits of the SHA-256 of p.String(), as 6
+// base64url characters (e.g. "QmCX23" for "token_bucket 100/1s burst 50").
+func DefaultScope(p Policy) string { return keys.Digest(p.String()) }
 
 // WithFailMode sets what the limiter wants when its store cannot answer
 // (default spillway.FailOpen). Every item it sends carries the mode, so a
@@ -54,7 +63,7 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: DefaultScope(p), window: p.Window()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
@@ -93,13 +102,14 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 // is not an error: err != nil only when the store failed.
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
-// the policy's Capacity; Limiter is the scope.
+// the policy's Capacity; Window is Policy.Window; Limiter is the scope.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
 		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
+		d.Window = l.window
 		return d, nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n, Fail: l.fail}}
@@ -107,6 +117,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, wrapf(err, "%s", l.scope)
 	}
+	out[0].Window = l.window
 	return out[0], nil
 }
 
@@ -239,6 +250,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if l.mem != nil {
 		var dec spillway.Decision
 		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
+		dec.Window = l.window
 		return dec, spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n, Fail: l.fail}}
@@ -246,6 +258,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: d.scope, Fail: l.fail, Err: err}
 	}
+	out[0].Window = l.window
 	return out[0], spillway.Noop, nil
 }
 
