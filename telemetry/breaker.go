@@ -84,3 +84,39 @@ func (g *BreakerGauge) OnStateChange(breaker string) func(from, to string) {
 		}
 	}
 }
+
+// ObserveBreaker publishes the state of the breaker named breaker on the
+// gauge spillway.breaker.state by reading it at every collection: state is
+// called by the meter's reader, so the gauge is right even when no
+// transition happened since the process started (a hook-fed gauge shows
+// nothing until the first change). Use it with a shared health:
+//
+//	telemetry.ObserveBreaker("redis", func() telemetry.BreakerState {
+//		return telemetry.BreakerState(health.State())
+//	})
+//
+// fallback.State and BreakerState number the states alike. The meter
+// provider comes from opts (default otel.GetMeterProvider()). stop
+// unregisters the callback.
+func ObserveBreaker(breaker string, state func() BreakerState, opts ...Option) (stop func() error, err error) {
+	if state == nil {
+		return nil, fmt.Errorf("telemetry: ObserveBreaker %q: state func is nil", breaker)
+	}
+	c := newConfig(opts)
+	m := c.mp.Meter(ScopeName)
+	g, err := m.Int64ObservableGauge(MetricBreakerState,
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."),
+		metric.WithUnit("{state}"))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: ObserveBreaker %q: %w", breaker, err)
+	}
+	attrs := metric.WithAttributes(attribute.String(string(KeyBreaker), breaker))
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, int64(state()), attrs)
+		return nil
+	}, g)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: ObserveBreaker %q: %w", breaker, err)
+	}
+	return reg.Unregister, nil
+}

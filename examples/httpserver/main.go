@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
-	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
+	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time a request's admission may wait on Redis in total before the blocks decide locally")
 	perClient := fs.Int64("concurrency", 10, "requests in flight per client (-redis: a fifth of it while Redis is out)")
 	workerCap := fs.Int64("worker", 40, "requests in flight in this server; GETs (sheddable_plus) get 80% of it")
 	metrics := fs.Bool("metrics", true, "serve Prometheus metrics on GET /metrics")
@@ -190,7 +190,11 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		writeJSON(w, http.StatusOK, map[string]int64{"worked_ms": time.Since(start).Milliseconds()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "degraded": b.degraded()})
+		body := map[string]any{"ok": true, "degraded": b.degraded()}
+		if b.redis != nil {
+			body["redis"] = b.redis()
+		}
+		writeJSON(w, http.StatusOK, body)
 	})
 	if tel.Metrics != nil {
 		mux.Handle("GET /metrics", tel.Metrics)
@@ -260,6 +264,7 @@ type blocks struct {
 	chain    spillway.Limiter
 	describe string
 	degraded func() bool
+	redis    func() any // the shared Redis health, nil without Redis
 	closers  []func()
 }
 
@@ -306,11 +311,23 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		return nil, fmt.Errorf("redis %s: %w", redisAddr, err)
 	}
 
-	gauge := telemetry.NewBreakerGauge(tel...)
+	// One health for the one Redis: K failures seen by any block (or by
+	// the fleet's reports, the ceiling's sync) stop every block from
+	// calling it; go-redis's own dial errors are logged once per 10 s.
+	redis.SetLogger(fallback.NewRedisLogger(nil, 0))
+	health, err := fallback.NewHealth(rdb, fallback.HealthSettings{Name: "redis"})
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	stopGauge, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(health.State()) }, tel...)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { stopGauge() })
 	settings := func(name string) fallback.Settings {
-		return fallback.Settings{Name: name, Budget: budget, OnStateChange: func(name string, _, to fallback.State) {
-			gauge.Record(context.Background(), name, telemetry.BreakerState(to))
-		}}
+		return fallback.Settings{Name: name, Budget: budget, Health: health}
 	}
 
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
@@ -382,8 +399,20 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		return nil, err
 	}
 
-	b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, conc, fleet, worker, guard)), "api", tel...)
-	b.degraded = func() bool { return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed }
+	// One budget per request: the whole admission waits on Redis for at
+	// most -redis-budget, however many blocks call it.
+	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, guard)), "api", tel...)
+	b.degraded = func() bool { return health.State() != fallback.Closed }
+	b.redis = func() any {
+		st := health.Stats()
+		h := map[string]any{"state": st.State.String(), "since": st.Since.UTC().Format(time.RFC3339Nano),
+			"consecutive_failures": st.ConsecutiveFailures, "successes": st.Successes, "failures": st.Failures,
+			"rejected": st.Rejected, "opened": st.Opened}
+		if st.LastError != nil {
+			h["last_error"] = st.LastError.Error()
+		}
+		return h
+	}
 	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-client concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
 	return b, nil
 }
