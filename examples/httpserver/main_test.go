@@ -64,9 +64,13 @@ func problem(t *testing.T, resp *http.Response, body string) map[string]any {
 
 // smoke runs the same requests against a freshly started demo.
 func smoke(t *testing.T, base string) {
-	resp, body := do(t, "GET", base+"/healthz", nil)
-	require.Equal(t, 200, resp.StatusCode)
-	require.JSONEq(t, `{"ok":true,"degraded":false}`, body)
+	var body string
+	resp, h := healthz(t, base)
+	require.Equal(t, true, h["ok"])
+	require.Equal(t, false, h["degraded"])
+	if r, ok := h["redis"].(map[string]any); ok {
+		require.Equal(t, "closed", r["state"])
+	}
 	require.Empty(t, resp.Header.Get("X-RateLimit-Limit"))
 
 	// Login: 5 per minute per user (and 10 per minute per IP).
@@ -158,9 +162,25 @@ func TestSmokeRedis(t *testing.T) {
 		resp, _ := do(t, "POST", base+"/api/v1/posts", map[string]string{"X-API-Key": "k2"})
 		require.Equal(t, 201, resp.StatusCode, "post %d while Redis is paused", i)
 	}
+	// One health for the one Redis: K = 5 failures seen by the blocks
+	// opened it for all of them.
+	_, h := healthz(t, base)
+	require.Equal(t, true, h["ok"])
+	require.Equal(t, true, h["degraded"])
+	r := h["redis"].(map[string]any)
+	require.Equal(t, "open", r["state"])
+	require.Equal(t, float64(1), r["opened"])
+	require.GreaterOrEqual(t, r["failures"], float64(5))
+}
+
+// healthz decodes GET /healthz.
+func healthz(t *testing.T, base string) (*http.Response, map[string]any) {
+	t.Helper()
 	resp, body := do(t, "GET", base+"/healthz", nil)
 	require.Equal(t, 200, resp.StatusCode)
-	require.JSONEq(t, `{"ok":true,"degraded":true}`, body)
+	var h map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &h))
+	return resp, h
 }
 
 // allowed reads, from /metrics, how many requests the chain has admitted.
