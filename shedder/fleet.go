@@ -82,8 +82,8 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if name == "" {
 		return nil, fmt.Errorf("shedder: fleet name is empty")
 	}
-	if capacity <= 0 {
-		return nil, fmt.Errorf("shedder: fleet capacity %d must be positive", capacity)
+	if capacity <= 0 || capacity > MaxFleetCapacity {
+		return nil, fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
 	}
 	o := defaultOptions("fleet")
 	for _, opt := range opts {
@@ -160,10 +160,24 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: f.o.name, Limit: full}, spillway.Noop, nil
 	}
 	limit, degraded := f.limitFor(p, now)
-	own := f.localTotal.Add(c)
-	if usage := f.estimate(own, degraded); usage > limit {
-		f.localTotal.Add(-c)
-		rem := max(limit-f.estimate(own-c, degraded), 0)
+	// This server's own total stays ≤ limit (≤ MaxFleetCapacity): compared
+	// before it is added, so hostile costs never wrap it.
+	var own int64
+	for {
+		old := f.localTotal.Load()
+		if c > limit-old {
+			own = -1
+			break
+		}
+		if own = old + c; f.localTotal.CompareAndSwap(old, own) {
+			break
+		}
+	}
+	if own < 0 || f.estimate(own, degraded) > limit {
+		if own >= 0 {
+			f.localTotal.Add(-c)
+		}
+		rem := max(limit-f.estimate(f.localTotal.Load(), degraded), 0)
 		return spillway.Decision{
 			Reason:     spillway.ReasonShed,
 			Limiter:    f.o.name,
@@ -211,10 +225,18 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 // fullLimit is p's limit with the whole fleet's capacity.
 func (f *Fleet) fullLimit(p spillway.Priority) int64 { return f.threshold(p, float64(f.capacity)) }
 
+// MaxFleetCapacity is the largest capacity NewFleet accepts and the most
+// one server may have in flight at any priority (2^46 units). Reports and
+// sums cross the fleet script as Lua numbers, which print integers exactly
+// only below 10^14 and hold them exactly only up to 2^53: with this bound
+// a server's report stays exact, and so do the sums of up to 128 servers
+// at that bound; a hostile cost can never push them past it.
+const MaxFleetCapacity = 1 << 46
+
 func (f *Fleet) threshold(p spillway.Priority, capacity float64) int64 {
 	t := f.thresh[p]
-	if math.IsInf(t, 1) || t*capacity >= math.MaxInt64/2 {
-		return math.MaxInt64 / 2
+	if math.IsInf(t, 1) || t*capacity >= MaxFleetCapacity {
+		return MaxFleetCapacity
 	}
 	return int64(math.Floor(t*capacity + 1e-9))
 }
@@ -324,7 +346,8 @@ func (f *Fleet) estimate(own int64, degraded bool) int64 {
 		return own
 	}
 	n := max(v.servers, 1)
-	return max(v.sum+n*(own-v.sent), own, 0)
+	// Saturated: a report from Redis or a hostile cost must not wrap it.
+	return max(satAdd(v.sum, satMul(n, own-v.sent)), own, 0)
 }
 
 // FleetStats is a snapshot of a Fleet's view.
@@ -364,4 +387,30 @@ func (f *Fleet) Stats() FleetStats {
 	s.Servers = f.servers.Load()
 	s.Degraded = degraded
 	return s
+}
+
+// satAdd and satMul clamp to [MinInt64, MaxInt64] instead of wrapping.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	if (s > a) == (b > 0) {
+		return s
+	}
+	if b > 0 {
+		return math.MaxInt64
+	}
+	return math.MinInt64
+}
+
+func satMul(a, b int64) int64 {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	p := a * b
+	if p/b == a && !(a == -1 && b == math.MinInt64) && !(b == -1 && a == math.MinInt64) {
+		return p
+	}
+	if (a > 0) == (b > 0) {
+		return math.MaxInt64
+	}
+	return math.MinInt64
 }

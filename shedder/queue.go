@@ -107,7 +107,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: q.slots}, spillway.Noop, nil
 	}
 	q.mu.Lock()
-	if q.used+c <= q.slots && !q.waitingFrom(p) {
+	if c <= q.slots-q.used && !q.waitingFrom(p) { // used ≤ slots: never wraps, where used + c could
 		q.used += c
 		q.mu.Unlock()
 		return q.allow(c)
@@ -216,7 +216,7 @@ func (q *Queue) release(c int64) {
 	for p := spillway.NumPriorities - 1; p >= 0; p-- {
 		for len(q.waiting[p]) > 0 {
 			w := q.waiting[p][0]
-			if q.used+w.cost > q.slots {
+			if w.cost > q.slots-q.used {
 				return
 			}
 			q.used += w.cost
