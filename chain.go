@@ -16,8 +16,9 @@ type chain []Limiter
 // fleet shedder → worker shedder → global ceiling) and stops at the first
 // denial or error, releasing what the earlier limiters acquired (their Done
 // is called with Ignored). An allowed chain returns the most restrictive
-// decision — the lowest Remaining among the decisions that carry a Limit —
-// so that headers tell the truth, and a Done that releases every limiter in
+// decision (see moreRestrictive: a rate limit's before any other, then the
+// lowest Remaining among the decisions that carry a Limit) so that headers
+// tell the truth, and a Done that releases every limiter in
 // reverse order. A decision is Degraded when any limiter's was.
 //
 // A malformed request (Request.Validate) is denied with ReasonInvalid before
@@ -86,7 +87,7 @@ func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 			done = Noop
 		}
 		cd.dones = append(cd.dones, done)
-		if !haveBest || (d.Limit > 0 && (best.Limit == 0 || d.Remaining < best.Remaining)) {
+		if !haveBest || moreRestrictive(d, best) {
 			best, haveBest = d, true
 		}
 	}

@@ -207,6 +207,14 @@ type Decision struct {
 	ResetAfter time.Duration // until the state is back to full
 	RetryAfter time.Duration // when a retry can succeed; 0 when allowed or when it never can
 	Degraded   bool          // decided by a local fallback, not the shared store
+
+	// Window is set by rate limits (ratelimit, tiers): the time their
+	// policy takes to grant Limit from empty (Period for the windows,
+	// Burst emission intervals for the bucket family: 12 s for
+	// 1000/minute, burst 200). It is 0 for limits that are not rates
+	// (concurrency, shedding, ceilings). Chain prefers decisions with a
+	// Window, and adapters send it as the w= of RateLimit-Policy.
+	Window time.Duration
 }
 
 // Outcome is how admitted work ended; adaptive limiters learn from it.

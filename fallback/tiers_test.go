@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
@@ -64,7 +65,7 @@ limits:
 
 	b.setMode(t, faultproxy.Refuse)
 	d := admit("/login")
-	want := spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "login", Limit: 10, RetryAfter: d.RetryAfter, Degraded: true}
+	want := spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "login", Limit: 10, RetryAfter: d.RetryAfter, Degraded: true, Window: time.Hour}
 	if d != want || d.RetryAfter <= 0 {
 		t.Fatalf("/login, Redis down = %+v; want %+v with a RetryAfter", d, want)
 	}

@@ -33,7 +33,7 @@ func TestRealChainOverRedis(t *testing.T) {
 		return spillway.Decision{Allowed: true, Limiter: "worker"}, spillway.Noop, nil
 	})
 	chain := spillway.Chain(ratelimit.PerKey(rl, spillway.DimIP), concurrency.PerKey(conc, spillway.DimIP), shedder)
-	srv := serve(t, httpx.Middleware(chain)(okHandler()))
+	srv := serve(t, httpx.Middleware(chain, httpx.WithIETFHeaders())(okHandler()))
 
 	resp, _ := get(t, srv.URL, nil)
 	require.Equal(t, 503, resp.StatusCode)
@@ -41,14 +41,16 @@ func TestRealChainOverRedis(t *testing.T) {
 	shed = false
 	resp, _ = get(t, srv.URL, nil) // the slot was released: admitted
 	require.Equal(t, 200, resp.StatusCode)
-	// The most restrictive decision is the concurrency limit: 1, none left
-	// while this request runs.
-	require.Equal(t, "1", resp.Header.Get("X-RateLimit-Limit"))
-	require.Equal(t, "0", resp.Header.Get("X-RateLimit-Remaining"))
-	// The rate limit ran first, so the shed request was charged too:
-	// 3 − 2 = 1 left, then none.
+	// The headers describe the rate limit, not the concurrency limit (1,
+	// none left while this request runs, so lower). The rate limit ran
+	// first, so the shed request was charged too: 3 − 2 = 1 left.
+	require.Equal(t, "3", resp.Header.Get("X-RateLimit-Limit"))
+	require.Equal(t, "1", resp.Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, `"per_ip:ip";q=3;w=60`, resp.Header.Get("RateLimit-Policy"))
+	require.Equal(t, `"per_ip:ip";r=1;t=40`, resp.Header.Get("RateLimit"))
 	resp, _ = get(t, srv.URL, nil)
 	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "0", resp.Header.Get("X-RateLimit-Remaining"))
 	resp, _ = get(t, srv.URL, nil)
 	require.Equal(t, 429, resp.StatusCode)
 	require.Equal(t, "3", resp.Header.Get("X-RateLimit-Limit"))

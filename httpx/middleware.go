@@ -156,7 +156,11 @@ func (h *handler) setRateHeaders(hdr http.Header, d spillway.Decision) {
 	}
 	if h.c.ietf {
 		name := sfString(d.Limiter)
-		hdr["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10)}
+		policy := name + ";q=" + strconv.FormatInt(d.Limit, 10)
+		if d.Window > 0 {
+			policy += ";w=" + strconv.FormatInt(admission.CeilSeconds(d.Window), 10)
+		}
+		hdr["Ratelimit-Policy"] = []string{policy}
 		hdr["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(admission.CeilSeconds(d.ResetAfter), 10)}
 	}
 }

@@ -139,7 +139,9 @@ func WithErrorHandler(f func(*http.Request, error)) Option {
 
 // WithIETFHeaders adds the IETF draft RateLimit and RateLimit-Policy headers
 // (draft-ietf-httpapi-ratelimit-headers: `RateLimit: "name";r=R;t=T` and
-// `RateLimit-Policy: "name";q=Q`) next to the X-RateLimit-* ones.
+// `RateLimit-Policy: "name";q=Q;w=W`, w= for decisions that carry a
+// spillway.Decision.Window, in seconds rounded up) next to the X-RateLimit-*
+// ones.
 func WithIETFHeaders() Option {
 	return func(c *config) { c.ietf = true }
 }

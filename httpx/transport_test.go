@@ -290,7 +290,7 @@ func TestPriorityEndToEnd(t *testing.T) {
 			req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, downstream.URL, nil)
 			resp, err := client.Do(req)
 			if err != nil {
-				http.Error(w, err.Error(), 502)
+				http.Error(w, err.Error(), http.StatusBadGateway)
 				return
 			}
 			resp.Body.Close()

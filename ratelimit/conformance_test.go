@@ -237,7 +237,12 @@ var deciders = []struct {
 		if err != nil {
 			return spillway.Decision{}, err
 		}
-		return l.AllowN(ctx, key, n)
+		d, err := l.AllowN(ctx, key, n)
+		if err == nil && d.Window != p.Window() {
+			return d, fmt.Errorf("Window %v, want the policy's %v", d.Window, p.Window())
+		}
+		d.Window = 0 // the tables hold what every store decides; Window is the Limiter's
+		return d, err
 	}},
 }
 

@@ -26,6 +26,7 @@ type Limiter struct {
 	scope  string
 	hash   uint64 // the scope's hash in mem
 	fail   spillway.FailMode
+	window time.Duration // policy.Window(), the Window of every decision
 }
 
 // LimiterOption configures a Limiter.
@@ -54,7 +55,7 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String(), window: p.Window()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
@@ -93,13 +94,14 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 // is not an error: err != nil only when the store failed.
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
-// the policy's Capacity; Limiter is the scope.
+// the policy's Capacity; Window is Policy.Window; Limiter is the scope.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
 		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
+		d.Window = l.window
 		return d, nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n, Fail: l.fail}}
@@ -107,6 +109,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.D
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, wrapf(err, "%s", l.scope)
 	}
+	out[0].Window = l.window
 	return out[0], nil
 }
 
@@ -239,6 +242,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if l.mem != nil {
 		var dec spillway.Decision
 		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
+		dec.Window = l.window
 		return dec, spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n, Fail: l.fail}}
@@ -246,6 +250,7 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
 		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: d.scope, Fail: l.fail, Err: err}
 	}
+	out[0].Window = l.window
 	return out[0], spillway.Noop, nil
 }
 

@@ -409,6 +409,9 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	res := *d
 	for i := range out {
 		res.Degraded = res.Degraded || out[i].Degraded
+		if &out[i] == d {
+			res.Window = items[i].Policy.Window()
+		}
 	}
 	return res, spillway.Noop, nil
 }

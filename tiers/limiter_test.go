@@ -66,6 +66,12 @@ func run(t *testing.T, l *Limiter, steps []step) {
 			t.Fatalf("step %d: nil done", i)
 		}
 		done(spillway.Success)
+		// Every decision that names a rule's limit carries its window
+		// (TestWindow checks the values); the tables leave it out.
+		if (d.Limit > 0) != (d.Window > 0) {
+			t.Fatalf("step %d: Limit %d with Window %v", i, d.Limit, d.Window)
+		}
+		d.Window = 0
 		if d != s.want {
 			t.Fatalf("step %d:\n got %+v\nwant %+v", i, d, s.want)
 		}
@@ -720,5 +726,40 @@ func TestNilRequest(t *testing.T) {
 	}
 	if ms, err := l.Matches(context.Background(), nil); !errors.Is(err, spillway.ErrInvalidRequest) || ms != nil {
 		t.Fatalf("Matches(nil) = %v, %v; want an error wrapping ErrInvalidRequest", ms, err)
+	}
+}
+
+// Decisions carry their rule's window: Period for the windows, the time to
+// refill the burst for the bucket family; the chain prefers them and httpx
+// sends it as RateLimit-Policy's w=.
+func TestWindow(t *testing.T) {
+	cfg := `
+limits:
+  - id: login
+    endpoint: /login
+    by: ip
+    bucket: 5/minute
+  - id: search
+    endpoint: /search
+    by: ip
+    bucket: 1000/minute, burst 200
+  - id: hourly
+    endpoint: /report
+    by: ip
+    bucket: 100/hour
+    algorithm: fixed_window
+`
+	l := mustLimiter(t, cfg, ratelimit.NewMemoryStore())
+	for _, c := range []struct {
+		endpoint string
+		window   time.Duration
+	}{{"/login", time.Minute}, {"/search", 12 * time.Second}, {"/report", time.Hour}} {
+		d, _, err := l.Admit(context.Background(), req("GET", c.endpoint, "ip", "10.0.0.1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Window != c.window {
+			t.Errorf("%s: %+v, want allowed with Window %v", c.endpoint, d, c.window)
+		}
 	}
 }

@@ -213,7 +213,7 @@ func TestParseDemoFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Rules) != 4 || c.Rules[2].Bucket != (Bucket{Limit: 1000, Period: time.Minute, Burst: 200}) {
+	if len(c.Rules) != 5 || c.Rules[2].Bucket != (Bucket{Limit: 60, Period: time.Minute, Burst: 20}) || c.Rules[2].By[0] != "client" {
 		t.Fatalf("demo config parsed as %+v", c.Rules)
 	}
 	if _, err := ParseFile("testdata/does-not-exist.yaml"); err == nil {

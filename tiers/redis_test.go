@@ -388,7 +388,7 @@ func failover(t *testing.T, c *redistest.Cluster, l *Limiter, store ratelimit.St
 	for {
 		d, _, err := l.Admit(ctx, req("POST", "/api/v1/login", "ip", fresh))
 		if err == nil {
-			want := spillway.Decision{Allowed: true, Limiter: "login-ip", Limit: 3, Remaining: 2, ResetAfter: 20 * time.Second}
+			want := spillway.Decision{Allowed: true, Limiter: "login-ip", Limit: 3, Remaining: 2, ResetAfter: 20 * time.Second, Window: time.Minute}
 			if d != want {
 				t.Fatalf("after failover: %+v, want %+v", d, want)
 			}

@@ -1,34 +1,37 @@
-// Command grpcserver is a demo gRPC service behind the spillway chain:
-// rate tiers from a YAML file, a per-IP concurrency limit and the worker
-// load shedder (and, with -redis, the fleet shedder, with the Redis-backed
-// blocks wrapped in the fallback). It serves demo.Greeter/Greet, a unary
-// method defined by hand with a JSON codec (no protoc), and the standard
-// grpc.health.v1.Health service, which is never limited.
+// Command grpcserver is a demo gRPC service behind the spillway chain: rate
+// tiers from a YAML file, a per-IP concurrency limit and the worker load
+// shedder (and, with -redis, the fleet shedder, with the Redis-backed blocks
+// wrapped in the fallback). It serves spillway.demo.v1.Greeter (defined in
+// greeterpb/greeter.proto, generated code committed), the standard
+// grpc.health.v1.Health service and server reflection, so grpcurl works
+// without the .proto; health and reflection are never limited.
 //
 //	go run ./examples/grpcserver                        # in-memory
 //	go run ./examples/grpcserver -redis 127.0.0.1:6379
-//	go run ./examples/grpcserver -otel none            # no telemetry output
+//	go run ./examples/grpcserver -h                     # flags, limits, metadata
+//
+// With grpcurl (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest):
+//
+//	grpcurl -plaintext 127.0.0.1:50051 list
+//	grpcurl -plaintext -H 'x-api-key: k1' -d '{"name":"ann"}' 127.0.0.1:50051 spillway.demo.v1.Greeter/Greet
 //
 // Identity: API key from the "x-api-key" metadata, user from "x-user-id",
 // IP from the peer. Denials are ResourceExhausted (rate, concurrency) or
 // Unavailable (shedding) with RetryInfo and QuotaFailure details.
-//
-// Telemetry (otel.go): an OpenTelemetry SDK with the stdout exporters prints,
-// as one JSON line each (-otel-pretty indents them), every denied call's span
-// with its spillway.decision event and, every 10 s (-otel-interval) when
-// there was traffic, the spillway.decisions counter and the
-// spillway.decision.duration histogram of that interval.
+// Prometheus metrics are served on http://127.0.0.1:9464/metrics
+// (-metrics-addr); -otel stdout also prints denied calls' spans and the
+// metrics as JSON.
 package main
 
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -37,6 +40,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/examples/grpcserver/greeterpb"
+	"github.com/spillway-go/spillway/examples/internal/demo"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -44,9 +49,9 @@ import (
 	"github.com/spillway-go/spillway/telemetry"
 	"github.com/spillway-go/spillway/tiers"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 )
 
 //go:embed limits.yaml
@@ -58,100 +63,82 @@ const (
 	fleetCapacity    = 512
 )
 
-// JSONCodec marshals messages as JSON. Clients select it with
-// grpc.CallContentSubtype(JSONCodec{}.Name()).
-type JSONCodec struct{}
-
-// Marshal implements encoding.Codec.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal implements encoding.Codec.
-func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
-// Name implements encoding.Codec.
-func (JSONCodec) Name() string { return "json" }
-
-func init() { encoding.RegisterCodec(JSONCodec{}) }
-
-// GreetRequest and GreetReply are the messages of demo.Greeter/Greet.
-type GreetRequest struct {
-	Name string `json:"name"`
+type greeter struct {
+	greeterpb.UnimplementedGreeterServer
 }
 
-// GreetReply is the answer of demo.Greeter/Greet.
-type GreetReply struct {
-	Message string `json:"message"`
-}
-
-// GreetMethod is the full method name of the demo call.
-const GreetMethod = "/demo.Greeter/Greet"
-
-type greeter interface {
-	Greet(context.Context, *GreetRequest) (*GreetReply, error)
-}
-
-type greeterServer struct{}
-
-func (greeterServer) Greet(_ context.Context, r *GreetRequest) (*GreetReply, error) {
-	return &GreetReply{Message: "hello, " + r.Name}, nil
-}
-
-var greeterDesc = grpc.ServiceDesc{
-	ServiceName: "demo.Greeter",
-	HandlerType: (*greeter)(nil),
-	Methods: []grpc.MethodDesc{{
-		MethodName: "Greet",
-		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-			in := new(GreetRequest)
-			if err := dec(in); err != nil {
-				return nil, err
-			}
-			if icpt == nil {
-				return srv.(greeter).Greet(ctx, in)
-			}
-			info := &grpc.UnaryServerInfo{Server: srv, FullMethod: GreetMethod}
-			return icpt(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-				return srv.(greeter).Greet(ctx, req.(*GreetRequest))
-			})
-		},
-	}},
+func (greeter) Greet(ctx context.Context, r *greeterpb.GreetRequest) (*greeterpb.GreetReply, error) {
+	demo.Work(ctx, time.Duration(r.GetWorkMs())*time.Millisecond)
+	return &greeterpb.GreetReply{Message: "hello, " + r.GetName()}, nil
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		// -h: the usage is printed; asking for it is not an error.
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "grpcserver:", err)
 		os.Exit(1)
 	}
 }
+
+const usage = `Usage: go run ./examples/grpcserver [flags]
+
+A demo gRPC service behind the spillway chain (rate tiers, per-IP
+concurrency, worker shedder; with -redis also the fleet shedder).
+
+Services:
+  spillway.demo.v1.Greeter/Greet   {"name":"ann","work_ms":200}: works work_ms
+                                   (at most 10000), answers "hello, ann"
+  grpc.health.v1.Health            never limited
+  grpc.reflection.v1(alpha)        server reflection (grpcurl list), never limited
+
+Limits (limits.yaml, -config replaces them):
+  Greet per API key                1/second, burst 5
+  every method per client IP       200/second, burst 100
+  calls in flight per client IP    20 (-redis: 4 while Redis is out)
+
+Identity metadata:
+  x-api-key: KEY                   the API key
+  x-user-id: USER                  the user
+  (the client IP is the peer address)
+
+Denials: RESOURCE_EXHAUSTED (rate, concurrency) or UNAVAILABLE (shedding),
+with google.rpc.RetryInfo and QuotaFailure details.
+
+Flags:
+`
 
 // run serves until ctx ends, printing messages to out and telemetry to
 // otelOut. ready, when set, receives the address it listens on.
 func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(addr string)) (err error) {
 	fs := flag.NewFlagSet("grpcserver", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
 	addr := fs.String("addr", "127.0.0.1:50051", "listen address")
+	metricsAddr := fs.String("metrics-addr", "127.0.0.1:9464", "where to serve Prometheus metrics (http://ADDR/metrics); empty: nowhere")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
-	config := fs.String("config", "", "rate-limit rules (YAML); empty uses examples/grpcserver/limits.yaml, embedded")
+	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/grpcserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
-	otelMode := fs.String("otel", "stdout", "telemetry exporter: stdout (denied calls' spans, metrics every -otel-interval) or none")
-	otelInterval := fs.Duration("otel-interval", 10*time.Second, "how often metrics are exported")
-	otelPretty := fs.Bool("otel-pretty", false, "indent the telemetry JSON instead of one line per document")
+	otelFlags := demo.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	otelp, err := setupOTel(*otelMode, otelOut, *otelInterval, *otelPretty)
+	tel, err := demo.Setup("spillway-grpcserver", otelFlags, *metricsAddr != "", otelOut)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		// Flush what is left: the spans and the last interval's metrics.
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err = errors.Join(err, otelp.shutdown(c))
+		err = errors.Join(err, tel.Shutdown(c))
 	}()
-	tel := []telemetry.Option{telemetry.WithTracerProvider(otelp.tp), telemetry.WithMeterProvider(otelp.mp)}
 
 	var cfg *tiers.Config
 	if *config == "" {
@@ -162,44 +149,61 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	if err != nil {
 		return err
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel)
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel.Options())
 	if err != nil {
 		return err
 	}
 	defer closeAll()
 
 	opts := []grpcx.Option{
-		grpcx.WithSkip(grpcx.SkipHealthChecks),
+		grpcx.WithSkip(grpcx.SkipMethods("/grpc.health.v1.Health/",
+			"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")),
 		grpcx.WithAPIKeyMetadata("x-api-key"),
 		grpcx.WithUserMetadata("x-user-id"),
 	}
-	tracer := otelp.tp.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
+	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(tracedUnary(tracer), grpcx.UnaryServerInterceptor(chain, opts...)),
-		grpc.ChainStreamInterceptor(tracedStream(tracer), grpcx.StreamServerInterceptor(chain, opts...)),
+		grpc.ChainUnaryInterceptor(demo.TraceUnary(tracer), grpcx.UnaryServerInterceptor(chain, opts...)),
+		grpc.ChainStreamInterceptor(demo.TraceStream(tracer), grpcx.StreamServerInterceptor(chain, opts...)),
 	)
-	srv.RegisterService(&greeterDesc, greeterServer{})
+	greeterpb.RegisterGreeterServer(srv, greeter{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())
+	reflection.Register(srv)
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
 	}
+	errc := make(chan error, 2)
+	if *metricsAddr != "" {
+		mln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("-metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", tel.Metrics)
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		defer msrv.Close()
+		go func() {
+			if err := msrv.Serve(mln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+		fmt.Fprintf(out, "metrics on http://%s/metrics\n", mln.Addr())
+	}
 	fmt.Fprintf(out, "spillway demo gRPC service listening on %s (%s)\n", ln.Addr(), describe)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		srv.Stop()
 		return err
 	case <-ctx.Done():
 	}
 	srv.GracefulStop()
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return err
-	}
 	return nil
 }
 

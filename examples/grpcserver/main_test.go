@@ -1,16 +1,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"flag"
 	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-go/spillway/clientside"
+	"github.com/spillway-go/spillway/examples/grpcserver/greeterpb"
+	"github.com/spillway-go/spillway/examples/internal/demotest"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/stretchr/testify/require"
@@ -20,89 +24,57 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-// demo is a running grpcserver: out gets its messages, otel its telemetry.
-type demo struct {
-	addr      string
-	out, otel *syncBuffer
-	stop      func() // stops the server and waits for run to return nil
-}
-
-func startDemo(t *testing.T, args ...string) (string, *syncBuffer) {
+func start(t *testing.T, args ...string) *demotest.Server {
 	t.Helper()
-	d := startDemoOTel(t, args...)
-	return d.addr, d.out
-}
-
-func startDemoOTel(t *testing.T, args ...string) *demo {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &demo{out: &syncBuffer{}, otel: &syncBuffer{}}
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), d.out, d.otel, func(a string) { addrc <- a })
-	}()
-	select {
-	case a := <-addrc:
-		var once sync.Once
-		d.stop = func() {
-			once.Do(func() {
-				cancel()
-				require.NoError(t, <-errc)
-			})
-		}
-		t.Cleanup(d.stop)
-		d.addr = a
-		return d
-	case err := <-errc:
-		cancel()
-		t.Fatalf("run: %v\n%s", err, d.out.String())
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("server did not start")
-	}
-	return nil
+	return demotest.Start(t, run, append([]string{"-metrics-addr", ""}, args...)...)
 }
 
 func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.CallContentSubtype(JSONCodec{}.Name())),
-	}, opts...)...)
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 
-func greet(ctx context.Context, conn *grpc.ClientConn, key string) (*GreetReply, metadata.MD, error) {
+func greet(ctx context.Context, conn *grpc.ClientConn, key string) (*greeterpb.GreetReply, metadata.MD, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", key)
-	var reply GreetReply
 	var hdr metadata.MD
-	err := conn.Invoke(ctx, GreetMethod, &GreetRequest{Name: "ann"}, &reply, grpc.Header(&hdr))
-	return &reply, hdr, err
+	reply, err := greeterpb.NewGreeterClient(conn).Greet(ctx, &greeterpb.GreetRequest{Name: "ann"}, grpc.Header(&hdr))
+	return reply, hdr, err
+}
+
+// services lists the services through server reflection, as grpcurl list
+// does.
+func services(t *testing.T, conn *grpc.ClientConn) []string {
+	t.Helper()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, stream.CloseSend())
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	slices.Sort(names)
+	return names
 }
 
 func smoke(t *testing.T, addr string) {
 	ctx := context.Background()
 	conn := dial(t, addr)
 
-	// Health checks are never limited.
+	require.Equal(t, []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+		"grpc.reflection.v1alpha.ServerReflection", "spillway.demo.v1.Greeter"}, services(t, conn))
+
+	// Health checks and reflection are never limited.
 	for range 3 {
 		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		require.NoError(t, err)
@@ -113,12 +85,14 @@ func smoke(t *testing.T, addr string) {
 	for i := 1; i <= 5; i++ {
 		reply, hdr, err := greet(ctx, conn, "k1")
 		require.NoError(t, err, "greet %d", i)
-		require.Equal(t, "hello, ann", reply.Message)
-		require.NotEmpty(t, hdr.Get("x-ratelimit-limit"))
+		require.Equal(t, "hello, ann", reply.GetMessage())
+		require.Equal(t, []string{"5"}, hdr.Get("x-ratelimit-limit"))
+		require.Equal(t, []string{string(rune('0' + 5 - i))}, hdr.Get("x-ratelimit-remaining"))
 	}
 	_, hdr, err := greet(ctx, conn, "k1")
 	st := status.Convert(err)
 	require.Equal(t, codes.ResourceExhausted, st.Code())
+	require.Equal(t, `spillway: rate_limited by "greet_per_key"`, st.Message())
 	require.Equal(t, []string{"5"}, hdr.Get("x-ratelimit-limit"))
 	require.Equal(t, []string{"0"}, hdr.Get("x-ratelimit-remaining"))
 	var sawRetry, sawQuota bool
@@ -131,6 +105,7 @@ func smoke(t *testing.T, addr string) {
 			require.LessOrEqual(t, d.GetRetryDelay().AsDuration(), time.Second)
 		case *errdetails.QuotaFailure:
 			sawQuota = true
+			require.Len(t, d.GetViolations(), 1)
 			require.Equal(t, "greet_per_key", d.GetViolations()[0].GetSubject())
 		}
 	}
@@ -143,20 +118,80 @@ func smoke(t *testing.T, addr string) {
 		grpcx.WithoutThrottle(), grpcx.WithBackoff(clientside.Backoff{Jitter: -1}))))
 	reply, _, err := greet(ctx, retrying, "k1")
 	require.NoError(t, err)
-	require.Equal(t, "hello, ann", reply.Message)
+	require.Equal(t, "hello, ann", reply.GetMessage())
 }
 
 func TestSmokeMemory(t *testing.T) {
-	addr, out := startDemo(t)
-	require.Contains(t, out.String(), "listening on "+addr+" (store: memory")
-	smoke(t, addr)
+	s := start(t)
+	require.Contains(t, s.Out.String(), "listening on "+s.Addr+" (store: memory")
+	smoke(t, s.Addr)
 }
 
 func TestSmokeRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	addr, out := startDemo(t, "-redis", rs.Addr, "-redis-budget", "300ms") // decisions from Redis even on a loaded machine
-	require.Contains(t, out.String(), "store: redis "+rs.Addr)
-	smoke(t, addr)
+	s := start(t, "-redis", rs.Addr, "-redis-budget", "300ms") // decisions from Redis even on a loaded machine
+	require.Contains(t, s.Out.String(), "store: redis "+rs.Addr)
+	smoke(t, s.Addr)
+}
+
+// The per-IP concurrency limit (20) answers ResourceExhausted while 20
+// slow calls from the same IP are in flight.
+func TestConcurrency(t *testing.T) {
+	s := start(t)
+	conn := dial(t, s.Addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			// Distinct keys: the per-key rate rule (burst 5) has room.
+			ctx := metadata.AppendToOutgoingContext(ctx, "x-api-key", "slow-"+strconv.Itoa(i))
+			_, err := greeterpb.NewGreeterClient(conn).Greet(ctx, &greeterpb.GreetRequest{Name: "slow", WorkMs: 10000})
+			errc <- err
+		}()
+	}
+	// Wait until the 21st call is refused: the 20 slow ones hold every slot.
+	// (A call that finds a free slot is admitted and answers at once.)
+	var st *status.Status
+	n := 0
+	require.Eventually(t, func() bool {
+		n++ // a fresh key each time: its rate rule always has room
+		_, _, err := greet(context.Background(), conn, "fast-"+strconv.Itoa(n))
+		st = status.Convert(err)
+		return st.Code() == codes.ResourceExhausted
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, `spillway: concurrency by "per_ip_concurrency"`, st.Message())
+	cancel()
+	for range 20 {
+		require.Equal(t, codes.Canceled, status.Code(<-errc))
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	s := demotest.Start(t, run, "-metrics-addr", "127.0.0.1:0")
+	m := regexp.MustCompile(`metrics on (http://\S+/metrics)`).FindStringSubmatch(s.Out.String())
+	require.NotNil(t, m, s.Out.String())
+	conn := dial(t, s.Addr)
+	for range 6 {
+		greet(context.Background(), conn, "k1")
+	}
+	resp, err := http.Get(m[1])
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, string(b), `spillway_decisions_total{otel_scope_name="github.com/spillway-go/spillway/telemetry",otel_scope_schema_url="",otel_scope_version="",spillway_degraded="false",spillway_limiter="grpc",spillway_outcome="allowed",spillway_priority="critical",spillway_reason="none"} 5`)
+	require.Contains(t, string(b), `spillway_outcome="denied",spillway_priority="critical",spillway_reason="rate_limited"} 1`)
+}
+
+func TestHelp(t *testing.T) {
+	var out demotest.Buffer
+	err := run(context.Background(), []string{"-h"}, &out, io.Discard, nil)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	for _, want := range []string{"spillway.demo.v1.Greeter/Greet", "grpc.health.v1.Health", "x-api-key", "x-user-id", "-metrics-addr", "-redis"} {
+		require.Contains(t, out.String(), want)
+	}
 }
 
 func TestBadFlags(t *testing.T) {
@@ -164,104 +199,16 @@ func TestBadFlags(t *testing.T) {
 	require.EqualError(t, err, `-otel "otlp": want stdout or none`)
 	err = run(context.Background(), []string{"-otel-interval", "-1s"}, io.Discard, io.Discard, nil)
 	require.EqualError(t, err, "-otel-interval -1s: must be positive")
-}
-
-// jsonAttr is an attribute as the stdout exporters print it.
-type jsonAttr struct {
-	Key   string
-	Value struct{ Value any }
-}
-
-func attrMap(attrs []jsonAttr) map[string]any {
-	m := make(map[string]any, len(attrs))
-	for _, a := range attrs {
-		m[a.Key] = a.Value.Value
-	}
-	return m
-}
-
-type jsonSpan struct {
-	Name     string
-	SpanKind int
-	Events   []struct {
-		Name       string
-		Attributes []jsonAttr
-	}
-	Resource []jsonAttr
-}
-
-type jsonMetrics struct {
-	ScopeMetrics []struct {
-		Scope   struct{ Name string }
-		Metrics []struct {
-			Name string
-			Data struct {
-				Temporality string
-				DataPoints  []struct {
-					Attributes []jsonAttr
-					Value      float64 // counter points
-					Count      float64 // histogram points
-				}
-			}
-		}
-	}
-}
-
-// decodeOTel splits what the stdout exporters wrote into spans and metric
-// exports.
-func decodeOTel(t *testing.T, s string) ([]jsonSpan, []jsonMetrics) {
-	t.Helper()
-	var spans []jsonSpan
-	var metrics []jsonMetrics
-	dec := json.NewDecoder(strings.NewReader(s))
-	for dec.More() {
-		var raw map[string]json.RawMessage
-		require.NoError(t, dec.Decode(&raw))
-		b, err := json.Marshal(raw)
-		require.NoError(t, err)
-		if _, ok := raw["ScopeMetrics"]; ok {
-			var m jsonMetrics
-			require.NoError(t, json.Unmarshal(b, &m))
-			metrics = append(metrics, m)
-		} else {
-			var sp jsonSpan
-			require.NoError(t, json.Unmarshal(b, &sp))
-			spans = append(spans, sp)
-		}
-	}
-	return spans, metrics
-}
-
-// sumPoints adds up, across exports (delta temporality), the points of the
-// named instrument by their attribute set.
-func sumPoints(t *testing.T, exports []jsonMetrics, name string) map[string]float64 {
-	t.Helper()
-	sums := map[string]float64{}
-	for _, e := range exports {
-		for _, sm := range e.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if m.Name != name {
-					continue
-				}
-				require.Equal(t, "github.com/spillway-go/spillway/telemetry", sm.Scope.Name)
-				require.Equal(t, "DeltaTemporality", m.Data.Temporality)
-				for _, p := range m.Data.DataPoints {
-					k, err := json.Marshal(attrMap(p.Attributes)) // sorted keys
-					require.NoError(t, err)
-					sums[string(k)] += p.Value + p.Count
-				}
-			}
-		}
-	}
-	return sums
+	err = run(context.Background(), []string{"-metrics-addr", "256.0.0.1:1"}, io.Discard, io.Discard, nil)
+	require.ErrorContains(t, err, "-metrics-addr")
 }
 
 // The stdout SDK prints the denied call's span, with its decision event, and
 // counts every decision; the flush on exit exports the last interval.
 func TestTelemetryStdout(t *testing.T) {
-	d := startDemoOTel(t, "-otel-interval", "1h") // one export: the flush on exit
+	s := start(t, "-otel", "stdout", "-otel-interval", "1h") // one export: the flush on exit
 	ctx := context.Background()
-	conn := dial(t, d.addr)
+	conn := dial(t, s.Addr)
 	_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	require.NoError(t, err)
 	for i := 1; i <= 6; i++ {
@@ -272,20 +219,10 @@ func TestTelemetryStdout(t *testing.T) {
 			require.Equal(t, codes.ResourceExhausted, status.Code(err))
 		}
 	}
-	d.stop()
+	s.Stop()
 
-	spans, metrics := decodeOTel(t, d.otel.String())
-	require.Len(t, spans, 1, "only the denied call's span is printed")
-	sp := spans[0]
-	require.Equal(t, GreetMethod, sp.Name)
-	require.Equal(t, 2, sp.SpanKind) // server
-	require.Equal(t, map[string]any{"service.name": "spillway-grpcserver"}, attrMap(sp.Resource))
-	require.Len(t, sp.Events, 1)
-	require.Equal(t, "spillway.decision", sp.Events[0].Name)
-	ev := attrMap(sp.Events[0].Attributes)
-	retry, latency := ev["spillway.retry_after_ms"], ev["spillway.latency_us"]
-	delete(ev, "spillway.retry_after_ms")
-	delete(ev, "spillway.latency_us")
+	spans, metrics := demotest.DecodeOTel(t, s.OTel.String())
+	ev, retry, latency := demotest.Decision(t, spans, greeterpb.Greeter_Greet_FullMethodName, "spillway-grpcserver")
 	require.Equal(t, map[string]any{
 		"spillway.limiter":    "grpc",
 		"spillway.decided_by": "greet_per_key",
@@ -304,22 +241,21 @@ func TestTelemetryStdout(t *testing.T) {
 	require.Equal(t, map[string]float64{
 		`{"spillway.degraded":false,"spillway.limiter":"grpc","spillway.outcome":"allowed","spillway.priority":"critical","spillway.reason":"none"}`:        5,
 		`{"spillway.degraded":false,"spillway.limiter":"grpc","spillway.outcome":"denied","spillway.priority":"critical","spillway.reason":"rate_limited"}`: 1,
-	}, sumPoints(t, metrics, "spillway.decisions"))
+	}, demotest.SumPoints(t, metrics, "spillway.decisions"))
 	require.Equal(t, map[string]float64{
 		`{"spillway.degraded":false,"spillway.limiter":"grpc","spillway.outcome":"allowed"}`: 5,
 		`{"spillway.degraded":false,"spillway.limiter":"grpc","spillway.outcome":"denied"}`:  1,
-	}, sumPoints(t, metrics, "spillway.decision.duration"))
+	}, demotest.SumPoints(t, metrics, "spillway.decision.duration"))
 }
 
-func TestTelemetryNone(t *testing.T) {
-	d := startDemoOTel(t, "-otel", "none")
-	conn := dial(t, d.addr)
-	for range 5 {
-		_, _, err := greet(context.Background(), conn, "k1")
-		require.NoError(t, err)
+// Without -otel stdout nothing is printed.
+func TestTelemetryOffByDefault(t *testing.T) {
+	s := start(t)
+	conn := dial(t, s.Addr)
+	for range 6 {
+		greet(context.Background(), conn, "k1")
 	}
-	_, _, err := greet(context.Background(), conn, "k1")
-	require.Equal(t, codes.ResourceExhausted, status.Code(err))
-	d.stop()
-	require.Empty(t, d.otel.String())
+	s.Stop()
+	require.Empty(t, s.OTel.String())
+	require.Equal(t, 1, strings.Count(s.Out.String(), "\n"), s.Out.String()) // the listening line only
 }

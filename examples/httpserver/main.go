@@ -1,25 +1,23 @@
 // Command httpserver is a demo API behind the whole spillway chain: rate
-// tiers from a YAML file, a per-client concurrency limit, the fleet and
-// worker load shedders and, with Redis, a global ceiling in front of the
-// (pretend) database. With -redis the Redis-backed blocks are wrapped in the
-// fallback, so a stalled Redis degrades to a local share of every limit
-// instead of failing.
+// tiers from a YAML file, a per-client concurrency limit, the worker load
+// shedder and, with Redis, the fleet shedder and a global ceiling in front
+// of the (pretend) database. With -redis the Redis-backed blocks are
+// wrapped in the fallback, so a stalled Redis degrades to a local share of
+// every limit instead of failing.
 //
 //	go run ./examples/httpserver                        # in-memory
 //	go run ./examples/httpserver -redis 127.0.0.1:6379  # shared state in Redis
-//	go run ./examples/httpserver -otel none             # no telemetry output
+//	go run ./examples/httpserver -h                     # routes, headers, flags
 //
-// Telemetry (otel.go): an OpenTelemetry SDK with the stdout exporters prints,
-// as one JSON line each (-otel-pretty indents them), every denied request's
-// span with its spillway.decision event and, every 10 s (-otel-interval)
-// when there was traffic, the spillway.decisions counter and the
-// spillway.decision.duration histogram of that interval.
+// GET /api/v1/report?ms=N works N milliseconds, so concurrent requests pile
+// up: past 10 in flight per client the concurrency limit answers 429, past
+// 32 GETs in flight in the server the worker shedder answers 503 (POSTs,
+// which are Critical, still get in up to 40). The README shows the shell
+// loops.
 //
-// Routes: POST /api/v1/login, GET /api/v1/search, POST /api/v1/posts,
-// GET /healthz (never limited). Identity: user from X-User-ID, API key from
-// X-API-Key, IP from the peer. Try:
-//
-//	for i in $(seq 7); do curl -si -XPOST -H 'X-User-ID: ann' localhost:8080/api/v1/login | head -1; done
+// Telemetry: Prometheus metrics on GET /metrics (-metrics=false turns them
+// off); -otel stdout also prints denied requests' spans and the metrics as
+// JSON.
 package main
 
 import (
@@ -34,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -41,6 +40,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/examples/internal/demo"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/httpx"
@@ -58,20 +58,55 @@ var defaultLimits []byte
 
 // Demo sizes: small enough to see every block answer from a shell loop.
 const (
-	perIPConcurrency = 20   // requests in flight per client IP
-	fleetCapacity    = 512  // requests in flight across the fleet
-	workerCapacity   = 128  // requests in flight in this server
-	dbCeiling        = 2000 // database calls per second across the fleet
+	fleetCapacity = 512  // requests in flight across the fleet
+	dbCeiling     = 2000 // database calls per second across the fleet
 )
+
+// dimClient is the dimension the rate rules and the concurrency limit key
+// on: the API key when the request carries one, else the client IP.
+const dimClient = "client"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stdout, nil)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		// -h: the usage is printed; asking for it is not an error.
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "httpserver:", err)
 		os.Exit(1)
 	}
 }
+
+const usage = `Usage: go run ./examples/httpserver [flags]
+
+A demo API behind the spillway chain: rate tiers → per-client concurrency →
+worker shedder (with -redis: → fleet shedder → global ceiling).
+
+Routes (rates from the embedded limits.yaml; -config replaces them):
+  POST /api/v1/login          5/minute per user, 10/minute per IP
+  GET  /api/v1/search?q=Q     60/minute, burst 20 per client
+  POST /api/v1/posts          100/second, burst 50 per client
+  GET  /api/v1/report?ms=N    works N ms (default 100, at most 10000);
+                              120/minute, burst 60 per client
+  GET  /healthz               never limited
+  GET  /metrics               Prometheus metrics (-metrics), never limited
+
+Identity headers:
+  X-API-Key: KEY              the client is the API key; without it, the
+                              client is its IP (the peer address)
+  X-User-ID: USER             the user, for the login rule
+  Spillway-Priority: P        lowers a request's priority (sheddable,
+                              sheddable_plus, critical, critical_plus);
+                              GETs are sheddable_plus, POSTs critical
+  X-Spillway-Test-Mode: 1     marks test traffic, shed first
+
+Answers: 429 for rate and concurrency limits, 503 for shedding, both with
+Retry-After and an application/problem+json body naming the limiter.
+
+Flags:
+`
 
 // run serves until ctx ends, printing messages to out and telemetry to
 // otelOut. ready, when set, receives the address it listens on (tests pass
@@ -79,28 +114,31 @@ func main() {
 func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(addr string)) (err error) {
 	fs := flag.NewFlagSet("httpserver", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
-	otelMode := fs.String("otel", "stdout", "telemetry exporter: stdout (denied requests' spans, metrics every -otel-interval) or none")
-	otelInterval := fs.Duration("otel-interval", 10*time.Second, "how often metrics are exported")
-	otelPretty := fs.Bool("otel-pretty", false, "indent the telemetry JSON (about 140 lines per span) instead of one line per document")
+	perClient := fs.Int64("concurrency", 10, "requests in flight per client (-redis: a fifth of it while Redis is out)")
+	workerCap := fs.Int64("worker", 40, "requests in flight in this server; GETs (sheddable_plus) get 80% of it")
+	metrics := fs.Bool("metrics", true, "serve Prometheus metrics on GET /metrics")
+	otelFlags := demo.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 
-	otelp, err := setupOTel(*otelMode, otelOut, *otelInterval, *otelPretty)
+	tel, err := demo.Setup("spillway-httpserver", otelFlags, *metrics, otelOut)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		// Flush what is left: the spans and the last interval's metrics.
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err = errors.Join(err, otelp.shutdown(c))
+		err = errors.Join(err, tel.Shutdown(c))
 	}()
-	tel := []telemetry.Option{telemetry.WithTracerProvider(otelp.tp), telemetry.WithMeterProvider(otelp.mp)}
 
 	var cfg *tiers.Config
 	if *config == "" {
@@ -112,7 +150,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		return err
 	}
 
-	b, err := build(ctx, cfg, *redisAddr, *budget, tel)
+	b, err := build(ctx, cfg, sizes{*perClient, *workerCap}, *redisAddr, *budget, tel.Options())
 	if err != nil {
 		return err
 	}
@@ -125,8 +163,8 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		httpx.WithIETFHeaders(),
 	)
 	mux := http.NewServeMux()
-	tracer := otelp.tp.Tracer("github.com/spillway-go/spillway/examples/httpserver")
-	api := func(route string, h http.HandlerFunc) { mux.Handle(route, traced(tracer, route, mw(h))) }
+	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/httpserver")
+	api := func(route string, h http.HandlerFunc) { mux.Handle(route, demo.TraceHTTP(tracer, route, mw(h))) }
 	var posts atomic.Int64
 	api("POST /api/v1/login", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"token": "demo-token-for-" + r.Header.Get("X-User-ID")})
@@ -137,9 +175,26 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	api("POST /api/v1/posts", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, map[string]int64{"id": posts.Add(1)})
 	})
+	api("GET /api/v1/report", func(w http.ResponseWriter, r *http.Request) {
+		ms := int64(100)
+		if v := r.URL.Query().Get("ms"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || n > demo.MaxWork.Milliseconds() {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("ms=%q: want 0 to %d", v, demo.MaxWork.Milliseconds())})
+				return
+			}
+			ms = n
+		}
+		start := time.Now()
+		demo.Work(r.Context(), time.Duration(ms)*time.Millisecond)
+		writeJSON(w, http.StatusOK, map[string]int64{"worked_ms": time.Since(start).Milliseconds()})
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "degraded": b.degraded()})
 	})
+	if tel.Metrics != nil {
+		mux.Handle("GET /metrics", tel.Metrics)
+	}
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -174,6 +229,32 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// withClient sets the "client" dimension before next decides: "key:" and
+// the API key when the request has one, else "ip:" and the client IP. The
+// rules keyed by client (limits.yaml) and the concurrency limit thus limit
+// anonymous requests per IP, and requests with a key per key. The caller's
+// Request is not modified.
+func withClient(next spillway.Limiter) spillway.Limiter {
+	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		if r == nil {
+			return next.Admit(ctx, r)
+		}
+		c := *r
+		c.Dims = append(make([]spillway.Dimension, 0, len(r.Dims)+1), r.Dims...)
+		if k, ok := r.Get(spillway.DimAPIKey); ok {
+			c.Set(dimClient, "key:"+k)
+		} else if ip, ok := r.Get(spillway.DimIP); ok {
+			c.Set(dimClient, "ip:"+ip)
+		}
+		return next.Admit(ctx, &c)
+	})
+}
+
+// sizes are the in-flight limits (flags).
+type sizes struct {
+	perClient, worker int64
+}
+
 // blocks is the assembled chain and what must be closed.
 type blocks struct {
 	chain    spillway.Limiter
@@ -188,9 +269,9 @@ func (b *blocks) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (*blocks, error) {
+func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, budget time.Duration, tel []telemetry.Option) (*blocks, error) {
 	b := &blocks{degraded: func() bool { return false }}
-	worker, err := shedder.NewWorker(workerCapacity, shedder.WithName("worker"))
+	worker, err := shedder.NewWorker(sz.worker, shedder.WithName("worker"))
 	if err != nil {
 		return nil, err
 	}
@@ -200,14 +281,14 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return nil, err
 		}
-		conc, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency, concurrency.WithName("per_ip_concurrency"))
+		conc, err := concurrency.New(concurrency.NewMemoryStore(), sz.perClient, concurrency.WithName("per_client_concurrency"))
 		if err != nil {
 			return nil, err
 		}
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
-		b.chain = telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "api", tel...)
-		b.describe = "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
+		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel...)
+		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
 
@@ -246,24 +327,24 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return nil, err
 	}
 
-	// Per-IP concurrency: Stripe's sorted-set limiter in Redis, a local
+	// Per-client concurrency: Stripe's sorted-set limiter in Redis, a local
 	// limiter with a fifth of the slots while Redis is out.
 	cstore, err := concurrency.NewRedisStore(rdb)
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(budget))
+	cshared, err := concurrency.New(cstore, sz.perClient, concurrency.WithName("per_client_concurrency"), concurrency.WithReleaseTimeout(budget))
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency/5, concurrency.WithName("per_ip_concurrency"))
+	clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(sz.perClient/5, 1), concurrency.WithName("per_client_concurrency"))
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), settings("concurrency"))
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, dimClient), concurrency.PerKey(clocal, dimClient), settings("concurrency"))
 	if err != nil {
 		b.close()
 		return nil, err
@@ -301,8 +382,8 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return nil, err
 	}
 
-	b.chain = telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker, guard), "api", tel...)
+	b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, conc, fleet, worker, guard)), "api", tel...)
 	b.degraded = func() bool { return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed }
-	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
+	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-client concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
 	return b, nil
 }

@@ -1,80 +1,46 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/spillway-go/spillway/examples/internal/demotest"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
-// syncBuffer is a bytes.Buffer safe for the server goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-// demo is a running httpserver: out gets its messages, otel its telemetry.
-type demo struct {
-	base      string
-	out, otel *syncBuffer
-	stop      func() // stops the server and waits for run to return nil
-}
-
-func startDemo(t *testing.T, args ...string) (string, *syncBuffer) {
+// start runs the demo; its Stop first closes the client's idle
+// connections: the transport may have dialed one that never carried a
+// request, which the server's graceful shutdown would wait 5 s for.
+func start(t *testing.T, args ...string) (base string, s *demotest.Server) {
 	t.Helper()
-	d := startDemoOTel(t, args...)
-	return d.base, d.out
-}
-
-func startDemoOTel(t *testing.T, args ...string) *demo {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &demo{out: &syncBuffer{}, otel: &syncBuffer{}}
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), d.out, d.otel, func(a string) { addrc <- a })
-	}()
-	select {
-	case a := <-addrc:
-		var once sync.Once
-		d.stop = func() {
-			once.Do(func() {
-				cancel()
-				require.NoError(t, <-errc)
-			})
-		}
-		t.Cleanup(d.stop)
-		d.base = "http://" + a
-		return d
-	case err := <-errc:
-		cancel()
-		t.Fatalf("run: %v\n%s", err, d.out.String())
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("server did not start")
+	s = demotest.Start(t, run, args...)
+	stop := s.Stop
+	s.Stop = func() {
+		http.DefaultClient.CloseIdleConnections()
+		stop()
 	}
-	return nil
+	t.Cleanup(s.Stop) // runs before demotest's: cleanups run last-in first-out
+	return "http://" + s.Addr, s
 }
 
 func do(t *testing.T, method, url string, hdr map[string]string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
+	return doCtx(t, context.Background(), method, url, hdr)
+}
+
+func doCtx(t *testing.T, ctx context.Context, method, url string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	require.NoError(t, err)
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -85,6 +51,15 @@ func do(t *testing.T, method, url string, hdr map[string]string) (*http.Response
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp, string(b)
+}
+
+// problem decodes a denial's application/problem+json body.
+func problem(t *testing.T, resp *http.Response, body string) map[string]any {
+	t.Helper()
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &p))
+	return p
 }
 
 // smoke runs the same requests against a freshly started demo.
@@ -99,7 +74,8 @@ func smoke(t *testing.T, base string) {
 		resp, _ = do(t, "POST", base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
 		require.Equal(t, 200, resp.StatusCode, "login %d", i)
 		require.Equal(t, "5", resp.Header.Get("X-RateLimit-Limit"))
-		require.Equal(t, []string{string(rune('0' + 5 - i))}, resp.Header.Values("X-RateLimit-Remaining"))
+		require.Equal(t, []string{strconv.Itoa(5 - i)}, resp.Header.Values("X-RateLimit-Remaining"))
+		require.Equal(t, `"login_user";q=5;w=60`, resp.Header.Get("RateLimit-Policy"))
 	}
 	resp, body = do(t, "POST", base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
 	require.Equal(t, 429, resp.StatusCode)
@@ -107,40 +83,62 @@ func smoke(t *testing.T, base string) {
 	require.Equal(t, "5", resp.Header.Get("X-RateLimit-Limit"))
 	require.Equal(t, "0", resp.Header.Get("X-RateLimit-Remaining"))
 	require.NotEmpty(t, resp.Header.Get("X-RateLimit-Reset"))
-	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
-	var p map[string]any
-	require.NoError(t, json.Unmarshal([]byte(body), &p))
+	require.Equal(t, `"login_user";q=5;w=60`, resp.Header.Get("RateLimit-Policy"))
+	require.Equal(t, `"login_user";r=0;t=60`, resp.Header.Get("RateLimit"))
+	p := problem(t, resp, body)
 	require.Equal(t, float64(429), p["status"])
 	require.Equal(t, "rate_limited", p["reason"])
+	require.Equal(t, "login_user", p["limiter"])
 	require.Equal(t, float64(12), p["retry_after"])
 
 	// Another user from the same IP still gets in (the IP rule has 4 left).
 	resp, _ = do(t, "POST", base+"/api/v1/login", map[string]string{"X-User-ID": "bob"})
 	require.Equal(t, 200, resp.StatusCode)
 
-	// Search: 1000/minute, burst 200 per API key (199 left); the headers
-	// show the most restrictive limit, here the per-IP concurrency limit
-	// (20 in flight, 19 left while this one runs).
+	// Search with a key: 60/minute, burst 20 per key. The headers describe
+	// that rate limit, not the per-client concurrency limit (10 in flight,
+	// 9 left while this one runs, which is lower).
 	resp, body = do(t, "GET", base+"/api/v1/search?q=go", map[string]string{"X-API-Key": "k1"})
 	require.Equal(t, 200, resp.StatusCode)
 	require.JSONEq(t, `{"query":"go","results":[]}`, body)
 	require.Equal(t, "20", resp.Header.Get("X-RateLimit-Limit"))
 	require.Equal(t, "19", resp.Header.Get("X-RateLimit-Remaining"))
-	require.Equal(t, `"per_ip_concurrency";q=20`, resp.Header.Get("RateLimit-Policy"))
+	require.Equal(t, `"search";q=20;w=20`, resp.Header.Get("RateLimit-Policy"))
+	require.Equal(t, `"search";r=19;t=1`, resp.Header.Get("RateLimit"))
+
+	// Search without a key is limited per IP: 20 at once, then 429. The
+	// key k1 above has its own bucket.
+	for i := 1; i <= 20; i++ {
+		resp, _ = do(t, "GET", base+"/api/v1/search?q=anon", nil)
+		require.Equal(t, 200, resp.StatusCode, "anonymous search %d", i)
+		require.Equal(t, strconv.Itoa(20-i), resp.Header.Get("X-RateLimit-Remaining"))
+	}
+	resp, body = do(t, "GET", base+"/api/v1/search?q=anon", nil)
+	require.Equal(t, 429, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After")) // 60/minute: a token a second
+	require.Equal(t, "search", problem(t, resp, body)["limiter"])
 
 	resp, body = do(t, "POST", base+"/api/v1/posts", map[string]string{"X-API-Key": "k1"})
 	require.Equal(t, 201, resp.StatusCode)
 	require.JSONEq(t, `{"id":1}`, body)
-	require.Equal(t, "20", resp.Header.Get("X-RateLimit-Limit"))
+	require.Equal(t, "50", resp.Header.Get("X-RateLimit-Limit"))
+	require.Equal(t, `"posts";q=50;w=1`, resp.Header.Get("RateLimit-Policy"))
+
+	resp, body = do(t, "GET", base+"/api/v1/report?ms=0", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	require.JSONEq(t, `{"worked_ms":0}`, body)
+	resp, body = do(t, "GET", base+"/api/v1/report?ms=10001", nil)
+	require.Equal(t, 400, resp.StatusCode)
+	require.JSONEq(t, `{"error":"ms=\"10001\": want 0 to 10000"}`, body)
 
 	resp, _ = do(t, "GET", base+"/api/v1/posts", nil)
 	require.Equal(t, 405, resp.StatusCode)
 }
 
 func TestSmokeMemory(t *testing.T) {
-	base, out := startDemo(t)
-	require.Contains(t, out.String(), "listening on "+base+" ")
-	require.Contains(t, out.String(), "store: memory")
+	base, s := start(t)
+	require.Contains(t, s.Out.String(), "listening on "+base+" ")
+	require.Contains(t, s.Out.String(), "store: memory")
 	smoke(t, base)
 }
 
@@ -148,20 +146,129 @@ func TestSmokeRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	// A budget well above a Redis call on a loaded test machine, so that
 	// the exact headers below come from Redis, not the local share.
-	base, out := startDemo(t, "-redis", rs.Addr, "-redis-budget", "300ms")
-	require.Contains(t, out.String(), "store: redis "+rs.Addr)
+	base, s := start(t, "-redis", rs.Addr, "-redis-budget", "300ms")
+	require.Contains(t, s.Out.String(), "store: redis "+rs.Addr)
 	smoke(t, base)
 
 	// Redis stalls: requests are still answered, from the local share.
 	require.NoError(t, rs.Pause())
 	defer rs.Resume()
+	// (posts: burst 50, so the local share is 10)
 	for i := range 8 {
-		resp, _ := do(t, "GET", base+"/api/v1/search", map[string]string{"X-API-Key": "k2"})
-		require.Equal(t, 200, resp.StatusCode, "search %d while Redis is paused", i)
+		resp, _ := do(t, "POST", base+"/api/v1/posts", map[string]string{"X-API-Key": "k2"})
+		require.Equal(t, 201, resp.StatusCode, "post %d while Redis is paused", i)
 	}
 	resp, body := do(t, "GET", base+"/healthz", nil)
 	require.Equal(t, 200, resp.StatusCode)
 	require.JSONEq(t, `{"ok":true,"degraded":true}`, body)
+}
+
+// allowed reads, from /metrics, how many requests the chain has admitted.
+func allowed(t *testing.T, base string) int {
+	t.Helper()
+	_, body := do(t, "GET", base+"/metrics", nil)
+	m := regexp.MustCompile(`(?m)^spillway_decisions_total\{[^}]*spillway_outcome="allowed"[^}]*\} (\d+)$`).FindAllStringSubmatch(body, -1)
+	n := 0
+	for _, g := range m {
+		v, err := strconv.Atoi(g[1])
+		require.NoError(t, err)
+		n += v
+	}
+	return n
+}
+
+// slow starts n GET /api/v1/report?ms=10000 with the given API keys ("" for
+// none) and waits until the chain has admitted them all (they hold their
+// slots until cancel). It returns a func that cancels them and waits.
+func slow(t *testing.T, base string, keys []string) (cancel func()) {
+	t.Helper()
+	before := allowed(t, base)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/v1/report?ms=10000", nil)
+			if k != "" {
+				req.Header.Set("X-API-Key", k)
+			}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return allowed(t, base) == before+len(keys) }, 30*time.Second, 10*time.Millisecond)
+	return func() { stop(); wg.Wait() }
+}
+
+// Past 10 requests in flight per client the concurrency limit answers 429;
+// past 32 GETs in flight in the server (80% of -worker 40) the worker
+// shedder answers 503, while POSTs (Critical) still get in up to 40. The
+// rate-limit headers of allowed responses keep describing the rate limits.
+func TestConcurrencyAndShedding(t *testing.T) {
+	base, _ := start(t)
+
+	// Ten slow anonymous reports: the client (this IP) has no slot left.
+	release := slow(t, base, make([]string, 10))
+	defer release()
+	resp, body := do(t, "GET", base+"/api/v1/report?ms=0", nil)
+	require.Equal(t, 429, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	p := problem(t, resp, body)
+	require.Equal(t, "concurrency", p["reason"])
+	require.Equal(t, "per_client_concurrency", p["limiter"])
+	// Another client (an API key) still gets in; its headers describe the
+	// report rate limit (burst 60), not the worker's or the concurrency's.
+	resp, _ = do(t, "GET", base+"/api/v1/report?ms=0", map[string]string{"X-API-Key": "other"})
+	require.Equal(t, 200, resp.StatusCode)
+	require.Equal(t, "60", resp.Header.Get("X-RateLimit-Limit"))
+	require.Equal(t, "59", resp.Header.Get("X-RateLimit-Remaining"))
+	require.Equal(t, `"report";q=60;w=30`, resp.Header.Get("RateLimit-Policy"))
+
+	// 22 more slow GETs from 22 keys: 32 GETs in flight, the worker's cap
+	// for sheddable_plus work.
+	keys := make([]string, 22)
+	for i := range keys {
+		keys[i] = "key-" + strconv.Itoa(i)
+	}
+	releaseMore := slow(t, base, keys)
+	defer releaseMore()
+	resp, body = do(t, "GET", base+"/api/v1/report?ms=0", map[string]string{"X-API-Key": "one-more"})
+	require.Equal(t, 503, resp.StatusCode)
+	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+	p = problem(t, resp, body)
+	require.Equal(t, "shed", p["reason"])
+	require.Equal(t, "worker", p["limiter"])
+	// A POST is Critical: the worker keeps 20% of its capacity for it.
+	resp, _ = do(t, "POST", base+"/api/v1/posts", map[string]string{"X-API-Key": "one-more"})
+	require.Equal(t, 201, resp.StatusCode)
+	require.Equal(t, `"posts";q=50;w=1`, resp.Header.Get("RateLimit-Policy"))
+
+	// The slots are released when the requests end (the server sees the
+	// clients go away a moment after they do).
+	releaseMore()
+	release()
+	require.Eventually(t, func() bool {
+		resp, _ = do(t, "GET", base+"/api/v1/report?ms=0", nil)
+		return resp.StatusCode == 200
+	}, 5*time.Second, 100*time.Millisecond)
+}
+
+func TestMetricsOff(t *testing.T) {
+	base, _ := start(t, "-metrics=false")
+	resp, _ := do(t, "GET", base+"/metrics", nil)
+	require.Equal(t, 404, resp.StatusCode)
+}
+
+func TestHelp(t *testing.T) {
+	var out demotest.Buffer
+	err := run(context.Background(), []string{"-h"}, &out, io.Discard, nil)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	for _, want := range []string{"POST /api/v1/login", "GET  /api/v1/search", "POST /api/v1/posts", "GET  /api/v1/report?ms=N",
+		"GET  /healthz", "GET  /metrics", "X-API-Key", "X-User-ID", "Spillway-Priority", "-redis", "-otel"} {
+		require.Contains(t, out.String(), want)
+	}
 }
 
 func TestBadConfig(t *testing.T) {
@@ -173,125 +280,27 @@ func TestBadConfig(t *testing.T) {
 	require.EqualError(t, err, `-otel "otlp": want stdout or none`)
 	err = run(context.Background(), []string{"-otel-interval", "0s"}, io.Discard, io.Discard, nil)
 	require.EqualError(t, err, "-otel-interval 0s: must be positive")
+	err = run(context.Background(), []string{"-worker", "0"}, io.Discard, io.Discard, nil)
+	require.ErrorContains(t, err, "capacity 0")
 }
 
-// jsonAttr is an attribute as the stdout exporters print it.
-type jsonAttr struct {
-	Key   string
-	Value struct{ Value any }
-}
-
-func attrMap(attrs []jsonAttr) map[string]any {
-	m := make(map[string]any, len(attrs))
-	for _, a := range attrs {
-		m[a.Key] = a.Value.Value
-	}
-	return m
-}
-
-type jsonSpan struct {
-	Name     string
-	SpanKind int
-	Events   []struct {
-		Name       string
-		Attributes []jsonAttr
-	}
-	Resource []jsonAttr
-}
-
-type jsonMetrics struct {
-	ScopeMetrics []struct {
-		Scope   struct{ Name string }
-		Metrics []struct {
-			Name string
-			Data struct {
-				Temporality string
-				DataPoints  []struct {
-					Attributes []jsonAttr
-					Value      float64 // counter points
-					Count      float64 // histogram points
-				}
-			}
-		}
-	}
-}
-
-// decodeOTel splits what the stdout exporters wrote into spans and metric
-// exports.
-func decodeOTel(t *testing.T, s string) ([]jsonSpan, []jsonMetrics) {
-	t.Helper()
-	var spans []jsonSpan
-	var metrics []jsonMetrics
-	dec := json.NewDecoder(strings.NewReader(s))
-	for dec.More() {
-		var raw map[string]json.RawMessage
-		require.NoError(t, dec.Decode(&raw))
-		b, err := json.Marshal(raw)
-		require.NoError(t, err)
-		if _, ok := raw["ScopeMetrics"]; ok {
-			var m jsonMetrics
-			require.NoError(t, json.Unmarshal(b, &m))
-			metrics = append(metrics, m)
-		} else {
-			var sp jsonSpan
-			require.NoError(t, json.Unmarshal(b, &sp))
-			spans = append(spans, sp)
-		}
-	}
-	return spans, metrics
-}
-
-// sumPoints adds up, across exports (delta temporality), the points of the
-// named instrument by their attribute set.
-func sumPoints(t *testing.T, exports []jsonMetrics, name string) map[string]float64 {
-	t.Helper()
-	sums := map[string]float64{}
-	for _, e := range exports {
-		for _, sm := range e.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if m.Name != name {
-					continue
-				}
-				require.Equal(t, "github.com/spillway-go/spillway/telemetry", sm.Scope.Name)
-				require.Equal(t, "DeltaTemporality", m.Data.Temporality)
-				for _, p := range m.Data.DataPoints {
-					k, err := json.Marshal(attrMap(p.Attributes)) // sorted keys
-					require.NoError(t, err)
-					sums[string(k)] += p.Value + p.Count
-				}
-			}
-		}
-	}
-	return sums
-}
-
-// The stdout SDK prints the denied request's span, with its decision event,
+// -otel stdout prints the denied request's span, with its decision event,
 // and counts every decision; the flush on exit exports the last interval.
 func TestTelemetryStdout(t *testing.T) {
-	d := startDemoOTel(t, "-otel-interval", "1h") // one export: the flush on exit
+	base, s := start(t, "-otel", "stdout", "-otel-interval", "1h") // one export: the flush on exit
 	for i := 1; i <= 6; i++ {
-		resp, _ := do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
+		resp, _ := do(t, "POST", base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
 		require.Equal(t, map[bool]int{true: 200, false: 429}[i <= 5], resp.StatusCode, "login %d", i)
 	}
-	resp, _ := do(t, "GET", d.base+"/healthz", nil)
+	resp, _ := do(t, "GET", base+"/healthz", nil)
 	require.Equal(t, 200, resp.StatusCode)
-	d.stop()
+	s.Stop()
 
-	spans, metrics := decodeOTel(t, d.otel.String())
-	require.Len(t, spans, 1, "only the denied request's span is printed")
-	sp := spans[0]
-	require.Equal(t, "POST /api/v1/login", sp.Name)
-	require.Equal(t, 2, sp.SpanKind) // server
-	require.Equal(t, map[string]any{"service.name": "spillway-httpserver"}, attrMap(sp.Resource))
-	require.Len(t, sp.Events, 1)
-	require.Equal(t, "spillway.decision", sp.Events[0].Name)
-	ev := attrMap(sp.Events[0].Attributes)
-	retry, latency := ev["spillway.retry_after_ms"], ev["spillway.latency_us"]
-	delete(ev, "spillway.retry_after_ms")
-	delete(ev, "spillway.latency_us")
+	spans, metrics := demotest.DecodeOTel(t, s.OTel.String())
+	ev, retry, latency := demotest.Decision(t, spans, "POST /api/v1/login", "spillway-httpserver")
 	require.Equal(t, map[string]any{
 		"spillway.limiter":    "api",
-		"spillway.decided_by": "/api/v1/login:user",
+		"spillway.decided_by": "login_user",
 		"spillway.outcome":    "denied",
 		"spillway.reason":     "rate_limited",
 		"spillway.limit":      float64(5),
@@ -307,20 +316,26 @@ func TestTelemetryStdout(t *testing.T) {
 	require.Equal(t, map[string]float64{
 		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"allowed","spillway.priority":"critical","spillway.reason":"none"}`:        5,
 		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"denied","spillway.priority":"critical","spillway.reason":"rate_limited"}`: 1,
-	}, sumPoints(t, metrics, "spillway.decisions"))
+	}, demotest.SumPoints(t, metrics, "spillway.decisions"))
 	require.Equal(t, map[string]float64{
 		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"allowed"}`: 5,
 		`{"spillway.degraded":false,"spillway.limiter":"api","spillway.outcome":"denied"}`:  1,
-	}, sumPoints(t, metrics, "spillway.decision.duration"))
+	}, demotest.SumPoints(t, metrics, "spillway.decision.duration"))
 }
 
-func TestTelemetryNone(t *testing.T) {
-	d := startDemoOTel(t, "-otel", "none")
-	for i := 1; i <= 6; i++ {
-		do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
+// By default nothing goes to stdout but the listening line; the metrics
+// are on /metrics.
+func TestTelemetryDefault(t *testing.T) {
+	base, s := start(t)
+	for range 6 {
+		do(t, "POST", base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
 	}
-	resp, _ := do(t, "POST", d.base+"/api/v1/login", map[string]string{"X-User-ID": "ann"})
-	require.Equal(t, 429, resp.StatusCode)
-	d.stop()
-	require.Empty(t, d.otel.String())
+	resp, body := do(t, "GET", base+"/metrics", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `spillway_decisions_total{otel_scope_name="github.com/spillway-go/spillway/telemetry",otel_scope_schema_url="",otel_scope_version="",spillway_degraded="false",spillway_limiter="api",spillway_outcome="allowed",spillway_priority="critical",spillway_reason="none"} 5`)
+	require.Contains(t, body, `spillway_outcome="denied",spillway_priority="critical",spillway_reason="rate_limited"} 1`)
+	require.Contains(t, body, `spillway_decision_duration_seconds_count{`)
+	s.Stop()
+	require.Empty(t, s.OTel.String())
+	require.Equal(t, 1, strings.Count(s.Out.String(), "\n"), s.Out.String())
 }
