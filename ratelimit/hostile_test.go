@@ -93,7 +93,9 @@ func memorySubject(p Policy, bystander bool) hostiletest.Subject {
 }
 
 func redisSubject(c redis.UniversalClient, prefix string, p Policy, bystander bool) hostiletest.Subject {
-	s := storeSubject(func() Store { return NewRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix)) },
+	s := storeSubject(func() Store {
+		return NewRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+	},
 		func(Store) (string, error) { return hostiletest.RedisState(context.Background(), c, prefix+"*") }, p, bystander)
 	s.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, c, prefix+"*") }
 	return s
@@ -190,7 +192,10 @@ func TestHostileLimiters(t *testing.T) {
 			var mem *MemoryStore
 			mkMem := func() Store { mem = NewMemoryStore(clock); return mem }
 			memState := func(Store) (string, error) { return memState(mem), nil }
-			mkRed := func() Store { _ = hostiletest.RedisDelete(context.Background(), node, "hl:*"); return NewRedisStore(node, clock, WithPrefix("hl:")) }
+			mkRed := func() Store {
+				_ = hostiletest.RedisDelete(context.Background(), node, "hl:*")
+				return NewRedisStore(node, clock, WithPrefix("hl:"))
+			}
 			redState := func(Store) (string, error) { return hostiletest.RedisState(context.Background(), node, "hl:*") }
 			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkMem, memState, p)) })
 			t.Run("redis", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkRed, redState, p)) })
