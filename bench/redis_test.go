@@ -2,7 +2,8 @@
 // is a module of its own so that the library's users never inherit the
 // peers as dependencies. Run from this folder:
 //
-//	go test -run '^$' -bench Decisions -benchtime 200000x
+//	go test -run '^$' -bench Decisions -benchtime 100000x -rounds 3
+//	go test -run '^$' -bench Decisions -benchtime 20000x -rounds 3 -goroutines 1
 //	go test -run '^$' -bench MemoryPerKey -benchtime 1x
 //
 // Each benchmark starts its own redis-server on a free loopback port
@@ -24,130 +25,327 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/redistest"
-	"github.com/spillway-go/spillway/lua"
 	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/tiers"
 )
 
 var (
 	goroutines = flag.Int("goroutines", 64, "concurrent callers in BenchmarkRedisDecisions")
 	numKeys    = flag.Int("keys", 10_000, "distinct keys in BenchmarkRedisDecisions")
-	memKeys    = flag.Int("memkeys", 1_000_000, "keys written by BenchmarkRedisMemoryPerKey")
+	memKeys    = flag.Int("memkeys", 100_000, "keys written by BenchmarkRedisMemoryPerKey")
+	pool       = flag.Int("pool", 64, "go-redis pool size")
+	rounds     = flag.Int("rounds", 3, "rounds of BenchmarkRedisDecisions, each running every contender in turn")
+	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.WithCoalescing)")
 )
 
-// reference is the HMGET/HMSET token-bucket script of issue 2.
-const reference = `local d=redis.call("HMGET",KEYS[1],"tokens","ts") local c=tonumber(ARGV[1]) local r=tonumber(ARGV[2]) local now=tonumber(ARGV[3]) local t=tonumber(d[1]) or c local ts=tonumber(d[2]) or now t=math.min(c,t+math.max(0,now-ts)/1000*r) local a=0 if t>=1 then t=t-1 a=1 end redis.call("HMSET",KEYS[1],"tokens",t,"ts",now) redis.call("PEXPIRE",KEYS[1],math.ceil(c/r*1000)+1000) return {a,t}`
+// entity names the i-th key's entity, the same for every contender:
+// "user:12345" for i = 12345.
+func entity(i int) string { return "user:" + strconv.Itoa(i) }
 
-var referenceScript = redis.NewScript(reference)
+// The policy every contender applies: GCRA, 100 per second, burst 100
+// (redis_rate.PerSecond(100)). Over 10k keys nothing is denied at the
+// rates of this machine: the benchmarks measure the check.
+const rate = 100
 
-// entity names the i-th key's entity, the same for every contender.
-func entity(i int) string { return fmt.Sprintf("user:%07d", i) }
+// decider is one contender: it decides the i-th request.
+type decider func(ctx context.Context, i int) (allowed bool, err error)
 
-// decider is one contender: it decides one request for entity e.
-type decider func(ctx context.Context, e string) (allowed bool, err error)
-
-// The policy every contender applies: 1000 per second, burst 1000.
+// threeRules limits by ip, user and api_key; oneRule by user alone.
 const (
-	rate  = 1000
-	burst = 1000
+	oneRule = `
+limits:
+  - id: user
+    by: user
+    bucket: 100/second
+`
+	threeRules = `
+limits:
+  - id: ip
+    by: ip
+    bucket: 100/second
+  - id: user
+    by: user
+    bucket: 100/second
+  - id: key
+    by: api_key
+    bucket: 100/second
+`
 )
 
-func contenders(b *testing.B, c *redis.Client) map[string]decider {
-	lim, err := ratelimit.New(ratelimit.NewRedisStore(c), ratelimit.Policy{Limit: rate, Period: time.Second, Burst: burst}, ratelimit.WithScope("api"))
+// requests are the requests of the tiers contenders, one per key, made
+// before the run.
+func requests(n int) []*spillway.Request {
+	rs := make([]*spillway.Request, n)
+	for i := range rs {
+		rs[i] = &spillway.Request{Endpoint: "/api", Method: "GET", Dims: []spillway.Dimension{
+			{Name: spillway.DimIP, Value: "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)},
+			{Name: spillway.DimUser, Value: entity(i)},
+			{Name: "api_key", Value: "key-" + strconv.Itoa(i)},
+		}}
+	}
+	return rs
+}
+
+// contenders lists the contenders in the order they run.
+var contenders = []string{
+	"redis_rate", "spillway", "spillway_no_coalescing", "spillway_fallback",
+	"tiers_one_rule", "tiers_three_rules", "redis_rate_x3",
+}
+
+func newContenders(b *testing.B, c *redis.Client) map[string]decider {
+	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: rate, Period: time.Second}
+	limiter := func(s ratelimit.Store) *ratelimit.Limiter {
+		l, err := ratelimit.New(s, p) // the default scope
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	allow := func(l *ratelimit.Limiter) decider {
+		return func(ctx context.Context, i int) (bool, error) {
+			d, err := l.Allow(ctx, entity(i))
+			return d.Allowed, err
+		}
+	}
+	store := func(opts ...ratelimit.Option) *ratelimit.RedisStore {
+		return ratelimit.NewRedisStore(c, append([]ratelimit.Option{ratelimit.WithCoalescing(*coalesce)}, opts...)...)
+	}
+	fb, err := fallback.NewStore(store(), fallback.Settings{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	rr := redis_rate.NewLimiter(c)
-	rrLimit := redis_rate.Limit{Rate: rate, Burst: burst, Period: time.Second}
-	return map[string]decider{
-		"spillway": func(ctx context.Context, e string) (bool, error) {
-			d, err := lim.Allow(ctx, e)
+	rs := requests(*numKeys)
+	admit := func(yaml string) decider {
+		cfg, err := tiers.Parse("bench.yaml", []byte(yaml))
+		if err != nil {
+			b.Fatal(err)
+		}
+		l, err := tiers.New(cfg, store())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return func(ctx context.Context, i int) (bool, error) {
+			d, done, err := l.Admit(ctx, rs[i])
+			if done != nil {
+				done(spillway.Success)
+			}
 			return d.Allowed, err
-		},
-		"redis_rate": func(ctx context.Context, e string) (bool, error) {
-			r, err := rr.Allow(ctx, e, rrLimit)
+		}
+	}
+	rr := redis_rate.NewLimiter(c)
+	rrLimit := redis_rate.PerSecond(rate)
+	return map[string]decider{
+		"redis_rate": func(ctx context.Context, i int) (bool, error) {
+			r, err := rr.Allow(ctx, entity(i), rrLimit)
 			if err != nil {
 				return false, err
 			}
 			return r.Allowed > 0, nil
 		},
-		"reference_script": func(ctx context.Context, e string) (bool, error) {
-			v, err := referenceScript.Run(ctx, c, []string{keys.Key("ref:", "api", e)}, burst, rate, time.Now().UnixMilli()).Slice()
-			if err != nil {
-				return false, err
+		"redis_rate_x3": func(ctx context.Context, i int) (bool, error) {
+			ok := true
+			for _, k := range []string{"ip:", "user:", "key:"} {
+				r, err := rr.Allow(ctx, k+strconv.Itoa(i), rrLimit)
+				if err != nil {
+					return false, err
+				}
+				ok = ok && r.Allowed > 0
 			}
-			a, _ := v[0].(int64)
-			return a == 1, nil
+			return ok, nil
 		},
+		"spillway":               allow(limiter(store())),
+		"spillway_no_coalescing": allow(limiter(store(ratelimit.WithCoalescing(0)))),
+		"spillway_fallback":      allow(limiter(fb)),
+		"tiers_one_rule":         admit(oneRule),
+		"tiers_three_rules":      admit(threeRules),
 	}
+}
+
+// result is one contender's run.
+type result struct {
+	n             int     // decisions
+	dps, p50, p99 float64 // decisions/s, µs
+	usec, calls   float64 // Redis CPU µs per decision, decisions per script call
 }
 
 // BenchmarkRedisDecisions: decisions per second and latency percentiles of
 // -goroutines callers over -keys keys against one local redis-server, for
-// spillway's RedisStore, go-redis/redis_rate v10 and the reference script,
-// side by side. b.N is the total number of decisions.
+// go-redis/redis_rate v10 and spillway (plain, without coalescing, behind
+// fallback.Store, and through tiers with one and three rules), side by
+// side, then the ratios. b.N is the number of decisions per contender.
+// Redis CPU per decision comes from INFO commandstats (CONFIG RESETSTAT
+// before each contender): the usec of every command over the decisions.
+//
+// The contenders run in turn, -rounds times (rather than -count, which
+// repeats each contender before the next), so that a load that changes
+// during the run weighs on all of them alike; each round prints its table
+// and ratios, and the end the median of every ratio.
 func BenchmarkRedisDecisions(b *testing.B) {
 	srv := redistest.Start(b)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: *pool})
 	b.Cleanup(func() { _ = c.Close() })
-	cs := contenders(b, c)
-	for _, name := range []string{"spillway", "redis_rate", "reference_script"} {
-		decide := cs[name]
-		b.Run(name, func(b *testing.B) {
-			ctx := context.Background()
-			for i := 0; i < 1000; i++ { // warm up connections and scripts
-				if _, err := decide(ctx, entity(i%*numKeys)); err != nil {
-					b.Fatal(err)
+	cs := newContenders(b, c)
+	var all []map[string]result
+	for range *rounds {
+		res := map[string]result{}
+		for _, name := range contenders {
+			decide := cs[name]
+			b.Run(name, func(b *testing.B) {
+				res[name] = run(b, c, decide)
+			})
+		}
+		if len(res) != len(contenders) {
+			return // a -bench pattern selected some contenders only
+		}
+		all = append(all, res)
+		fmt.Print(table(res))
+	}
+	fmt.Print(medians(all))
+}
+
+// run measures one contender over b.N decisions.
+func run(b *testing.B, c *redis.Client, decide decider) result {
+	ctx := context.Background()
+	for i := range 1000 { // warm up connections and scripts
+		if _, err := decide(ctx, i%*numKeys); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([][]time.Duration, *goroutines)
+	var next, allowed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for g := range lat {
+		lat[g] = make([]time.Duration, 0, b.N / *goroutines + 1)
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				t := time.Now()
+				ok, err := decide(ctx, int(i*7919)%*numKeys)
+				lat[g] = append(lat[g], time.Since(t))
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				if ok {
+					allowed.Add(1)
 				}
 			}
-			lat := make([][]time.Duration, *goroutines)
-			var next, allowed atomic.Int64
-			var firstErr atomic.Value
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			start := time.Now()
-			for g := range lat {
-				lat[g] = make([]time.Duration, 0, b.N / *goroutines + 1)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						i := next.Add(1) - 1
-						if i >= int64(b.N) {
-							return
-						}
-						e := entity(int(i*7919) % *numKeys)
-						t := time.Now()
-						ok, err := decide(ctx, e)
-						lat[g] = append(lat[g], time.Since(t))
-						if err != nil {
-							firstErr.CompareAndSwap(nil, err)
-							return
-						}
-						if ok {
-							allowed.Add(1)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			if err, _ := firstErr.Load().(error); err != nil {
-				b.Fatal(err)
-			}
-			all := slices.Concat(lat...)
-			slices.Sort(all)
-			pct := func(p float64) float64 {
-				return float64(all[int(p*float64(len(all)-1))].Microseconds())
-			}
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
-			b.ReportMetric(pct(0.50), "p50-µs")
-			b.ReportMetric(pct(0.99), "p99-µs")
-			b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed")
 		})
 	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, _ := firstErr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		return float64(all[int(p*float64(len(all)-1))].Nanoseconds()) / 1e3
+	}
+	usec, calls := commandStats(b, c)
+	r := result{n: b.N, dps: float64(b.N) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
+		usec: usec / float64(b.N), calls: float64(b.N) / calls}
+	b.ReportMetric(r.dps, "decisions/s")
+	b.ReportMetric(r.p50, "p50-µs")
+	b.ReportMetric(r.p99, "p99-µs")
+	b.ReportMetric(r.usec, "redis-µs/decision")
+	b.ReportMetric(r.calls, "decisions/call")
+	b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed")
+	return r
+}
+
+// commandStats sums, over INFO commandstats, the usec of every command
+// and the calls of the script commands (EVALSHA, EVAL).
+func commandStats(b *testing.B, c *redis.Client) (usec, scriptCalls float64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, fields, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" || name == "cmdstat_config" {
+			continue
+		}
+		var calls, us float64
+		for _, f := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseFloat(v, 64)
+			case "usec":
+				us, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		usec += us
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			scriptCalls += calls
+		}
+	}
+	return usec, scriptCalls
+}
+
+// ratios are the comparisons the targets are about.
+var ratios = []struct {
+	name string
+	f    func(res map[string]result) float64
+}{
+	{"spillway / redis_rate decisions/s", func(r map[string]result) float64 { return r["spillway"].dps / r["redis_rate"].dps }},
+	{"spillway / redis_rate p99 (< 1: better)", func(r map[string]result) float64 { return r["spillway"].p99 / r["redis_rate"].p99 }},
+	{"coalescing on / off decisions/s", func(r map[string]result) float64 { return r["spillway"].dps / r["spillway_no_coalescing"].dps }},
+	{"fallback-wrapped / bare decisions/s", func(r map[string]result) float64 { return r["spillway_fallback"].dps / r["spillway"].dps }},
+	{"tiers three rules / one rule wall time", func(r map[string]result) float64 { return r["tiers_one_rule"].dps / r["tiers_three_rules"].dps }},
+	{"redis_rate ×3 / tiers three rules wall time", func(r map[string]result) float64 { return r["tiers_three_rules"].dps / r["redis_rate_x3"].dps }},
+}
+
+// table formats one round.
+func table(res map[string]result) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each:\n", *goroutines, *numKeys, res["spillway"].n)
+	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %14s %10s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "redis µs/dec", "dec/call")
+	for _, name := range contenders {
+		r := res[name]
+		fmt.Fprintf(&sb, "%-24s %12.0f %9.0f %9.0f %14.2f %10.1f\n", name, r.dps, r.p50, r.p99, r.usec, r.calls)
+	}
+	for _, r := range ratios {
+		fmt.Fprintf(&sb, "%-44s %.2f×\n", r.name, r.f(res))
+	}
+	return sb.String()
+}
+
+// medians formats the median of every ratio over the rounds, with the
+// rounds' values.
+func medians(all []map[string]result) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\nmedians over %d rounds:\n", len(all))
+	for _, r := range ratios {
+		var v []float64
+		for _, res := range all {
+			v = append(v, r.f(res))
+		}
+		sorted := slices.Sorted(slices.Values(v))
+		fmt.Fprintf(&sb, "%-44s %.2f× (", r.name, sorted[len(sorted)/2])
+		for i, x := range v {
+			if i > 0 {
+				sb.WriteString(" ")
+			}
+			fmt.Fprintf(&sb, "%.2f", x)
+		}
+		sb.WriteString(")\n")
+	}
+	return sb.String()
 }
 
 // usedMemory reads used_memory from INFO memory.
@@ -170,73 +368,65 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 }
 
 // BenchmarkRedisMemoryPerKey: Redis memory per rate-limit key, as the
-// used_memory delta over -memkeys keys written by each contender on a
-// fresh redis-server. spillway's keys are keys.Key("spillway:", "api",
-// "user:NNNNNNN") (27 bytes), or 13-byte keys "rl:{uNNNNNNN}" (Redis
-// 7.0 allocates a key of up to 14 bytes in a 16-byte class, 15 to 30 bytes
-// in a 32-byte one), written by its token-bucket script in pipelines of
-// 1000; the reference script's are "ref:api:{user:NNNNNNN}"; redis_rate
-// adds its own "rate:" prefix to the entity and, having no pipeline API, is
-// driven by -goroutines callers.
+// used_memory delta over -memkeys keys like "user:12345" written by each
+// contender on a fresh redis-server:
+//
+//   - spillway_default_scope: a ratelimit.Limiter with the default scope
+//     (the policy's digest), key "spillway:<digest>:{user:12345}", through
+//     Allow from -goroutines callers (coalesced);
+//   - bare_set: SET "spillway:{user:12345}" <µs integer> PX, in pipelines
+//     of 1000: the floor of one integer string with a TTL;
+//   - redis_rate: go-redis/redis_rate v10 ("rate:user:12345").
 func BenchmarkRedisMemoryPerKey(b *testing.B) {
-	for _, name := range []string{"spillway_token_bucket", "spillway_token_bucket_14B_keys", "reference_script", "redis_rate"} {
+	for _, name := range []string{"spillway_default_scope", "bare_set", "redis_rate"} {
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
 				srv := redistest.Start(b)
-				c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: *pool})
 				ctx := context.Background()
 				n := *memKeys
 				before := usedMemory(b, c)
-				now := time.Now()
-				nowUS := strconv.FormatInt(now.UnixMicro(), 10)
 				// 1 per hour: no key expires during the run
-				const T = 3_600_000_000
+				var allow func(i int) error
 				switch name {
-				case "spillway_token_bucket", "spillway_token_bucket_14B_keys", "reference_script":
-					script := lua.RateLimitTokenBucket
-					if name == "reference_script" {
-						script = referenceScript
-					}
-					if err := script.Load(ctx, c).Err(); err != nil {
+				case "spillway_default_scope":
+					l, err := ratelimit.New(ratelimit.NewRedisStore(c), ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Hour, Burst: 1000})
+					if err != nil {
 						b.Fatal(err)
 					}
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+				case "redis_rate":
+					rr := redis_rate.NewLimiter(c)
+					lim := redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}
+					allow = func(i int) error { _, err := rr.Allow(ctx, entity(i), lim); return err }
+				case "bare_set":
+					now := time.Now().UnixMicro()
 					for i := 0; i < n; i += 1000 {
 						pipe := c.Pipeline()
 						for j := i; j < min(i+1000, n); j++ {
-							switch name {
-							case "reference_script":
-								// capacity 1000, 1 token per 1000 s: TTL 10^6 s
-								script.EvalSha(ctx, pipe, []string{keys.Key("ref:", "api", entity(j))}, 1000, 0.001, now.UnixMilli())
-							case "spillway_token_bucket":
-								script.EvalSha(ctx, pipe, []string{keys.Key("spillway:", "api", entity(j))}, nowUS, T, 1000*T, 1)
-							default: // "rl:{u0000001}": WithPrefix(""), scope "rl", a 8-byte entity
-								script.EvalSha(ctx, pipe, []string{keys.Key("", "rl", fmt.Sprintf("u%07d", j))}, nowUS, T, 1000*T, 1)
-							}
+							pipe.Set(ctx, "spillway:{"+entity(j)+"}", now+3_600_000_000, time.Hour)
 						}
 						if _, err := pipe.Exec(ctx); err != nil {
 							b.Fatal(err)
 						}
 					}
-				case "redis_rate":
-					rr := redis_rate.NewLimiter(c)
-					lim := redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}
+				}
+				if allow != nil {
 					var next atomic.Int64
 					var wg sync.WaitGroup
 					for range *goroutines {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
+						wg.Go(func() {
 							for {
 								i := next.Add(1) - 1
 								if i >= int64(n) {
 									return
 								}
-								if _, err := rr.Allow(ctx, entity(int(i)), lim); err != nil {
+								if err := allow(int(i)); err != nil {
 									b.Error(err)
 									return
 								}
 							}
-						}()
+						})
 					}
 					wg.Wait()
 				}

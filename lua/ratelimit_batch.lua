@@ -1,11 +1,15 @@
--- ratelimit_batch.lua: decide N rate-limit items all or nothing, in one
--- round trip. The arithmetic is ratelimit/algorithms.go line by line (the
+-- ratelimit_batch.lua: decide N rate-limit items in one round trip, all or
+-- nothing per group (a caller's batch; several callers' batches coalesced
+-- into one call are several groups). The arithmetic is ratelimit/algorithms.go line by line (the
 -- memory store runs that file; a differential test compares the two).
 --
 -- KEYS[i]  the state key of item i. All keys of one call hash to one
 --          Cluster slot (the Go store groups items by slot).
 -- ARGV[1]  now in µs, or "" to read Redis TIME
--- ARGV[2 + 7(i-1) .. 8 + 7(i-1)], for item i:
+-- ARGV[2 .. 2+G]  only when the call has several groups (#ARGV ≠ 1 + 7N):
+--          G, then the number of items of each group, in KEYS order (they
+--          sum to N = #KEYS). Without them the call is one group of N.
+-- then, for item i, 7 values:
 --          alg  0 token bucket, 1 GCRA, 2 fixed window, 3 sliding window
 --               log, 4 sliding window counter, 5 leaky bucket
 --          L    limit; P period in µs; B burst (effective, ≥ 1)
@@ -17,7 +21,8 @@
 -- Reply: {now, allowed, then 7 integers per item: ok, remaining, reset,
 --         retry, s1, s2, s3}
 --   now        the µs time the call decided at
---   allowed    1 if every item was allowed (and so charged), else 0
+--   allowed    1 if every group was allowed (and so charged), else 0; a
+--              group is allowed iff all its items are ok
 --   ok         1 if the item alone had room (0 peeks always do)
 --   remaining  what is left, counted as if charged when ok
 --   reset      µs until the state is back to full (also its key's TTL)
@@ -25,7 +30,8 @@
 --              when n exceeds the capacity (the Go side reports that as
 --              ReasonCostExceedsLimit)
 --   s1 s2 s3   the state the item saw, before its charge (including the
---              charges of earlier items of this call on its key), which a
+--              charges of earlier items of its group, and of allowed
+--              earlier groups, on its key), which a
 --              Cluster refund restores (ratelimit_refund.lua); with now,
 --              the caller recomputes the state the item wrote. Bucket
 --              family: TAT, 0, 0 (TAT 0: no state); fixed window: w,
@@ -38,11 +44,15 @@
 --   window counter  string "w:prev:cur"
 --   window log      zset member -> admission time (µs)
 --
+-- Groups are decided in order, each exactly as if it were a call of its
+-- own made after the previous ones: a denied group charges nothing and
+-- changes nothing a later group sees.
+--
 -- Writes: phase 1 only reads, except that it trims the log's expired
 -- entries (as the memory store does on every call; that changes no
--- decision). Phase 2 runs only when every item is allowed and writes each
--- item with n > 0, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
--- state is full and a missing key means the same. A denied batch changes
+-- decision). Phase 2 writes each item with n > 0 of every allowed group,
+-- in order, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
+-- state is full and a missing key means the same. A denied group changes
 -- no state. A key of unexpected type or content (the policy
 -- changed algorithm) reads as empty and is overwritten. Two items on one
 -- key see each other's charge. Numbers sent to redis.call are formatted
@@ -69,23 +79,39 @@ local function drain(p, m, P)
   return floor(((p - m - 1) * P + 1 + p - 1) / p)
 end
 
-local pending = {} -- key -> state string an earlier item of this call wrote
-local logs = {}    -- key -> {n added by earlier items, at}
+local N = #KEYS
+local sizes, first = {N}, 2 -- group sizes; ARGV index of item 1's alg
+if #ARGV ~= 1 + 7 * N then
+  local G = tonumber(ARGV[2])
+  sizes, first = {}, 3 + G
+  for g = 1, G do sizes[g] = tonumber(ARGV[2 + g]) end
+end
+
+-- committed: what allowed earlier groups wrote; gp, gl, gw: the same for
+-- the current group, merged into the committed ones when it is allowed
+local pending = {} -- key -> state string written
+local logs = {}    -- key -> {n added, at}
 local writes = {}
+local gp, gl, gw
 local reply = {now, 1}
-local all = 1
 
 local function getstr(key)
-  local v = pending[key]
+  local v = gp[key]
+  if v == nil then v = pending[key] end
   if v ~= nil then return v end
   v = redis.pcall('GET', key)
   if type(v) ~= 'string' then return nil end
   return v
 end
 
-for i = 1, #KEYS do
+local i = 0
+for g = 1, #sizes do
+gp, gl, gw = {}, {}, {}
+local all = 1
+for _ = 1, sizes[g] do
+  i = i + 1
   local key = KEYS[i]
-  local b = 2 + 7 * (i - 1)
+  local b = first + 7 * (i - 1)
   local alg = tonumber(ARGV[b])
   local L = tonumber(ARGV[b + 1])
   local P = tonumber(ARGV[b + 2])
@@ -112,8 +138,8 @@ for i = 1, #KEYS do
       ok, rem, reset = 1, floor((tau - need) / T), need
       if n > 0 then
         local s = fmt('%d', t + need)
-        pending[key] = s
-        writes[#writes + 1] = {0, key, s, ttl(need)}
+        gp[key] = s
+        gw[#gw + 1] = {0, key, s, ttl(need)}
       end
     end
 
@@ -141,8 +167,8 @@ for i = 1, #KEYS do
       if c > 0 then reset = wend - t end
       if n > 0 then
         local v = fmt('%d:%d', k, c)
-        pending[key] = v
-        writes[#writes + 1] = {0, key, v, ttl(reset)}
+        gp[key] = v
+        gw[#gw + 1] = {0, key, v, ttl(reset)}
       end
     end
 
@@ -186,14 +212,15 @@ for i = 1, #KEYS do
     end
     if ok == 1 and n > 0 then
       local v = fmt('%d:%d:%d', k, prev, cur)
-      pending[key] = v
-      writes[#writes + 1] = {0, key, v, ttl(reset)}
+      gp[key] = v
+      gw[#gw + 1] = {0, key, v, ttl(reset)}
     end
 
   elseif alg == 3 then
     local zkey = true -- false: the key holds another type, replace it
     local c, newest = 0, nil
-    local lg = logs[key]
+    local lg = gl[key]
+    if lg == nil then lg = logs[key] end
     local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     if top.err then
       zkey = false
@@ -232,12 +259,12 @@ for i = 1, #KEYS do
       c = c + n
       if n > 0 then
         newest = t
-        logs[key] = {added + n, t}
-        writes[#writes + 1] = {1, key, ARGV[b + 6], n, t, zkey}
+        gl[key] = {added + n, t}
+        gw[#gw + 1] = {1, key, ARGV[b + 6], n, t, zkey}
       end
     end
     if c > 0 then reset = newest + P - t end
-    if ok == 1 and n > 0 then writes[#writes][7] = ttl(reset) end
+    if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
   else
     return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
   end
@@ -247,18 +274,23 @@ for i = 1, #KEYS do
   reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = ok, rem, reset, retry
   reply[o + 5], reply[o + 6], reply[o + 7] = s1, s2, s3
 end
-
-if all == 0 then
+if all == 1 then
+  for k, v in pairs(gp) do pending[k] = v end
+  for k, v in pairs(gl) do logs[k] = v end
+  for _, w in ipairs(gw) do writes[#writes + 1] = w end
+else
   reply[2] = 0
-  return reply
+end
 end
 
+local replaced = {} -- log keys of another type already replaced
 for _, w in ipairs(writes) do
   if w[1] == 0 then
     redis.call('SET', w[2], w[3], 'PX', w[4])
   else
     local key, uid, n, at, zkey, px = w[2], w[3], w[4], w[5], w[6], w[7]
-    if not zkey then redis.call('DEL', key) end
+    if not zkey and not replaced[key] then redis.call('DEL', key) end
+    replaced[key] = true
     local score = fmt('%d', at)
     if n == 1 then
       redis.call('ZADD', key, score, uid)

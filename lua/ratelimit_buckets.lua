@@ -1,14 +1,19 @@
--- ratelimit_buckets.lua: decide N token-bucket / GCRA / leaky-bucket items
--- all or nothing in one call: the lean path of ratelimit.RedisStore for a
--- batch (one Cluster slot group) whose items are all of the bucket family.
--- Same arithmetic as ratelimit_token_bucket.lua, ratelimit_batch.lua and
+-- ratelimit_buckets.lua: decide token-bucket / GCRA / leaky-bucket items
+-- in one call, all or nothing per group: the lean path of
+-- ratelimit.RedisStore for a batch (one Cluster slot group) whose items are
+-- all of the bucket family, and for several callers' batches coalesced into
+-- one call (each caller's batch is one group). Same arithmetic as
+-- ratelimit_token_bucket.lua, ratelimit_batch.lua and
 -- ratelimit/algorithms.go (bucketDecide), with a smaller ARGV and reply.
 --
 -- KEYS[i]  the state key of item i: a string holding the theoretical
 --          arrival time TAT in integer µs (absent = full bucket). All keys
 --          of one call hash to one Cluster slot; a key may repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
--- ARGV[2 + 3(i-1) .. 4 + 3(i-1)], for item i:
+-- ARGV[2 .. 2+G]  only when the call has several groups (#ARGV ≠ 1 + 3N):
+--          G, then the number of items of each group, in KEYS order (they
+--          sum to N = #KEYS). Without them the call is one group of N.
+-- then, for item i, 3 values:
 --          T    the emission interval ceil(Period/Limit) in µs (≥ 1)
 --          tau  Burst·T in µs, the capacity in time (≤ 2^52)
 --          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
@@ -17,20 +22,24 @@
 -- tat_N}:
 --   now     the µs time the call decided at (before the per-item clamp)
 --   wait_i  in [0, tau_i]: max(TAT, now') − now' for item i, where TAT
---           includes the charges of the earlier items of this call on the
---           same key that had room (as ratelimit_batch.lua does). The
---           caller derives each decision from it exactly as for
---           ratelimit_token_bucket.lua (need = wait + n·T; the item has
---           room iff n·T ≤ tau and need ≤ tau), and the batch is allowed
---           iff every item has room.
+--           includes the charges that earlier items on the same key made:
+--           the earlier items of its group that had room, and every item
+--           of an earlier group that was allowed. The caller derives each
+--           decision from it exactly as for ratelimit_token_bucket.lua
+--           (need = wait + n·T; the item has room iff n·T ≤ tau and need ≤
+--           tau), and a group is allowed iff every item of it has room.
 --   tat_i   that TAT itself (0: no state): what a Cluster refund restores
 --           (ratelimit_refund.lua); with now, the caller recomputes the TAT'
 --           the item wrote.
 --
--- Writes: only when every item has room, for each item with n > 0:
--- SET KEYS[i] TAT' PX ceil(need/1000), TAT' = now' + need, in call order
--- (a repeated key keeps its last charge, which includes the earlier ones).
--- A denied batch writes nothing. now' is now clamped, per item, to
+-- Groups are decided in order, each exactly as if it were a call of its
+-- own made after the previous ones: a denied group charges nothing and
+-- changes nothing a later group sees.
+--
+-- Writes: for each item with n > 0 of an allowed group: SET KEYS[i] TAT'
+-- PX ceil(need/1000), TAT' = now' + need; a key charged several times is
+-- written once, with its last charge (which includes the earlier ones).
+-- A denied group writes nothing. now' is now clamped, per item, to
 -- TAT − tau, the earliest time the state proves was seen (time going
 -- backwards). A key of another type or content reads as a full bucket and
 -- is overwritten. Redis formats a number argument with up to 17
@@ -43,47 +52,72 @@ elseif now < 0 then
   now = 0
 end
 
+local N = #KEYS
+local sizes, first = {N}, 2 -- group sizes; ARGV index of item 1's T
+if #ARGV ~= 1 + 3 * N then
+  local G = tonumber(ARGV[2])
+  sizes, first = {}, 3 + G
+  for g = 1, G do sizes[g] = tonumber(ARGV[2 + g]) end
+end
+
 -- MGET reads the keys (false for a missing key or one of another type),
 -- in chunks that unpack fits on Lua's stack
 local cur = {}
-for j = 1, #KEYS, 1000 do
-  local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, #KEYS)))
+for j = 1, N, 1000 do
+  local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, N)))
   for k = 1, #part do cur[j + k - 1] = part[k] end
 end
-local pending = {} -- key -> TAT an earlier item of this call charged
-local N = #KEYS
-local reply = {now}
-local all = true
+local pending = {} -- key -> TAT an allowed earlier group charged
+local wi = {}      -- key -> its index in the writes
 local wk, wv, wp = {}, {}, {} -- writes: key, TAT', PX
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local b = 3 * i - 1
-  local T = tonumber(ARGV[b])
-  local tau = tonumber(ARGV[b + 1])
-  local n = tonumber(ARGV[b + 2])
-  local tat = pending[key]
-  if tat == nil then tat = tonumber(cur[i]) or 0 end
-  local t = now
-  if t < tat - tau then t = tat - tau end
-  local wait = 0
-  if tat > t then wait = tat - t end
-  local need = wait + n * T
-  if need <= tau then
-    if n > 0 then
-      pending[key] = t + need
-      local j = #wk + 1
-      wk[j], wv[j], wp[j] = key, t + need, math.floor((need + 999) / 1000)
+local reply = {now}
+local i = 0
+for g = 1, #sizes do
+  local gp = {} -- key -> TAT an earlier item of this group charged
+  local gw = {} -- this group's charges: key, TAT', PX, …
+  local ok = true
+  for _ = 1, sizes[g] do
+    i = i + 1
+    local key = KEYS[i]
+    local b = first + 3 * (i - 1)
+    local T = tonumber(ARGV[b])
+    local tau = tonumber(ARGV[b + 1])
+    local n = tonumber(ARGV[b + 2])
+    local tat = gp[key]
+    if tat == nil then tat = pending[key] end
+    if tat == nil then tat = tonumber(cur[i]) or 0 end
+    local t = now
+    if t < tat - tau then t = tat - tau end
+    local wait = 0
+    if tat > t then wait = tat - t end
+    local need = wait + n * T
+    if need <= tau then
+      if n > 0 then
+        gp[key] = t + need
+        local j = #gw
+        gw[j + 1], gw[j + 2], gw[j + 3] = key, t + need, math.floor((need + 999) / 1000)
+      end
+    else
+      ok = false
     end
-  else
-    all = false
+    reply[1 + i] = wait
+    reply[1 + N + i] = tat
   end
-  reply[1 + i] = wait
-  reply[1 + N + i] = tat
+  if ok then
+    for j = 1, #gw, 3 do
+      local key = gw[j]
+      pending[key] = gw[j + 1]
+      local w = wi[key]
+      if w == nil then
+        w = #wk + 1
+        wi[key], wk[w] = w, key
+      end
+      wv[w], wp[w] = gw[j + 1], gw[j + 2]
+    end
+  end
 end
 
-if all then
-  for j = 1, #wk do
-    redis.call('SET', wk[j], wv[j], 'PX', wp[j])
-  end
+for j = 1, #wk do
+  redis.call('SET', wk[j], wv[j], 'PX', wp[j])
 end
 return reply

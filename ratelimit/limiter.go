@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
 )
 
 // ErrInvalidCost is wrapped by the errors about a negative cost.
@@ -34,10 +35,17 @@ type LimiterOption func(*Limiter)
 
 // WithScope names the limiter: the scope under which its keys live in the
 // store (two limiters with different scopes keep separate state for the
-// same key) and the Limiter field of its decisions. The default is the
-// policy's String(), e.g. "token_bucket 100/1s burst 50", so two limiters
-// with the same policy on the same store share state unless named.
+// same key) and the Limiter field of its decisions. The default is a
+// 6-character digest of the policy's String() (see DefaultScope), so that
+// a default key in Redis is only a few bytes longer than the user's key,
+// and two limiters with the same policy on the same store share state
+// unless named. Name a limiter for readable decisions and telemetry.
 func WithScope(scope string) LimiterOption { return func(l *Limiter) { l.scope = scope } }
+
+// DefaultScope returns the scope of a Limiter of policy p made without
+// WithScope: the first 36 bits of the SHA-256 of p.String(), as 6
+// base64url characters (e.g. "QmCX23" for "token_bucket 100/1s burst 50").
+func DefaultScope(p Policy) string { return keys.Digest(p.String()) }
 
 // WithFailMode sets what the limiter wants when its store cannot answer
 // (default spillway.FailOpen). Every item it sends carries the mode, so a
@@ -55,7 +63,7 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: p.String(), window: p.Window()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: DefaultScope(p), window: p.Window()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}

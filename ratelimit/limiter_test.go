@@ -51,11 +51,11 @@ func TestNewValidates(t *testing.T) {
 func TestLimiterDefaults(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Second, Burst: 50}
 	l := mustLimiter(t, NewMemoryStore(), p)
-	if l.Scope() != "token_bucket 100/1s burst 50" || l.Policy() != p {
+	if l.Scope() != "QmCX23" || l.Scope() != DefaultScope(p) || l.Policy() != p {
 		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
 	}
 	d, err := l.Allow(context.Background(), "k")
-	if err != nil || d.Limiter != "token_bucket 100/1s burst 50" || d.Limit != 50 || d.Remaining != 49 {
+	if err != nil || d.Limiter != "QmCX23" || d.Limit != 50 || d.Remaining != 49 {
 		t.Fatalf("%+v %v", d, err)
 	}
 	named := mustLimiter(t, NewMemoryStore(), p, WithScope("login"))

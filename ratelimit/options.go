@@ -11,10 +11,12 @@ type storeOptions struct {
 	prefix  string
 	maxKeys int
 	shards  int
+	// coalesce: calls in flight before the Redis store coalesces; 0: off
+	coalesce int
 }
 
 func defaultStoreOptions() storeOptions {
-	return storeOptions{prefix: "spillway:", maxKeys: 1 << 20, shards: 64}
+	return storeOptions{prefix: "spillway:", maxKeys: 1 << 20, shards: 64, coalesce: DefaultCoalescing}
 }
 
 // WithClock sets the clock. For the memory store it replaces the default

@@ -51,6 +51,7 @@ type RedisStore struct {
 	sharded sharding
 	idBase  string
 	idSeq   atomic.Uint64
+	co      *coalescer // nil: coalescing off
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -77,6 +78,9 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 		}
 	}
 	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock}
+	if o.coalesce > 0 {
+		s.co = &coalescer{max: o.coalesce}
+	}
 	nilClient := client == nil
 	switch c := client.(type) {
 	case *redis.Client:
@@ -125,7 +129,8 @@ func (s *RedisStore) nowArg() string {
 // Decide implements Store. One item of the bucket family runs the lean
 // token-bucket script, several items all of the bucket family the lean
 // buckets script, anything else the batch script; once per slot on a
-// Cluster (see RedisStore).
+// Cluster (see RedisStore). While the store's calls are in flight,
+// concurrent batches are coalesced into one call (see WithCoalescing).
 func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
 	if s.err != nil {
 		return false, s.err
@@ -133,10 +138,18 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	if err := validateBatch(items, out); err != nil {
 		return false, err
 	}
-	switch len(items) {
-	case 0:
+	if len(items) == 0 {
 		return true, nil
-	case 1:
+	}
+	if s.co != nil {
+		return s.co.decide(ctx, s, items, out)
+	}
+	return s.decide(ctx, items, out)
+}
+
+// decide decides a valid, non-empty batch with calls of its own.
+func (s *RedisStore) decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	if len(items) == 1 {
 		switch items[0].Policy.Algorithm {
 		case TokenBucket, GCRA, LeakyBucket:
 			return s.decideBucket(ctx, &items[0], &out[0])
@@ -229,43 +242,70 @@ const bucketsFields = 3
 // is. g, when not nil, receives now and the TATs (for a refund).
 func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
 	keys := make([]string, len(items))
-	args := make([]any, 1, 1+bucketsFields*len(items))
-	args[0] = s.nowArg()
 	for i := range items {
-		it := &items[i]
-		T := it.Policy.EmissionInterval()
-		keys[i] = redisKey(s.prefix, it)
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost())
+		keys[i] = redisKey(s.prefix, &items[i])
 	}
+	args := bucketsArgs(make([]any, 1, 1+bucketsFields*len(items)), items)
+	args[0] = s.nowArg()
 	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
-	r, err := intSlice(res, 1+2*len(items))
+	r, err := bucketsReply(res, len(items))
 	if err != nil {
-		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
+		return false, err
 	}
-	if r[0] < 0 {
-		return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value 0 (now) = %d, want an integer ≥ 0", r[0])
-	}
-	v := r[1 : 1+len(items)]
-	allowed := true
-	for i := range items {
-		it := &items[i]
-		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); v[i] < 0 || v[i] > tau {
-			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", 1+i, v[i], tau)
-		}
-	}
-	for i := range items {
-		o := bucketOutcome(&items[i], v[i])
-		out[i] = o.decision(items[i].Scope, items[i].Policy)
-		allowed = allowed && o.allowed
+	allowed, err := bucketsDecisions(items, r[1:1+len(items)], 1, out)
+	if err != nil {
+		return false, err
 	}
 	if g != nil {
 		g.now = r[0]
 		for i, tat := range r[1+len(items):] {
 			g.old[i] = [3]int64{tat}
 		}
+	}
+	return allowed, nil
+}
+
+// bucketsArgs appends the buckets script's ARGV values of items.
+func bucketsArgs(args []any, items []Item) []any {
+	for i := range items {
+		it := &items[i]
+		T := it.Policy.EmissionInterval()
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost())
+	}
+	return args
+}
+
+// bucketsReply checks the buckets script's reply for n items: 1 + 2n
+// integers, the first (now) ≥ 0.
+func bucketsReply(res any, n int) ([]int64, error) {
+	r, err := intSlice(res, 1+2*n)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
+	}
+	if r[0] < 0 {
+		return nil, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value 0 (now) = %d, want an integer ≥ 0", r[0])
+	}
+	return r, nil
+}
+
+// bucketsDecisions writes the decisions of items from their waits (reply
+// values first, first+1, …) to out and reports whether every item had
+// room. A wait outside [0, tau] is an error and writes nothing.
+func bucketsDecisions(items []Item, waits []int64, first int, out []spillway.Decision) (bool, error) {
+	for i := range items {
+		it := &items[i]
+		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); waits[i] < 0 || waits[i] > tau {
+			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", first+i, waits[i], tau)
+		}
+	}
+	allowed := true
+	for i := range items {
+		o := bucketOutcome(&items[i], waits[i])
+		out[i] = o.decision(items[i].Scope, items[i].Policy)
+		allowed = allowed && o.allowed
 	}
 	return allowed, nil
 }
@@ -295,40 +335,73 @@ const (
 // It returns whether the batch was allowed and the script's now.
 func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, int64, error) {
 	keys := make([]string, len(items))
-	args := make([]any, 1, 1+batchFields*len(items))
-	args[0] = s.nowArg()
 	for i := range items {
-		it := &items[i]
-		p := it.Policy
-		keys[i] = redisKey(s.prefix, it)
-		uid := ""
-		if p.Algorithm == SlidingWindowLog && it.Cost > 0 {
-			uid = s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
-		}
-		if g != nil {
-			g.uids[i] = uid
-		}
-		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
+		keys[i] = redisKey(s.prefix, &items[i])
 	}
+	var uids []string
+	if g != nil {
+		uids = g.uids
+	}
+	args := s.batchArgs(make([]any, 1, 1+batchFields*len(items)), items, uids)
+	args[0] = s.nowArg()
 	res, err := lua.RateLimitBatch.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
-	v, err := intSlice(res, 2+batchReplyFields*len(items))
+	v, err := batchReply(res, len(items))
 	if err != nil {
-		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
+		return false, 0, err
 	}
-	for i := range items {
-		r := v[2+batchReplyFields*i : 2+batchReplyFields*(i+1)]
-		out[i] = s.outcome(&items[i], r).decision(items[i].Scope, items[i].Policy)
-		if g != nil {
-			g.old[i] = [3]int64(r[4:7])
-		}
-	}
+	allowed := s.batchDecisions(items, v[2:], out)
 	if g != nil {
+		for i := range items {
+			g.old[i] = [3]int64(v[2+batchReplyFields*i+4 : 2+batchReplyFields*(i+1)])
+		}
 		g.now = v[0]
 	}
-	return v[1] == 1, v[0], nil
+	return allowed, v[0], nil
+}
+
+// batchArgs appends the batch script's ARGV values of items. Each item of
+// the sliding window log with a cost gets a unique id, recorded in uids
+// when it is not nil.
+func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
+	for i := range items {
+		it := &items[i]
+		p := it.Policy
+		uid := ""
+		if p.Algorithm == SlidingWindowLog && it.Cost > 0 {
+			uid = s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
+		}
+		if uids != nil {
+			uids[i] = uid
+		}
+		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
+	}
+	return args
+}
+
+// batchReply checks the batch script's reply for n items.
+func batchReply(res any, n int) ([]int64, error) {
+	v, err := intSlice(res, 2+batchReplyFields*n)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: redis: batch script: %w", err)
+	}
+	return v, nil
+}
+
+// batchDecisions writes the decisions of items from their reply values v
+// (batchReplyFields per item) to out and reports whether every item was
+// allowed.
+func (s *RedisStore) batchDecisions(items []Item, v []int64, out []spillway.Decision) bool {
+	allowed := true
+	for i := range items {
+		r := v[batchReplyFields*i : batchReplyFields*(i+1)]
+		o := s.outcome(&items[i], r)
+		out[i] = o.decision(items[i].Scope, items[i].Policy)
+		allowed = allowed && o.allowed
+	}
+	return allowed
 }
 
 // Reset implements Store: it deletes the key of (scope, key) under the

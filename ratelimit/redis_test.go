@@ -38,7 +38,9 @@ func TestRedisStoreTokenBucketSteps(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
 	s := NewRedisStore(c, WithClock(clk.Now))
-	p := Policy{Limit: 10, Period: time.Second, Burst: 3} // T = 100ms, tau = 300ms
+	// T = 100s, tau = 300s: Redis expires keys in real time, and no TTL
+	// may end during the test, however loaded the machine
+	p := Policy{Limit: 10, Period: 1000 * time.Second, Burst: 3}
 	ctx := context.Background()
 	steps := []struct {
 		at        time.Duration
@@ -49,15 +51,15 @@ func TestRedisStoreTokenBucketSteps(t *testing.T) {
 		reset     time.Duration
 		retry     time.Duration
 	}{
-		{0, 1, true, 0, 2, 100 * time.Millisecond, 0},
-		{0, 2, true, 0, 0, 300 * time.Millisecond, 0},
-		{0, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Millisecond, 100 * time.Millisecond},
-		{0, 0, true, 0, 0, 300 * time.Millisecond, 0},
-		{0, 4, false, spillway.ReasonCostExceedsLimit, 0, 300 * time.Millisecond, 0},
-		{150 * time.Millisecond, 1, true, 0, 0, 250 * time.Millisecond, 0},
-		// the clock goes back 50ms: now is clamped to TAT − τ (t+100ms), where the bucket is empty
-		{100 * time.Millisecond, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Millisecond, 100 * time.Millisecond},
-		{1000 * time.Millisecond, 3, true, 0, 0, 300 * time.Millisecond, 0},
+		{0, 1, true, 0, 2, 100 * time.Second, 0},
+		{0, 2, true, 0, 0, 300 * time.Second, 0},
+		{0, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Second, 100 * time.Second},
+		{0, 0, true, 0, 0, 300 * time.Second, 0},
+		{0, 4, false, spillway.ReasonCostExceedsLimit, 0, 300 * time.Second, 0},
+		{150 * time.Second, 1, true, 0, 0, 250 * time.Second, 0},
+		// the clock goes back 50s: now is clamped to TAT − τ (t+100s), where the bucket is empty
+		{100 * time.Second, 1, false, spillway.ReasonRateLimited, 0, 300 * time.Second, 100 * time.Second},
+		{1000 * time.Second, 3, true, 0, 0, 300 * time.Second, 0},
 	}
 	for i, st := range steps {
 		clk.Set(rt0.Add(st.at))
@@ -148,7 +150,10 @@ var debugKey = ""
 // freezeHook is hook) and on a MemoryStore, and compares every decision.
 // With buckets, every policy is of the bucket family, there are fewer
 // scopes (so that items of one batch often share a key) and batches have
-// 2-4 items: the path of lua/ratelimit_buckets.lua.
+// 2-4 items: the path of lua/ratelimit_buckets.lua. One step in three is a
+// round of 2-4 batches that Redis decides coalesced into one call per slot
+// group (as batches queued behind a call in flight are) and the memory
+// store one after the other.
 func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed uint64, steps int, buckets bool) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
@@ -173,8 +178,7 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 		scopes[i] = scope{fmt.Sprintf("s%d", i), p}
 	}
 	entities := []string{"alice", "bob", "{x}"}
-	outR := make([]spillway.Decision, 4)
-	outM := make([]spillway.Decision, 4)
+	coalesced := 0 // rounds of several batches decided in one flush
 	for step := 0; step < steps; step++ {
 		switch x := r.IntN(20); {
 		case x < 12:
@@ -186,29 +190,46 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 		case x < 16:
 			clk.Add(time.Duration(r.Int64N(1000)) * time.Microsecond)
 		}
-		n := 1 + r.IntN(3)
-		if buckets {
-			n = 2 + r.IntN(3)
+		round := make([][]Item, 1)
+		if r.IntN(3) == 0 {
+			round = make([][]Item, 2+r.IntN(3))
 		}
-		items := make([]Item, n)
-		for i := range items {
-			sc := scopes[r.IntN(len(scopes))]
-			cp := sc.p.Capacity()
-			var cost int64
-			switch x := r.IntN(10); {
-			case x == 0:
-				cost = 0
-			case x == 1:
-				cost = cp + 1 + r.Int64N(2)
-			case x < 5:
-				cost = 1 + r.Int64N(cp)
-			default:
-				cost = 1
+		for b := range round {
+			n := 1 + r.IntN(3)
+			if buckets {
+				n = 2 + r.IntN(3)
 			}
-			items[i] = Item{Scope: sc.name, Key: entities[r.IntN(len(entities))], Policy: sc.p, Cost: cost}
+			items := make([]Item, n)
+			round[b] = items
+			// in a round, half the batches are of one entity (one slot),
+			// as the coalescer needs on a Cluster or a Ring
+			entity := -1
+			if len(round) > 1 && r.IntN(2) == 0 {
+				entity = r.IntN(len(entities))
+			}
+			for i := range items {
+				sc := scopes[r.IntN(len(scopes))]
+				cp := sc.p.Capacity()
+				var cost int64
+				switch x := r.IntN(10); {
+				case x == 0:
+					cost = 0
+				case x == 1:
+					cost = cp + 1 + r.Int64N(2)
+				case x < 5:
+					cost = 1 + r.Int64N(cp)
+				default:
+					cost = 1
+				}
+				e := entity
+				if e < 0 {
+					e = r.IntN(len(entities))
+				}
+				items[i] = Item{Scope: sc.name, Key: entities[e], Policy: sc.p, Cost: cost}
+			}
 		}
 		if r.IntN(40) == 0 {
-			it := items[0]
+			it := round[0][0]
 			if err := rs.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
 				t.Fatal(err)
 			}
@@ -216,35 +237,101 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 				t.Fatal(err)
 			}
 		}
-		hook.take()
-		okR, err := rs.Decide(ctx, items, outR)
-		if err != nil {
-			t.Fatalf("step %d: redis: %v", step, err)
+		rounds := [][][]Item{round}
+		if !coalescible(rs, round) {
+			// a batch over several slots is never coalesced: one round each
+			rounds = rounds[:0]
+			for _, b := range round {
+				rounds = append(rounds, [][]Item{b})
+			}
 		}
-		if okR {
-			checkTTLs(t, hook, prefix, items, outR)
-		}
-		okM, err := ms.Decide(ctx, items, outM)
-		if err != nil {
-			t.Fatalf("step %d: memory: %v", step, err)
-		}
-		if okR != okM {
-			t.Fatalf("step %d at %v: batch allowed: redis %v, memory %v; items %+v", step, clk.Now().Sub(rt0), okR, okM, items)
-		}
-		if debugKey != "" {
-			for i := range items {
-				if items[i].Scope+"/"+items[i].Key == debugKey {
-					t.Logf("step %d at %v: %+v -> %v %+v", step, clk.Now().Sub(rt0), items, okM, outM[:len(items)])
-					break
+		for _, round := range rounds {
+			if len(round) > 1 {
+				coalesced++
+			}
+			hook.take()
+			outsR, oksR, errs := decideRound(ctx, rs, round)
+			var charged []Item
+			var chargedOut []spillway.Decision
+			for b, items := range round {
+				if errs[b] != nil {
+					t.Fatalf("step %d batch %d of %d: redis: %v", step, b, len(round), errs[b])
+				}
+				if oksR[b] {
+					charged = append(charged, items...)
+					chargedOut = append(chargedOut, outsR[b]...)
+				}
+			}
+			if len(charged) > 0 {
+				checkTTLs(t, hook, prefix, charged, chargedOut)
+			}
+			for b, items := range round {
+				okR, outR := oksR[b], outsR[b]
+				outM := make([]spillway.Decision, len(items))
+				okM, err := ms.Decide(ctx, items, outM)
+				if err != nil {
+					t.Fatalf("step %d: memory: %v", step, err)
+				}
+				if okR != okM {
+					t.Fatalf("step %d at %v batch %d of %d: batch allowed: redis %v, memory %v; items %+v", step, clk.Now().Sub(rt0), b, len(round), okR, okM, items)
+				}
+				if debugKey != "" {
+					for i := range items {
+						if items[i].Scope+"/"+items[i].Key == debugKey {
+							t.Logf("step %d at %v: %+v -> %v %+v", step, clk.Now().Sub(rt0), items, okM, outM[:len(items)])
+							break
+						}
+					}
+				}
+				for i := range items {
+					if outR[i] != outM[i] {
+						t.Fatalf("step %d at %v batch %d of %d item %d (%+v):\n redis  %+v\n memory %+v", step, clk.Now().Sub(rt0), b, len(round), i, items[i], outR[i], outM[i])
+					}
 				}
 			}
 		}
-		for i := range items {
-			if outR[i] != outM[i] {
-				t.Fatalf("step %d at %v item %d (%+v):\n redis  %+v\n memory %+v", step, clk.Now().Sub(rt0), i, items[i], outR[i], outM[i])
-			}
+	}
+	if coalesced < steps/50 {
+		t.Fatalf("%d rounds of several batches were coalesced, want at least %d", coalesced, steps/50)
+	}
+}
+
+// coalescible reports whether the coalescer would put every batch of round
+// in one flush: each batch on one slot (hash tag).
+func coalescible(s *RedisStore, round [][]Item) bool {
+	for _, items := range round {
+		if !new(waiter).prepare(s, items) {
+			return false
 		}
 	}
+	return true
+}
+
+// decideRound decides the batches of round on s: one batch with Decide;
+// several (each on one slot, see coalescible) coalesced into one flush
+// (one script call per slot group), as the coalescer sends batches queued
+// behind a call in flight.
+func decideRound(ctx context.Context, s *RedisStore, round [][]Item) ([][]spillway.Decision, []bool, []error) {
+	outs := make([][]spillway.Decision, len(round))
+	oks := make([]bool, len(round))
+	errs := make([]error, len(round))
+	ws := make([]*waiter, len(round))
+	for b, items := range round {
+		outs[b] = make([]spillway.Decision, len(items))
+		ws[b] = &waiter{ctx: ctx, done: make(chan struct{}, 1)}
+		ws[b].prepare(s, items)
+	}
+	if len(round) == 1 {
+		oks[0], errs[0] = s.Decide(ctx, round[0], outs[0])
+		return outs, oks, errs
+	}
+	s.flush(ws)
+	for b, w := range ws {
+		<-w.done
+		copy(outs[b], w.res)
+		oks[b], errs[b] = w.allowed, w.err
+	}
+	return outs, oks, errs
 }
 
 // freezeHook runs every script call in MULTI … EXEC followed by PTTL and
@@ -271,7 +358,19 @@ func (h *freezeHook) take() map[string]time.Duration {
 
 func (h *freezeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *freezeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	// each command on its own, script calls as ProcessHook runs them
+	process := h.ProcessHook(func(ctx context.Context, cmd redis.Cmder) error {
+		return next(ctx, []redis.Cmder{cmd})
+	})
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var first error
+		for _, cmd := range cmds {
+			if err := process(ctx, cmd); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
 }
 func (h *freezeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {

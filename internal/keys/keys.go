@@ -61,6 +61,18 @@ func hash(s string) string {
 	return "#" + base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
+// DigestLen is the length of Digest's result.
+const DigestLen = 6
+
+// Digest returns a short name for s that is safe inside a key: the first
+// 36 bits of its SHA-256 as 6 base64url characters. It names a default
+// scope by its policy, so that a default key is only a few bytes longer
+// than the user's key (Redis memory per key grows with the key's length).
+func Digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base64.RawURLEncoding.EncodeToString(sum[:6])[:DigestLen]
+}
+
 // Key returns prefix + Escape(scope) + ":{" + Escape(entity) + "}".
 func Key(prefix, scope, entity string) string {
 	scope, entity = Escape(scope), Escape(entity)

@@ -64,3 +64,17 @@ func FuzzKeyStructure(f *testing.F) {
 		}
 	})
 }
+
+// Digest is short, key-safe, stable and tells policies apart.
+func TestDigest(t *testing.T) {
+	a, b := Digest("token_bucket 100/1s burst 50"), Digest("token_bucket 100/1s burst 51")
+	if len(a) != DigestLen || Escape(a) != a || a == b || a != Digest("token_bucket 100/1s burst 50") {
+		t.Fatalf("Digest: %q, %q", a, b)
+	}
+	if a != "QmCX23" { // base64url of the first 6 bytes of the SHA-256
+		t.Fatalf("Digest = %q, want QmCX23", a)
+	}
+	if got := Key("spillway:", a, "user:12345"); len(got) != 28 {
+		t.Fatalf("default key %q is %d bytes, want 28", got, len(got))
+	}
+}

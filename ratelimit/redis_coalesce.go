@@ -1,0 +1,402 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// DefaultCoalescing is the number of script calls a RedisStore has in
+// flight before it coalesces further decisions (see WithCoalescing).
+const DefaultCoalescing = 2
+
+// Coalesced calls stay bounded: a batch of more than maxCoalesceItems
+// items always runs alone, and one coalesced call carries at most
+// maxCoalesceItems items (more wait for the next call).
+const maxCoalesceItems = 256
+
+// WithCoalescing sets how many script calls a RedisStore has in flight at
+// once before it coalesces (default DefaultCoalescing; n ≤ 0 turns
+// coalescing off: every Decide makes calls of its own). Ignored by the
+// memory store.
+//
+// With coalescing, a Decide that finds fewer than n calls in flight makes
+// its call at once, exactly as without coalescing, so a lone caller waits
+// for nothing. One that finds n calls in flight queues; when a call
+// returns, everything queued meanwhile (up to 256 items) goes out as one
+// script call per slot group, in one pipeline: one command for Redis to
+// parse and run where there would have been one per batch. No timer is
+// involved: a batch waits at most for the call in flight before it.
+//
+// Each queued batch is one group of the coalesced call, decided all or
+// nothing exactly as if it were a call of its own made after the earlier
+// groups: a denied batch charges nothing and changes nothing another
+// batch sees. Only batches whose items share one slot (on a Cluster; one
+// hash tag on a Ring) are coalesced; a batch over several slots runs its
+// own calls. A caller whose context ends while its batch is queued
+// returns ctx.Err() and its batch is never sent; once sent, it returns
+// ctx.Err() at once and the call goes on for the others (the batch may
+// then have been charged, as with any call interrupted after it was
+// sent).
+func WithCoalescing(n int) Option {
+	return func(o *storeOptions) { o.coalesce = max(n, 0) }
+}
+
+// coalescer queues batches while max calls are in flight.
+type coalescer struct {
+	max int
+
+	mu       sync.Mutex
+	inflight int
+	queue    []*waiter
+	queued   int // items in queue
+}
+
+// waiter is one queued batch: a copy of the caller's items (the caller
+// may return before the call does), their keys, and where the result goes.
+type waiter struct {
+	ctx     context.Context
+	items   []Item
+	keys    []string
+	slot    int    // bySlot: the batch's slot
+	tag     string // byTag: the batch's hash tag
+	buckets bool   // every item is of the bucket family
+	res     []spillway.Decision
+	allowed bool
+	err     error
+	done    chan struct{} // receives once the result is in
+}
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{done: make(chan struct{}, 1)} }}
+
+// decide decides a valid, non-empty batch, coalescing it with others when
+// max calls are in flight.
+func (c *coalescer) decide(ctx context.Context, s *RedisStore, items []Item, out []spillway.Decision) (bool, error) {
+	if len(items) > maxCoalesceItems {
+		return s.decide(ctx, items, out)
+	}
+	c.mu.Lock()
+	if c.inflight < c.max && len(c.queue) == 0 {
+		c.inflight++
+		c.mu.Unlock()
+		allowed, err := s.decide(ctx, items, out)
+		c.release(s)
+		return allowed, err
+	}
+	c.mu.Unlock()
+
+	w := waiterPool.Get().(*waiter)
+	if !w.prepare(s, items) {
+		waiterPool.Put(w)
+		return s.decide(ctx, items, out) // several slots: not coalesced
+	}
+	w.ctx = ctx
+	c.mu.Lock()
+	if c.inflight < c.max && len(c.queue) == 0 {
+		// the calls in flight returned meanwhile
+		c.inflight++
+		c.mu.Unlock()
+		waiterPool.Put(w)
+		allowed, err := s.decide(ctx, items, out)
+		c.release(s)
+		return allowed, err
+	}
+	c.queue = append(c.queue, w)
+	c.queued += len(items)
+	c.mu.Unlock()
+
+	select {
+	case <-w.done:
+		allowed, err := w.allowed, w.err
+		copy(out, w.res)
+		w.ctx, w.err = nil, nil
+		waiterPool.Put(w)
+		return allowed, err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	for i, q := range c.queue {
+		if q == w {
+			c.queue = append(c.queue[:i], c.queue[i+1:]...)
+			c.queued -= len(items)
+			c.mu.Unlock()
+			w.ctx = nil
+			waiterPool.Put(w)
+			return false, fmt.Errorf("ratelimit: redis: not sent: %w", ctx.Err())
+		}
+	}
+	c.mu.Unlock()
+	// Sent: the call goes on for the others and owns w (not pooled again).
+	return false, fmt.Errorf("ratelimit: redis: coalesced call: %w", ctx.Err())
+}
+
+// prepare copies items into w with their keys and reports whether they
+// share one slot (one hash tag on a Ring), as a coalesced call needs.
+func (w *waiter) prepare(s *RedisStore, items []Item) bool {
+	w.items = append(w.items[:0], items...)
+	w.keys = w.keys[:0]
+	w.buckets = bucketsOnly(items)
+	for i := range items {
+		w.keys = append(w.keys, redisKey(s.prefix, &items[i]))
+	}
+	switch s.sharded {
+	case bySlot:
+		w.slot = slot(w.keys[0])
+		for _, k := range w.keys[1:] {
+			if slot(k) != w.slot {
+				return false
+			}
+		}
+	case byTag:
+		w.tag = keys.Tag(w.keys[0])
+		for _, k := range w.keys[1:] {
+			if keys.Tag(k) != w.tag {
+				return false
+			}
+		}
+	}
+	if cap(w.res) < len(items) {
+		w.res = make([]spillway.Decision, len(items))
+	}
+	w.res = w.res[:len(items)]
+	return true
+}
+
+// release ends a call: it hands what was queued meanwhile to a flusher,
+// or frees the call's place.
+func (c *coalescer) release(s *RedisStore) {
+	c.mu.Lock()
+	if len(c.queue) == 0 {
+		c.inflight--
+		c.mu.Unlock()
+		return
+	}
+	batch := c.take()
+	c.mu.Unlock()
+	go c.flushLoop(s, batch)
+}
+
+// take removes the first waiters of the queue, up to maxCoalesceItems
+// items (at least one waiter). c.mu is held.
+func (c *coalescer) take() []*waiter {
+	n, items := 0, 0
+	for n < len(c.queue) && (n == 0 || items+len(c.queue[n].items) <= maxCoalesceItems) {
+		items += len(c.queue[n].items)
+		n++
+	}
+	batch := make([]*waiter, n)
+	copy(batch, c.queue)
+	rest := copy(c.queue, c.queue[n:])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
+	c.queued -= items
+	return batch
+}
+
+// flushLoop sends batch, then whatever was queued meanwhile, until the
+// queue is empty; it holds one of the max places all along.
+func (c *coalescer) flushLoop(s *RedisStore, batch []*waiter) {
+	for {
+		s.flush(batch)
+		c.mu.Lock()
+		if len(c.queue) == 0 {
+			c.inflight--
+			c.mu.Unlock()
+			return
+		}
+		batch = c.take()
+		c.mu.Unlock()
+	}
+}
+
+// callContext is the context of a coalesced call: it carries the values of
+// the first batch's context (tracing), is canceled by none of them, and
+// ends at the latest of their deadlines when every batch has one.
+func callContext(batch []*waiter) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(batch[0].ctx)
+	var last time.Time
+	for _, w := range batch {
+		d, ok := w.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(ctx, last)
+}
+
+// coalescedCall is one script call of a coalesced batch: the waiters of
+// one slot group, in queue order, with the buckets script when every item
+// is of the bucket family, else with the batch script.
+type coalescedCall struct {
+	ws      []*waiter
+	buckets bool
+	keys    []string
+	args    []any
+	cmd     *redis.Cmd
+}
+
+// flush decides the queued batches with one script call per slot group,
+// all in one pipeline, and hands every waiter its result. Within a call
+// the batches are decided in queue order; calls of different slots share
+// no key, so the whole is decided exactly as the batches one after the
+// other, in queue order.
+func (s *RedisStore) flush(batch []*waiter) {
+	ctx, cancel := callContext(batch)
+	defer cancel()
+	if len(batch) == 1 {
+		w := batch[0]
+		w.allowed, w.err = s.decide(ctx, w.items, w.res)
+		w.done <- struct{}{}
+		return
+	}
+	calls := s.coalescedCalls(batch)
+	if len(calls) == 1 {
+		c := calls[0]
+		c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
+	} else {
+		pipe := s.client.Pipeline()
+		for _, c := range calls {
+			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, c := range calls {
+			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
+			}
+		}
+	}
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && strings.Contains(err.Error(), "CROSSSLOT") {
+			// A Cluster in disguise refused the call before running it:
+			// each batch decides alone, grouped by slot.
+			var wg sync.WaitGroup
+			for _, w := range c.ws {
+				wg.Go(func() {
+					w.allowed, w.err = s.decideGroups(ctx, w.items, w.res, bySlot)
+					w.done <- struct{}{}
+				})
+			}
+			wg.Wait()
+			continue
+		}
+		c.deliver(s)
+	}
+}
+
+// coalescedCalls groups batch by slot (tag), keeping the order of the
+// queue within each call, and builds every call's KEYS and ARGV.
+func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
+	var calls []*coalescedCall
+	for _, w := range batch {
+		var c *coalescedCall
+		for _, d := range calls {
+			h := d.ws[0]
+			if s.sharded == oneServer || (s.sharded == bySlot && h.slot == w.slot) || (s.sharded == byTag && h.tag == w.tag) {
+				c = d
+				break
+			}
+		}
+		if c == nil {
+			c = &coalescedCall{buckets: true}
+			calls = append(calls, c)
+		}
+		c.ws = append(c.ws, w)
+		c.buckets = c.buckets && w.buckets
+	}
+	for _, c := range calls {
+		n := 0
+		for _, w := range c.ws {
+			n += len(w.items)
+		}
+		c.keys = make([]string, 0, n)
+		fields := batchFields
+		if c.buckets {
+			fields = bucketsFields
+		}
+		c.args = make([]any, 0, 2+len(c.ws)+fields*n)
+		c.args = append(c.args, s.nowArg())
+		if len(c.ws) > 1 {
+			c.args = append(c.args, len(c.ws))
+			for _, w := range c.ws {
+				c.args = append(c.args, len(w.items))
+			}
+		}
+		for _, w := range c.ws {
+			c.keys = append(c.keys, w.keys...)
+			if c.buckets {
+				c.args = bucketsArgs(c.args, w.items)
+			} else {
+				c.args = s.batchArgs(c.args, w.items, nil)
+			}
+		}
+	}
+	return calls
+}
+
+func (c *coalescedCall) script() *redis.Script {
+	if c.buckets {
+		return lua.RateLimitBuckets
+	}
+	return lua.RateLimitBatch
+}
+
+// deliver decodes the call's reply into each waiter's result and wakes it.
+func (c *coalescedCall) deliver(s *RedisStore) {
+	defer func() {
+		for _, w := range c.ws {
+			w.done <- struct{}{}
+		}
+	}()
+	fail := func(err error) {
+		for _, w := range c.ws {
+			w.allowed, w.err = false, err
+		}
+	}
+	res, err := c.cmd.Result()
+	if err != nil {
+		name := "batch"
+		if c.buckets {
+			name = "buckets"
+		}
+		fail(fmt.Errorf("ratelimit: redis: %s script: %w", name, err))
+		return
+	}
+	n := len(c.keys)
+	if c.buckets {
+		r, err := bucketsReply(res, n)
+		if err != nil {
+			fail(err)
+			return
+		}
+		at := 1
+		for _, w := range c.ws {
+			if w.allowed, err = bucketsDecisions(w.items, r[at:at+len(w.items)], at, w.res); err != nil {
+				fail(err) // a reply out of range fails the whole call
+				return
+			}
+			at += len(w.items)
+		}
+		return
+	}
+	v, err := batchReply(res, n)
+	if err != nil {
+		fail(err)
+		return
+	}
+	at := 2
+	for _, w := range c.ws {
+		w.allowed, w.err = s.batchDecisions(w.items, v[at:at+batchReplyFields*len(w.items)], w.res), nil
+		at += batchReplyFields * len(w.items)
+	}
+}

@@ -1,0 +1,305 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// gateHook counts the script calls of a client and holds the n-th one
+// (1-based) until hold[n] is closed; entered[n] is closed when it arrives.
+type gateHook struct {
+	mu      sync.Mutex
+	calls   int
+	keys    [][]string // KEYS of each call
+	hold    map[int]chan struct{}
+	entered map[int]chan struct{}
+}
+
+func newGateHook(held ...int) *gateHook {
+	h := &gateHook{hold: map[int]chan struct{}{}, entered: map[int]chan struct{}{}}
+	for _, n := range held {
+		h.hold[n] = make(chan struct{})
+		h.entered[n] = make(chan struct{})
+	}
+	return h
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name != "evalsha" && name != "eval" {
+			return next(ctx, cmd)
+		}
+		args := cmd.Args()
+		keys := make([]string, args[2].(int))
+		for i := range keys {
+			keys[i] = args[3+i].(string)
+		}
+		h.mu.Lock()
+		h.calls++
+		n := h.calls
+		h.keys = append(h.keys, keys)
+		hold, entered := h.hold[n], h.entered[n]
+		h.mu.Unlock()
+		if hold != nil {
+			close(entered)
+			<-hold
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *gateHook) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls
+}
+
+// loadScripts loads the rate-limit scripts, so that every script call is
+// one EVALSHA (no NOSCRIPT retry) for a gateHook to count.
+func loadScripts(t *testing.T, c *redis.Client) {
+	t.Helper()
+	for _, sc := range []*redis.Script{lua.RateLimitBuckets, lua.RateLimitBatch, lua.RateLimitTokenBucket} {
+		if err := sc.Load(context.Background(), c).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitQueued waits until s's coalescer holds n queued batches.
+func waitQueued(t *testing.T, s *RedisStore, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.co.mu.Lock()
+		got := len(s.co.queue)
+		s.co.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d batches queued, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type result struct {
+	ok  bool
+	out []spillway.Decision
+	err error
+}
+
+// decideAsync runs s.Decide(ctx, items) in a goroutine.
+func decideAsync(ctx context.Context, s Store, items ...Item) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		out := make([]spillway.Decision, len(items))
+		ok, err := s.Decide(ctx, items, out)
+		ch <- result{ok, out, err}
+	}()
+	return ch
+}
+
+// Batches queued behind a call in flight go out as one script call and are
+// decided exactly as one after the other in queue order: a denied batch
+// charges nothing of its own (not even its items that had room) and
+// changes nothing another batch sees, and an allowed batch's charge is
+// seen by the batches after it. The memory store, deciding the same
+// batches in the same order, is the oracle; the expected decisions are
+// also spelled out.
+func TestRedisStoreCoalescedAsSequential(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		alg  Algorithm
+	}{{"buckets-script", TokenBucket}, {"batch-script", FixedWindow}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := redisServer(t)
+			c := srv.Client(t)
+			ctx := context.Background()
+			loadScripts(t, c)
+			hook := newGateHook(2) // call 1 pre-drains y, call 2 is the one in flight
+			c.AddHook(hook)
+			clk := newFakeClock(rt0)
+			rs := NewRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
+			ms := NewMemoryStore(WithClock(clk.Now))
+			// 3 per 1000 s: nothing refills during the test
+			p := Policy{Algorithm: tc.alg, Limit: 3, Period: 1000 * time.Second, Burst: 3}
+			it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }
+
+			batches := [][]Item{
+				{it("y", 3)},             // drains y (alone, before the test)
+				{it("z", 1)},             // the call in flight
+				{it("x", 1), it("y", 1)}, // A: x has room, y not: denied, charges nothing
+				{it("x", 3)},             // B: takes all of x, allowed only if A charged nothing
+				{it("x", 1)},             // C: sees B's charge: denied
+				{it("x", 0), it("w", 2)}, // D: a peek of x and 2 of w: allowed
+			}
+			var want []result
+			for _, b := range batches {
+				out := make([]spillway.Decision, len(b))
+				ok, err := ms.Decide(ctx, b, out)
+				want = append(want, result{ok, out, err})
+			}
+			got := make([]result, len(batches))
+			got[0] = <-decideAsync(ctx, rs, batches[0]...)
+			inFlight := decideAsync(ctx, rs, batches[1]...)
+			<-hook.entered[2]
+			var queued []<-chan result
+			for i, b := range batches[2:] {
+				queued = append(queued, decideAsync(ctx, rs, b...))
+				waitQueued(t, rs, i+1)
+			}
+			close(hook.hold[2])
+			got[1] = <-inFlight
+			for i, ch := range queued {
+				got[2+i] = <-ch
+			}
+
+			if n := hook.count(); n != 3 {
+				t.Fatalf("%d script calls, want 3 (one for A, B, C and D together)", n)
+			}
+			if k := hook.keys[2]; len(k) != 6 {
+				t.Fatalf("the coalesced call carried keys %v, want the 6 of A, B, C and D", k)
+			}
+			for i := range batches {
+				if got[i].err != nil || got[i].ok != want[i].ok {
+					t.Fatalf("batch %d: redis %v %v, memory %v", i, got[i].ok, got[i].err, want[i].ok)
+				}
+				for j := range got[i].out {
+					if got[i].out[j] != want[i].out[j] {
+						t.Fatalf("batch %d item %d:\n redis  %+v\n memory %+v", i, j, got[i].out[j], want[i].out[j])
+					}
+				}
+			}
+			// spelled out, so that the oracle cannot drift with the store
+			oks := []bool{true, true, false, true, false, true}
+			for i, ok := range oks {
+				if got[i].ok != ok {
+					t.Fatalf("batch %d allowed = %v, want %v", i, got[i].ok, ok)
+				}
+			}
+			if a := got[2].out; !a[0].Allowed || a[0].Remaining != 2 || a[1].Allowed || a[1].Reason != spillway.ReasonRateLimited {
+				t.Fatalf("A = %+v, want x with room (2 left) and y denied", a)
+			}
+			if b := got[3].out[0]; b.Remaining != 0 {
+				t.Fatalf("B = %+v, want 0 left", b)
+			}
+			if d := got[5].out; d[0].Remaining != 0 || d[1].Remaining != 1 {
+				t.Fatalf("D = %+v, want x empty and w with 1 left", d)
+			}
+			// the state left behind is the memory store's
+			for _, key := range []string{"x", "y", "z", "w"} {
+				var r, m [1]spillway.Decision
+				if _, err := rs.Decide(ctx, []Item{it(key, 0)}, r[:]); err != nil {
+					t.Fatal(err)
+				}
+				_, _ = ms.Decide(ctx, []Item{it(key, 0)}, m[:])
+				if r != m {
+					t.Fatalf("peek %s: redis %+v, memory %+v", key, r[0], m[0])
+				}
+			}
+		})
+	}
+}
+
+// A caller whose context ends while its batch is queued gets an error
+// wrapping ctx.Err(), and its batch is never sent: it charges nothing and
+// the others are decided without it. One whose context ends while the
+// coalesced call is out returns at once; the others get their results.
+func TestRedisStoreCoalescedCancel(t *testing.T) {
+	srv, _ := redisServer(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	loadScripts(t, c)
+	hook := newGateHook(1, 2)
+	c.AddHook(hook)
+	clk := newFakeClock(rt0)
+	rs := NewRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
+	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
+	it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }
+
+	first := decideAsync(ctx, rs, it("z", 1)) // call 1, held
+	<-hook.entered[1]
+	ctxA, cancelA := context.WithCancel(ctx)
+	a := decideAsync(ctxA, rs, it("x", 3))
+	waitQueued(t, rs, 1)
+	b := decideAsync(ctx, rs, it("x", 3))
+	waitQueued(t, rs, 2)
+	ctxC, cancelC := context.WithCancel(ctx)
+	defer cancelC()
+	cc := decideAsync(ctxC, rs, it("v", 1))
+	waitQueued(t, rs, 3)
+
+	cancelA() // A is still queued: never sent
+	ra := <-a
+	if !errors.Is(ra.err, context.Canceled) || ra.ok {
+		t.Fatalf("canceled queued batch: %v %v, want an error wrapping context.Canceled", ra.ok, ra.err)
+	}
+	waitQueued(t, rs, 2)
+	close(hook.hold[1])
+	if r := <-first; r.err != nil || !r.ok {
+		t.Fatalf("call in flight: %v %v", r.ok, r.err)
+	}
+	<-hook.entered[2] // B and C, coalesced, are out
+	cancelC()
+	if r := <-cc; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("canceled sent batch: %v, want an error wrapping context.Canceled", r.err)
+	}
+	close(hook.hold[2])
+	rb := <-b
+	if rb.err != nil || !rb.ok || rb.out[0].Remaining != 0 {
+		t.Fatalf("B: %v %v %+v, want allowed with 0 left (A charged nothing)", rb.ok, rb.err, rb.out[0])
+	}
+	if n := hook.count(); n != 2 {
+		t.Fatalf("%d script calls, want 2", n)
+	}
+	if k := hook.keys[1]; len(k) != 2 {
+		t.Fatalf("the coalesced call carried keys %v, want B's and C's", k)
+	}
+}
+
+// Without coalescing every batch makes its own call, even with calls in
+// flight.
+func TestRedisStoreCoalescingOff(t *testing.T) {
+	srv, _ := redisServer(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	loadScripts(t, c)
+	hook := newGateHook(1)
+	c.AddHook(hook)
+	rs := NewRedisStore(c, WithCoalescing(0))
+	if rs.co != nil {
+		t.Fatal("WithCoalescing(0) left coalescing on")
+	}
+	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
+	first := decideAsync(ctx, rs, Item{Scope: "s", Key: "a", Policy: p, Cost: 1})
+	<-hook.entered[1]
+	for _, k := range []string{"b", "c"} {
+		if r := <-decideAsync(ctx, rs, Item{Scope: "s", Key: k, Policy: p, Cost: 1}); r.err != nil || !r.ok {
+			t.Fatalf("%s: %v %v", k, r.ok, r.err)
+		}
+	}
+	close(hook.hold[1])
+	if r := <-first; r.err != nil || !r.ok {
+		t.Fatalf("a: %v %v", r.ok, r.err)
+	}
+	if n := hook.count(); n != 3 {
+		t.Fatalf("%d script calls, want 3", n)
+	}
+	if s := NewRedisStore(c); s.co == nil || s.co.max != DefaultCoalescing {
+		t.Fatalf("default store: coalescing %+v, want on with %d calls", s.co, DefaultCoalescing)
+	}
+}
