@@ -166,7 +166,7 @@ func (f *Fleet) ServerID() string { return f.o.serverID }
 // never waits on Redis. A malformed (or nil) request is denied with
 // spillway.ReasonInvalid.
 func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
 	}
 	now := f.o.now().UnixNano()

@@ -99,7 +99,7 @@ func NewQueue(slots int64, opts ...Option) (*Queue, error) {
 // Admit decides r, waiting up to the maximum wait for a slot. When
 // allowed, done gives r's slots back (to the first waiter).
 func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
 	}
 	c, p := r.EffectiveCost(), r.Priority
