@@ -91,7 +91,7 @@ func (a *Adaptive) InFlight() int {
 // longer RTT reads as queueing). Weigh costs against a server's own
 // capacity with shedder.Worker or shedder.Queue, which count units.
 func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil
 	}
 	a.mu.Lock()

@@ -169,7 +169,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 // spillway.ReasonCostExceedsLimit.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
 	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		if r == nil || r.Validate() != nil {
+		if !r.Valid() {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
 		key, _ := r.Get(dim)

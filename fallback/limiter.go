@@ -54,6 +54,10 @@ func (l *Limiter) State() State { return l.br.state() }
 
 // Admit implements spillway.Limiter.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if !r.Valid() {
+		// Before the breaker: an open one must not admit it locally.
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.set.Name}, spillway.Noop, nil
+	}
 	var (
 		d    spillway.Decision
 		done spillway.Done

@@ -294,10 +294,7 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // in Cached and LocalAggregation modes, that the shared total is stale:
 // errors.Is(err, ErrStale)); nothing was charged then.
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil {
-		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
-	}
-	if err := r.Validate(); err != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
 	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())

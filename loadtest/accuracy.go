@@ -233,9 +233,9 @@ func traceDigest(ev []traceEvent) string {
 }
 
 func printAccuracy(w io.Writer, a *AccuracyResult) {
-	fmt.Fprintf(w, "trace: %d requests from %d sources over %.0f s simulated (busiest 1%% of sources send %.0f%%); policy %s\n",
+	fmt.Fprintf(w, "trace: %d requests from %d sources over %.0f s simulated\n(busiest 1%% of sources send %.0f%%); policy %s\n",
 		a.TotalDecisions, a.Sources, a.SimulatedSeconds, a.HeavyTailTopShare*100, a.Policy)
-	fmt.Fprintf(w, "sliding window counter vs exact sliding log: %d wrong of %d (%.4f%%; %d false allows, %d false denies); the log denied %d\n",
+	fmt.Fprintf(w, "sliding window counter vs exact sliding log: %d wrong of %d\n(%.4f%%; %d false allows, %d false denies); the log denied %d\n",
 		a.WrongDecisions, a.TotalDecisions, a.WrongShare*100, a.FalseAllows, a.FalseDenies, a.DeniedByLog)
 	fmt.Fprintf(w, "fixed window vs exact log: %d wrong\n", a.FixedWindowWrong)
 	fmt.Fprintf(w, "most admitted in any %v for one source: fixed window %.2f×, sliding counter %.2f×, sliding log %.2f× the limit\n",

@@ -16,7 +16,7 @@ import (
 // concurrency rises (thrashing). Clients time out and retry, so the work
 // the database does for them is wasted: goodput collapses.
 type Backend struct {
-	Capacity int           // concurrency the database serves at full speed
+	capacity atomic.Int64  // concurrency the database serves at full speed now
 	Service  time.Duration // mean service time of one query when not overloaded
 	// Thrash is how much each query slows per unit of overload: service
 	// time = Service · max(1, n/C) · (1 + Thrash·max(0, n−C)/C) for n
@@ -36,10 +36,12 @@ var (
 	errStatementTimeout = errors.New("backend: statement timeout")
 )
 
-// CapacityRPS is the throughput of the backend at full use, in queries/s.
-func (b *Backend) CapacityRPS() float64 {
-	return float64(b.Capacity) / b.Service.Seconds()
-}
+// SetCapacity changes the capacity (a lost replica, a noisy neighbour);
+// queries already running keep their service time.
+func (b *Backend) SetCapacity(c int) { b.capacity.Store(int64(max(1, c))) }
+
+// Capacity returns the capacity now.
+func (b *Backend) Capacity() int { return int(b.capacity.Load()) }
 
 // Inflight returns the number of queries running now.
 func (b *Backend) Inflight() int64 { return b.inflight.Load() }
@@ -51,12 +53,17 @@ func (b *Backend) Query(ctx context.Context) error {
 	n := b.inflight.Add(1)
 	defer b.inflight.Add(-1)
 	start := time.Now()
+	if debugDegraded {
+		defer func() {
+			degradedCauses.Add("db:busy_us", time.Since(start).Microseconds())
+		}()
+	}
 	b.rec.BackendStart(n)
 	if b.MaxConns > 0 && n > int64(b.MaxConns) {
-		b.rec.BackendDone(0, false)
+		b.rec.BackendDone(start, 0, false)
 		return errTooManyConns
 	}
-	c := float64(b.Capacity)
+	c := float64(b.capacity.Load())
 	over := max(0, float64(n)-c) / c
 	slow := max(1, float64(n)/c) * (1 + b.Thrash*over)
 	// Service times vary ±50% around the mean (uniform), so p99 is
@@ -64,12 +71,12 @@ func (b *Backend) Query(ctx context.Context) error {
 	st := time.Duration(float64(b.Service) * (0.5 + rand.Float64()) * slow)
 	if b.StatementTimeout > 0 && st > b.StatementTimeout {
 		time.Sleep(b.StatementTimeout)
-		b.rec.BackendDone(time.Since(start), false)
+		b.rec.BackendDone(start, time.Since(start), false)
 		return errStatementTimeout
 	}
 	time.Sleep(st)
 	// The measured time, not st: on a busy machine sleeps overrun, and
 	// the report should show what the clients waited.
-	b.rec.BackendDone(time.Since(start), true)
+	b.rec.BackendDone(start, time.Since(start), true)
 	return nil
 }

@@ -44,7 +44,7 @@ const (
 // and the client behaviour of each identity.
 type Clients struct {
 	hc       *http.Client
-	servers  []string
+	route    atomic.Pointer[routing]
 	rr       atomic.Uint64
 	timeout  time.Duration // per attempt
 	rec      *Recorder
@@ -52,6 +52,41 @@ type Clients struct {
 	abusive  RetryMode // abusive clients
 	budgets  []retryBudget
 	inflight sync.WaitGroup
+}
+
+// routing is what the load balancer does now: the live servers, and the
+// share of the traffic sent to the first of them (0: round robin over all;
+// else the rest goes round robin over the others).
+type routing struct {
+	servers []string
+	hot     float64
+}
+
+// SetServers replaces the live servers (a server died or joined).
+func (c *Clients) SetServers(servers []string) {
+	r := *c.route.Load()
+	r.servers = servers
+	c.route.Store(&r)
+}
+
+// SetHotShare sends share of the traffic to the first live server.
+func (c *Clients) SetHotShare(share float64) {
+	r := *c.route.Load()
+	r.hot = share
+	c.route.Store(&r)
+}
+
+// pick returns the server for an attempt; u is uniform in [0, 1).
+func (c *Clients) pick(u float64) string {
+	r := c.route.Load()
+	n := uint64(len(r.servers))
+	if r.hot > 0 && n > 1 {
+		if u < r.hot {
+			return r.servers[0]
+		}
+		return r.servers[1+c.rr.Add(1)%(n-1)]
+	}
+	return r.servers[c.rr.Add(1)%n]
 }
 
 // retryBudget is a token bucket of retries: each request earns
@@ -93,7 +128,6 @@ func newTransport() *http.Transport {
 func NewClients(servers []string, n int, timeout time.Duration, well RetryMode, rec *Recorder) *Clients {
 	c := &Clients{
 		hc:      &http.Client{Transport: newTransport()},
-		servers: servers,
 		timeout: timeout,
 		rec:     rec,
 		well:    well,
@@ -103,6 +137,7 @@ func NewClients(servers []string, n int, timeout time.Duration, well RetryMode, 
 	for i := range c.budgets {
 		c.budgets[i].tokens = 2
 	}
+	c.route.Store(&routing{servers: servers})
 	return c
 }
 
@@ -138,7 +173,7 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 	start := time.Now()
 	ok := false
 	for attempt := 0; ; attempt++ {
-		res, timedOut := c.attempt(a, attempt > 0)
+		res, timedOut := c.attempt(a, attempt > 0, rng.Float64())
 		ok = res.err == nil && res.status == http.StatusOK && !timedOut
 		c.rec.AttemptResult(ok, timedOut)
 		if ok || ctx.Err() != nil {
@@ -183,9 +218,9 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 // after its timeout, but the HTTP request itself is left to finish in the
 // background (its answer is discarded): a client that gave up does not
 // stop the work it caused, and the connection stays reusable.
-func (c *Clients) attempt(a Arrival, retry bool) (attemptResult, bool) {
+func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool) {
 	c.rec.Attempt(retry)
-	srv := c.servers[c.rr.Add(1)%uint64(len(c.servers))]
+	srv := c.pick(u)
 	method, path := http.MethodGet, "/api/v1/search"
 	if a.Priority >= spillway.Critical {
 		method, path = http.MethodPost, "/api/v1/posts"

@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,13 +40,18 @@ func rateTiers(store ratelimit.Store) (spillway.Limiter, error) {
 	return tiers.New(cfg, store)
 }
 
+// configNames are the configurations a scenario compares, in order.
+var configNames = []string{"none", "naive", "static", "full"}
+
 // configurations returns the systems the scenarios compare: the ones
-// named in only (all three when empty), in the order none, naive, full.
+// named in only (all four when empty), in the order none, naive, static,
+// full.
 func configurations(only []string) []Configuration {
 	all := []Configuration{
 		{Name: "none", Title: "no limiter", Build: buildNone},
 		{Name: "naive", Title: "naive fail-open (limits in Redis, no breaker, no local share, no shedding)", Build: buildNaive},
-		{Name: "full", Title: "full spillway chain", Build: buildFull},
+		{Name: "static", Title: "static chain (pools of C/N per server, no fleet shedder, no learning)", Build: buildStatic},
+		{Name: "full", Title: "full spillway chain", Build: fullChain("")},
 	}
 	if len(only) == 0 {
 		return all
@@ -86,7 +93,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return d, spillway.Noop, err
 	})
 	return ServerChain{
-		Limiter: spillway.Chain(perKey, ceiling),
+		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"ceiling", ceiling}),
 		Close:   func() { client.Close() },
 	}, nil
 }
@@ -136,7 +143,9 @@ const queueWait = 100 * time.Millisecond
 // across the fleet.
 const perKeyConcurrency = 10
 
-// buildFull is the spillway chain, cheapest first: the per-key rate limit
+// buildStatic is the chain before the fleet shedder and the learned
+// limits earned their place, kept as the "static" configuration: cheapest
+// first: the per-key rate limit
 // and the per-key concurrency limit (both in Redis, each behind a
 // fallback: time budget, breaker, local share), this server's pool of
 // database slots (C/N, a shedder.Queue that gives freed slots to the
@@ -152,7 +161,7 @@ const perKeyConcurrency = 10
 // per server, errs towards full near the top: it was the main source of
 // Critical denials (Critical threshold 1) and held the pools below what
 // they could take (threshold 0.9); see docs/loadtest.md.
-func buildFull(env *Env, _ int) (ServerChain, error) {
+func buildStatic(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
 		Addr: env.Redis.Addr(),
 		// Deadlines come from the fallback's budget (the context); the
@@ -238,7 +247,7 @@ func buildFull(env *Env, _ int) (ServerChain, error) {
 	}
 
 	return ServerChain{
-		Limiter: spillway.Chain(perKey, conc, pool, ceiling),
+		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}, tagged{"pool", pool}, tagged{"ceiling", ceiling}),
 		BreakerOpen: func() bool {
 			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
@@ -247,4 +256,330 @@ func buildFull(env *Env, _ int) (ServerChain, error) {
 			client.Close()
 		},
 	}, nil
+}
+
+// The blocks of the full chain, in chain order; the ablation removes each
+// in turn ("queue" is the pool's wait: without it the learned limit turns
+// work away at once). The pool comes before the fleet shedder so that the
+// fleet counts database work, not work waiting for a slot. (The ceiling
+// first, before the pool, turned away work the pool would have queued;
+// between the pool and the fleet it did no better; measured in uneven.)
+var fullBlocks = []string{"rate", "concurrency", "pool", "queue", "fleet", "ceiling"}
+
+// blockTitles say what each block is, for the ablation table.
+var blockTitles = map[string]string{
+	"rate":        "per-key rate tiers (Redis, fallback)",
+	"concurrency": "per-key concurrent requests (Redis, fallback)",
+	"pool":        "learned local limit (from database latency)",
+	"queue":       "wait in priority order for the learned limit",
+	"fleet":       "fleet usage shedder (Redis, by priority)",
+	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
+}
+
+// fleetReserve is the share of the fleet's capacity the fleet shedder
+// keeps for Critical and CriticalPlus work.
+const fleetReserve = 0.03
+
+// fleetInterval is how often each server reports to the fleet shedder.
+const fleetInterval = 50 * time.Millisecond
+
+// fullChain returns the builder of the full spillway chain without the
+// block named removed ("" for the whole chain). Cheapest first:
+//
+//  1. rate: per-key rate tiers in Redis, behind a fallback (time budget,
+//     breaker, local share);
+//  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
+//  3. pool: this server's limit on database queries, learned from their
+//     latency (latencyLimit: grows while windows of queries keep their
+//     usual latency, backs off when they do not or fail), capped by what
+//     the fleet shedder allows this server now, and
+//  4. queue: a request that finds the learned limit used waits up to
+//     queueWait in a shedder.Queue whose slots follow the limit, and a
+//     freed slot goes to the highest priority waiting;
+//  5. fleet: shedder.Fleet over the whole fleet's database work, sized
+//     once for the fleet (the database's pool, 30), shedding the lower
+//     priorities first and deciding on the fleet's measured usage;
+//  6. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
+//
+// Nothing is sized from the number of servers or from a per-server share
+// of the database worked out in advance: the fleet-wide numbers (the
+// shedder's capacity, the ceiling) are set once for the fleet, and what a
+// server may do is learned (the pool) or derived at run time from the
+// share of the fleet's work the Fleet measures (the fallbacks of the
+// fleet shedder and the ceiling).
+func fullChain(removed string) func(env *Env, server int) (ServerChain, error) {
+	return func(env *Env, server int) (ServerChain, error) { return buildFull(env, server, removed) }
+}
+
+func buildFull(env *Env, server int, removed string) (ServerChain, error) {
+	client := redis.NewClient(&redis.Options{
+		Addr:                  env.Redis.Addr(),
+		ContextTimeoutEnabled: true,
+		DialTimeout:           time.Second,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		PoolTimeout:           fallbackBudget,
+		MaxRetries:            -1,
+		PoolSize:              64,
+	})
+	var closers []func()
+	fail := func(err error) (ServerChain, error) {
+		for _, c := range closers {
+			c()
+		}
+		client.Close()
+		return ServerChain{}, err
+	}
+	var (
+		blocks   = map[string]spillway.Limiter{}
+		breakers []func() bool
+	)
+	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
+
+	if removed != "rate" {
+		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0))
+		if err != nil {
+			return fail(err)
+		}
+		perKey, err := rateTiers(rateStore)
+		if err != nil {
+			return fail(err)
+		}
+		add("rate", perKey)
+		breakers = append(breakers, func() bool { return rateStore.State() != fallback.Closed })
+	}
+	if removed != "concurrency" {
+		cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
+		if err != nil {
+			return fail(err)
+		}
+		cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.WithName("per_key_concurrency"), concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+		if err != nil {
+			return fail(err)
+		}
+		clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(1, perKeyConcurrency/5), concurrency.WithName("per_key_concurrency"))
+		if err != nil {
+			return fail(err)
+		}
+		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+		if err != nil {
+			return fail(err)
+		}
+		add("concurrency", conc)
+		breakers = append(breakers, func() bool { return conc.State() != fallback.Closed })
+	}
+	var pool *learnedPool
+	if removed != "pool" {
+		alg := newLatencyLimit(4)
+		if removed == "queue" {
+			a, err := concurrency.NewAdaptive(alg, concurrency.WithAdaptiveName("db_pool"))
+			if err != nil {
+				return fail(err)
+			}
+			add("pool", a)
+		} else {
+			lp, err := newLearnedPool(alg)
+			if err != nil {
+				return fail(err)
+			}
+			pool = lp
+			add("pool", lp)
+		}
+	}
+	var fleet *shedder.Fleet
+	if removed != "fleet" {
+		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
+			shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
+			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond), shedder.WithInterval(fleetInterval))
+		if err != nil {
+			return fail(err)
+		}
+		fleet = f
+		if pool != nil {
+			pool.fleet = f
+		}
+		if debugDegraded {
+			stop := make(chan struct{})
+			go func() {
+				t := time.NewTicker(20 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+					}
+					st := f.Stats()
+					var local int64
+					for _, v := range st.Local {
+						local += v
+					}
+					if local > 5 {
+						degradedCauses.Add("fleet:usage_sum", st.Usage)
+						degradedCauses.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
+						degradedCauses.Add("fleet:local_sum", local)
+						degradedCauses.Add("fleet:n", 1)
+					}
+				}
+			}()
+			closers = append(closers, func() { close(stop) })
+		}
+		closers = append(closers, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_ = f.Close(ctx)
+		})
+		add("fleet", f)
+	}
+	if removed != "ceiling" {
+		// A fleet-wide rate backstop at 1.2× the database's throughput per
+		// second (10% kept for Critical work), one round trip per admission
+		// (Cached mode). While Redis is away each server admits its share
+		// of it, the share of the fleet's work its Fleet measured (a third
+		// each on an even fleet of three), from a local bucket.
+		ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+		ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
+			globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
+		if err != nil {
+			return fail(err)
+		}
+		closers = append(closers, func() { _ = ceil.Close() })
+		local, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: ceilingLimit, Period: time.Second},
+			ratelimit.WithScope("db_ceiling_local"))
+		if err != nil {
+			return fail(err)
+		}
+		share := func() float64 {
+			if fleet == nil {
+				return 0.2
+			}
+			if s := fleet.Stats(); s.Share > 0 {
+				return s.Share
+			}
+			return 0.2
+		}
+		localCeil := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+			// Each local admission costs 1/share tokens of the fleet-wide
+			// bucket: this server alone admits its share of the ceiling.
+			n := int64(math.Round(float64(r.EffectiveCost()) / share()))
+			d, err := local.AllowN(ctx, "db", max(1, min(n, ceilingLimit)))
+			if err == nil && !d.Allowed {
+				d.Reason = spillway.ReasonCeiling
+			}
+			return d, spillway.Noop, err
+		})
+		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings("ceiling", 1))
+		if err != nil {
+			return fail(err)
+		}
+		add("ceiling", ceiling)
+		breakers = append(breakers, func() bool { return ceiling.State() != fallback.Closed })
+	}
+	var chain []spillway.Limiter
+	for _, b := range fullBlocks {
+		if l, ok := blocks[b]; ok {
+			chain = append(chain, l)
+		}
+	}
+	return ServerChain{
+		Limiter: spillway.Chain(chain...),
+		BreakerOpen: func() bool {
+			for _, b := range breakers {
+				if b() {
+					return true
+				}
+			}
+			return false
+		},
+		Close: func() {
+			for _, c := range closers {
+				c()
+			}
+			client.Close()
+		},
+	}, nil
+}
+
+// tagged names a block's denials after the block, so the summary counts
+// rejections per block (rejected_by_limiter) whatever name the block's
+// own decisions carry.
+type tagged struct {
+	block string
+	inner spillway.Limiter
+}
+
+func (t tagged) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	d, done, err := t.inner.Admit(ctx, r)
+	if err == nil && !d.Allowed {
+		d.Limiter = t.block
+	}
+	return d, done, err
+}
+
+// learnedPool is a shedder.Queue whose number of slots an adaptive
+// algorithm learns from the latency and the outcome of the queries it
+// admits: the queue decides who gets a slot (priority order, a short
+// wait), the algorithm how many slots there are.
+type learnedPool struct {
+	q        *shedder.Queue
+	mu       sync.Mutex
+	alg      concurrency.Algorithm
+	inFlight int
+	// fleet, when set, caps the slots at what the fleet shedder allows
+	// this server for Critical work now: its share of the fleet's
+	// capacity, from the fleet's measured usage.
+	fleet *shedder.Fleet
+}
+
+// resize sets the queue's slots to the learned limit, capped by the
+// fleet's allowance.
+func (p *learnedPool) resize() {
+	p.mu.Lock()
+	limit := int64(p.alg.Limit())
+	p.mu.Unlock()
+	if p.fleet != nil {
+		limit = min(limit, p.fleet.Allowance(spillway.SheddablePlus))
+	}
+	_ = p.q.SetSlots(max(1, limit))
+}
+
+func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
+	q, err := shedder.NewQueue(int64(alg.Limit()), shedder.WithName("db_pool"), shedder.WithMaxWait(queueWait), shedder.WithQueueDepth(64))
+	if err != nil {
+		return nil, err
+	}
+	return &learnedPool{q: q, alg: alg}, nil
+}
+
+func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	p.resize()
+	d, done, err := p.q.Admit(ctx, r)
+	if err != nil || !d.Allowed {
+		return d, done, err
+	}
+	start := time.Now()
+	p.mu.Lock()
+	p.inFlight++
+	used := p.inFlight
+	p.mu.Unlock()
+	return d, spillway.Once(func(o spillway.Outcome) {
+		rtt := time.Since(start)
+		p.mu.Lock()
+		used = max(used, p.inFlight)
+		p.inFlight--
+		if o == spillway.Success || o == spillway.Dropped {
+			p.alg.Update(concurrency.Sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
+		}
+		limit := p.alg.Limit()
+		p.mu.Unlock()
+		p.resize()
+		if debugDegraded {
+			degradedCauses.Add("pool:limit_sum", int64(limit))
+			degradedCauses.Add("pool:limit_n", 1)
+			if o == spillway.Dropped {
+				degradedCauses.Add("pool:drop", 1)
+			}
+		}
+		done(o)
+	}), nil
 }

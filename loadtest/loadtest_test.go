@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestShortRun runs every scenario briefly against a real redis-server (or
@@ -15,20 +17,34 @@ import (
 // checks that the summary has every field with sane values. It does not
 // check the pass criteria: a few seconds on a loaded CI machine prove that
 // the harness works, not what the chain does (the full run does).
+//
+// "The backend did work" (peak and p99 above 0) holds however late the
+// machine runs the load: a query's latency is recorded in the bucket where
+// the query started, so every query sent during the load counts even when
+// it ends after the load (a 1-in-24 failure on a loaded machine came from
+// queries of a thrashing backend all ending after the last bucket).
 func TestShortRun(t *testing.T) {
 	dir := t.TempDir()
 	base := Params{Duration: 3 * time.Second, Seed: 7, Servers: 2, Retry: RetryHonor, Scale: 0.25, Quiet: true}
-	sum := &Summary{Scenarios: map[string]*ScenarioResult{}}
+	sum := &Summary{Scenarios: map[string]*ScenarioResult{}, Ablation: map[string]map[string][]string{}}
 	for _, run := range []struct {
 		scenario string
 		configs  []string
+		duration time.Duration
+		ablation bool
 	}{
-		{"cascade", nil},              // all three configurations
-		{"goodput", []string{"full"}}, // one is enough to prove the sweep
-		{"accuracy", nil},
+		{"cascade", nil, 4 * time.Second, false},                        // all four configurations
+		{"goodput", []string{"full"}, 0, false},                         // one is enough to prove the sweep
+		{"uneven", []string{"static", "full"}, 2 * time.Second, false},  // the balancer's skew
+		{"elastic", []string{"static", "full"}, 2 * time.Second, false}, // a server killed, one started
+		{"capacity_drop", []string{"full"}, time.Second, true},          // the capacity changes; the ablation's runs
+		{"accuracy", nil, 0, false},
 	} {
 		p := base
-		p.Scenario, p.Configs = run.scenario, run.configs
+		p.Scenario, p.Configs, p.Ablation = run.scenario, run.configs, run.ablation
+		if run.duration > 0 {
+			p.Duration = run.duration
+		}
 		s, err := Run(context.Background(), p, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -37,13 +53,18 @@ func TestShortRun(t *testing.T) {
 		sum.Scenarios[run.scenario] = s.Scenarios[run.scenario]
 		sum.order = append(sum.order, run.scenario)
 		sum.Verdict = append(sum.Verdict, s.Verdict...)
+		for k, v := range s.Ablation {
+			sum.Ablation[k] = v
+		}
 	}
 	files, err := WriteOutputs(dir, sum)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 8 { // summary, cascade comparison + 3, goodput curves + 1, report
-		t.Errorf("wrote %d files, want 8: %v", len(files), files)
+	// summary, cascade comparison + 4, goodput curves + 1, uneven and
+	// elastic comparison + 2 each, capacity_drop comparison + 1, report
+	if len(files) != 17 {
+		t.Errorf("wrote %d files, want 17: %v", len(files), files)
 	}
 	for _, f := range files {
 		st, err := os.Stat(f)
@@ -69,7 +90,8 @@ func TestShortRun(t *testing.T) {
 			Accuracy       map[string]any            `json:"accuracy"`
 			ScheduleSHA256 string                    `json:"schedule_sha256"`
 		} `json:"scenarios"`
-		Verdict []map[string]any `json:"verdict"`
+		Verdict  []map[string]any               `json:"verdict"`
+		Ablation map[string]map[string][]string `json:"ablation"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		t.Fatal(err)
@@ -79,8 +101,9 @@ func TestShortRun(t *testing.T) {
 	}
 	wantCap := float64(systemFor(base).Capacity)
 	fields := []string{"offered", "admitted", "goodput", "backend_peak_concurrency", "backend_capacity", "backend_p99_ms",
-		"rejected_by_reason", "degraded_decisions", "recovery_seconds"}
-	for sc, cfgs := range map[string][]string{"cascade": {"none", "naive", "full"}, "goodput": {"full"}} {
+		"rejected_by_reason", "rejected_by_limiter", "degraded_decisions", "recovery_seconds"}
+	for sc, cfgs := range map[string][]string{"cascade": {"none", "naive", "static", "full"}, "goodput": {"full"},
+		"uneven": {"static", "full"}, "elastic": {"static", "full"}, "capacity_drop": {"full"}} {
 		s, ok := raw.Scenarios[sc]
 		if !ok {
 			t.Fatalf("summary has no scenario %q", sc)
@@ -120,6 +143,15 @@ func TestShortRun(t *testing.T) {
 			if _, ok := c["rejected_by_reason"].(map[string]any); !ok {
 				t.Errorf("%s/%s: rejected_by_reason is %T", sc, cfg, c["rejected_by_reason"])
 			}
+			byLimiter, ok := c["rejected_by_limiter"].(map[string]any)
+			if !ok {
+				t.Errorf("%s/%s: rejected_by_limiter is %T", sc, cfg, c["rejected_by_limiter"])
+			}
+			for block := range byLimiter {
+				if !slices.Contains(fullBlocks, block) {
+					t.Errorf("%s/%s: rejected_by_limiter names %q, not a block of the chain", sc, cfg, block)
+				}
+			}
 		}
 	}
 	acc := raw.Scenarios["accuracy"].Accuracy
@@ -136,13 +168,31 @@ func TestShortRun(t *testing.T) {
 	if len(raw.Verdict) == 0 {
 		t.Error("no verdict rows")
 	}
+	// The ablation ran the full chain without each block in turn.
+	ab := raw.Ablation["capacity_drop"]
+	for _, b := range fullBlocks {
+		if failed, ok := ab[b]; !ok || failed == nil {
+			t.Errorf("ablation of capacity_drop: no entry for %q: %v", b, ab)
+		}
+	}
+	if len(ab) != len(fullBlocks) {
+		t.Errorf("ablation of capacity_drop has %d entries, want %d: %v", len(ab), len(fullBlocks), ab)
+	}
+	// What is printed fits in 120 columns.
+	var out strings.Builder
+	PrintVerdict(&out, sum)
+	for i, line := range strings.Split(out.String(), "\n") {
+		if n := utf8.RuneCountInString(line); n > 120 {
+			t.Errorf("output line %d has %d columns: %q", i, n, line)
+		}
+	}
 }
 
 // TestScheduleIsReproducible: the same seed offers exactly the same load;
 // another seed does not.
 func TestScheduleIsReproducible(t *testing.T) {
 	sys := systemFor(Params{Scale: 1})
-	ph := cascadePhases(5*time.Second, sys)
+	ph := cascadePhases(5*time.Second, sys, 3)
 	a := BuildSchedule(42, ph, DefaultPopulation())
 	b := BuildSchedule(42, ph, DefaultPopulation())
 	c := BuildSchedule(43, ph, DefaultPopulation())

@@ -6,8 +6,13 @@
 // and replays a synthetic trace to measure the sliding window counter's
 // accuracy. See docs/loadtest.md.
 //
-//	go run ./loadtest                       # the cascade, ~75 s
+//	go run ./loadtest                       # the cascade, ~90 s
 //	go run ./loadtest -scenario all -out out # everything, with plots
+//
+// It exits 0 when every criterion passed, 3 when one failed, 2 on bad
+// flags and 1 on any other error. Through go run the shell sees 1 for any
+// of them (go run prints "exit status 3" and exits 1); build it to see the
+// status itself: go build -o /tmp/loadtest ./loadtest && /tmp/loadtest.
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 )
@@ -71,8 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	p := Params{Scale: 1}
-	fs.StringVar(&p.Scenario, "scenario", "cascade", "scenario to run: cascade, goodput, accuracy or all")
-	fs.DurationVar(&p.Duration, "duration", 0, "total load time of each scenario over all its configurations (0: cascade 75s, goodput 72s; accuracy replays 8× this in simulated time); every phase scales with it")
+	fs.StringVar(&p.Scenario, "scenario", "cascade", "scenario to run: "+strings.Join(scenarioNames, ", ")+" or all")
+	fs.DurationVar(&p.Duration, "duration", 0, "total load time of each scenario over all its configurations (0: cascade 90s, goodput 72s, uneven, elastic and capacity_drop 96s each; accuracy replays 8× this in simulated time); every phase scales with it")
 	fs.Uint64Var(&p.Seed, "seed", 1, "seed of the offered schedule: the same seed offers exactly the same load")
 	fs.IntVar(&p.Servers, "servers", 3, "number of API servers in the fleet")
 	fs.StringVar(&p.Out, "out", "", "directory for summary.json, PNG plots and report.html (empty: none)")
@@ -80,17 +86,20 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	retry := fs.String("retry", "honor", "how well-behaved clients retry: honor (Retry-After, under a retry budget) or naive (at once); abusive clients always retry naively")
 	fs.Float64Var(&p.Scale, "scale", 1, "multiplies the backend capacity and every offered rate (a smaller system for slow machines)")
 	fs.BoolVar(&p.Quiet, "quiet", false, "no progress bar")
-	configs := fs.String("configs", "none,naive,full", "configurations to compare (comma-separated subset of none, naive, full)")
+	configs := fs.String("configs", strings.Join(configNames, ","), "configurations to compare (comma-separated subset of "+strings.Join(configNames, ", ")+")")
+	fs.BoolVar(&p.Ablation, "ablation", false, "also run the full chain without each of its blocks in turn, in every scenario but goodput (adds 6 runs per scenario)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: go run ./loadtest [flags]\n\nExit status: 0 every criterion passed, 3 one failed, 2 bad flags, 1 other errors\n(go run turns any non-zero status into 1 and prints \"exit status N\").\n\nFlags:")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return p, err
 	}
 	if fs.NArg() > 0 {
 		return p, fmt.Errorf("loadtest: unexpected argument %q", fs.Arg(0))
 	}
-	switch p.Scenario {
-	case "cascade", "goodput", "accuracy", "all":
-	default:
-		return p, fmt.Errorf("loadtest: -scenario %q: want cascade, goodput, accuracy or all", p.Scenario)
+	if p.Scenario != "all" && !slices.Contains(scenarioNames, p.Scenario) {
+		return p, fmt.Errorf("loadtest: -scenario %q: want %s or all", p.Scenario, strings.Join(scenarioNames, ", "))
 	}
 	switch *retry {
 	case "honor":
@@ -102,11 +111,12 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	}
 	for _, c := range strings.Split(*configs, ",") {
 		switch c = strings.TrimSpace(c); c {
-		case "none", "naive", "full":
-			p.Configs = append(p.Configs, c)
 		case "":
 		default:
-			return p, fmt.Errorf("loadtest: -configs: unknown configuration %q (want none, naive, full)", c)
+			if !slices.Contains(configNames, c) {
+				return p, fmt.Errorf("loadtest: -configs: unknown configuration %q (want %s)", c, strings.Join(configNames, ", "))
+			}
+			p.Configs = append(p.Configs, c)
 		}
 	}
 	if len(p.Configs) == 0 {
@@ -129,8 +139,8 @@ func durationFor(p Params, scenario string) time.Duration {
 	if p.Duration > 0 {
 		return p.Duration
 	}
-	if scenario == "goodput" {
-		return 72 * time.Second
+	if s, ok := scenarioByName(scenario); ok {
+		return s.Default
 	}
-	return 75 * time.Second
+	return 90 * time.Second
 }

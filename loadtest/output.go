@@ -43,7 +43,7 @@ func WriteOutputs(dir string, s *Summary) ([]string, error) {
 			if err := plotComparison(sc, cmp); err != nil {
 				return files, err
 			}
-			figs = append(figs, figure{Scenario: name, Title: "the three configurations side by side", Path: cmp})
+			figs = append(figs, figure{Scenario: name, Title: "the configurations side by side", Path: cmp})
 		}
 		files = append(files, cmp)
 		for _, cn := range sc.Order {
@@ -84,12 +84,12 @@ pre{background:#f6f6f6;padding:1em;overflow:auto}
 <p>seed {{.S.Seed}}, {{.S.Servers}} servers, well-behaved clients retry: {{.S.Retry}}; Redis: {{.S.Redis}}; {{.S.GoVersion}}, {{.S.CPUs}} CPUs; started {{.S.Started.Format "2006-01-02 15:04:05 MST"}}</p>
 <h2>Verdict</h2>
 <table><tr><th>scenario</th><th>configuration</th><th>criterion</th><th>measured</th><th>result</th></tr>
-{{range .S.Verdict}}<tr><td>{{.Scenario}}</td><td class="l">{{.Configuration}}</td><td class="l">{{.Criterion}}</td><td class="l">{{.Measured}}</td><td class="{{if not .Pass}}FAIL{{else if .Info}}info{{else}}PASS{{end}}">{{if not .Pass}}FAIL{{else if .Info}}info{{else}}PASS{{end}}</td></tr>
+{{range .S.Verdict}}<tr><td>{{.Scenario}}</td><td class="l">{{.Configuration}}</td><td class="l">{{.Criterion}}</td><td class="l">{{.Measured}}</td><td class="{{if .Expected}}info{{else if not .Pass}}FAIL{{else if .Info}}info{{else}}PASS{{end}}">{{if .Expected}}{{if .Pass}}met (shown){{else}}missed (shown){{end}}{{else if not .Pass}}FAIL{{else if .Info}}info{{else}}PASS{{end}}</td></tr>
 {{end}}</table>
 {{range .Scenarios}}<h2>{{.Name}}</h2>
 {{if .Accuracy}}<pre>{{$.AccuracyText}}</pre>{{else}}
-<table><tr><th>configuration</th><th>phase</th><th>offered/s</th><th>admitted/s</th><th>goodput/s</th><th>backend peak</th><th>backend p99 ms</th><th>degraded/s</th><th>Critical p99 ms</th><th>Critical ok</th></tr>
-{{$scn := .}}{{range $cn := .Order}}{{with index $scn.Configurations $cn}}{{range .Phases}}<tr><td>{{$cn}}</td><td class="l">{{.Name}}</td><td>{{printf "%.0f" .OfferedRPS}}</td><td>{{printf "%.0f" .AdmittedRPS}}</td><td>{{printf "%.0f" .GoodputRPS}}</td><td>{{printf "%.0f" .BackendPeak}}</td><td>{{printf "%.0f" .BackendP99MS}}</td><td>{{printf "%.0f" .DegradedRPS}}</td><td>{{printf "%.0f" .CriticalP99MS}}</td><td>{{printf "%.1f%%" (pct .CriticalSuccess)}}</td></tr>
+<table><tr><th>configuration</th><th>phase</th><th>DB capacity</th><th>offered/s (incl. retries)</th><th>admitted/s</th><th>goodput/s</th><th>backend peak</th><th>backend p99 ms</th><th>degraded/s</th><th>Critical p99 ms</th><th>Critical ok</th></tr>
+{{$scn := .}}{{range $cn := .Order}}{{with index $scn.Configurations $cn}}{{range .Phases}}<tr><td>{{$cn}}</td><td class="l">{{.Name}}</td><td>{{.Capacity}}</td><td>{{printf "%.0f" .OfferedRPS}}</td><td>{{if eq $cn "none"}}–{{else}}{{printf "%.0f" .AdmittedRPS}}{{end}}</td><td>{{printf "%.0f" .GoodputRPS}}</td><td>{{printf "%.0f" .BackendPeak}}</td><td>{{if gt .BackendP99MS 0.0}}{{printf "%.0f" .BackendP99MS}}{{else}}–{{end}}</td><td>{{if eq $cn "none"}}–{{else}}{{printf "%.0f" .DegradedRPS}}{{end}}</td><td>{{if gt .CriticalP99MS 0.0}}{{printf "%.0f" .CriticalP99MS}}{{else}}–{{end}}</td><td>{{if gt .CriticalRequests 0}}{{printf "%.1f%%" (pct .CriticalSuccess)}}{{else}}–{{end}}</td></tr>
 {{end}}{{end}}{{end}}</table>{{end}}
 {{$sc := .Name}}{{range $.Figures}}{{if eq .Scenario $sc}}<h3>{{.Title}}</h3><img src="{{.Data}}" alt="{{.Title}}">{{end}}{{end}}
 {{end}}

@@ -22,9 +22,10 @@ var (
 	colDegraded = color.RGBA{R: 255, G: 127, B: 14, A: 255}
 	colPhase    = color.RGBA{R: 200, G: 200, B: 200, A: 255}
 	configCols  = map[string]color.Color{
-		"none":  color.RGBA{R: 214, G: 39, B: 40, A: 255},
-		"naive": color.RGBA{R: 255, G: 127, B: 14, A: 255},
-		"full":  color.RGBA{R: 44, G: 160, B: 44, A: 255},
+		"none":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
+		"naive":  color.RGBA{R: 255, G: 127, B: 14, A: 255},
+		"static": color.RGBA{R: 31, G: 119, B: 180, A: 255},
+		"full":   color.RGBA{R: 44, G: 160, B: 44, A: 255},
 	}
 )
 
@@ -107,6 +108,29 @@ func maxSeries(xs ...[]float64) float64 {
 	return m
 }
 
+// capacitySteps is the database's capacity over the run (scaled by per),
+// as a step line following the phases.
+func capacitySteps(phases []Phase, per float64) plotter.XYs {
+	var pts plotter.XYs
+	for _, ph := range phases {
+		v := float64(ph.Capacity) * per
+		pts = append(pts, plotter.XY{X: ph.StartSec, Y: v}, plotter.XY{X: ph.EndSec, Y: v})
+	}
+	return pts
+}
+
+// concAxisTop is the top of a concurrency axis: the data's peak, but at
+// most 3× the capacity, so that a configuration that stays near the
+// capacity is not flattened under one that ran away (the lines are cut
+// at the top, and the title says so).
+func concAxisTop(peak float64, capacity int) (top float64, cut bool) {
+	limit := 3 * float64(capacity)
+	if peak*1.1 > limit {
+		return limit, true
+	}
+	return max(peak, float64(capacity)) * 1.1, false
+}
+
 // plotConfiguration draws one configuration's time series as five stacked
 // panels: load, backend concurrency, latencies, degraded decisions and
 // breakers.
@@ -119,24 +143,45 @@ func plotConfiguration(sc *ScenarioResult, c *ConfigResult, path string) error {
 	load := newPlot(fmt.Sprintf("%s — %s: requests/s", sc.Name, c.Title), "req/s")
 	top := maxSeries(s.Offered, []float64{capRPS}) * 1.1
 	addPhases(load, sc.Phases, top, true)
-	addLine(load, "offered (with retries)", xy(x, s.Offered), colOffered, vg.Points(1), false)
+	addLine(load, "offered (incl. retries)", xy(x, s.Offered), colOffered, vg.Points(1), false)
 	addLine(load, "admitted", xy(x, s.Admitted), colAdmitted, vg.Points(1.5), false)
 	addLine(load, "goodput", xy(x, s.Goodput), colGoodput, vg.Points(2), false)
-	addLine(load, "backend capacity", plotter.XYs{{X: 0, Y: capRPS}, {X: end, Y: capRPS}}, colCapacity, vg.Points(1), true)
+	addLine(load, "backend capacity", capacitySteps(sc.Phases, capRPS/float64(c.BackendCapacity)), colCapacity, vg.Points(1), true)
 	load.Y.Min, load.Y.Max = 0, top
 
-	conc := newPlot("backend concurrency (peak per bucket)", "in flight")
-	ctop := maxSeries(s.BackendConc, []float64{float64(c.BackendCapacity)}) * 1.1
+	ctop, cut := concAxisTop(maxSeries(s.BackendConc), c.BackendCapacity)
+	title := "backend concurrency (peak per bucket)"
+	if cut {
+		title += "; axis cut at 3× capacity"
+	}
+	conc := newPlot(title, "in flight")
 	addPhases(conc, sc.Phases, ctop, false)
 	addLine(conc, "backend concurrency", xy(x, s.BackendConc), colAdmitted, vg.Points(1.5), false)
-	addLine(conc, "capacity", plotter.XYs{{X: 0, Y: float64(c.BackendCapacity)}, {X: end, Y: float64(c.BackendCapacity)}}, colCapacity, vg.Points(1), true)
+	addLine(conc, "capacity", capacitySteps(sc.Phases, 1), colCapacity, vg.Points(1), true)
 	conc.Y.Min, conc.Y.Max = 0, ctop
 
-	lat := newPlot("latency (ms)", "ms")
+	// Redis: the worst PING per bucket that was answered, and the buckets
+	// where a PING got no answer within the probe's timeout marked on top,
+	// so that slow (answers at 600 ms) and down (no answers) differ.
+	lat := newPlot("latency (ms); × = a Redis PING unanswered within 1 s", "ms")
 	ltop := maxSeries(s.BackendP99, s.RedisMS) * 1.1
 	addPhases(lat, sc.Phases, ltop, false)
 	addLine(lat, "backend p99", xy(x, s.BackendP99), colAdmitted, vg.Points(1.5), false)
-	addLine(lat, "Redis PING (worst per bucket)", xy(x, s.RedisMS), colRedis, vg.Points(1.5), false)
+	addLine(lat, "Redis PING (worst answered per bucket)", xy(x, s.RedisMS), colRedis, vg.Points(1.5), false)
+	var down plotter.XYs
+	for i, n := range s.RedisDown {
+		if n > 0 {
+			down = append(down, plotter.XY{X: x[i], Y: ltop * 0.95})
+		}
+	}
+	if len(down) > 0 {
+		if sp, err := plotter.NewScatter(down); err == nil {
+			sp.Color = colRedis
+			sp.Shape = draw.CrossGlyph{}
+			lat.Add(sp)
+			lat.Legend.Add("Redis PING unanswered", sp)
+		}
+	}
 	lat.Y.Min, lat.Y.Max = 0, ltop
 
 	deg := newPlot("degraded decisions and store errors", "per s")
@@ -170,7 +215,14 @@ func plotComparison(sc *ScenarioResult, path string) error {
 		ctop = max(ctop, maxSeries(c.Series.BackendConc, []float64{float64(c.BackendCapacity)}))
 	}
 	gtop *= 1.1
-	ctop *= 1.1
+	capacity := 0
+	if len(sc.Order) > 0 {
+		capacity = sc.Configurations[sc.Order[0]].BackendCapacity
+	}
+	ctop, cut := concAxisTop(ctop, capacity)
+	if cut {
+		conc.Title.Text += " (axis cut at 3× capacity)"
+	}
 	addPhases(good, sc.Phases, gtop, true)
 	addPhases(conc, sc.Phases, ctop, false)
 	for _, name := range sc.Order {
@@ -181,8 +233,8 @@ func plotComparison(sc *ScenarioResult, path string) error {
 	}
 	if len(sc.Order) > 0 {
 		c := sc.Configurations[sc.Order[0]]
-		addLine(good, "capacity", plotter.XYs{{X: 0, Y: c.BackendCapacityRPS}, {X: sc.DurationSeconds, Y: c.BackendCapacityRPS}}, color.Black, vg.Points(1), true)
-		addLine(conc, "capacity", plotter.XYs{{X: 0, Y: float64(c.BackendCapacity)}, {X: sc.DurationSeconds, Y: float64(c.BackendCapacity)}}, color.Black, vg.Points(1), true)
+		addLine(good, "capacity", capacitySteps(sc.Phases, c.BackendCapacityRPS/float64(c.BackendCapacity)), color.Black, vg.Points(1), true)
+		addLine(conc, "capacity", capacitySteps(sc.Phases, 1), color.Black, vg.Points(1), true)
 	}
 	good.Y.Min, good.Y.Max = 0, gtop
 	conc.Y.Min, conc.Y.Max = 0, ctop

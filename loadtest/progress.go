@@ -18,15 +18,17 @@ type Progress struct {
 	mu    sync.Mutex
 	w     io.Writer
 	tty   bool
-	total time.Duration // planned load time of the whole scenario
+	total time.Duration // planned load time of everything the run does
 	done  time.Duration // finished configurations
 	last  string
+	start time.Time // wall clock at the start
+	label string    // last configuration shown
 }
 
 // NewProgress returns a progress bar for total planned load time on w
 // (nil: silent).
 func NewProgress(w io.Writer, total time.Duration) *Progress {
-	p := &Progress{w: w, total: total}
+	p := &Progress{w: w, total: total, start: time.Now()}
 	if f, ok := w.(*os.File); ok {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			p.tty = true
@@ -42,20 +44,37 @@ func (p *Progress) Update(label, phase string, elapsed time.Duration) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	frac := 0.0
+	p.label = label
+	p.draw(label, phase, p.done+elapsed, false)
+}
+
+// draw shows the bar for load time at out of the total; called with p.mu
+// held. The time left is the load time left, scaled by how much longer
+// than its load time the run has taken so far (start-up, draining).
+func (p *Progress) draw(label, phase string, at time.Duration, final bool) {
+	frac := 1.0
 	if p.total > 0 {
-		frac = min(1, float64(p.done+elapsed)/float64(p.total))
+		frac = min(1, float64(at)/float64(p.total))
 	}
 	const width = 30
 	n := int(frac * width)
 	bar := strings.Repeat("█", n) + strings.Repeat("░", width-n)
-	line := fmt.Sprintf("%s %3.0f%% %-28s %s", bar, frac*100, label, phase)
+	wall := time.Since(p.start)
+	eta := ""
+	switch {
+	case final:
+		eta = "done in " + wall.Round(time.Second).String()
+	case at > 0:
+		left := time.Duration(float64(p.total-at) * float64(wall) / float64(at))
+		eta = "~" + left.Round(time.Second).String() + " left"
+	}
+	line := fmt.Sprintf("%s %3.0f%% %-14s %-30s %s", bar, frac*100, eta, label, phase)
 	if p.tty {
 		fmt.Fprintf(p.w, "\r%s\033[K", line)
 		return
 	}
 	key := label + "/" + phase
-	if key != p.last {
+	if key != p.last || final {
 		p.last = key
 		fmt.Fprintln(p.w, line)
 	}
@@ -71,11 +90,14 @@ func (p *Progress) Finish(d time.Duration) {
 	p.mu.Unlock()
 }
 
-// Close ends the bar's line.
+// Close draws the bar at 100% and ends its line.
 func (p *Progress) Close() {
 	if p == nil || p.w == nil {
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.draw(p.label, "", p.done, true)
 	if p.tty {
 		fmt.Fprintln(p.w)
 	}

@@ -14,9 +14,10 @@ import (
 // method is safe for concurrent use and cheap (atomics; two short slices
 // under a mutex for the latency percentiles).
 type Recorder struct {
-	start   time.Time
-	width   time.Duration
-	buckets []bucket
+	start     time.Time
+	width     time.Duration
+	buckets   []bucket
+	byLimiter sync.Map // Decision.Limiter of a denial → *atomic.Int64
 }
 
 type bucket struct {
@@ -51,8 +52,11 @@ func NewRecorder(width time.Duration, n int) *Recorder {
 // Restart moves the origin to now (the moment the load starts).
 func (r *Recorder) Restart() { r.start = time.Now() }
 
-func (r *Recorder) b() *bucket {
-	i := int(time.Since(r.start) / r.width)
+func (r *Recorder) b() *bucket { return r.at(time.Now()) }
+
+// at returns the bucket of time t.
+func (r *Recorder) at(t time.Time) *bucket {
+	i := int(t.Sub(r.start) / r.width)
 	if i < 0 {
 		i = 0
 	}
@@ -98,6 +102,25 @@ func (r *Recorder) Decision(d spillway.Decision, err error) {
 		return
 	}
 	b.rejected[int(d.Reason)%len(b.rejected)].Add(1)
+	name := d.Limiter
+	if name == "" {
+		name = "unnamed"
+	}
+	v, ok := r.byLimiter.Load(name)
+	if !ok {
+		v, _ = r.byLimiter.LoadOrStore(name, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Add(1)
+}
+
+// RejectedByLimiter returns the denials per deciding block so far.
+func (r *Recorder) RejectedByLimiter() map[string]int64 {
+	out := map[string]int64{}
+	r.byLimiter.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
 }
 
 // FailOpen counts a request the middleware served although the chain
@@ -132,9 +155,11 @@ func (r *Recorder) Critical(ok bool, lat time.Duration) {
 // BackendStart records that a query started with n in flight.
 func (r *Recorder) BackendStart(n int64) { storeMax(&r.b().backendMax, n) }
 
-// BackendDone records a finished query.
-func (r *Recorder) BackendDone(lat time.Duration, ok bool) {
-	b := r.b()
+// BackendDone records a finished query that started at start, in the
+// bucket where it started: a query sent during the load counts, however
+// late it ends.
+func (r *Recorder) BackendDone(start time.Time, lat time.Duration, ok bool) {
+	b := r.at(start)
 	if ok {
 		b.backendOK.Add(1)
 	} else {
@@ -152,6 +177,7 @@ func (r *Recorder) RedisProbe(lat time.Duration, ok bool) {
 	b := r.b()
 	if !ok {
 		b.redisFail.Add(1)
+		return
 	}
 	storeMax(&b.redisMaxUS, lat.Microseconds())
 }
@@ -170,7 +196,7 @@ type Series struct {
 	Goodput        []float64            `json:"goodput_rps"`  // 200 answers within the client timeout /s
 	BackendConc    []float64            `json:"backend_concurrency"`
 	BackendP99     []float64            `json:"backend_p99_ms"`
-	RedisMS        []float64            `json:"redis_latency_ms"` // worst probe in the bucket
+	RedisMS        []float64            `json:"redis_latency_ms"` // worst answered probe in the bucket
 	RedisDown      []float64            `json:"redis_probe_failures"`
 	BreakersOpen   []float64            `json:"breakers_open"`
 	Degraded       []float64            `json:"degraded_rps"`

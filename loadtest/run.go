@@ -24,6 +24,9 @@ type Params struct {
 	Scale   float64
 	Quiet   bool
 	Configs []string // configurations to run, by name; empty: all
+	// Ablation also runs, in every scenario but goodput, the full chain
+	// without each of its blocks in turn.
+	Ablation bool
 }
 
 // System is the simulated system's shape, derived from Params.
@@ -50,14 +53,15 @@ func systemFor(p Params) System {
 func (s System) capacityRPS() float64 { return float64(s.Capacity) / s.Service.Seconds() }
 
 func (s System) newBackend(rec *Recorder) *Backend {
-	return &Backend{
-		Capacity:         s.Capacity,
+	b := &Backend{
 		Service:          s.Service,
 		Thrash:           1,
 		MaxConns:         s.Capacity * 16,
 		StatementTimeout: 2 * time.Second,
 		rec:              rec,
 	}
+	b.SetCapacity(s.Capacity)
+	return b
 }
 
 // Env is what a configuration builds its servers' chains from.
@@ -77,16 +81,18 @@ type ServerChain struct {
 
 // Configuration is one of the systems a scenario compares.
 type Configuration struct {
-	Name  string
-	Title string
-	Build func(env *Env, server int) (ServerChain, error)
+	Name    string
+	Title   string
+	Build   func(env *Env, server int) (ServerChain, error)
+	removed string // ablation: the block the full chain runs without
 }
 
 // ConfigResult is one configuration's outcome in one scenario.
 type ConfigResult struct {
 	Name                   string           `json:"name"`
 	Title                  string           `json:"title"`
-	Offered                int64            `json:"offered"` // attempts sent, retries included
+	Offered                int64            `json:"offered"`                 // attempts sent, retries included
+	Removed                string           `json:"removed_block,omitempty"` // ablation: the block left out of the full chain
 	OfferedLogical         int64            `json:"offered_logical"`
 	Retries                int64            `json:"retries"`
 	Admitted               int64            `json:"admitted"`
@@ -97,6 +103,7 @@ type ConfigResult struct {
 	BackendCapacityRPS     float64          `json:"backend_capacity_rps"`
 	BackendP99MS           float64          `json:"backend_p99_ms"`
 	RejectedByReason       map[string]int64 `json:"rejected_by_reason"`
+	RejectedByLimiter      map[string]int64 `json:"rejected_by_limiter"` // the block that denied → denials
 	DegradedDecisions      int64            `json:"degraded_decisions"`
 	StoreErrors            int64            `json:"store_errors"`
 	RecoverySeconds        *float64         `json:"recovery_seconds"` // null: did not recover (or no recovery phase)
@@ -112,15 +119,17 @@ type ConfigResult struct {
 
 // PhaseResult is a configuration's figures over one phase.
 type PhaseResult struct {
-	Name            string  `json:"name"`
-	OfferedRPS      float64 `json:"offered_rps"`
-	AdmittedRPS     float64 `json:"admitted_rps"`
-	GoodputRPS      float64 `json:"goodput_rps"`
-	BackendPeak     float64 `json:"backend_peak_concurrency"`
-	BackendP99MS    float64 `json:"backend_p99_ms"`
-	DegradedRPS     float64 `json:"degraded_rps"`
-	CriticalP99MS   float64 `json:"critical_p99_ms"`
-	CriticalSuccess float64 `json:"critical_success"`
+	Name             string  `json:"name"`
+	Capacity         int     `json:"db_capacity"`
+	OfferedRPS       float64 `json:"offered_rps"`
+	AdmittedRPS      float64 `json:"admitted_rps"`
+	GoodputRPS       float64 `json:"goodput_rps"`
+	BackendPeak      float64 `json:"backend_peak_concurrency"`
+	BackendP99MS     float64 `json:"backend_p99_ms"`
+	DegradedRPS      float64 `json:"degraded_rps"`
+	CriticalP99MS    float64 `json:"critical_p99_ms"`
+	CriticalSuccess  float64 `json:"critical_success"`
+	CriticalRequests int64   `json:"critical_requests"`
 }
 
 func bucketWidth(total time.Duration) time.Duration {
@@ -141,10 +150,14 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 	db := env.System.newBackend(rec)
 
 	var (
-		servers []*APIServer
+		mu      sync.Mutex
+		servers []*APIServer // every server started, dead ones included
 		chains  []ServerChain
+		live    []int // indexes of the live servers, in join order
 	)
 	cleanup := func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, s := range servers {
 			s.Close()
 		}
@@ -154,25 +167,69 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 			}
 		}
 	}
-	for i := 0; i < env.Servers; i++ {
+	start1 := func() error {
+		i := len(servers)
 		c, err := cfg.Build(env, i)
 		if err != nil {
-			cleanup()
-			return nil, fmt.Errorf("loadtest: %s: server %d: %w", cfg.Name, i, err)
+			return fmt.Errorf("loadtest: %s: server %d: %w", cfg.Name, i, err)
 		}
-		chains = append(chains, c)
 		s, err := StartAPIServer(c.Limiter, db, rec)
 		if err != nil {
+			if c.Close != nil {
+				c.Close()
+			}
+			return err
+		}
+		mu.Lock()
+		chains = append(chains, c)
+		servers = append(servers, s)
+		live = append(live, i)
+		mu.Unlock()
+		return nil
+	}
+	urlsOf := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, i := range live {
+			out = append(out, servers[i].URL)
+		}
+		return out
+	}
+	for i := 0; i < env.Servers; i++ {
+		if err := start1(); err != nil {
 			cleanup()
 			return nil, err
 		}
-		servers = append(servers, s)
 	}
-	urls := make([]string, len(servers))
-	for i, s := range servers {
-		urls[i] = s.URL
+	clients := NewClients(urlsOf(), pop.Clients(), env.System.ClientTimeout, p.Retry, rec)
+	// setLive kills the oldest live servers or starts new ones until n
+	// live. A killed server stops at once: its connections close, its
+	// requests in flight fail, and its chain is not closed (a crash: its
+	// fleet report stays until its TTL).
+	setLive := func(n int) error {
+		for {
+			mu.Lock()
+			cur := len(live)
+			mu.Unlock()
+			switch {
+			case cur > n:
+				mu.Lock()
+				dead := servers[live[0]]
+				live = live[1:]
+				mu.Unlock()
+				clients.SetServers(urlsOf())
+				dead.Kill()
+			case cur < n:
+				if err := start1(); err != nil {
+					return err
+				}
+				clients.SetServers(urlsOf())
+			default:
+				return nil
+			}
+		}
 	}
-	clients := NewClients(urls, pop.Clients(), env.System.ClientTimeout, p.Retry, rec)
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -193,11 +250,13 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 			case <-t.C:
 			}
 			open := 0
-			for _, c := range chains {
-				if c.BreakerOpen != nil && c.BreakerOpen() {
+			mu.Lock()
+			for _, i := range live {
+				if c := chains[i]; c.BreakerOpen != nil && c.BreakerOpen() {
 					open++
 				}
 			}
+			mu.Unlock()
 			rec.Breakers(open)
 			el := time.Since(start)
 			for ph < len(phases)-1 && el >= phases[ph].End() {
@@ -207,7 +266,9 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 		}
 	}()
 
-	// Phase changes: the Redis condition follows the phase.
+	// Phase changes: Redis, the database's capacity, the live servers and
+	// the balancer follow the phase.
+	var phaseErr error
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
@@ -216,6 +277,13 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 				return
 			}
 			env.Redis.Set(ph.Redis)
+			db.SetCapacity(ph.Capacity)
+			clients.SetHotShare(ph.HotShare)
+			if err := setLive(ph.Servers); err != nil {
+				phaseErr = err
+				stop()
+				return
+			}
 		}
 	}()
 
@@ -244,8 +312,12 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if phaseErr != nil {
+		return nil, phaseErr
+	}
 	prog.Finish(total)
 	r := summarize(cfg, env.System, rec.Snapshot(nLoad), phases)
+	r.RejectedByLimiter = rec.RejectedByLimiter()
 	r.DispatchLagP99MS = percentile(lateness, 0.99)
 	return r, nil
 }
@@ -279,7 +351,7 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		GoodputRPS:         mean(s.Goodput, 0, n),
 		BackendCapacity:    sys.Capacity,
 		BackendCapacityRPS: sys.capacityRPS(),
-		BackendP99MS:       s.backendP99(0, n),
+		BackendP99MS:       s.backendP99(0, len(s.backendLat)),
 		RejectedByReason:   s.totalsRejected,
 		DegradedDecisions:  s.count(s.Degraded, 0, n),
 		StoreErrors:        s.count(s.StoreErrors, 0, n),
@@ -300,6 +372,7 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		i, j := s.window(ph.Start, ph.End())
 		pr := PhaseResult{
 			Name:          ph.Name,
+			Capacity:      ph.Capacity,
 			OfferedRPS:    mean(s.Offered, i, j),
 			AdmittedRPS:   mean(s.Admitted, i, j),
 			GoodputRPS:    mean(s.Goodput, i, j),
@@ -316,16 +389,27 @@ func summarize(cfg Configuration, sys System, s *Series, phases []Phase) *Config
 		if ok+fail > 0 {
 			pr.CriticalSuccess = ok / (ok + fail)
 		}
+		pr.CriticalRequests = int64(ok + fail)
 		r.Phases = append(r.Phases, pr)
 	}
+	return r
+}
+
+// setRecovery measures recovery from the start of the phase named
+// recoveryPhase back to the goodput of the phase named before.
+func (r *ConfigResult) setRecovery(s *Series, phases []Phase, before, recoveryPhase string, sys System) {
+	var b float64
 	for k, ph := range phases {
-		if ph.Name == "recovery" && k >= 3 {
-			// The phase before the fault: the spike, Redis healthy.
-			before := r.Phases[k-3].GoodputRPS
-			r.RecoverySeconds = recovery(s, ph.Start, before, sys.capacityRPS())
+		if ph.Name == before {
+			b = r.Phases[k].GoodputRPS
 		}
 	}
-	return r
+	for _, ph := range phases {
+		if ph.Name == recoveryPhase {
+			capRPS := float64(ph.Capacity) / sys.Service.Seconds()
+			r.RecoverySeconds = recovery(s, ph.Start, min(b, capRPS), capRPS)
+		}
+	}
 }
 
 // recovery returns how long after from the system was back, for good, to

@@ -18,6 +18,9 @@ type Phase struct {
 	Length   time.Duration `json:"-"`
 	Rate     float64       `json:"offered_rps"` // logical requests per second
 	Redis    string        `json:"redis"`       // "healthy", "slow", "down"
+	Capacity int           `json:"db_capacity"` // the database's capacity in this phase
+	Servers  int           `json:"servers"`     // live API servers
+	HotShare float64       `json:"hot_share"`   // share of the traffic sent to one server; 0: round robin
 	StartSec float64       `json:"start_s"`
 	EndSec   float64       `json:"end_s"`
 }

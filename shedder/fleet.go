@@ -29,17 +29,28 @@ import (
 // Each server counts its own in-flight work per priority and, about every
 // interval (default 100ms), reports it to Redis and reads back the fleet's
 // sum in one script call (lua.ShedderFleet). Admit decides locally, with no
-// Redis round trip, on the fleet sum from the last refresh plus this
-// server's change since then counted once per live server — the other
-// servers are assumed to change alike, so n servers deciding on one stale
-// sum do not overshoot the headroom n times. A server that
+// Redis round trip, on the fleet sum from the last refresh and this
+// server's measured share of it. Between refreshes a server may grow its
+// own in-flight work by its share of the headroom the last refresh showed
+// (threshold − fleet usage), rounded to whole units at random once per
+// refresh so that the fleet does not stop short of the threshold; the
+// share is its reported usage plus an even
+// part, (own + capacity/n) / (fleet + capacity), so the shares of n
+// servers that saw the same sum add up to one and a server that carries
+// most of the traffic gets most of the headroom, instead of every server
+// assuming the others change as it does. A server may always reuse what
+// its own finished work freed. The bound this keeps: servers that
+// refreshed on the same sum exceed a threshold together by less than one
+// unit each (the rounding); with refreshes staggered by up to one
+// interval, by at most the headroom handed out in that interval besides,
+// which is nothing once usage has stood at the threshold for an interval. A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
 // When the last successful refresh is older than the stale limit (default
 // 1s) — Redis down or slow — the Fleet decides on its own counts against
-// its share of the capacity (capacity divided by the servers it last saw,
-// or WithLocalShare of it if it never saw any) and marks decisions
+// its share of the capacity (its measured share at the last refresh, as
+// above, or WithLocalShare if it never refreshed) and marks decisions
 // Degraded. Admit never returns an error.
 //
 // Allowed decisions carry Limit 0, so a chain's headers keep reporting the
@@ -148,7 +159,7 @@ func (f *Fleet) ServerID() string { return f.o.serverID }
 // never waits on Redis. A malformed (or nil) request is denied with
 // spillway.ReasonInvalid.
 func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
 	}
 	now := f.o.now().UnixNano()
@@ -161,9 +172,9 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 	}
 	limit, degraded := f.limitFor(p, now)
 	own := f.localTotal.Add(c)
-	if usage := f.estimate(own, degraded); usage > limit {
+	if !f.fits(own, limit, degraded) {
 		f.localTotal.Add(-c)
-		rem := max(limit-f.estimate(own-c, degraded), 0)
+		rem := max(int64(math.Floor(float64(limit)-f.estimate(own-c, degraded)+1e-9)), 0)
 		return spillway.Decision{
 			Reason:     spillway.ReasonShed,
 			Limiter:    f.o.name,
@@ -199,8 +210,8 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 	ok := f.lastOK.Load()
 	degraded = ok == 0 || now-ok > int64(f.o.staleAfter)
 	if degraded {
-		if n := f.servers.Load(); n > 0 {
-			capacity /= float64(n)
+		if v := f.view.Load(); v != nil && v.servers > 0 {
+			capacity *= f.share(v)
 		} else {
 			capacity *= f.o.localShare
 		}
@@ -282,7 +293,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		f.setLastErr(err)
 		return err
 	}
-	v := &fleetView{servers: res[4]}
+	v := &fleetView{servers: res[4], round: f.o.rand()}
 	for p := range sent {
 		v.byPrio[p] = res[p]
 		v.sum += res[p]
@@ -305,6 +316,7 @@ type fleetView struct {
 	sent    int64 // this server's report
 	servers int64
 	byPrio  [spillway.NumPriorities]int64 // the fleet's in-flight cost per priority
+	round   float64                       // uniform in [0, 1): rounds this interval's grant
 }
 
 func (f *Fleet) setLastErr(err error) {
@@ -313,18 +325,66 @@ func (f *Fleet) setLastErr(err error) {
 	f.errMu.Unlock()
 }
 
-// estimate returns the fleet usage given this server's in-flight cost
-// own. Between refreshes it assumes the other servers change as this one
-// does, so it counts this server's change since its report once per
-// server: n servers admitting into one stale picture of the headroom would
-// otherwise overshoot it n times.
-func (f *Fleet) estimate(own int64, degraded bool) int64 {
+// fits reports whether this server's in-flight cost own keeps the fleet
+// within limit. Degraded (or before the first refresh), own is compared
+// with limit, already this server's share. Otherwise own may exceed the
+// last report by the server's share of the headroom, rounded to a whole
+// unit at random once per refresh (floor(share·headroom + r), r uniform
+// in [0, 1)): rounded down, three servers that each had 0.9 of a unit
+// would leave 2.7 units idle for good; rounded at random, the fleet
+// reaches the threshold on average and exceeds it by less than one unit
+// per server at worst.
+func (f *Fleet) fits(own, limit int64, degraded bool) bool {
 	v := f.view.Load()
 	if degraded || v == nil {
-		return own
+		return own <= limit
 	}
-	n := max(v.servers, 1)
-	return max(v.sum+n*(own-v.sent), own, 0)
+	grant := math.Floor(f.share(v)*float64(limit-v.sum) + v.round)
+	return float64(own-v.sent) <= grant
+}
+
+// Allowance returns the in-flight cost this server may hold now, its
+// work in flight included, before work of priority p is shed: its last
+// report plus its share of the headroom (see Fleet), or its share of the
+// threshold when degraded. A server's own pool can follow it (a
+// shedder.Queue's SetSlots, say), so that work waits for a slot of the
+// fleet's capacity rather than being turned away while a slot comes free.
+// For CriticalPlus, which is never shed by default, it is a very large
+// number.
+func (f *Fleet) Allowance(p spillway.Priority) int64 {
+	if p < 0 || int(p) >= spillway.NumPriorities {
+		return 0
+	}
+	limit, degraded := f.limitFor(p, f.o.now().UnixNano())
+	v := f.view.Load()
+	if degraded || v == nil || limit >= math.MaxInt64/2 {
+		return limit
+	}
+	return max(0, v.sent+int64(math.Floor(f.share(v)*float64(limit-v.sum)+v.round)))
+}
+
+// share returns this server's share of the fleet at view v: its reported
+// usage plus an even part of the capacity, over the fleet's usage plus the
+// capacity. The shares of servers that saw the same sum add up to one; an
+// idle fleet splits evenly, a busy one by measured usage (half and half at
+// full use), so a server that joins still gets a part.
+func (f *Fleet) share(v *fleetView) float64 {
+	n := float64(max(v.servers, 1))
+	c := float64(f.capacity)
+	return (float64(max(v.sent, 0)) + c/n) / (float64(max(v.sum, 0)) + c)
+}
+
+// estimate returns the fleet usage as this server sees it given its own
+// in-flight cost own: the fleet at the last refresh plus this server's
+// change since, divided by its share. A server that has used its share
+// of the headroom (threshold − fleet) sees the fleet at the threshold.
+// Degraded, or before the first refresh, it is own alone.
+func (f *Fleet) estimate(own int64, degraded bool) float64 {
+	v := f.view.Load()
+	if degraded || v == nil {
+		return float64(own)
+	}
+	return max(float64(v.sum)+float64(own-v.sent)/f.share(v), float64(own), 0)
 }
 
 // FleetStats is a snapshot of a Fleet's view.
@@ -334,10 +394,13 @@ type FleetStats struct {
 	Fleet [spillway.NumPriorities]int64
 	// Local is this server's in-flight cost per priority now.
 	Local [spillway.NumPriorities]int64
-	// Usage is the estimate Admit uses: the fleet at the last refresh
-	// plus this server's change since, counted once per server (only this
-	// server's own work when Degraded).
+	// Usage is the estimate Admit uses, rounded up: the fleet at the last
+	// refresh plus this server's change since divided by its share (only
+	// this server's own work when Degraded).
 	Usage int64
+	// Share is this server's share of the fleet at the last refresh (see
+	// Fleet), 0 before the first.
+	Share float64
 	// Servers is the number of live servers at the last refresh.
 	Servers int64
 	// Degraded reports that the estimate is stale and decisions use local
@@ -360,7 +423,10 @@ func (f *Fleet) Stats() FleetStats {
 		s.Local[p] = f.local[p].Load()
 	}
 	_, degraded := f.limitFor(spillway.Critical, f.o.now().UnixNano())
-	s.Usage = f.estimate(f.localTotal.Load(), degraded)
+	s.Usage = int64(math.Ceil(f.estimate(f.localTotal.Load(), degraded) - 1e-9))
+	if v := f.view.Load(); v != nil {
+		s.Share = f.share(v)
+	}
 	s.Servers = f.servers.Load()
 	s.Degraded = degraded
 	return s

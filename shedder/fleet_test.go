@@ -18,7 +18,8 @@ func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeCl
 	t.Helper()
 	opts = append([]shedder.Option{
 		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
-		shedder.WithTimeout(2 * time.Second), // a loaded CI box, not a budget under test
+		shedder.WithRand(func() float64 { return 0 }), // grants rounded down
+		shedder.WithTimeout(2 * time.Second),          // a loaded CI box, not a budget under test
 	}, opts...)
 	f, err := shedder.NewFleet(client, "api", 100, opts...)
 	if err != nil {
@@ -81,8 +82,8 @@ func TestFleetSharedUsage(t *testing.T) {
 	}
 	refresh(t, a, b, c, a, b)
 
-	// Between refreshes a server counts its own change once per live
-	// server (3 here): it assumes the others admit alike.
+	// Between refreshes a server may add its share of the headroom: on an
+	// idle fleet a third each, so it sees the fleet at 3× its change.
 	aDones := runFleet(t, a, []fleetStep{{spillway.Critical, 30, true, 0}}) // 0 + 3·30 = 90 <= 100
 	runFleet(t, b, []fleetStep{
 		{spillway.SheddablePlus, 10, true, 0},   // 30
@@ -93,18 +94,20 @@ func TestFleetSharedUsage(t *testing.T) {
 	if s := c.Stats(); s.Usage != 50 || s.Servers != 3 || s.Fleet != [4]int64{0, 20, 30, 0} || s.Degraded {
 		t.Fatalf("c's view %+v, want usage 50 of 3 servers", s)
 	}
+	// c's share of the fleet is (0 + 100/3) / (50 + 100) = 2/9: it may
+	// add 2/9 of the headroom, and sees the fleet at 50 + 4.5·its change.
 	runFleet(t, c, []fleetStep{
-		{spillway.Sheddable, 10, true, 0},     // 50 + 3·10 = 80: at the non-critical threshold
-		{spillway.Sheddable, 1, false, 0},     // 83 > 80
-		{spillway.SheddablePlus, 1, false, 0}, // the same threshold
-		{spillway.Critical, 7, false, 20},     // 101 > 100: 20 left below 100
-		{spillway.Critical, 6, true, 0},       // 98
-		{spillway.Critical, 1, false, 2},      // 101
+		{spillway.Sheddable, 6, true, 0},      // 50 + 4.5·6 = 77
+		{spillway.Sheddable, 1, false, 3},     // 81.5 > 80; 3 left below 80
+		{spillway.SheddablePlus, 1, false, 3}, // the same threshold
+		{spillway.Critical, 6, false, 23},     // 104 > 100: 23 left below 100
+		{spillway.Critical, 5, true, 0},       // 99.5
+		{spillway.Critical, 1, false, 0},      // 104
 		{spillway.CriticalPlus, 500, true, 0}, // never shed
 	})
 	refresh(t, c, a)
-	if s := a.Stats(); s.Usage != 566 || s.Fleet != [4]int64{10, 20, 36, 500} {
-		t.Fatalf("a's view %+v, want usage 566", s)
+	if s := a.Stats(); s.Usage != 561 || s.Fleet != [4]int64{6, 20, 35, 500} {
+		t.Fatalf("a's view %+v, want usage 561", s)
 	}
 	runFleet(t, a, []fleetStep{{spillway.Sheddable, 1, false, 0}, {spillway.Critical, 1, false, 0}})
 	// Dearer than the threshold of the whole capacity: never admissible.
@@ -125,7 +128,7 @@ func TestFleetSharedUsage(t *testing.T) {
 	refresh(t, a, c)
 	clk.Advance(time.Second + time.Millisecond)
 	refresh(t, c, a)
-	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{10, 0, 36, 500} {
+	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{6, 0, 35, 500} {
 		t.Fatalf("after b's ttl: %+v, want b reaped", s)
 	}
 	// c leaves: its 516 stop counting at once.
@@ -167,6 +170,78 @@ func TestFleetSharedUsage(t *testing.T) {
 	if n, _ := client.Exists(ctx, ks...).Result(); n != 0 {
 		t.Fatalf("%d keys left after the last server left", n)
 	}
+}
+
+// On an uneven fleet the server carrying most of the work gets most of
+// the headroom, by measured usage, and its Critical work keeps the
+// reserve: the shares of the three servers add up to the headroom, so
+// together they stay within the thresholds. (Assuming an even spread, the
+// hot server would see the fleet change three times as fast as it does
+// and shed its Sheddable work at 73 of 80.)
+func TestFleetUnevenShares(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	a, b, c := newFleet(t, client, "a", clk), newFleet(t, client, "b", clk), newFleet(t, client, "c", clk)
+	refresh(t, a, b, c)
+	runFleet(t, a, []fleetStep{{spillway.SheddablePlus, 40, true, 0}, {spillway.Critical, 20, true, 0}})
+	runFleet(t, b, []fleetStep{{spillway.Critical, 5, true, 0}})
+	runFleet(t, c, []fleetStep{{spillway.Critical, 5, true, 0}})
+	refresh(t, a, b, c, a, b) // everyone sees 70 in flight: a 60, b 5, c 5
+	// Shares: a (60 + 100/3) / 170 = 0.549, b and c 0.225 each.
+	if s := a.Stats(); s.Usage != 70 || s.Share < 0.548 || s.Share > 0.55 {
+		t.Fatalf("a's view %+v, want usage 70 and share 0.549", s)
+	}
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 5, true, 0},  // 70 + 5/0.549 = 79.1 <= 80
+		{spillway.Sheddable, 1, false, 0}, // 80.9 > 80
+		{spillway.Critical, 11, true, 0},  // 70 + 16/0.549 = 99.1: Critical keeps its reserve
+		{spillway.Critical, 1, false, 0},  // 100.9 > 100
+	})
+	runFleet(t, b, []fleetStep{
+		{spillway.Sheddable, 2, true, 0},  // 70 + 2/0.225 = 78.9
+		{spillway.Sheddable, 1, false, 1}, // 83.3
+		{spillway.Critical, 4, true, 0},   // 96.7
+		{spillway.Critical, 1, false, 3},  // 101.1
+	})
+	dones := runFleet(t, c, []fleetStep{{spillway.Sheddable, 2, true, 0}, {spillway.Critical, 4, true, 0}})
+	refresh(t, a, b, c)
+	// All three used their shares: the fleet is at 98, within 100, and
+	// the non-critical part within 80.
+	if s := c.Stats(); s.Usage != 98 || s.Fleet[0] != 9 {
+		t.Fatalf("c's view %+v, want 98 in flight, 9 of them Sheddable", s)
+	}
+	// Work that ends frees room for its own server at once.
+	dones[1](spillway.Success)
+	runFleet(t, c, []fleetStep{{spillway.Critical, 4, true, 0}})
+}
+
+// A share of the headroom is rounded to whole units at random once per
+// refresh: rounded down, three servers with 2/3 of a unit each would leave
+// the last 2 units of the threshold idle for good.
+func TestFleetRoundsGrantsAtRandom(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	r := 0.0
+	rnd := shedder.WithRand(func() float64 { return r })
+	fs := []*shedder.Fleet{newFleet(t, client, "a", clk, rnd), newFleet(t, client, "b", clk, rnd), newFleet(t, client, "c", clk, rnd)}
+	refresh(t, fs...)
+	for _, f := range fs {
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 26, true, 0}})
+	}
+	refresh(t, append(fs, fs...)...) // 78 of the 80 for Sheddable work: 2/3 of a unit each
+	runFleet(t, fs[0], []fleetStep{{spillway.Sheddable, 1, false, 2}})
+	r = 0.5 // floor(2/3 + 0.5) = 1
+	refresh(t, append(fs, fs...)...)
+	for _, f := range fs[:2] {
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 1, true, 0}, {spillway.Sheddable, 1, false, 0}})
+	}
+	refresh(t, append(fs, fs...)...)
+	if s := fs[2].Stats(); s.Usage != 80 {
+		t.Fatalf("usage %d, want the threshold, 80", s.Usage)
+	}
+	runFleet(t, fs[2], []fleetStep{{spillway.Sheddable, 1, false, 0}})
 }
 
 // The sums key lost (evicted) is rebuilt from the live reports.

@@ -78,8 +78,9 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithRand sets the source of uniform random numbers in [0, 1) that decides
-// probabilistic shedding (default math/rand/v2.Float64). It must be safe
-// for concurrent use if the shedder is. Worker only.
+// probabilistic shedding in a Worker and rounds a Fleet's share of the
+// headroom (default math/rand/v2.Float64). It must be safe for concurrent
+// use if the shedder is. Worker and Fleet.
 func WithRand(f func() float64) Option { return func(o *options) { o.rand = f } }
 
 // WithRetryAfter sets Decision.RetryAfter of a denial (default 1s).

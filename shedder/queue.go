@@ -99,14 +99,16 @@ func NewQueue(slots int64, opts ...Option) (*Queue, error) {
 // Admit decides r, waiting up to the maximum wait for a slot. When
 // allowed, done gives r's slots back (to the first waiter).
 func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
 	}
 	c, p := r.EffectiveCost(), r.Priority
-	if c > q.slots {
-		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: q.slots}, spillway.Noop, nil
-	}
 	q.mu.Lock()
+	if c > q.slots {
+		slots := q.slots
+		q.mu.Unlock()
+		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: slots}, spillway.Noop, nil
+	}
 	if q.used+c <= q.slots && !q.waitingFrom(p) {
 		q.used += c
 		q.mu.Unlock()
@@ -149,7 +151,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 
 func (q *Queue) allow(c int64) (spillway.Decision, spillway.Done, error) {
 	q.admitted.Add(1)
-	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) { q.release(c) }), nil
+	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) { q.release(c, 0) }), nil
 }
 
 // deny is called with q.mu held.
@@ -206,13 +208,36 @@ func (q *Queue) remove(p spillway.Priority, w *waiter) bool {
 	return true
 }
 
+// SetSlots changes the number of slots, for a pool whose size is learned
+// at run time (from latency, or from the share of a fleet-wide limit this
+// server sees). More slots go to the waiters at once; with fewer, work in
+// flight finishes and nothing new is admitted until it is under the new
+// count. n must be positive.
+func (q *Queue) SetSlots(n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("shedder: queue slots %d must be positive", n)
+	}
+	q.release(0, n)
+	return nil
+}
+
+// Slots returns the number of slots.
+func (q *Queue) Slots() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.slots
+}
+
 // release gives c slots back and hands free slots to the waiters in
 // order: highest priority first, the longest waiting first among equals,
 // stopping at the first head that does not fit.
-func (q *Queue) release(c int64) {
+func (q *Queue) release(c, slots int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.used -= c
+	if slots > 0 {
+		q.slots = slots
+	}
 	for p := spillway.NumPriorities - 1; p >= 0; p-- {
 		for len(q.waiting[p]) > 0 {
 			w := q.waiting[p][0]

@@ -264,3 +264,32 @@ func TestQueueNeverExceedsSlots(t *testing.T) {
 	require.Positive(t, st.Waited)
 	t.Logf("%+v, peak %d", st, peak.Load())
 }
+
+// SetSlots grows the pool for the waiters at once, in priority order, and
+// shrinks it without cutting work in flight: nothing new is admitted until
+// the work in flight is under the new count.
+func TestQueueSetSlots(t *testing.T) {
+	q, err := NewQueue(2, WithMaxWait(time.Hour), WithQueueDepth(10))
+	require.NoError(t, err)
+	held := fill(t, q, 2, spillway.Sheddable)
+	ctx := context.Background()
+	shed := enqueue(t, q, ctx, preq(spillway.Sheddable, 1))
+	crit := enqueue(t, q, ctx, preq(spillway.Critical, 1))
+	require.NoError(t, q.SetSlots(3))
+	require.True(t, crit.wait(t).Allowed, "the new slot goes to the highest priority waiting")
+	require.False(t, shed.returned())
+	require.Equal(t, int64(3), q.Slots())
+
+	require.NoError(t, q.SetSlots(1)) // 3 in flight, 1 slot
+	held[0](spillway.Success)
+	held[1](spillway.Success)
+	require.False(t, shed.returned(), "admitted while the work in flight was above the new count")
+	crit.done(spillway.Success)
+	require.True(t, shed.wait(t).Allowed)
+	d, _, _ := q.Admit(ctx, preq(spillway.Critical, 2))
+	require.Equal(t, spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "queue", Limit: 1}, d)
+	require.Error(t, q.SetSlots(0))
+	require.Equal(t, int64(1), q.Slots())
+	shed.done(spillway.Success)
+	require.Equal(t, QueueStats{Admitted: 4, Waited: 2, InFlight: 0}, q.Stats())
+}

@@ -111,7 +111,7 @@ func NewWorker(capacity int64, opts ...Option) (*Worker, error) {
 // r's cost from the in-flight count. A malformed (or nil) request is denied
 // with spillway.ReasonInvalid.
 func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if r == nil || r.Validate() != nil {
+	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: w.o.name}, spillway.Noop, nil
 	}
 	now := w.o.now()

@@ -186,13 +186,19 @@ func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillwa
 	if d.Degraded {
 		g = 1
 	}
+	// A nil request (denied by the block) is recorded with an invalid
+	// priority rather than dereferenced.
+	prio := spillway.Priority(-1)
+	if r != nil {
+		prio = r.Priority
+	}
 	if in.decisions != nil {
-		if p, rs := int(r.Priority), int(d.Reason); r.Priority.Valid() && rs < numReasons {
+		if p, rs := int(prio), int(d.Reason); prio.Valid() && rs < numReasons {
 			in.decisions.Add(ctx, 1, in.counterAttrs[o][g][p][rs])
 		} else {
 			in.decisions.Add(ctx, 1, metric.WithAttributes(KeyLimiter.String(in.name),
 				KeyOutcome.String(outcomes[o]), KeyDegraded.Bool(d.Degraded),
-				KeyPriority.String(r.Priority.String()), KeyReason.String(d.Reason.String())))
+				KeyPriority.String(prio.String()), KeyReason.String(d.Reason.String())))
 		}
 	}
 	if in.duration != nil {
@@ -208,7 +214,7 @@ func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillwa
 			KeyLimit.Int64(d.Limit),
 			KeyRemaining.Int64(d.Remaining),
 			KeyDegraded.Bool(d.Degraded),
-			KeyPriority.String(r.Priority.String()),
+			KeyPriority.String(prio.String()),
 			KeyLatency.Int64(elapsed.Microseconds()),
 		)
 		if o == 1 {

@@ -1,0 +1,61 @@
+package tiers_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/contracttest"
+	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/tiers"
+)
+
+// A tiers Limiter conforms over both stores: several rules in one batch,
+// a denial when one is spent, an error (a *spillway.StoreError) with the
+// zero Decision when Redis is gone.
+func TestLimiterContract(t *testing.T) {
+	const yml = `
+limits:
+  - id: per-user
+    by: user
+    bucket: 1000/hour
+  - id: per-ip
+    by: ip
+    bucket: 2000/hour
+    fail: closed
+`
+	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
+		cfg, err := tiers.Parse("limits.yaml", []byte(yml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim, err := tiers.New(cfg, store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return contracttest.Instance{
+			Limiter: lim,
+			Deny: func(t *testing.T) {
+				r := contracttest.Request()
+				r.Cost = 1000
+				if d, _, err := lim.Admit(context.Background(), r); err != nil || !d.Allowed {
+					t.Fatalf("spending the user's quota: %+v, %v", d, err)
+				}
+			},
+			Break: brk,
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
+			return instance(t, ratelimit.NewMemoryStore(), nil)
+		}})
+	})
+	t.Run("redis", func(t *testing.T) {
+		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
+			c, brk := contracttest.Redis(t)
+			return instance(t, ratelimit.NewRedisStore(c), brk)
+		}})
+	})
+}
+
+var _ spillway.Limiter = (*tiers.Limiter)(nil)
