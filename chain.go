@@ -3,6 +3,7 @@ package spillway
 import (
 	"context"
 	"sync/atomic"
+	"time"
 )
 
 type atomicBool struct{ v atomic.Bool }
@@ -10,7 +11,10 @@ type atomicBool struct{ v atomic.Bool }
 // swap sets the flag and reports whether it was already set.
 func (b *atomicBool) swap() bool { return b.v.Swap(true) }
 
-type chain []Limiter
+type chain struct {
+	ls     []Limiter
+	budget time.Duration
+}
 
 // Chain runs limiters in order (put the cheapest first: rate → concurrency →
 // fleet shedder → worker shedder → global ceiling) and stops at the first
@@ -23,11 +27,23 @@ type chain []Limiter
 //
 // A malformed request (Request.Validate) is denied with ReasonInvalid before
 // any limiter runs. Nil limiters are skipped.
-func Chain(limiters ...Limiter) Limiter {
-	c := make(chain, 0, len(limiters))
+//
+// One budget per request: the chain passes its limiters a context that
+// carries a budget of DefaultBudget (see WithBudget), so the admission as a
+// whole waits on shared stores (Redis) for at most one budget, not one per
+// block; a block that finds the budget spent decides locally at once. A
+// budget the caller's context already carries is kept when it ends sooner.
+// ChainBudget sets another budget.
+func Chain(limiters ...Limiter) Limiter { return ChainBudget(DefaultBudget, limiters...) }
+
+// ChainBudget is Chain with a budget of its own instead of DefaultBudget.
+// budget <= 0 starts none: the blocks then wait on their stores for their
+// own budgets each (or for what a budget in the caller's context leaves).
+func ChainBudget(budget time.Duration, limiters ...Limiter) Limiter {
+	c := &chain{ls: make([]Limiter, 0, len(limiters)), budget: budget}
 	for _, l := range limiters {
 		if l != nil {
-			c = append(c, l)
+			c.ls = append(c.ls, l)
 		}
 	}
 	return c
@@ -54,15 +70,16 @@ func (cd *chainDone) done(o Outcome) {
 	cd.release(o)
 }
 
-func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
+func (c *chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 	if err := r.Validate(); err != nil {
 		return Decision{Reason: ReasonInvalid, Limiter: "request"}, Noop, nil
 	}
-	switch len(c) {
-	case 0:
+	if len(c.ls) == 0 {
 		return Decision{Allowed: true}, Noop, nil
-	case 1:
-		return c[0].Admit(ctx, r)
+	}
+	ctx = WithBudget(ctx, c.budget)
+	if len(c.ls) == 1 {
+		return c.ls[0].Admit(ctx, r)
 	}
 	var (
 		best     Decision
@@ -71,7 +88,7 @@ func (c chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 	)
 	cd := &chainDone{}
 	cd.dones = cd.buf[:0]
-	for _, l := range c {
+	for _, l := range c.ls {
 		d, done, err := l.Admit(ctx, r)
 		if err != nil {
 			cd.release(Ignored)

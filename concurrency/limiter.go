@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +22,22 @@ type Limiter struct {
 	o        options
 	idPrefix string
 	seq      atomic.Uint64
+
+	// Releases that failed (the store did not answer within the release
+	// timeout), retried after the next Acquire the store answers.
+	mu        sync.Mutex
+	pending   []pendingRelease
+	npending  atomic.Int64
+	dropped   atomic.Int64
+	retrying  atomic.Bool
+	retryWait sync.WaitGroup
+}
+
+// pendingRelease is a release to retry.
+type pendingRelease struct {
+	key, id string
+	n       int64
+	at      time.Time // when the request was admitted
 }
 
 // Option configures a Limiter.
@@ -32,6 +49,7 @@ type options struct {
 	retryAfter     time.Duration
 	releaseTimeout time.Duration
 	onReleaseError func(error)
+	maxPending     int
 }
 
 // WithName names the limiter (default "concurrency"). The name is the
@@ -52,21 +70,34 @@ func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl }
 // time until the oldest entry is reaped, when that is sooner.
 func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
 
-// WithReleaseTimeout bounds the store call of a Done (default 1 s). Done
-// runs detached from the admission context's cancellation (a cancelled
-// request must still release its slot) but keeps its values.
+// WithReleaseTimeout bounds the store call of a Done (default
+// spillway.DefaultBudget, 50 ms): a Done never keeps the handler waiting
+// on a hung store longer than that. Done runs detached from the admission
+// context's cancellation (a cancelled request must still release its slot)
+// but keeps its values. A release that fails is not lost: see
+// WithMaxPendingReleases.
 func WithReleaseTimeout(d time.Duration) Option { return func(o *options) { o.releaseTimeout = d } }
 
 // WithReleaseErrorHandler is called when a Done fails to release its
-// entry (the store was unreachable); the entry is then reaped after the
-// TTL. The default ignores the error.
+// entry (the store was unreachable, or the store's circuit breaker is
+// open); the release is then retried later (see WithMaxPendingReleases).
+// The default ignores the error.
 func WithReleaseErrorHandler(f func(error)) Option { return func(o *options) { o.onReleaseError = f } }
+
+// WithMaxPendingReleases bounds the releases kept for a retry (default
+// 4096). A release that fails is kept and retried in the background after
+// the next Acquire the store answers, so a store outage does not leave
+// slots taken once the store is back; a release older than the TTL is
+// dropped instead (the store has reaped its entry by then), and so is one
+// that finds the list full: its entry is reaped after the TTL. 0 keeps
+// none.
+func WithMaxPendingReleases(n int) Option { return func(o *options) { o.maxPending = n } }
 
 // New returns a limiter that admits at most limit units per key in flight
 // (limit requests of cost 1). It fails when store is nil, limit is below 1
 // or an option is out of range.
 func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
-	o := options{name: "concurrency", ttl: time.Minute, retryAfter: time.Second, releaseTimeout: time.Second}
+	o := options{name: "concurrency", ttl: time.Minute, retryAfter: time.Second, releaseTimeout: spillway.DefaultBudget, maxPending: 4096}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -83,6 +114,8 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: retry after %v must be positive", o.retryAfter)
 	case o.releaseTimeout <= 0:
 		return nil, fmt.Errorf("concurrency: New: release timeout %v must be positive", o.releaseTimeout)
+	case o.maxPending < 0:
+		return nil, fmt.Errorf("concurrency: New: max pending releases %d must not be negative", o.maxPending)
 	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -132,6 +165,9 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	if err != nil {
 		return spillway.Decision{}, spillway.Noop, err
 	}
+	if l.npending.Load() > 0 {
+		l.retryPending()
+	}
 	d := spillway.Decision{
 		Allowed:   res.Allowed,
 		Limiter:   l.o.name,
@@ -151,14 +187,74 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 		// kept.
 		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(context.Background(), l.o.name, key, id, n) }), nil
 	}
+	at := time.Now()
 	return d, spillway.Once(func(spillway.Outcome) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.releaseTimeout)
-		defer cancel()
-		if err := l.store.Release(rctx, l.o.name, key, id, n); err != nil && l.o.onReleaseError != nil {
-			l.o.onReleaseError(err)
+		if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
+			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
+			if l.o.onReleaseError != nil {
+				l.o.onReleaseError(err)
+			}
 		}
 	}), nil
 }
+
+func (l *Limiter) release(ctx context.Context, key, id string, n int64) error {
+	rctx, cancel := context.WithTimeout(ctx, l.o.releaseTimeout)
+	defer cancel()
+	return l.store.Release(rctx, l.o.name, key, id, n)
+}
+
+// keep adds a failed release to the retry list, unless it is full.
+func (l *Limiter) keep(p pendingRelease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) >= l.o.maxPending {
+		l.dropped.Add(1)
+		return
+	}
+	l.pending = append(l.pending, p)
+	l.npending.Store(int64(len(l.pending)))
+}
+
+// retryPending retries the failed releases in the background, one pass
+// at a time; a pass stops at the first failure and keeps the rest.
+func (l *Limiter) retryPending() {
+	if !l.retrying.CompareAndSwap(false, true) {
+		return
+	}
+	l.mu.Lock()
+	batch := l.pending
+	l.pending = nil
+	l.npending.Store(0)
+	l.mu.Unlock()
+	l.retryWait.Add(1)
+	go func() {
+		defer l.retryWait.Done()
+		defer l.retrying.Store(false)
+		for i, p := range batch {
+			if time.Since(p.at) >= l.o.ttl {
+				l.dropped.Add(1) // reaped by the store by now
+				continue
+			}
+			if err := l.release(context.Background(), p.key, p.id, p.n); err != nil {
+				for _, q := range batch[i:] {
+					l.keep(q)
+				}
+				return
+			}
+		}
+	}()
+}
+
+// PendingReleases returns the releases waiting for a retry and those
+// given up (older than the TTL, or the list was full).
+func (l *Limiter) PendingReleases() (pending, dropped int64) {
+	return l.npending.Load(), l.dropped.Load()
+}
+
+// WaitReleases waits for a background retry of pending releases to end
+// (for tests and shutdown).
+func (l *Limiter) WaitReleases() { l.retryWait.Wait() }
 
 // PerKey adapts l to spillway.Limiter: the key is the value of the request
 // dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that

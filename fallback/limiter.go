@@ -31,7 +31,7 @@ type Limiter struct {
 	inner spillway.Limiter
 	local spillway.Limiter
 	set   Settings
-	br    *breaker
+	br    *Health
 }
 
 var _ spillway.Limiter = (*Limiter)(nil)
@@ -46,11 +46,14 @@ func NewLimiter(inner, local spillway.Limiter, s Settings) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{inner: inner, local: local, set: s, br: newBreaker(s)}, nil
+	return &Limiter{inner: inner, local: local, set: s, br: s.health()}, nil
 }
 
-// State returns the breaker's state.
+// State returns the breaker's state (its Health's, when shared).
 func (l *Limiter) State() State { return l.br.state() }
+
+// Health returns the breaker the Limiter uses: Settings.Health, or its own.
+func (l *Limiter) Health() *Health { return l.br }
 
 // Admit implements spillway.Limiter.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
@@ -62,7 +65,7 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		d    spillway.Decision
 		done spillway.Done
 	)
-	err := l.br.call(ctx, func(ctx context.Context) error {
+	err := l.br.call(ctx, l.set.Budget, func(ctx context.Context) error {
 		var err error
 		d, done, err = l.inner.Admit(ctx, r)
 		return err

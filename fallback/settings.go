@@ -65,12 +65,23 @@ type Settings struct {
 
 	// Budget is the time one store call may take (default 50ms). A call
 	// that takes longer is abandoned (its context ends), counts as a
-	// failure and is decided locally. The Redis client must honour context
-	// deadlines: see ClientOptions.
+	// failure and is decided locally. Within a spillway.Chain a call also
+	// ends with the request's budget (spillway.WithBudget), and a call
+	// that finds that budget spent is not made: the decision is local at
+	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. The
+	// Redis client must honour context deadlines: see TuneOptions.
 	Budget time.Duration
 
+	// Health is the breaker shared by every block on the same Redis
+	// client (NewHealth). Set it whenever more than one block uses the
+	// client, so that K failures seen by any of them stop all of them.
+	// With Health set, Failures, OpenTimeout, Probes and OnStateChange
+	// belong to its HealthSettings and must be left zero here. Nil gives
+	// this Store or Limiter a breaker of its own, built from those fields.
+	Health *Health
+
 	// Failures is K: the breaker opens after K consecutive failures
-	// (default 5).
+	// (default 5). Only without Health.
 	Failures uint32
 
 	// OpenTimeout is how long the breaker stays open before it lets probes
@@ -144,6 +155,19 @@ func (s Settings) withDefaults() (Settings, error) {
 	if !s.Fail.Valid() {
 		return s, fmt.Errorf("fallback: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(s.Fail))
 	}
+	if s.Health != nil {
+		switch {
+		case s.Failures != 0:
+			return s, errors.New("fallback: Failures is set together with Health: set it in the Health's HealthSettings")
+		case s.OpenTimeout != 0:
+			return s, errors.New("fallback: OpenTimeout is set together with Health: set it in the Health's HealthSettings")
+		case s.Probes != 0:
+			return s, errors.New("fallback: Probes is set together with Health: set it in the Health's HealthSettings")
+		case s.OnStateChange != nil:
+			return s, errors.New("fallback: OnStateChange is set together with Health: set it in the Health's HealthSettings")
+		}
+		s.Failures, s.OpenTimeout, s.Probes = s.Health.set.Failures, s.Health.set.OpenTimeout, s.Health.set.Probes
+	}
 	switch {
 	case s.Budget < 0:
 		return s, fmt.Errorf("fallback: budget %v must not be negative", s.Budget)
@@ -178,6 +202,16 @@ func (s Settings) withDefaults() (Settings, error) {
 		s.Clock = time.Now
 	}
 	return s, nil
+}
+
+// health returns s.Health, or a breaker of its own built from s (after
+// withDefaults).
+func (s Settings) health() *Health {
+	if s.Health != nil {
+		return s.Health
+	}
+	return newHealth(HealthSettings{Name: s.Name, Failures: s.Failures, OpenTimeout: s.OpenTimeout,
+		Probes: s.Probes, OnStateChange: s.OnStateChange})
 }
 
 // sharePPM converts a share to parts per million, so scaling is exact

@@ -43,7 +43,7 @@ type Store struct {
 	inner  ratelimit.Store
 	local  ratelimit.Store
 	set    Settings
-	br     *breaker
+	br     *Health
 	ppm    uint64
 	cache  *denyCache // nil when disabled
 	ledger *ledger    // nil when disabled
@@ -77,7 +77,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: newBreaker(s)}
+	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health()}
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
@@ -91,8 +91,11 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	return st, nil
 }
 
-// State returns the breaker's state.
+// State returns the breaker's state (its Health's, when shared).
 func (s *Store) State() State { return s.br.state() }
+
+// Health returns the breaker the Store uses: Settings.Health, or its own.
+func (s *Store) Health() *Health { return s.br }
 
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
@@ -137,15 +140,20 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		s.stats.cacheHits.Add(1)
 		return false, nil
 	}
-	// The breaker inline rather than through breaker.call: no closure to
-	// allocate on the hot path, and no context when the breaker is open.
+	// The breaker inline rather than through Health.call: no closure to
+	// allocate on the hot path, and no context when the breaker is open or
+	// the request's budget is spent.
+	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)
+	if !ok {
+		return s.decideLocal(ctx, items, out, spillway.ErrBudgetSpent)
+	}
 	var allowed bool
 	done, err := s.br.allow()
 	if err == nil {
-		cctx, cancel := context.WithTimeout(ctx, s.set.Budget)
-		allowed, err = s.inner.Decide(cctx, items, out)
-		cancel()
-		err = s.br.finish(ctx, done, err)
+		sc := s.br.guard(ctx, deadline, s.set.Budget)
+		allowed, err = s.inner.Decide(sc.ctx, items, out)
+		sc.end()
+		err = s.br.finish(ctx, done, err, sc)
 	}
 	if err == nil {
 		s.stats.calls.Add(1)
@@ -294,7 +302,7 @@ func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy
 	if s.cache != nil {
 		s.cache.remove(itemKey{scope, key, p})
 	}
-	err := s.br.call(ctx, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) })
+	err := s.br.call(ctx, s.set.Budget, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) })
 	if err != nil {
 		return fmt.Errorf("fallback: reset: %w", err)
 	}
@@ -331,7 +339,7 @@ pass:
 			items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
 		}
 		n := len(batch)
-		if err = s.br.bypass(ctx, func(ctx context.Context) error {
+		if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
 			_, err := s.inner.Decide(ctx, items[:n], out[:n])
 			return err
 		}); err != nil {
@@ -344,7 +352,7 @@ pass:
 				one[0].Cost = cost
 				var d [1]spillway.Decision
 				var ok bool
-				if err = s.br.bypass(ctx, func(ctx context.Context) error {
+				if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
 					var err error
 					ok, err = s.inner.Decide(ctx, one[:], d[:])
 					return err

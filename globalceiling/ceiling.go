@@ -293,6 +293,11 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // denied with spillway.ReasonInvalid. err != nil means Redis failed (or,
 // in Cached and LocalAggregation modes, that the shared total is stale:
 // errors.Is(err, ErrStale)); nothing was charged then.
+//
+// In Exact and Cached modes the Redis calls of an admission end with the
+// request's budget (spillway.WithBudget; a Chain starts one); when the
+// budget is already spent Admit makes none and returns an error wrapping
+// spillway.ErrBudgetSpent at once, so that a Guard decides locally.
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
@@ -314,6 +319,20 @@ func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (
 	}
 	if !p.Valid() {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: unknown priority %d", int8(p))
+	}
+	if c.o.mode != LocalAggregation {
+		// Exact and Cached call Redis in the admission: within what is
+		// left of the request's budget (spillway.WithBudget), and not at
+		// all when it is spent.
+		deadline, ok := spillway.BudgetDeadline(ctx, 0)
+		if !ok {
+			return spillway.Decision{}, fmt.Errorf("globalceiling: %s: %w", c.name, spillway.ErrBudgetSpent)
+		}
+		if !deadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
 	}
 	now := c.o.clock()
 	var d spillway.Decision

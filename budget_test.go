@@ -1,0 +1,100 @@
+package spillway_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+func TestWithBudgetNeverExtends(t *testing.T) {
+	ctx := context.Background()
+	if _, ok := spillway.BudgetFrom(ctx); ok {
+		t.Fatal("background context carries a budget")
+	}
+	if got := spillway.WithBudget(ctx, 0); got != ctx {
+		t.Fatal("WithBudget(0) changed the context")
+	}
+	short := spillway.WithBudget(ctx, 10*time.Millisecond)
+	end, ok := spillway.BudgetFrom(short)
+	if !ok || time.Until(end) > 10*time.Millisecond {
+		t.Fatalf("budget ends in %v, ok %v; want within 10ms", time.Until(end), ok)
+	}
+	if got := spillway.WithBudget(short, time.Hour); got != short {
+		t.Fatal("a longer budget replaced a shorter one")
+	}
+	shorter := spillway.WithBudget(short, time.Millisecond)
+	if e2, _ := spillway.BudgetFrom(shorter); !e2.Before(end) {
+		t.Fatalf("a shorter budget was not taken: %v, then %v", end, e2)
+	}
+	// Values of the parent stay visible.
+	type key struct{}
+	v := spillway.WithBudget(context.WithValue(ctx, key{}, "x"), time.Second)
+	if v.Value(key{}) != "x" {
+		t.Fatal("the budget context hides its parent's values")
+	}
+}
+
+func TestBudgetDeadline(t *testing.T) {
+	ctx := context.Background()
+	if dl, ok := spillway.BudgetDeadline(ctx, 0); !dl.IsZero() || !ok {
+		t.Fatalf("no budget, no own bound: %v %v; want zero, ok", dl, ok)
+	}
+	before := time.Now()
+	if dl, ok := spillway.BudgetDeadline(ctx, time.Second); !ok || dl.Before(before.Add(time.Second)) || dl.After(time.Now().Add(time.Second)) {
+		t.Fatalf("own bound only: %v %v", dl, ok)
+	}
+	b := spillway.WithBudget(ctx, time.Hour)
+	end, _ := spillway.BudgetFrom(b)
+	if dl, ok := spillway.BudgetDeadline(b, 0); !ok || !dl.Equal(end) {
+		t.Fatalf("budget only: %v %v; want the budget's end %v", dl, ok, end)
+	}
+	if dl, ok := spillway.BudgetDeadline(b, time.Millisecond); !ok || !dl.Before(end) {
+		t.Fatalf("own bound sooner than the budget: %v %v", dl, ok)
+	}
+	spent := spillway.WithBudget(ctx, time.Nanosecond)
+	time.Sleep(time.Millisecond)
+	if _, ok := spillway.BudgetDeadline(spent, time.Second); ok {
+		t.Fatal("a spent budget reported ok")
+	}
+}
+
+// budgetProbe records the budget each limiter of a chain saw.
+type budgetProbe struct {
+	ends []time.Time
+}
+
+func (p *budgetProbe) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	end, ok := spillway.BudgetFrom(ctx)
+	if !ok {
+		end = time.Time{}
+	}
+	p.ends = append(p.ends, end)
+	return spillway.Decision{Allowed: true}, spillway.Noop, nil
+}
+
+func TestChainPassesOneBudget(t *testing.T) {
+	p := &budgetProbe{}
+	r := &spillway.Request{Priority: spillway.Critical}
+	start := time.Now()
+	if _, _, err := spillway.Chain(p, p, p).Admit(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now()
+	if len(p.ends) != 3 || p.ends[0].IsZero() || !p.ends[1].Equal(p.ends[0]) || !p.ends[2].Equal(p.ends[0]) {
+		t.Fatalf("budgets seen %v; want one budget shared by the three", p.ends)
+	}
+	if p.ends[0].Before(start.Add(spillway.DefaultBudget)) || p.ends[0].After(end.Add(spillway.DefaultBudget)) {
+		t.Fatalf("budget ends %v after the call began; want DefaultBudget (%v) from when Admit ran", p.ends[0].Sub(start), spillway.DefaultBudget)
+	}
+	// A caller's shorter budget wins; ChainBudget(0) starts none.
+	p.ends = nil
+	ctx := spillway.WithBudget(context.Background(), time.Millisecond)
+	caller, _ := spillway.BudgetFrom(ctx)
+	spillway.Chain(p, p).Admit(ctx, r)
+	spillway.ChainBudget(0, p, p).Admit(context.Background(), r)
+	if !p.ends[0].Equal(caller) || !p.ends[1].Equal(caller) || !p.ends[2].IsZero() || !p.ends[3].IsZero() {
+		t.Fatalf("budgets seen %v; want the caller's twice, then none", p.ends)
+	}
+}

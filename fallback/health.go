@@ -1,0 +1,470 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Health is the one circuit breaker of one Redis: every block that uses
+// the same Redis client shares it. K consecutive failures seen by any of
+// them open it for all; while it is open nothing is sent to that Redis —
+// no admission, no release, no background report, sync or reconcile — and
+// every block decides locally at once; after OpenTimeout up to Probes calls
+// (whichever block makes them) test the Redis, and as many consecutive
+// successes close it for all.
+//
+// Create one per client with NewHealth(client, …): it attaches itself to
+// the client (a go-redis hook), so every command sent through that client
+// is gated and counted, including those of blocks that know nothing about
+// it (shedder.Fleet's reports, globalceiling's sync, concurrency releases).
+// Pass it to every fallback Store and Limiter on that client in
+// Settings.Health so that their calls are counted once and their decisions
+// follow it. A Cluster client gets one Health for the whole cluster (see
+// NewHealth).
+//
+// A Health is safe for concurrent use. Its Stats are the one place that
+// shows the state shared by the blocks.
+type Health struct {
+	cb  *gobreaker.TwoStepCircuitBreaker[struct{}]
+	set HealthSettings
+	// openUntil (Unix ns, 0 when not open) lets allow refuse without
+	// taking gobreaker's lock while the breaker is open: during an outage
+	// every request would otherwise serialize on it.
+	openUntil atomic.Int64
+	since     atomic.Int64 // Unix ns of the last state change (creation at first)
+	attached  bool         // a hook on a client counts the calls it did not guard
+
+	successes, failures, rejected, opened atomic.Int64
+	lastErr                               atomic.Pointer[errBox]
+}
+
+type errBox struct{ err error }
+
+// HealthSettings configures a Health. The zero value means the documented
+// defaults.
+type HealthSettings struct {
+	// Name identifies the Redis in hooks, Stats and metrics (default
+	// "redis").
+	Name string
+
+	// Failures is K: the health opens after K consecutive failed calls,
+	// whichever blocks made them (default 5).
+	Failures uint32
+
+	// OpenTimeout is how long the health stays open before it lets probes
+	// through (default 1s). It is also the RetryAfter of fail-closed
+	// denials of the blocks that share it.
+	OpenTimeout time.Duration
+
+	// Probes is how many calls the half-open health lets through; as many
+	// consecutive successes close it (default 3).
+	Probes uint32
+
+	// OnStateChange is called when the health changes state, with the
+	// breaker's lock held: it must not call back into the Health.
+	OnStateChange func(name string, from, to State)
+}
+
+func (s HealthSettings) withDefaults() (HealthSettings, error) {
+	if s.Name == "" {
+		s.Name = "redis"
+	}
+	if s.Failures == 0 {
+		s.Failures = defaultFailures
+	}
+	switch {
+	case s.OpenTimeout < 0:
+		return s, fmt.Errorf("fallback: open timeout %v must not be negative", s.OpenTimeout)
+	case s.OpenTimeout == 0:
+		s.OpenTimeout = defaultOpenTimeout
+	}
+	if s.Probes == 0 {
+		s.Probes = defaultProbes
+	}
+	return s, nil
+}
+
+// healths maps a client to the Health attached to it, so that a second
+// NewHealth on the same client is refused instead of silently splitting
+// its health in two. A Health lives as long as the process (one small
+// entry per client).
+var healths sync.Map // redis.UniversalClient -> *Health
+
+// NewHealth returns the Health of the Redis behind client and attaches it
+// to the client: every command and pipeline sent through the client passes
+// the breaker (refused with ErrOpen while open, counted as a success or a
+// failure otherwise). A client gets one Health: a second call for the same
+// client returns an error; use HealthOf to find the first. A nil client
+// returns a Health attached to nothing, for stores that are not go-redis
+// clients: only the Stores and Limiters given it count their calls.
+//
+// What counts: a reply (redis.Nil and error replies such as NOSCRIPT
+// included) is a success — the server answered; a timeout, a refused or
+// reset connection or a pool timeout is a failure; a call whose caller
+// canceled its context is neither.
+//
+// Cluster: a ClusterClient gets one Health for the whole cluster, not one
+// per node. A request's rate-limit batch spans several nodes and is decided
+// all or nothing; with health per node half of a batch would be decided
+// by Redis and half locally, and the local share's bound (N servers admit
+// at most N × Share of a quota) would no longer hold per request. The cost:
+// while one primary is sick (until Cluster fails it over, typically
+// seconds), keys on healthy nodes are decided locally too, within the
+// local share.
+func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) {
+	s, err := s.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	h := newHealth(s)
+	if client == nil {
+		return h, nil
+	}
+	if _, dup := healths.LoadOrStore(client, h); dup {
+		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it (HealthOf) instead of creating a second", HealthOf(client).set.Name)
+	}
+	h.attached = true
+	client.AddHook(hook{h})
+	return h, nil
+}
+
+// HealthOf returns the Health NewHealth attached to client, or nil.
+func HealthOf(client redis.UniversalClient) *Health {
+	if client == nil {
+		return nil
+	}
+	if h, ok := healths.Load(client); ok {
+		return h.(*Health)
+	}
+	return nil
+}
+
+func newHealth(s HealthSettings) *Health {
+	h := &Health{set: s}
+	h.since.Store(time.Now().UnixNano())
+	k := s.Failures
+	st := gobreaker.Settings{
+		Name:        s.Name,
+		MaxRequests: s.Probes,
+		Timeout:     s.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= k },
+		IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
+	}
+	hookFn := s.OnStateChange
+	st.OnStateChange = func(name string, from, to gobreaker.State) {
+		now := time.Now()
+		if to == gobreaker.StateOpen {
+			h.openUntil.Store(now.Add(s.OpenTimeout).UnixNano())
+			h.opened.Add(1)
+		} else {
+			h.openUntil.Store(0)
+		}
+		h.since.Store(now.UnixNano())
+		if hookFn != nil {
+			hookFn(name, stateOf(from), stateOf(to))
+		}
+	}
+	h.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+	return h
+}
+
+// Name returns HealthSettings.Name.
+func (h *Health) Name() string { return h.set.Name }
+
+// State returns the breaker's state.
+func (h *Health) State() State { return h.state() }
+
+// HealthStats is a snapshot of a Health.
+type HealthStats struct {
+	Name                string
+	State               State
+	Since               time.Time // when State began (or the Health was created)
+	ConsecutiveFailures uint32    // in the current closed or half-open period
+	Successes           int64     // calls the Redis answered
+	Failures            int64     // calls that failed: timeout, refused, reset
+	Rejected            int64     // calls refused without reaching the Redis (open, or half-open with its probes taken)
+	Opened              int64     // times the health opened
+	LastError           error     // the latest failure, nil before the first
+}
+
+// Stats returns a snapshot of the counters and the state.
+func (h *Health) Stats() HealthStats {
+	st := HealthStats{
+		Name:                h.set.Name,
+		State:               h.state(),
+		Since:               time.Unix(0, h.since.Load()),
+		ConsecutiveFailures: h.cb.Counts().ConsecutiveFailures,
+		Successes:           h.successes.Load(),
+		Failures:            h.failures.Load(),
+		Rejected:            h.rejected.Load(),
+		Opened:              h.opened.Load(),
+	}
+	if b := h.lastErr.Load(); b != nil {
+		st.LastError = b.err
+	}
+	return st
+}
+
+// errExcluded is reported to the breaker for calls that say nothing about
+// the store's health: the caller went away.
+var errExcluded = errors.New("fallback: excluded")
+
+func stateOf(s gobreaker.State) State {
+	switch s {
+	case gobreaker.StateOpen:
+		return Open
+	case gobreaker.StateHalfOpen:
+		return HalfOpen
+	}
+	return Closed
+}
+
+func (h *Health) state() State { return stateOf(h.cb.State()) }
+
+// allow is cb.Allow with a lock-free refusal while open.
+func (h *Health) allow() (func(error), error) {
+	if u := h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+		h.rejected.Add(1)
+		return nil, ErrOpen
+	}
+	done, err := h.cb.Allow()
+	if err != nil {
+		h.rejected.Add(1)
+		return nil, ErrOpen
+	}
+	return done, nil
+}
+
+// healthy reports whether err says the Redis answered: no error, a nil
+// reply, or an error reply of the server's own.
+func healthy(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return true
+	}
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+// report tells the breaker how a call it allowed (done) ended; ctx is the
+// caller's context.
+func (h *Health) report(ctx context.Context, done func(error), err error) {
+	switch {
+	case healthy(err):
+		h.successes.Add(1)
+		done(nil)
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up; that says nothing about the store. A caller
+		// deadline shorter than the budget does count: the store was too
+		// slow for this caller.
+		done(errExcluded)
+	case errors.Is(err, ErrOpen):
+		// go-redis sent part of the call through the client's hooks again
+		// (a retry on another connection) and the breaker refused it:
+		// nothing was learned about the Redis.
+		done(errExcluded)
+	default:
+		h.failures.Add(1)
+		h.lastErr.Store(&errBox{err})
+		done(err)
+	}
+}
+
+// finish reports the outcome err of a call the breaker allowed (done) and
+// classifies it (a call cut short by the request's budget, sc.cutShort,
+// is reported as neither success nor failure): nil on success, the caller's cancellation as a
+// *canceledError (not counted), any other failure (the budget's deadline
+// included) as itself.
+func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
+	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
+		done(errExcluded)
+		return err
+	}
+	h.report(ctx, done, err)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(ctx.Err(), context.Canceled):
+		return &canceledError{err: ctx.Err()}
+	}
+	return err
+}
+
+// call runs f as one call of a wrapper (a Store or Limiter given this
+// Health), within own from now or the end of the request's budget
+// (spillway.BudgetDeadline), whichever is sooner. It returns
+// spillway.ErrBudgetSpent, with nothing taken from the breaker, when the
+// budget is spent, ErrOpen when the breaker refuses, and f's error
+// classified as finish does.
+func (h *Health) call(ctx context.Context, own time.Duration, f func(ctx context.Context) error) error {
+	deadline, ok := spillway.BudgetDeadline(ctx, own)
+	if !ok {
+		return spillway.ErrBudgetSpent
+	}
+	done, err := h.allow()
+	if err != nil {
+		return err
+	}
+	sc := h.guard(ctx, deadline, own)
+	err = f(sc.ctx)
+	sc.end()
+	return h.finish(ctx, done, err, sc)
+}
+
+// bypass runs f within own unless the breaker is open, without reporting
+// to the breaker: for reconcile, whose calls must neither take the
+// half-open probe slots of real traffic nor reopen the breaker on a stale
+// pooled connection (a failed pass is simply retried later).
+func (h *Health) bypass(ctx context.Context, own time.Duration, f func(ctx context.Context) error) error {
+	if h.state() == Open {
+		return ErrOpen
+	}
+	deadline, _ := spillway.BudgetDeadline(ctx, own)
+	sc := h.guard(ctx, deadline, own)
+	defer sc.end()
+	return f(sc.ctx)
+}
+
+// guardCtx marks the calls a wrapper of h runs and accounts for itself, so
+// that h's hook on the client lets them through without counting them a
+// second time. It is active only while the wrapper's call runs: a Done
+// that keeps the context (a concurrency release) is gated and counted by
+// the hook like any other call.
+type guardCtx struct {
+	context.Context
+	h      *Health
+	active atomic.Bool
+}
+
+type guardKey struct{}
+
+func (g *guardCtx) Value(key any) any {
+	if key == (guardKey{}) {
+		return g
+	}
+	return g.Context.Value(key)
+}
+
+// guardScope is one wrapper call's context; end it when the call returns.
+type guardScope struct {
+	ctx    context.Context
+	g      *guardCtx
+	cancel context.CancelFunc
+	// short: the call was given less than half of its full allowance (its
+	// own budget, or the request's whole budget when that is smaller)
+	// because the blocks before it spent the rest. Running out of such a
+	// slice proves nothing against the store, so it is not a failure.
+	short    bool
+	deadline time.Time
+}
+
+// cutShort reports whether the call of sc ran out of a slice of the
+// budget too small to blame the store for.
+func (sc *guardScope) cutShort() bool {
+	return sc.short && !time.Now().Before(sc.deadline)
+}
+
+func (sc guardScope) end() {
+	if sc.g != nil {
+		sc.g.active.Store(false)
+	}
+	if sc.cancel != nil {
+		sc.cancel()
+	}
+}
+
+// guard returns ctx with the deadline (none when zero) and, when h is
+// attached to a client, the mark that its hook lets through. own is the
+// wrapper's own budget.
+func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duration) guardScope {
+	var sc guardScope
+	if !deadline.IsZero() {
+		full := own
+		if t := spillway.BudgetTotal(ctx); t > 0 && (full <= 0 || t < full) {
+			full = t
+		}
+		sc.deadline = deadline
+		sc.short = full > 0 && time.Until(deadline) < full/2
+		ctx, sc.cancel = context.WithDeadline(ctx, deadline)
+	}
+	if h.attached {
+		sc.g = &guardCtx{Context: ctx, h: h}
+		sc.g.active.Store(true)
+		ctx = sc.g
+	}
+	sc.ctx = ctx
+	return sc
+}
+
+// accountedFor reports whether a wrapper of h is running the call of ctx.
+func (h *Health) accountedFor(ctx context.Context) bool {
+	g, ok := ctx.Value(guardKey{}).(*guardCtx)
+	return ok && g.h == h && g.active.Load()
+}
+
+// hook gates and counts, on a go-redis client, the commands that no
+// wrapper of its Health accounts for.
+type hook struct{ h *Health }
+
+// DialHook refuses to open connections while the health is open: go-redis
+// redials in the background after failed dials, and a connection attempt
+// to a sick Redis is traffic too.
+func (k hook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if u := k.h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+			k.h.rejected.Add(1)
+			return nil, ErrOpen
+		}
+		return next(ctx, network, addr)
+	}
+}
+
+func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if k.h.accountedFor(ctx) {
+			return next(ctx, cmd)
+		}
+		done, err := k.h.allow()
+		if err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		err = next(ctx, cmd)
+		k.h.report(ctx, done, err)
+		return err
+	}
+}
+
+func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if k.h.accountedFor(ctx) {
+			return next(ctx, cmds)
+		}
+		done, err := k.h.allow()
+		if err != nil {
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		err = next(ctx, cmds)
+		k.h.report(ctx, done, err)
+		return err
+	}
+}
+
+// canceledError marks a call the caller canceled: it is returned, not
+// decided locally.
+type canceledError struct{ err error }
+
+func (e *canceledError) Error() string { return "fallback: caller canceled: " + e.err.Error() }
+func (e *canceledError) Unwrap() error { return e.err }
