@@ -251,10 +251,15 @@ func Noop(Outcome) {}
 
 // Limiter is what every building block implements and what Chain composes.
 //
-// err != nil means only that a backend failed (it wraps the backend error);
-// the decision is then the zero Decision and done is Noop. A malformed
-// request is not an error: it is denied with ReasonInvalid. When d.Allowed,
-// the caller must call done once when the work ends; done is never nil.
+// err != nil means only that a backend failed (it wraps the backend error;
+// a *StoreError carries the FailMode the request's limits want); the
+// decision is then the zero Decision and done is Noop. A nil or malformed
+// request is not an error: it is denied with ReasonInvalid — Chain and the
+// adapters validate a request once, up front, and every block checks it
+// again with the cheap Request.Valid so that it is safe to call directly.
+// When d.Allowed, the caller must call done once when the work ends; done
+// is never nil, and calling it again does nothing. A denial holds nothing.
+// internal/contracttest checks every implementation in this module.
 type Limiter interface {
 	Admit(ctx context.Context, r *Request) (d Decision, done Done, err error)
 }

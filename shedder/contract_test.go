@@ -69,7 +69,15 @@ func TestFleetContract(t *testing.T) {
 				}
 				return n
 			},
-			Deny: func(t *testing.T) { fill(t, f) },
+			// A fresh view first: filling on the local share of a fleet
+			// with no view yet would stop early, and the view that then
+			// arrives would admit again.
+			Deny: func(t *testing.T) {
+				if err := f.Refresh(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				fill(t, f)
+			},
 			Break: func(t *testing.T) {
 				brk(t)
 				for deadline := time.Now().Add(15 * time.Second); !f.Stats().Degraded; time.Sleep(10 * time.Millisecond) {

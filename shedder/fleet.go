@@ -51,7 +51,9 @@ import (
 // 1s) — Redis down or slow — the Fleet decides on its own counts against
 // its share of the capacity (its measured share at the last refresh, as
 // above, or WithLocalShare if it never refreshed) and marks decisions
-// Degraded. Admit never returns an error.
+// Degraded. When Redis is back, the first refresh reports but its sum is
+// not used (the other servers' reports may have expired meanwhile): the
+// Fleet stays degraded until the next one. Admit never returns an error.
 //
 // Allowed decisions carry Limit 0, so a chain's headers keep reporting the
 // client's own quota; denials carry the priority's threshold and what is
@@ -79,6 +81,11 @@ type Fleet struct {
 	refreshing atomic.Bool
 
 	mu sync.Mutex // serializes refreshes; held across the Redis call
+	// rejoining is set by the first successful refresh after an outage
+	// (the last success stale): its view is not used, because the other
+	// servers' reports may have expired meanwhile and not yet been made
+	// again. Guarded by mu.
+	rejoining bool
 
 	errMu   sync.Mutex // guards lastErr only, so Stats never waits on Redis
 	lastErr error
@@ -293,6 +300,16 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		f.setLastErr(err)
 		return err
 	}
+	if prev := f.lastOK.Load(); ttl > 0 && prev != 0 && started.UnixNano()-prev > int64(f.o.staleAfter) && !f.rejoining {
+		// Back after an outage: this report is made, but the sum may
+		// miss servers whose reports expired while Redis was away, and
+		// would show this one a nearly empty fleet. Stay degraded until
+		// the next refresh, an interval later, when they have reported.
+		f.rejoining = true
+		f.setLastErr(nil)
+		return nil
+	}
+	f.rejoining = false
 	v := &fleetView{servers: res[4], round: f.o.rand()}
 	for p := range sent {
 		v.byPrio[p] = res[p]
