@@ -113,6 +113,8 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: store is nil")
 	case limit < 1:
 		return nil, fmt.Errorf("concurrency: New: limit %d must be at least 1", limit)
+	case isRedis(store) && limit > MaxRedisLimit:
+		return nil, fmt.Errorf("concurrency: New: limit %d exceeds MaxRedisLimit %d of the Redis store (one member per unit in flight)", limit, MaxRedisLimit)
 	case o.name == "":
 		return nil, fmt.Errorf("concurrency: New: name is empty")
 	case o.ttl <= 0:
@@ -132,6 +134,8 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	}
 	return &Limiter{store: store, limit: limit, o: o, idPrefix: hex.EncodeToString(b[:]) + ":"}, nil
 }
+
+func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
 
 // Limit returns the limit per key.
 func (l *Limiter) Limit() int64 { return l.limit }

@@ -113,10 +113,20 @@ func (s *RedisStore) Key(scope, key string) string {
 	return keys.Key(s.o.prefix, "cc:"+scope, key)
 }
 
+// MaxRedisLimit is the largest limit a RedisStore accepts: it keeps one
+// sorted-set member per unit in flight, so a limit (and a cost under it)
+// of 2^20 is already a million members on one key, and a larger one would
+// let a single request stall Redis adding members (and a release allocate
+// one string per unit). New refuses a larger limit over a RedisStore.
+const MaxRedisLimit = 1 << 20
+
 // Acquire implements Store with one script call.
 func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
 	if err := checkAcquire(cost, limit, ttl, id); err != nil {
 		return Result{}, err
+	}
+	if limit > MaxRedisLimit {
+		return Result{}, fmt.Errorf("concurrency: acquire: limit %d exceeds the Redis store's %d (one member per unit)", limit, MaxRedisLimit)
 	}
 	now := ""
 	if s.o.clock != nil {
@@ -146,6 +156,9 @@ func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, cost, l
 func (s *RedisStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
 	if err := checkRelease(id, cost); err != nil {
 		return err
+	}
+	if cost > MaxRedisLimit {
+		return fmt.Errorf("concurrency: release: cost %d exceeds MaxRedisLimit %d: no request can hold it", cost, MaxRedisLimit)
 	}
 	var err error
 	if cost == 1 {

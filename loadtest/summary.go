@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -201,7 +202,12 @@ const dash = "–"
 // PrintVerdict prints each scenario's figures and the verdict, in at most
 // 120 columns.
 func PrintVerdict(w io.Writer, s *Summary) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	flush := func() {
+		tw.Flush()
+		writeTrimmed(w, &buf)
+	}
 	for _, name := range s.order {
 		sc := s.Scenarios[name]
 		fmt.Fprintf(tw, "\n== %s ==\n", name)
@@ -219,7 +225,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		fmt.Fprintln(tw, "cap: the database's capacity; DB peak: most queries in flight; DB p99, Crit p99 (client latency of")
 		fmt.Fprintln(tw, "Critical requests that succeeded) in ms; Crit ok: Critical success after retries; –: does not apply")
 		fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
-		fmt.Fprintln(tw, "\t\t\t(incl. retries)")
+		fmt.Fprintln(tw, "\t\t\t(incl. retries)\t\t\t\t\t\t\t")
 		rows := func(cn string, c *ConfigResult) {
 			for _, ph := range c.Phases {
 				adm, deg := fmt.Sprintf("%.0f", ph.AdmittedRPS), fmt.Sprintf("%.0f", ph.DegradedRPS)
@@ -244,7 +250,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		for _, cn := range sc.Order {
 			rows(cn, sc.Configurations[cn])
 		}
-		tw.Flush()
+		flush()
 		if len(sc.Ablated) > 0 {
 			fmt.Fprintln(tw, "\nthe full chain without one block (ablation):")
 			fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
@@ -255,7 +261,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 			}
 		}
 	}
-	tw.Flush()
+	flush()
 	for _, name := range s.order {
 		sc := s.Scenarios[name]
 		for _, cn := range sc.Order {
@@ -291,12 +297,27 @@ func PrintVerdict(w io.Writer, s *Summary) {
 	}
 }
 
+// writeTrimmed copies buf to w without the spaces tabwriter leaves at the
+// ends of lines, and empties buf.
+func writeTrimmed(w io.Writer, buf *bytes.Buffer) {
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		nl := strings.HasSuffix(line, "\n")
+		line = strings.TrimRight(line, " \n")
+		if nl {
+			line += "\n"
+		}
+		io.WriteString(w, line)
+	}
+	buf.Reset()
+}
+
 // printAblation prints, per scenario and removed block, the full chain's
 // criteria that fail without the block, and names the blocks whose
 // removal fails nothing the full chain passes.
 func printAblation(w io.Writer, s *Summary) {
 	fmt.Fprintln(w, "\n== ablation: the full chain's criteria that fail without each block ==")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tremoved\tfails without it (beyond what the full chain fails)")
 	matters := map[string]bool{}
 	for _, name := range s.order {
@@ -330,6 +351,7 @@ func printAblation(w io.Writer, s *Summary) {
 		}
 	}
 	tw.Flush()
+	writeTrimmed(w, &buf)
 	var idle []string
 	for _, b := range fullBlocks {
 		if !matters[b] {

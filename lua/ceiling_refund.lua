@@ -10,9 +10,15 @@
 -- expired; nothing to take back).
 --
 -- Writes: DECRBY on KEYS[1] only when it exists, so a late refund never
--- creates a counter without a TTL.
+-- creates a counter without a TTL; a counter back to "0" is deleted, so a
+-- denied admission that created its shard leaves no key behind (the state
+-- is what it was before, byte for byte; a missing shard reads as 0).
 if redis.call("EXISTS", KEYS[1]) == 0 then
   return -1
 end
 redis.call("DECRBY", KEYS[1], ARGV[1])
-return redis.call("GET", KEYS[1])
+local n = redis.call("GET", KEYS[1])
+if n == "0" then
+  redis.call("DEL", KEYS[1])
+end
+return n

@@ -16,6 +16,6 @@ func (p Policy) Window() time.Duration {
 	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
 		return p.Period
 	}
-	// Validate bounds Burst × EmissionInterval by 2^53 µs: no overflow.
+	// Validate bounds Burst × EmissionInterval by 2^52 µs: no overflow.
 	return time.Duration(p.Capacity()*p.EmissionInterval()) * time.Microsecond
 }

@@ -51,7 +51,9 @@ import (
 // 1s) — Redis down or slow — the Fleet decides on its own counts against
 // its share of the capacity (its measured share at the last refresh, as
 // above, or WithLocalShare if it never refreshed) and marks decisions
-// Degraded. Admit never returns an error.
+// Degraded. When Redis is back, the first refresh reports but its sum is
+// not used (the other servers' reports may have expired meanwhile): the
+// Fleet stays degraded until the next one. Admit never returns an error.
 //
 // Allowed decisions carry Limit 0, so a chain's headers keep reporting the
 // client's own quota; denials carry the priority's threshold and what is
@@ -79,6 +81,11 @@ type Fleet struct {
 	refreshing atomic.Bool
 
 	mu sync.Mutex // serializes refreshes; held across the Redis call
+	// rejoining is set by the first successful refresh after an outage
+	// (the last success stale): its view is not used, because the other
+	// servers' reports may have expired meanwhile and not yet been made
+	// again. Guarded by mu.
+	rejoining bool
 
 	errMu   sync.Mutex // guards lastErr only, so Stats never waits on Redis
 	lastErr error
@@ -93,8 +100,8 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if name == "" {
 		return nil, fmt.Errorf("shedder: fleet name is empty")
 	}
-	if capacity <= 0 {
-		return nil, fmt.Errorf("shedder: fleet capacity %d must be positive", capacity)
+	if capacity <= 0 || capacity > MaxFleetCapacity {
+		return nil, fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
 	}
 	o := defaultOptions("fleet")
 	for _, opt := range opts {
@@ -171,10 +178,24 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: f.o.name, Limit: full}, spillway.Noop, nil
 	}
 	limit, degraded := f.limitFor(p, now)
-	own := f.localTotal.Add(c)
-	if !f.fits(own, limit, degraded) {
-		f.localTotal.Add(-c)
-		rem := max(int64(math.Floor(float64(limit)-f.estimate(own-c, degraded)+1e-9)), 0)
+	// This server's own total stays ≤ limit (≤ MaxFleetCapacity): compared
+	// before it is added, so hostile costs never wrap it.
+	own := int64(-1)
+	for {
+		old := f.localTotal.Load()
+		if c > limit-old {
+			break
+		}
+		if n := old + c; f.localTotal.CompareAndSwap(old, n) {
+			own = n
+			break
+		}
+	}
+	if own < 0 || !f.fits(own, limit, degraded) {
+		if own >= 0 {
+			f.localTotal.Add(-c)
+		}
+		rem := max(int64(math.Floor(float64(limit)-f.estimate(f.localTotal.Load(), degraded)+1e-9)), 0)
 		return spillway.Decision{
 			Reason:     spillway.ReasonShed,
 			Limiter:    f.o.name,
@@ -222,10 +243,18 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 // fullLimit is p's limit with the whole fleet's capacity.
 func (f *Fleet) fullLimit(p spillway.Priority) int64 { return f.threshold(p, float64(f.capacity)) }
 
+// MaxFleetCapacity is the largest capacity NewFleet accepts and the most
+// one server may have in flight at any priority (2^46 units). Reports and
+// sums cross the fleet script as Lua numbers, which print integers exactly
+// only below 10^14 and hold them exactly only up to 2^53: with this bound
+// a server's report stays exact, and so do the sums of up to 128 servers
+// at that bound; a hostile cost can never push them past it.
+const MaxFleetCapacity = 1 << 46
+
 func (f *Fleet) threshold(p spillway.Priority, capacity float64) int64 {
 	t := f.thresh[p]
-	if math.IsInf(t, 1) || t*capacity >= math.MaxInt64/2 {
-		return math.MaxInt64 / 2
+	if math.IsInf(t, 1) || t*capacity >= MaxFleetCapacity {
+		return MaxFleetCapacity
 	}
 	return int64(math.Floor(t*capacity + 1e-9))
 }
@@ -293,6 +322,16 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		f.setLastErr(err)
 		return err
 	}
+	if prev := f.lastOK.Load(); ttl > 0 && prev != 0 && started.UnixNano()-prev > int64(f.o.staleAfter) && !f.rejoining {
+		// Back after an outage: this report is made, but the sum may
+		// miss servers whose reports expired while Redis was away, and
+		// would show this one a nearly empty fleet. Stay degraded until
+		// the next refresh, an interval later, when they have reported.
+		f.rejoining = true
+		f.setLastErr(nil)
+		return nil
+	}
+	f.rejoining = false
 	v := &fleetView{servers: res[4], round: f.o.rand()}
 	for p := range sent {
 		v.byPrio[p] = res[p]
@@ -357,7 +396,7 @@ func (f *Fleet) Allowance(p spillway.Priority) int64 {
 	}
 	limit, degraded := f.limitFor(p, f.o.now().UnixNano())
 	v := f.view.Load()
-	if degraded || v == nil || limit >= math.MaxInt64/2 {
+	if degraded || v == nil || limit >= MaxFleetCapacity {
 		return limit
 	}
 	return max(0, v.sent+int64(math.Floor(f.share(v)*float64(limit-v.sum)+v.round)))

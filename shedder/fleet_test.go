@@ -126,7 +126,9 @@ func TestFleetSharedUsage(t *testing.T) {
 	// longer count; a and c keep reporting meanwhile.
 	clk.Advance(time.Second)
 	refresh(t, a, c)
-	clk.Advance(time.Second + time.Millisecond)
+	clk.Advance(500 * time.Millisecond) // a and c refresh within the stale limit
+	refresh(t, a, c)
+	clk.Advance(500*time.Millisecond + time.Millisecond)
 	refresh(t, c, a)
 	if s := a.Stats(); s.Servers != 2 || s.Fleet != [4]int64{6, 0, 35, 500} {
 		t.Fatalf("after b's ttl: %+v, want b reaped", s)
@@ -312,6 +314,15 @@ func TestFleetDegraded(t *testing.T) {
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
+	}
+	// The first refresh after the outage reports, but b's report expired
+	// meanwhile and b has not reported again: a would see itself alone
+	// and take the whole headroom. It stays degraded until the next.
+	if err := a.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Stats(); !s.Degraded || s.LastError != nil {
+		t.Fatalf("first refresh after the outage: %+v, want still degraded, no error", s)
 	}
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)

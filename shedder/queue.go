@@ -109,7 +109,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		q.mu.Unlock()
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: slots}, spillway.Noop, nil
 	}
-	if q.used+c <= q.slots && !q.waitingFrom(p) {
+	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
 		q.used += c
 		q.mu.Unlock()
 		return q.allow(c)
@@ -241,7 +241,7 @@ func (q *Queue) release(c, slots int64) {
 	for p := spillway.NumPriorities - 1; p >= 0; p-- {
 		for len(q.waiting[p]) > 0 {
 			w := q.waiting[p][0]
-			if q.used+w.cost > q.slots {
+			if w.cost > q.slots-q.used {
 				return
 			}
 			q.used += w.cost

@@ -122,20 +122,27 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 		// It could never be admitted: say so instead of "retry later".
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: w.o.name, Limit: w.caps[p]}, spillway.Noop, nil
 	}
-	w.offered[p].Add(c)
+	addSat(&w.offered[p], c)
 	if q := w.ShedProbability(p); q > 0 && (q >= 1 || w.o.rand() < q) {
 		return w.deny(w.inflight.Load()), spillway.Noop, nil
 	}
-	n := w.inflight.Add(c)
-	if n > w.caps[p] {
-		n = w.inflight.Add(-c)
-		for hit := int32(p) + 1; ; {
-			old := w.capHit.Load()
-			if hit <= old || w.capHit.CompareAndSwap(old, hit) {
-				break
+	// Compare before adding: c > cap − in flight never wraps, where
+	// in flight + c could (CriticalPlus has no cap: MaxInt64).
+	var n int64
+	for {
+		old := w.inflight.Load()
+		if c > w.caps[p]-old {
+			for hit := int32(p) + 1; ; {
+				old := w.capHit.Load()
+				if hit <= old || w.capHit.CompareAndSwap(old, hit) {
+					break
+				}
 			}
+			return w.deny(old), spillway.Noop, nil
 		}
-		return w.deny(n), spillway.Noop, nil
+		if n = old + c; w.inflight.CompareAndSwap(old, n) {
+			break
+		}
 	}
 	for {
 		old := w.peak.Load()
@@ -143,7 +150,7 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 			break
 		}
 	}
-	w.admitted.Add(c)
+	addSat(&w.admitted, c)
 	return spillway.Decision{Allowed: true, Limiter: w.o.name}, spillway.Once(func(spillway.Outcome) {
 		w.inflight.Add(-c)
 	}), nil
@@ -276,3 +283,18 @@ var (
 	_ spillway.Limiter = (*Fleet)(nil)
 	_ Source           = (*CgroupCPU)(nil)
 )
+
+// addSat adds c ≥ 0 to a counter of offered or admitted cost, saturating
+// at math.MaxInt64 instead of wrapping.
+func addSat(v *atomic.Int64, c int64) {
+	for {
+		old := v.Load()
+		n := old + c
+		if n < old {
+			n = math.MaxInt64
+		}
+		if v.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}

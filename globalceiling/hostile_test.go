@@ -1,0 +1,82 @@
+package globalceiling
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/hostiletest"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+// ceilingSubject describes a ceiling of limit 10 per hour in mode m on
+// client, admitted through Admit (Request.Cost: 0 is 1), or through a
+// Guard around it; its state is every shard key plus the ceiling's local
+// counts.
+func ceilingSubject(t *testing.T, client redis.UniversalClient, m Mode, guard bool) hostiletest.Subject {
+	clock := newFakeClock()
+	var c *Ceiling
+	var lim spillway.Limiter
+	prefix := fmt.Sprintf("hostile-%s:", m)
+	reset := func(ctx context.Context) error {
+		if c != nil {
+			c.Close()
+		}
+		if err := hostiletest.RedisDelete(ctx, client, prefix+"*"); err != nil {
+			return err
+		}
+		var err error
+		c, err = New(client, "db", 10, time.Hour, WithMode(m), WithClock(clock.Now), WithoutBackgroundSync(), WithPrefix(prefix), WithShards(3))
+		lim = c
+		if err == nil && guard {
+			lim, err = NewGuard(c)
+		}
+		return err
+	}
+	t.Cleanup(func() {
+		if c != nil {
+			c.Close()
+		}
+	})
+	return hostiletest.Subject{
+		Capacity:  10,
+		Batch:     1,
+		ZeroIsOne: true,
+		Exceeds:   spillway.ReasonCostExceedsLimit,
+		Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+			d, _, err := lim.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: costs[0]})
+			return d.Allowed, []spillway.Decision{d}, err
+		},
+		State: func(ctx context.Context) (string, error) {
+			st, err := hostiletest.RedisState(ctx, client, prefix+"*")
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return fmt.Sprintf("%s cur %+v prev %+v", st, c.cur, c.prev), err
+		},
+		Reset: reset,
+	}
+}
+
+// TestHostileCeiling runs the hostile-input suite on every mode, on a
+// Redis node and on a 3×3 Cluster, directly and through a Guard.
+func TestHostileCeiling(t *testing.T) {
+	clients := map[string]redis.UniversalClient{
+		"redis":   redistest.Start(t).Client(t),
+		"cluster": redistest.StartCluster(t).Client(t),
+	}
+	for cname, client := range clients {
+		for _, m := range []Mode{Exact, Cached, LocalAggregation} {
+			for _, guard := range []bool{false, true} {
+				name := cname + "/" + m.String()
+				if guard {
+					name += "/guard"
+				}
+				t.Run(name, func(t *testing.T) { hostiletest.Run(t, ceilingSubject(t, client, m, guard)) })
+			}
+		}
+	}
+}

@@ -1,0 +1,212 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/hostiletest"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+// memState is an image of every entry of a memory store, sorted.
+func memState(s *MemoryStore) string {
+	var lines []string
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			for ; e != nil; e = e.next {
+				l := fmt.Sprintf("%q %q %d full=%d %d %d %d", e.scope, e.key, e.layout, e.full, e.a, e.b, e.c)
+				if e.log != nil {
+					l += fmt.Sprint(" log=", e.log.ts[e.log.start:])
+				}
+				lines = append(lines, l)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// hostilePolicies are the policies the suite runs: each algorithm at a
+// small capacity, and the bucket family at the largest valid burst.
+func hostilePolicies() map[string]Policy {
+	return map[string]Policy{
+		"token_bucket":           {Limit: 10, Period: time.Hour},
+		"gcra_burst":             {Algorithm: GCRA, Limit: 5, Period: time.Hour, Burst: 12},
+		"leaky_bucket":           {Algorithm: LeakyBucket, Limit: 7, Period: time.Minute},
+		"fixed_window":           {Algorithm: FixedWindow, Limit: 10, Period: time.Hour},
+		"sliding_window_counter": {Algorithm: SlidingWindowCounter, Limit: 10, Period: time.Hour},
+		"sliding_window_log":     {Algorithm: SlidingWindowLog, Limit: 10, Period: time.Hour},
+		"token_bucket_edge":      {Limit: 1e6, Period: time.Second, Burst: MaxSpanMicros},
+		"gcra_edge":              {Algorithm: GCRA, Limit: 3, Period: 10 * time.Microsecond, Burst: MaxSpanMicros / 4},
+	}
+}
+
+// storeSubject describes store s (made by mk; Reset makes a new one or
+// clears Redis) deciding costs as items of one (scope, key, p); with
+// bystander, a batch of two or more also carries a fixed-window item of
+// another key, so it takes the mixed-batch path.
+func storeSubject(mk func() Store, state func(Store) (string, error), p Policy, bystander bool) hostiletest.Subject {
+	st := mk()
+	by := Item{Scope: "by", Key: "other", Policy: Policy{Algorithm: FixedWindow, Limit: 1000, Period: time.Hour}, Cost: 1}
+	return hostiletest.Subject{
+		Capacity: p.Capacity(),
+		Warm:     warmOf(p),
+		Batch:    3,
+		Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+			items := make([]Item, 0, len(costs)+1)
+			for _, c := range costs {
+				items = append(items, Item{Scope: "s", Key: "k", Policy: p, Cost: c})
+			}
+			if bystander && len(costs) > 1 {
+				items = append(items, by)
+			}
+			out := make([]spillway.Decision, len(items))
+			ok, err := st.Decide(ctx, items, out)
+			return ok, out[:len(costs)], err
+		},
+		State: func(context.Context) (string, error) { return state(st) },
+		Reset: func(context.Context) error { st = mk(); return nil },
+	}
+}
+
+// warmOf is a first charge whose state outlives the test on Redis's own
+// clock (which runs the keys' TTLs): at least an hour's worth of units.
+func warmOf(p Policy) int64 {
+	return max(1, min(p.Capacity()/2, time.Hour.Microseconds()/p.EmissionInterval()))
+}
+
+var hostileT0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+
+func memorySubject(p Policy, bystander bool) hostiletest.Subject {
+	return storeSubject(func() Store { return NewMemoryStore(WithClock(func() time.Time { return hostileT0 })) },
+		func(s Store) (string, error) { return memState(s.(*MemoryStore)), nil }, p, bystander)
+}
+
+func redisSubject(c redis.UniversalClient, prefix string, p Policy, bystander bool) hostiletest.Subject {
+	s := storeSubject(func() Store {
+		return NewRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+	},
+		func(Store) (string, error) { return hostiletest.RedisState(context.Background(), c, prefix+"*") }, p, bystander)
+	s.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, c, prefix+"*") }
+	return s
+}
+
+// TestHostileStores runs the hostile-input suite on the memory store, a
+// Redis node and a 3×3 Cluster, for every algorithm and at the edge of
+// the valid range, alone and in mixed batches, and checks memory and
+// Redis decide alike.
+func TestHostileStores(t *testing.T) {
+	node := redistest.Start(t).Client(t)
+	cluster := redistest.StartCluster(t).Client(t)
+	for name, p := range hostilePolicies() {
+		for _, mixed := range []bool{false, true} {
+			n := name
+			if mixed {
+				n += "/mixed"
+			}
+			t.Run(n, func(t *testing.T) {
+				mem := memorySubject(p, mixed)
+				t.Run("memory", func(t *testing.T) { hostiletest.Run(t, mem) })
+				for _, r := range []struct {
+					name string
+					c    redis.UniversalClient
+				}{{"redis", node}, {"cluster", cluster}} {
+					red := redisSubject(r.c, "hostile:", p, mixed)
+					t.Run(r.name, func(t *testing.T) { hostiletest.Run(t, red) })
+					t.Run(r.name+"/differential", func(t *testing.T) {
+						hostiletest.RunDifferential(t, memorySubject(p, mixed), red)
+					})
+				}
+			})
+		}
+	}
+}
+
+// limiterSubject describes a Limiter's AllowN (one request) on store.
+func limiterSubject(mk func() Store, state func(Store) (string, error), p Policy) hostiletest.Subject {
+	var l *Limiter
+	reset := func() {
+		var err error
+		if l, err = New(mk(), p, WithScope("lim")); err != nil {
+			panic(err)
+		}
+	}
+	reset()
+	return hostiletest.Subject{
+		Capacity: p.Capacity(),
+		Warm:     warmOf(p),
+		Batch:    1,
+		Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+			d, err := l.AllowN(ctx, "k", costs[0])
+			return d.Allowed, []spillway.Decision{d}, err
+		},
+		State: func(context.Context) (string, error) { return state(l.store) },
+		Reset: func(context.Context) error { reset(); return nil },
+	}
+}
+
+// dimensionSubject describes ByDimension's Admit: Request.Cost, 0 is 1.
+func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostiletest.Subject {
+	var d *DimensionLimiter
+	var st Store
+	reset := func() {
+		st = mk()
+		l, err := New(st, p, WithScope("dim"))
+		if err != nil {
+			panic(err)
+		}
+		d = l.ByDimension(spillway.DimUser)
+	}
+	reset()
+	s.ZeroIsOne = true
+	s.Decide = func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+		r := &spillway.Request{Priority: spillway.Critical, Cost: costs[0]}
+		r.Set(spillway.DimUser, "u")
+		dec, _, err := d.Admit(ctx, r)
+		return dec.Allowed, []spillway.Decision{dec}, err
+	}
+	inner := s.State
+	s.State = func(ctx context.Context) (string, error) { return inner(ctx) }
+	s.Reset = func(context.Context) error { reset(); return nil }
+	return s
+}
+
+// TestHostileLimiters runs the suite on Limiter.AllowN and on
+// ByDimension's Admit (Request.Cost), over the memory store (its
+// allocation-free path) and Redis.
+func TestHostileLimiters(t *testing.T) {
+	node := redistest.Start(t).Client(t)
+	clock := WithClock(func() time.Time { return hostileT0 })
+	for name, p := range hostilePolicies() {
+		t.Run(name, func(t *testing.T) {
+			var mem *MemoryStore
+			mkMem := func() Store { mem = NewMemoryStore(clock); return mem }
+			memState := func(Store) (string, error) { return memState(mem), nil }
+			mkRed := func() Store {
+				_ = hostiletest.RedisDelete(context.Background(), node, "hl:*")
+				return NewRedisStore(node, clock, WithPrefix("hl:"))
+			}
+			redState := func(Store) (string, error) { return hostiletest.RedisState(context.Background(), node, "hl:*") }
+			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkMem, memState, p)) })
+			t.Run("redis", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkRed, redState, p)) })
+			t.Run("differential", func(t *testing.T) {
+				hostiletest.RunDifferential(t, limiterSubject(mkMem, memState, p), limiterSubject(mkRed, redState, p))
+			})
+			base := hostiletest.Subject{Capacity: p.Capacity(), Warm: warmOf(p), Batch: 1}
+			base.State = func(context.Context) (string, error) { return memState(nil) }
+			t.Run("dimension/memory", func(t *testing.T) { hostiletest.Run(t, dimensionSubject(base, mkMem, p)) })
+			base.State = func(context.Context) (string, error) { return redState(nil) }
+			t.Run("dimension/redis", func(t *testing.T) { hostiletest.Run(t, dimensionSubject(base, mkRed, p)) })
+		})
+	}
+}
