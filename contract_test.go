@@ -25,7 +25,7 @@ func (h *holder) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "holder"}, spillway.Noop, nil
 	}
 	if h.broken.Load() {
-		return spillway.Decision{}, spillway.Noop, errors.New("holder: backend down")
+		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: "holder", Err: errors.New("backend down")}
 	}
 	if n := h.held.Add(1); n > h.capacity {
 		h.held.Add(-1)

@@ -14,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,8 @@ var (
 	memKeys    = flag.Int("memkeys", 100_000, "keys written by BenchmarkRedisMemoryPerKey")
 	pool       = flag.Int("pool", 64, "go-redis pool size")
 	rounds     = flag.Int("rounds", 3, "rounds of BenchmarkRedisDecisions, each running every contender in turn")
+	slice      = flag.Int("slice", 2000, "decisions per turn of a contender in BenchmarkRedisDecisions")
+	only       = flag.String("only", "", "comma-separated contenders of BenchmarkRedisDecisions (default: all)")
 	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.WithCoalescing)")
 )
 
@@ -158,9 +161,14 @@ func newContenders(b *testing.B, c *redis.Client) map[string]decider {
 		},
 		"spillway":               allow(limiter(store())),
 		"spillway_no_coalescing": allow(limiter(store(ratelimit.WithCoalescing(0)))),
-		"spillway_fallback":      allow(limiter(fb)),
-		"tiers_one_rule":         admit(oneRule),
-		"tiers_three_rules":      admit(threeRules),
+		// for -only: other numbers of calls in flight before coalescing
+		"spillway_coalesce1": allow(limiter(store(ratelimit.WithCoalescing(1)))),
+		"spillway_coalesce2": allow(limiter(store(ratelimit.WithCoalescing(2)))),
+		"spillway_coalesce4": allow(limiter(store(ratelimit.WithCoalescing(4)))),
+		"spillway_coalesce8": allow(limiter(store(ratelimit.WithCoalescing(8)))),
+		"spillway_fallback":  allow(limiter(fb)),
+		"tiers_one_rule":     admit(oneRule),
+		"tiers_three_rules":  admit(threeRules),
 	}
 }
 
@@ -168,67 +176,121 @@ func newContenders(b *testing.B, c *redis.Client) map[string]decider {
 type result struct {
 	n             int     // decisions
 	dps, p50, p99 float64 // decisions/s, µs
+	trim          float64 // mean µs of the decisions up to the p99: steadier than 1/dps on a busy host
 	usec, calls   float64 // Redis CPU µs per decision, decisions per script call
+	allowed       float64 // the fraction allowed
 }
 
 // BenchmarkRedisDecisions: decisions per second and latency percentiles of
 // -goroutines callers over -keys keys against one local redis-server, for
 // go-redis/redis_rate v10 and spillway (plain, without coalescing, behind
 // fallback.Store, and through tiers with one and three rules), side by
-// side, then the ratios. b.N is the number of decisions per contender.
-// Redis CPU per decision comes from INFO commandstats (CONFIG RESETSTAT
-// before each contender): the usec of every command over the decisions.
+// side, then the ratios. b.N is the number of decisions per contender and
+// round. Redis CPU per decision comes from INFO commandstats (CONFIG
+// RESETSTAT before each slice): the usec of every command over the
+// decisions.
 //
-// The contenders run in turn, -rounds times (rather than -count, which
-// repeats each contender before the next), so that a load that changes
-// during the run weighs on all of them alike; each round prints its table
-// and ratios, and the end the median of every ratio.
+// The contenders take turns in slices of -slice decisions (all
+// -goroutines callers on one contender, then the next), so that a load
+// that changes during the run — a shared machine — weighs on all of them
+// alike. -rounds repeats the whole (use it rather than -count); each round
+// prints its table and ratios, and the end the median of every ratio.
+// -only runs a comma-separated subset of the contenders.
 func BenchmarkRedisDecisions(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: *pool})
 	b.Cleanup(func() { _ = c.Close() })
 	cs := newContenders(b, c)
-	var all []map[string]result
-	for range *rounds {
-		res := map[string]result{}
-		for _, name := range contenders {
-			decide := cs[name]
-			b.Run(name, func(b *testing.B) {
-				res[name] = run(b, c, decide)
-			})
+	names := contenders
+	if *only != "" {
+		names = strings.Split(*only, ",")
+	}
+	ctx := context.Background()
+	for _, name := range names {
+		if cs[name] == nil {
+			b.Fatalf("no contender %q", name)
 		}
-		if len(res) != len(contenders) {
-			return // a -bench pattern selected some contenders only
+		for i := range 1000 { // warm up connections and scripts
+			if _, err := cs[name](ctx, i%*numKeys); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if b.N == 1 {
+		return // the probe run of -benchtime Nx: nothing to measure
+	}
+	var all []map[string]result
+	b.ResetTimer()
+	for range *rounds {
+		acc := map[string]*tally{}
+		for _, name := range names {
+			acc[name] = &tally{}
+		}
+		for done := 0; done < b.N; done += *slice {
+			n := min(*slice, b.N-done)
+			for _, name := range names {
+				runSlice(b, c, cs[name], done, n, acc[name])
+			}
+		}
+		res := map[string]result{}
+		for _, name := range names {
+			res[name] = acc[name].result()
 		}
 		all = append(all, res)
-		fmt.Print(table(res))
+		fmt.Print(table(names, res))
 	}
 	fmt.Print(medians(all))
+	if r := all[len(all)-1]; r["spillway"].n > 0 && r["redis_rate"].n > 0 {
+		b.ReportMetric(r["spillway"].dps/r["redis_rate"].dps, "spillway/redis_rate")
+	}
 }
 
-// run measures one contender over b.N decisions.
-func run(b *testing.B, c *redis.Client, decide decider) result {
-	ctx := context.Background()
-	for i := range 1000 { // warm up connections and scripts
-		if _, err := decide(ctx, i%*numKeys); err != nil {
-			b.Fatal(err)
+// tally accumulates a contender's slices.
+type tally struct {
+	n, allowed   int
+	elapsed      time.Duration
+	lat          []time.Duration
+	usec, scalls float64
+}
+
+func (t *tally) result() result {
+	slices.Sort(t.lat)
+	pct := func(p float64) float64 {
+		return float64(t.lat[int(p*float64(len(t.lat)-1))].Nanoseconds()) / 1e3
+	}
+	p99 := t.lat[int(0.99*float64(len(t.lat)-1))]
+	var sum time.Duration
+	k := 0
+	for _, l := range t.lat {
+		if l <= p99 {
+			sum += l
+			k++
 		}
 	}
+	return result{n: t.n, trim: float64(sum.Nanoseconds()) / 1e3 / float64(k), dps: float64(t.n) / t.elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
+		usec: t.usec / float64(t.n), calls: float64(t.n) / t.scalls, allowed: float64(t.allowed) / float64(t.n)}
+}
+
+// runSlice runs decisions from .. from+n-1 of one contender from
+// -goroutines callers and adds them to t.
+func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tally) {
+	ctx := context.Background()
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
 	lat := make([][]time.Duration, *goroutines)
 	var next, allowed atomic.Int64
+	next.Store(int64(from))
+	end := int64(from + n)
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
-	b.ResetTimer()
 	start := time.Now()
 	for g := range lat {
-		lat[g] = make([]time.Duration, 0, b.N / *goroutines + 1)
+		lat[g] = make([]time.Duration, 0, n / *goroutines + 1)
 		wg.Go(func() {
 			for {
 				i := next.Add(1) - 1
-				if i >= int64(b.N) {
+				if i >= end {
 					return
 				}
 				t := time.Now()
@@ -245,26 +307,18 @@ func run(b *testing.B, c *redis.Client, decide decider) result {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
+	t.elapsed += time.Since(start)
 	if err, _ := firstErr.Load().(error); err != nil {
 		b.Fatal(err)
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		return float64(all[int(p*float64(len(all)-1))].Nanoseconds()) / 1e3
+	for _, l := range lat {
+		t.lat = append(t.lat, l...)
 	}
 	usec, calls := commandStats(b, c)
-	r := result{n: b.N, dps: float64(b.N) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
-		usec: usec / float64(b.N), calls: float64(b.N) / calls}
-	b.ReportMetric(r.dps, "decisions/s")
-	b.ReportMetric(r.p50, "p50-µs")
-	b.ReportMetric(r.p99, "p99-µs")
-	b.ReportMetric(r.usec, "redis-µs/decision")
-	b.ReportMetric(r.calls, "decisions/call")
-	b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed")
-	return r
+	t.n += n
+	t.allowed += int(allowed.Load())
+	t.usec += usec
+	t.scalls += calls
 }
 
 // commandStats sums, over INFO commandstats, the usec of every command
@@ -305,22 +359,26 @@ var ratios = []struct {
 	{"spillway / redis_rate decisions/s", func(r map[string]result) float64 { return r["spillway"].dps / r["redis_rate"].dps }},
 	{"spillway / redis_rate p99 (< 1: better)", func(r map[string]result) float64 { return r["spillway"].p99 / r["redis_rate"].p99 }},
 	{"coalescing on / off decisions/s", func(r map[string]result) float64 { return r["spillway"].dps / r["spillway_no_coalescing"].dps }},
+	{"coalescing on / off mean latency ≤ p99", func(r map[string]result) float64 { return r["spillway"].trim / r["spillway_no_coalescing"].trim }},
 	{"fallback-wrapped / bare decisions/s", func(r map[string]result) float64 { return r["spillway_fallback"].dps / r["spillway"].dps }},
 	{"tiers three rules / one rule wall time", func(r map[string]result) float64 { return r["tiers_one_rule"].dps / r["tiers_three_rules"].dps }},
+	{"tiers three rules / one rule mean latency ≤ p99", func(r map[string]result) float64 { return r["tiers_three_rules"].trim / r["tiers_one_rule"].trim }},
 	{"redis_rate ×3 / tiers three rules wall time", func(r map[string]result) float64 { return r["tiers_three_rules"].dps / r["redis_rate_x3"].dps }},
 }
 
 // table formats one round.
-func table(res map[string]result) string {
+func table(names []string, res map[string]result) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each:\n", *goroutines, *numKeys, res["spillway"].n)
-	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %14s %10s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "redis µs/dec", "dec/call")
-	for _, name := range contenders {
+	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each:\n", *goroutines, *numKeys, res[names[0]].n)
+	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %11s %14s %10s %8s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "mean≤p99 µs", "redis µs/dec", "dec/call", "allowed")
+	for _, name := range names {
 		r := res[name]
-		fmt.Fprintf(&sb, "%-24s %12.0f %9.0f %9.0f %14.2f %10.1f\n", name, r.dps, r.p50, r.p99, r.usec, r.calls)
+		fmt.Fprintf(&sb, "%-24s %12.0f %9.0f %9.0f %11.1f %14.2f %10.1f %8.3f\n", name, r.dps, r.p50, r.p99, r.trim, r.usec, r.calls, r.allowed)
 	}
 	for _, r := range ratios {
-		fmt.Fprintf(&sb, "%-44s %.2f×\n", r.name, r.f(res))
+		if v := r.f(res); v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) {
+			fmt.Fprintf(&sb, "%-44s %.2f×\n", r.name, v)
+		}
 	}
 	return sb.String()
 }
@@ -333,7 +391,12 @@ func medians(all []map[string]result) string {
 	for _, r := range ratios {
 		var v []float64
 		for _, res := range all {
-			v = append(v, r.f(res))
+			if x := r.f(res); x > 0 && !math.IsInf(x, 0) && !math.IsNaN(x) {
+				v = append(v, x)
+			}
+		}
+		if len(v) == 0 {
+			continue
 		}
 		sorted := slices.Sorted(slices.Values(v))
 		fmt.Fprintf(&sb, "%-44s %.2f× (", r.name, sorted[len(sorted)/2])

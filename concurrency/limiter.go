@@ -50,7 +50,14 @@ type options struct {
 	releaseTimeout time.Duration
 	onReleaseError func(error)
 	maxPending     int
+	fail           spillway.FailMode
 }
+
+// WithFailMode sets what the limiter wants when its store cannot answer
+// (default spillway.FailOpen): the *spillway.StoreError that AcquireN and
+// PerKey return carries it, and the adapters deny a request whose error
+// asks for spillway.FailClosed whatever their own default.
+func WithFailMode(m spillway.FailMode) Option { return func(o *options) { o.fail = m } }
 
 // WithName names the limiter (default "concurrency"). The name is the
 // Decision.Limiter and the scope of the keys: two limiters with different
@@ -116,6 +123,8 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: retry after %v must be positive", o.retryAfter)
 	case o.releaseTimeout <= 0:
 		return nil, fmt.Errorf("concurrency: New: release timeout %v must be positive", o.releaseTimeout)
+	case !o.fail.Valid():
+		return nil, fmt.Errorf("concurrency: New: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(o.fail))
 	case o.maxPending < 0:
 		return nil, fmt.Errorf("concurrency: New: max pending releases %d must not be negative", o.maxPending)
 	}
@@ -153,8 +162,9 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
 // without a store call. ResetAfter is always 0: when the key is back to
 // empty depends on requests the limiter cannot foresee. Other than for a
-// negative n, err != nil means only that the store failed; it wraps the
-// store's error.
+// negative n, err != nil means only that the store failed: it is a
+// *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable)) with
+// the WithFailMode mode, wrapping the store's error.
 func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	switch {
 	case n < 0:
@@ -167,7 +177,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	id := l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
 	res, err := l.store.Acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	if err != nil {
-		return spillway.Decision{}, spillway.Noop, err
+		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: l.o.name, Fail: l.o.fail, Err: err}
 	}
 	if l.npending.Load() > 0 {
 		l.retryPending()

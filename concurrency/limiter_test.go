@@ -378,8 +378,21 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 		t.Fatalf("release error = %v", e)
 	}
 	d, done, err = lim.Acquire(ctx, "k")
-	if err == nil || !strings.HasPrefix(err.Error(), "concurrency: acquire: ") || d.Allowed {
-		t.Fatalf("acquire on a dead Redis: %+v, %v", d, err)
+	var se *spillway.StoreError
+	if err == nil || !errors.As(err, &se) || !errors.Is(err, spillway.ErrStoreUnavailable) || se.Fail != spillway.FailOpen ||
+		!strings.HasPrefix(se.Err.Error(), "concurrency: acquire: ") || d != (spillway.Decision{}) {
+		t.Fatalf("acquire on a dead Redis: %+v, %v; want a fail-open StoreError wrapping the acquire error", d, err)
+	}
+	closed, err := New(lim.store, 1, WithName("login"), WithFailMode(spillway.FailClosed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = PerKey(closed, spillway.DimUser).Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || !strings.HasPrefix(err.Error(), "spillway: store unavailable (login, fail closed): concurrency: acquire: ") {
+		t.Fatalf("fail-closed limiter on a dead Redis: %v", err)
+	}
+	if _, err := New(lim.store, 1, WithFailMode(4)); err == nil || err.Error() != "concurrency: New: unknown fail mode 4 (want spillway.FailOpen or spillway.FailClosed)" {
+		t.Fatalf("WithFailMode(4): %v", err)
 	}
 	var ne interface{ Timeout() bool }
 	_ = errors.As(err, &ne) // the cause is reachable with errors.As/Is

@@ -292,7 +292,10 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // ResetAfter the time until the window ends. A malformed request is
 // denied with spillway.ReasonInvalid. err != nil means Redis failed (or,
 // in Cached and LocalAggregation modes, that the shared total is stale:
-// errors.Is(err, ErrStale)); nothing was charged then.
+// errors.Is(err, ErrStale)); nothing was charged then. The error is a
+// *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable)) that
+// wraps the cause; its fail mode is FailOpen: the adapter's default
+// decides, or a Guard.
 //
 // In Exact and Cached modes the Redis calls of an admission end with the
 // request's budget (spillway.WithBudget; a Chain starts one); when the
@@ -303,7 +306,10 @@ func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
 	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())
-	return d, spillway.Noop, err
+	if err != nil {
+		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: c.name, Err: err}
+	}
+	return d, spillway.Noop, nil
 }
 
 // AdmitN is Admit for a priority and a cost (>= 1) without a Request.

@@ -18,9 +18,12 @@ import (
 // ErrCeilingReached) is true for every *RejectedError.
 var ErrCeilingReached = errors.New("globalceiling: ceiling reached")
 
-// ErrUnavailable is wrapped by a Guard's error when the shared store
-// failed and the guard has no local fallback (it fails closed).
-var ErrUnavailable = errors.New("globalceiling: ceiling unavailable")
+// ErrUnavailable is matched by a Guard's error when the shared store
+// failed and the guard has no local fallback (it fails closed). It is
+// spillway.ErrStoreUnavailable: the error is a *spillway.StoreError whose
+// Fail is spillway.FailClosed, so an adapter denies the request whatever
+// its own default.
+var ErrUnavailable = spillway.ErrStoreUnavailable
 
 // RejectedError is returned by a Guard that did not run the work. It
 // matches ErrCeilingReached with errors.Is and carries the decision.
@@ -139,7 +142,15 @@ func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	d, done, err := g.lim.Admit(ctx, r)
 	if err != nil {
 		if g.local == nil {
-			return spillway.Decision{}, spillway.Noop, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			// The guard fails closed: say so in the error, so that an
+			// adapter denies rather than runs the work unguarded.
+			se := &spillway.StoreError{Limiter: g.name, Err: err}
+			var inner *spillway.StoreError
+			if errors.As(err, &inner) {
+				se.Limiter, se.Rules, se.Err = inner.Limiter, inner.Rules, inner.Err
+			}
+			se.Fail = spillway.FailClosed
+			return spillway.Decision{}, spillway.Noop, se
 		}
 		if g.onDegraded != nil {
 			g.onDegraded(err)

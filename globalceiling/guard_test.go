@@ -174,6 +174,12 @@ func TestGuardDegradesToLocalBucket(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCeilingReached) {
 		t.Fatalf("no fallback: err = %v, want ErrUnavailable", err)
 	}
+	// Its error asks an adapter to fail closed too, naming the ceiling.
+	_, _, err = strict.Admit(ctx, critical())
+	var se *spillway.StoreError
+	if !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || !errors.Is(err, spillway.ErrStoreUnavailable) {
+		t.Fatalf("no fallback, Admit: err = %v; want a fail-closed spillway.StoreError", err)
+	}
 	// The bucket refills at 3 per hour.
 	clock.Advance(20 * time.Minute)
 	if d, _, _ := g.Admit(ctx, critical()); !d.Allowed || !d.Degraded {

@@ -3,6 +3,7 @@ package globalceiling
 import (
 	"context"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -327,5 +328,42 @@ func TestCachedSyncWaitsForChargesInFlight(t *testing.T) {
 	wg.Wait()
 	if n := 10 + admitAll(t, c); n != 500 {
 		t.Fatalf("the server admitted %d, its ceiling is 500", n)
+	}
+}
+
+// TestChargeScriptRepliesExactCounts: the charge and refund scripts reply
+// a shard's count exactly past 2^53 (where a Lua number rounds) up to
+// MaxInt64, and refuse to wrap past it.
+func TestChargeScriptRepliesExactCounts(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	for _, c := range []struct{ start, add, want int64 }{
+		{0, 5, 5},
+		{1<<53 - 2, 1, 1<<53 - 1},
+		{1 << 53, 1, 1<<53 + 1},
+		{1<<53 + 1, 2, 1<<53 + 3},
+		{math.MaxInt64 - 1, 1, math.MaxInt64},
+		{1, math.MaxInt64 - 1, math.MaxInt64},
+	} {
+		if err := rdb.Set(ctx, "k", c.start, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		n, err := lua.CeilingCharge.Run(ctx, rdb, []string{"k"}, c.add, 60000).Int64()
+		if err != nil || n != c.want {
+			t.Fatalf("charge %d on %d: %d %v, want %d", c.add, c.start, n, err, c.want)
+		}
+		back, err := lua.CeilingRefund.Run(ctx, rdb, []string{"k"}, c.add).Int64()
+		if err != nil || back != c.start {
+			t.Fatalf("refund %d from %d: %d %v, want %d", c.add, c.want, back, err, c.start)
+		}
+	}
+	if err := rdb.Set(ctx, "k", math.MaxInt64, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lua.CeilingCharge.Run(ctx, rdb, []string{"k"}, 1, 60000).Err(); err == nil || !strings.Contains(err.Error(), "overflow") {
+		t.Fatalf("charge past MaxInt64: %v, want an overflow error", err)
+	}
+	if v, _ := rdb.Get(ctx, "k").Int64(); v != math.MaxInt64 {
+		t.Fatalf("after a refused charge the shard holds %d", v)
 	}
 }

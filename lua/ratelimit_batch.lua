@@ -106,181 +106,181 @@ end
 
 local i = 0
 for g = 1, #sizes do
-gp, gl, gw = {}, {}, {}
-local all = 1
-for _ = 1, sizes[g] do
-  i = i + 1
-  local key = KEYS[i]
-  local b = first + 7 * (i - 1)
-  local alg = tonumber(ARGV[b])
-  local L = tonumber(ARGV[b + 1])
-  local P = tonumber(ARGV[b + 2])
-  local B = tonumber(ARGV[b + 3])
-  local T = tonumber(ARGV[b + 4])
-  local n = tonumber(ARGV[b + 5])
-  local ok, rem, reset, retry, s1, s2, s3 = 0, 0, 0, 0, 0, 0, 0
+  gp, gl, gw = {}, {}, {}
+  local all = 1
+  for _ = 1, sizes[g] do
+    i = i + 1
+    local key = KEYS[i]
+    local b = first + 7 * (i - 1)
+    local alg = tonumber(ARGV[b])
+    local L = tonumber(ARGV[b + 1])
+    local P = tonumber(ARGV[b + 2])
+    local B = tonumber(ARGV[b + 3])
+    local T = tonumber(ARGV[b + 4])
+    local n = tonumber(ARGV[b + 5])
+    local ok, rem, reset, retry, s1, s2, s3 = 0, 0, 0, 0, 0, 0, 0
 
-  if alg == 0 or alg == 1 or alg == 5 then
-    local tau = B * T
-    local s = getstr(key)
-    local tat = s and tonumber(s) or 0
-    s1 = tat
-    local t = now
-    if t < tat - tau then t = tat - tau end -- time went backwards
-    local base = tat
-    if base < t then base = t end
-    local wait = base - t
-    local need = wait + n * T
-    if n > B or need > tau then
-      rem, reset = floor((tau - wait) / T), wait
-      if n <= B then retry = need - tau end
-    else
-      ok, rem, reset = 1, floor((tau - need) / T), need
-      if n > 0 then
-        local s = fmt('%d', t + need)
-        gp[key] = s
-        gw[#gw + 1] = {0, key, s, ttl(need)}
+    if alg == 0 or alg == 1 or alg == 5 then
+      local tau = B * T
+      local s = getstr(key)
+      local tat = s and tonumber(s) or 0
+      s1 = tat
+      local t = now
+      if t < tat - tau then t = tat - tau end -- time went backwards
+      local base = tat
+      if base < t then base = t end
+      local wait = base - t
+      local need = wait + n * T
+      if n > B or need > tau then
+        rem, reset = floor((tau - wait) / T), wait
+        if n <= B then retry = need - tau end
+      else
+        ok, rem, reset = 1, floor((tau - need) / T), need
+        if n > 0 then
+          local s = fmt('%d', t + need)
+          gp[key] = s
+          gw[#gw + 1] = {0, key, s, ttl(need)}
+        end
       end
-    end
 
-  elseif alg == 2 then
-    local w, c = 0, 0
-    local s = getstr(key)
-    if s ~= nil then
-      local ws, cs = string.match(s, '^(%d+):(%d+)$')
-      if ws ~= nil then w, c = tonumber(ws), tonumber(cs) end
-    end
-    s1, s2 = w, c
-    local t = now
-    if t < w * P then t = w * P end -- time went backwards: stay in the window
-    local k = floor(t / P)
-    if k ~= w then c = 0 end
-    local wend = (k + 1) * P
-    if n > L or c + n > L then
-      rem = L - c
-      if rem < 0 then rem = 0 end
-      if c > 0 then reset = wend - t end
-      if n <= L then retry = wend - t end
-    else
-      c = c + n
-      ok, rem = 1, L - c
-      if c > 0 then reset = wend - t end
-      if n > 0 then
-        local v = fmt('%d:%d', k, c)
+    elseif alg == 2 then
+      local w, c = 0, 0
+      local s = getstr(key)
+      if s ~= nil then
+        local ws, cs = string.match(s, '^(%d+):(%d+)$')
+        if ws ~= nil then w, c = tonumber(ws), tonumber(cs) end
+      end
+      s1, s2 = w, c
+      local t = now
+      if t < w * P then t = w * P end -- time went backwards: stay in the window
+      local k = floor(t / P)
+      if k ~= w then c = 0 end
+      local wend = (k + 1) * P
+      if n > L or c + n > L then
+        rem = L - c
+        if rem < 0 then rem = 0 end
+        if c > 0 then reset = wend - t end
+        if n <= L then retry = wend - t end
+      else
+        c = c + n
+        ok, rem = 1, L - c
+        if c > 0 then reset = wend - t end
+        if n > 0 then
+          local v = fmt('%d:%d', k, c)
+          gp[key] = v
+          gw[#gw + 1] = {0, key, v, ttl(reset)}
+        end
+      end
+
+    elseif alg == 4 then
+      local w, prev, cur = 0, 0, 0
+      local s = getstr(key)
+      if s ~= nil then
+        local ws, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
+        if ws ~= nil then w, prev, cur = tonumber(ws), tonumber(ps), tonumber(cs) end
+      end
+      s1, s2, s3 = w, prev, cur
+      local t = now
+      if t < w * P then t = w * P end
+      local k = floor(t / P)
+      if k == w + 1 then
+        prev, cur = cur, 0
+      elseif k ~= w then
+        prev, cur = 0, 0
+      end
+      local e = t - k * P
+      local est = floor(prev * (P - e) / P) + cur
+      if n > L or est + n > L then
+        rem = L - est
+        if rem < 0 then rem = 0 end
+        if n <= L then
+          if L - cur - n >= 0 then
+            retry = drain(prev, L - cur - n, P) - e
+          else
+            retry = (P - e) + drain(cur, L - n, P)
+          end
+        end
+      else
+        ok, rem = 1, L - est - n
+        cur = cur + n
+      end
+      if cur > 0 then
+        reset = (P - e) + drain(cur, 0, P)
+      else
+        reset = drain(prev, 0, P) - e
+        if reset < 0 then reset = 0 end
+      end
+      if ok == 1 and n > 0 then
+        local v = fmt('%d:%d:%d', k, prev, cur)
         gp[key] = v
         gw[#gw + 1] = {0, key, v, ttl(reset)}
       end
-    end
 
-  elseif alg == 4 then
-    local w, prev, cur = 0, 0, 0
-    local s = getstr(key)
-    if s ~= nil then
-      local ws, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
-      if ws ~= nil then w, prev, cur = tonumber(ws), tonumber(ps), tonumber(cs) end
-    end
-    s1, s2, s3 = w, prev, cur
-    local t = now
-    if t < w * P then t = w * P end
-    local k = floor(t / P)
-    if k == w + 1 then
-      prev, cur = cur, 0
-    elseif k ~= w then
-      prev, cur = 0, 0
-    end
-    local e = t - k * P
-    local est = floor(prev * (P - e) / P) + cur
-    if n > L or est + n > L then
-      rem = L - est
-      if rem < 0 then rem = 0 end
-      if n <= L then
-        if L - cur - n >= 0 then
-          retry = drain(prev, L - cur - n, P) - e
-        else
-          retry = (P - e) + drain(cur, L - n, P)
+    elseif alg == 3 then
+      local zkey = true -- false: the key holds another type, replace it
+      local c, newest = 0, nil
+      local lg = gl[key]
+      if lg == nil then lg = logs[key] end
+      local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if top.err then
+        zkey = false
+      elseif top[2] ~= nil then
+        newest = tonumber(top[2])
+      end
+      if lg ~= nil then newest = lg[2] end
+      local t = now
+      if newest ~= nil and t < newest then t = newest end -- time went backwards
+      local cutoff = t - P -- entries ≤ cutoff have left the window
+      local stored = 0
+      if zkey and top[2] ~= nil then
+        -- trimmed on every call, as the memory store does (it changes no
+        -- decision, and the newest entry it keeps bounds a backwards clock)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', cutoff))
+        stored = redis.call('ZCARD', key)
+      end
+      local added = 0
+      if lg ~= nil then added = lg[1] end
+      c = stored + added
+      if n > L or c + n > L then
+        rem = L - c
+        if rem < 0 then rem = 0 end
+        if n <= L then
+          -- the m-th oldest live entry must leave first
+          local m = c + n - L
+          if m <= stored then
+            local r = redis.call('ZRANGE', key, m - 1, m - 1, 'WITHSCORES')
+            retry = tonumber(r[2]) + P - t
+          else
+            retry = lg[2] + P - t
+          end
+        end
+      else
+        ok, rem = 1, L - c - n
+        c = c + n
+        if n > 0 then
+          newest = t
+          gl[key] = {added + n, t}
+          gw[#gw + 1] = {1, key, ARGV[b + 6], n, t, zkey}
         end
       end
+      if c > 0 then reset = newest + P - t end
+      if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
     else
-      ok, rem = 1, L - est - n
-      cur = cur + n
-    end
-    if cur > 0 then
-      reset = (P - e) + drain(cur, 0, P)
-    else
-      reset = drain(prev, 0, P) - e
-      if reset < 0 then reset = 0 end
-    end
-    if ok == 1 and n > 0 then
-      local v = fmt('%d:%d:%d', k, prev, cur)
-      gp[key] = v
-      gw[#gw + 1] = {0, key, v, ttl(reset)}
+      return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
     end
 
-  elseif alg == 3 then
-    local zkey = true -- false: the key holds another type, replace it
-    local c, newest = 0, nil
-    local lg = gl[key]
-    if lg == nil then lg = logs[key] end
-    local top = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if top.err then
-      zkey = false
-    elseif top[2] ~= nil then
-      newest = tonumber(top[2])
-    end
-    if lg ~= nil then newest = lg[2] end
-    local t = now
-    if newest ~= nil and t < newest then t = newest end -- time went backwards
-    local cutoff = t - P -- entries ≤ cutoff have left the window
-    local stored = 0
-    if zkey and top[2] ~= nil then
-      -- trimmed on every call, as the memory store does (it changes no
-      -- decision, and the newest entry it keeps bounds a backwards clock)
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', cutoff))
-      stored = redis.call('ZCARD', key)
-    end
-    local added = 0
-    if lg ~= nil then added = lg[1] end
-    c = stored + added
-    if n > L or c + n > L then
-      rem = L - c
-      if rem < 0 then rem = 0 end
-      if n <= L then
-        -- the m-th oldest live entry must leave first
-        local m = c + n - L
-        if m <= stored then
-          local r = redis.call('ZRANGE', key, m - 1, m - 1, 'WITHSCORES')
-          retry = tonumber(r[2]) + P - t
-        else
-          retry = lg[2] + P - t
-        end
-      end
-    else
-      ok, rem = 1, L - c - n
-      c = c + n
-      if n > 0 then
-        newest = t
-        gl[key] = {added + n, t}
-        gw[#gw + 1] = {1, key, ARGV[b + 6], n, t, zkey}
-      end
-    end
-    if c > 0 then reset = newest + P - t end
-    if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
-  else
-    return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
+    if ok == 0 then all = 0 end
+    local o = #reply
+    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = ok, rem, reset, retry
+    reply[o + 5], reply[o + 6], reply[o + 7] = s1, s2, s3
   end
-
-  if ok == 0 then all = 0 end
-  local o = #reply
-  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = ok, rem, reset, retry
-  reply[o + 5], reply[o + 6], reply[o + 7] = s1, s2, s3
-end
-if all == 1 then
-  for k, v in pairs(gp) do pending[k] = v end
-  for k, v in pairs(gl) do logs[k] = v end
-  for _, w in ipairs(gw) do writes[#writes + 1] = w end
-else
-  reply[2] = 0
-end
+  if all == 1 then
+    for k, v in pairs(gp) do pending[k] = v end
+    for k, v in pairs(gl) do logs[k] = v end
+    for _, w in ipairs(gw) do writes[#writes + 1] = w end
+  else
+    reply[2] = 0
+  end
 end
 
 local replaced = {} -- log keys of another type already replaced

@@ -37,8 +37,9 @@
 -- changes nothing a later group sees.
 --
 -- Writes: for each item with n > 0 of an allowed group: SET KEYS[i] TAT'
--- PX ceil(need/1000), TAT' = now' + need; a key charged several times is
--- written once, with its last charge (which includes the earlier ones).
+-- PX ceil(need/1000), TAT' = now' + need, in call order (a key charged
+-- several times ends with its last charge, which includes the earlier
+-- ones).
 -- A denied group writes nothing. now' is now clamped, per item, to
 -- TAT − tau, the earliest time the state proves was seen (time going
 -- backwards). A key of another type or content reads as a full bucket and
@@ -53,38 +54,49 @@ elseif now < 0 then
 end
 
 local N = #KEYS
-local sizes, first = {N}, 2 -- group sizes; ARGV index of item 1's T
+local sizes, first = nil, 2 -- group sizes (nil: one group); ARGV index of item 1's T
+local G = 1
 if #ARGV ~= 1 + 3 * N then
-  local G = tonumber(ARGV[2])
+  G = tonumber(ARGV[2])
   sizes, first = {}, 3 + G
   for g = 1, G do sizes[g] = tonumber(ARGV[2 + g]) end
 end
 
 -- MGET reads the keys (false for a missing key or one of another type),
 -- in chunks that unpack fits on Lua's stack
-local cur = {}
-for j = 1, N, 1000 do
-  local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, N)))
-  for k = 1, #part do cur[j + k - 1] = part[k] end
+local cur
+if N <= 1000 then
+  cur = redis.call('MGET', unpack(KEYS))
+else
+  cur = {}
+  for j = 1, N, 1000 do
+    local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, N)))
+    for k = 1, #part do cur[j + k - 1] = part[k] end
+  end
 end
-local pending = {} -- key -> TAT an allowed earlier group charged
-local wi = {}      -- key -> its index in the writes
-local wk, wv, wp = {}, {}, {} -- writes: key, TAT', PX
+-- pending: key -> TAT charged by an earlier item of this call (of its
+-- group, or of an allowed earlier group). A group's charges go straight
+-- into pending and the writes; a denied group is undone: pending entries
+-- restored from undo, writes cut back to where the group began.
+local pending = {}
+local uk, uv, un = {}, {}, 0 -- undo: key, previous pending value
+local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT', PX
 local reply = {now}
 local i = 0
-for g = 1, #sizes do
-  local gp = {} -- key -> TAT an earlier item of this group charged
-  local gw = {} -- this group's charges: key, TAT', PX, …
+for g = 1, G do
+  local size = N
+  if sizes then size = sizes[g] end
   local ok = true
-  for _ = 1, sizes[g] do
+  local w0 = wn
+  un = 0
+  for _ = 1, size do
     i = i + 1
     local key = KEYS[i]
     local b = first + 3 * (i - 1)
     local T = tonumber(ARGV[b])
     local tau = tonumber(ARGV[b + 1])
     local n = tonumber(ARGV[b + 2])
-    local tat = gp[key]
-    if tat == nil then tat = pending[key] end
+    local tat = pending[key]
     if tat == nil then tat = tonumber(cur[i]) or 0 end
     local t = now
     if t < tat - tau then t = tat - tau end
@@ -93,9 +105,11 @@ for g = 1, #sizes do
     local need = wait + n * T
     if need <= tau then
       if n > 0 then
-        gp[key] = t + need
-        local j = #gw
-        gw[j + 1], gw[j + 2], gw[j + 3] = key, t + need, math.floor((need + 999) / 1000)
+        un = un + 1
+        uk[un], uv[un] = key, pending[key]
+        pending[key] = t + need
+        wn = wn + 1
+        wk[wn], wv[wn], wp[wn] = key, t + need, math.floor((need + 999) / 1000)
       end
     else
       ok = false
@@ -103,21 +117,13 @@ for g = 1, #sizes do
     reply[1 + i] = wait
     reply[1 + N + i] = tat
   end
-  if ok then
-    for j = 1, #gw, 3 do
-      local key = gw[j]
-      pending[key] = gw[j + 1]
-      local w = wi[key]
-      if w == nil then
-        w = #wk + 1
-        wi[key], wk[w] = w, key
-      end
-      wv[w], wp[w] = gw[j + 1], gw[j + 2]
-    end
+  if not ok then
+    for j = un, 1, -1 do pending[uk[j]] = uv[j] end
+    wn = w0
   end
 end
 
-for j = 1, #wk do
+for j = 1, wn do
   redis.call('SET', wk[j], wv[j], 'PX', wp[j])
 end
 return reply

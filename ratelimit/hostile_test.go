@@ -3,8 +3,10 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +211,91 @@ func TestHostileLimiters(t *testing.T) {
 			t.Run("dimension/redis", func(t *testing.T) { hostiletest.Run(t, dimensionSubject(base, mkRed, p)) })
 		})
 	}
+}
+
+// FuzzRedisVsMemory drives random policies and costs — the hostile
+// edges among the seeds — through the Redis scripts and through the
+// memory store on one fixed clock, and requires the same outcome: the
+// same error or none, the same verdict and the same decisions, for a
+// first batch on an empty state and a second on what the first left.
+// `go test` replays the seeds and testdata/fuzz/FuzzRedisVsMemory; run
+// `go test -fuzz FuzzRedisVsMemory ./ratelimit` to search further.
+func FuzzRedisVsMemory(f *testing.F) {
+	const e53 = int64(1) << 53
+	seeds := []struct {
+		alg                               uint8
+		limit, periodUS, burst, w, c1, c2 int64
+	}{
+		{0, 1e6, 1e6, MaxSpanMicros, MaxSpanMicros / 2, MaxSpanMicros + 1, 1},
+		{0, 1e6, 1e6, e53, 1, e53 + 1, 1},
+		{1, 1e6, 1e6, MaxSpanMicros, 1 << 40, e53 - 1, e53},
+		{5, 3, 10, MaxSpanMicros / 4, 1 << 38, 1 << 62, math.MaxInt64},
+		{0, 10, 3600e6, 0, 5, 6, 5},
+		{2, 10, 3600e6, 0, 4, 7, -1},
+		{4, 10, 3600e6, 0, 9, 2, e53 + 1},
+		{3, 10, 3600e6, 0, 3, 8, 11},
+		{0, 1, MaxSpanMicros, 0, 1, 2, 0},
+		{2, 2, MaxSpanMicros, 0, 1, 1, 1 << 62},
+		{0, math.MaxInt64, 1e6, 0, 1, 1, 1},
+		{1, 7, 60e6, math.MaxInt64, 1, 1, 1},
+	}
+	for _, s := range seeds {
+		f.Add(s.alg, s.limit, s.periodUS, s.burst, s.w, s.c1, s.c2)
+	}
+	rdb := redistest.Start(f).Client(f)
+	var run atomic.Int64
+	f.Fuzz(func(t *testing.T, alg uint8, limit, periodUS, burst, w, c1, c2 int64) {
+		p := Policy{Algorithm: Algorithm(alg % uint8(numAlgorithms)), Limit: limit, Period: time.Duration(periodUS) * time.Microsecond, Burst: burst}
+		if periodUS > math.MaxInt64/1000 || periodUS < -math.MaxInt64/1000 {
+			p.Period = time.Duration(math.MaxInt64) // out of range either way: the stores must agree it is invalid
+		}
+		if p.Algorithm == SlidingWindowLog && p.Limit > 1000 {
+			return // one sorted-set member per unit: keep a run fast
+		}
+		ctx := context.Background()
+		prefix := fmt.Sprintf("fz%d:", run.Add(1))
+		defer hostiletest.RedisDelete(ctx, rdb, prefix+"*")
+		clock := WithClock(func() time.Time { return hostileT0 })
+		stores := [2]Store{NewMemoryStore(clock), NewRedisStore(rdb, clock, WithPrefix(prefix))}
+		other := Policy{Algorithm: FixedWindow, Limit: 1000, Period: time.Hour}
+		batches := [][]Item{
+			{{Scope: "s", Key: "a", Policy: p, Cost: w}},
+			{{Scope: "s", Key: "a", Policy: p, Cost: c1}, {Scope: "s", Key: "b", Policy: p, Cost: c2}, {Scope: "o", Key: "a", Policy: other, Cost: 1}},
+		}
+		for i, items := range batches {
+			var oks [2]bool
+			var errs [2]error
+			outs := [2][]spillway.Decision{make([]spillway.Decision, len(items)), make([]spillway.Decision, len(items))}
+			for j, st := range stores {
+				oks[j], errs[j] = st.Decide(ctx, items, outs[j])
+			}
+			if (errs[0] == nil) != (errs[1] == nil) {
+				t.Fatalf("%v batch %d: memory error %v, redis error %v", p, i, errs[0], errs[1])
+			}
+			if errs[0] != nil {
+				return
+			}
+			if oks[0] != oks[1] || !slices.Equal(outs[0], outs[1]) {
+				t.Fatalf("%v batch %d %+v:\nmemory %v %+v\nredis  %v %+v", p, i, items, oks[0], outs[0], oks[1], outs[1])
+			}
+			for k, d := range outs[0] {
+				if items[k].Cost > items[k].Policy.Capacity() && (d.Allowed || d.Reason != spillway.ReasonCostExceedsLimit) {
+					t.Fatalf("%v batch %d item %d: cost %d above capacity %d decided %+v", p, i, k, items[k].Cost, items[k].Policy.Capacity(), d)
+				}
+			}
+			// Redis expires keys on its own clock: when a state the first
+			// batch wrote lives less than a second, the second batch could
+			// see it gone where the memory store (on the fixed clock)
+			// still has it; stop there.
+			keys, err := rdb.Keys(ctx, prefix+"*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				if pttl, err := rdb.PTTL(ctx, k).Result(); err != nil || pttl < time.Second {
+					return
+				}
+			}
+		}
+	})
 }

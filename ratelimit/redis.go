@@ -20,7 +20,9 @@ import (
 
 // RedisStore keeps rate-limit state in Redis, shared by every server of a
 // fleet. Each decision is one Lua script call (one round trip), whatever
-// the number of items in the batch; see docs/ratelimit-redis.md.
+// the number of items in the batch, and decisions made while the store's
+// call is in flight are coalesced into one script call (WithCoalescing,
+// on by default); see docs/ratelimit-redis.md.
 //
 // Keys are keys.Key(prefix, scope, key): the entity is the Redis Cluster
 // hash tag, so the tiers of one entity share a slot. TokenBucket, GCRA and
@@ -67,8 +69,9 @@ const (
 
 // NewRedisStore returns a store over client (a *redis.Client, a
 // *redis.ClusterClient, a failover client or a *redis.Ring). It honours
-// WithPrefix (default "spillway:") and WithClock (default: the scripts read
-// Redis TIME); WithMaxKeys and WithShards do not apply. A nil client or a
+// WithPrefix (default "spillway:"), WithClock (default: the scripts read
+// Redis TIME) and WithCoalescing (default DefaultCoalescing); WithMaxKeys
+// and WithShards do not apply. A nil client or a
 // prefix containing '{' or '}' makes every call return an error saying so.
 func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 	o := defaultStoreOptions()

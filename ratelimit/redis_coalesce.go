@@ -16,7 +16,7 @@ import (
 
 // DefaultCoalescing is the number of script calls a RedisStore has in
 // flight before it coalesces further decisions (see WithCoalescing).
-const DefaultCoalescing = 2
+const DefaultCoalescing = 1
 
 // Coalesced calls stay bounded: a batch of more than maxCoalesceItems
 // items always runs alone, and one coalesced call carries at most

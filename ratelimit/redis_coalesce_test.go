@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/lua"
 )
 
@@ -301,5 +302,83 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 	}
 	if s := NewRedisStore(c); s.co == nil || s.co.max != DefaultCoalescing {
 		t.Fatalf("default store: coalescing %+v, want on with %d calls", s.co, DefaultCoalescing)
+	}
+}
+
+// A hung Redis (SIGSTOP) holds neither a queued caller past its own
+// deadline nor the coalescer after Redis is back: the caller in flight and
+// the queued ones each return an error wrapping context.DeadlineExceeded
+// (the queued ones with longer deadlines than the call in flight, so that
+// they are sent in a coalesced call that hangs too), and once Redis
+// resumes, decisions succeed again.
+func TestRedisStoreCoalescedHungRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	// a client that honours context deadlines, as package fallback asks
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	loadScripts(t, c)
+	rs := NewRedisStore(c, WithCoalescing(1))
+	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
+	it := func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = srv.Resume()
+		}
+	}()
+	ctx1, cancel1 := context.WithTimeout(ctx, time.Second)
+	defer cancel1()
+	first := decideAsync(ctx1, rs, it("a"))
+	waitInflight(t, rs, 1)
+	var queued []<-chan result
+	for i, k := range []string{"b", "c", "d"} {
+		cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		defer cancel()
+		queued = append(queued, decideAsync(cctx, rs, it(k)))
+		waitQueued(t, rs, i+1)
+	}
+	if r := <-first; !errors.Is(r.err, context.DeadlineExceeded) || r.ok {
+		t.Fatalf("the call in flight on a hung Redis: %v %v, want an error wrapping context.DeadlineExceeded", r.ok, r.err)
+	}
+	for i, ch := range queued {
+		r := <-ch
+		if !errors.Is(r.err, context.DeadlineExceeded) || r.ok {
+			t.Fatalf("queued caller %d on a hung Redis: %v %v, want an error wrapping context.DeadlineExceeded", i, r.ok, r.err)
+		}
+		if !strings.Contains(r.err.Error(), "coalesced call") {
+			t.Fatalf("queued caller %d: %v, want the error of a sent coalesced call", i, r.err)
+		}
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	for _, k := range []string{"e", "f"} {
+		var out [1]spillway.Decision
+		if ok, err := rs.Decide(ctx, []Item{it(k)}, out[:]); err != nil || !ok {
+			t.Fatalf("after resume, %s: %v %v", k, ok, err)
+		}
+	}
+}
+
+// waitInflight waits until s's coalescer has n calls in flight.
+func waitInflight(t *testing.T, s *RedisStore, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.co.mu.Lock()
+		got := s.co.inflight
+		s.co.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls in flight, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -8,12 +8,14 @@
 //   - an allowed decision has Reason none and no RetryAfter; a denial has a
 //     Reason, and holds nothing afterwards: what was acquired on the way
 //     is released;
-//   - an error comes with the zero Decision and a done that does nothing;
+//   - an error comes with the zero Decision and a done that does nothing,
+//     and matches spillway.ErrStoreUnavailable (a *spillway.StoreError);
 //   - under concurrent use, everything acquired is released.
 package contracttest
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -232,6 +234,9 @@ func backendError(t *testing.T, s Subject) {
 		}
 		if d != (spillway.Decision{}) {
 			t.Fatalf("broken backend: decision %+v with error %v; want the zero Decision", d, err)
+		}
+		if !errors.Is(err, spillway.ErrStoreUnavailable) {
+			t.Errorf("broken backend: error %v does not match spillway.ErrStoreUnavailable (return a *spillway.StoreError)", err)
 		}
 		done(spillway.Ignored)
 		done(spillway.Ignored)

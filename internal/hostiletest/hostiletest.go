@@ -55,6 +55,11 @@ type Subject struct {
 	// Capacity is the largest cost one request can ever be admitted at,
 	// from an empty state.
 	Capacity int64
+	// Limit is the largest cost that is not denied as exceeding (default
+	// Capacity): above it every cost is denied with Exceeds; between
+	// Capacity and Limit it is denied for another reason (a fallback's
+	// local share: the full limit could admit it once the store is back).
+	Limit int64
 	// Batch is how many items Decide accepts at once (1 for a block that
 	// decides one request).
 	Batch int
@@ -114,6 +119,9 @@ func (s *Subject) defaults() {
 	}
 	if s.Warm == 0 {
 		s.Warm = 1
+	}
+	if s.Limit == 0 {
+		s.Limit = s.Capacity
 	}
 }
 
@@ -182,7 +190,7 @@ func (s *Subject) checkOne(ctx context.Context, t *testing.T, costs []int64, hos
 		if ok {
 			t.Errorf("costs %v (capacity %d) admitted: %+v", costs, s.Capacity, ds)
 		}
-		if d := ds[hostile]; s.charge(costs[hostile]) > s.Capacity && (d.Allowed || d.Reason != s.Exceeds || d.RetryAfter != 0) {
+		if d := ds[hostile]; s.charge(costs[hostile]) > s.Limit && (d.Allowed || d.Reason != s.Exceeds || d.RetryAfter != 0) {
 			t.Errorf("costs %v: item %d decided %+v, want %v with no RetryAfter", costs, hostile, d, s.Exceeds)
 		}
 	case ok != fits:

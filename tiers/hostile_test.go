@@ -1,0 +1,103 @@
+package tiers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/hostiletest"
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+const hostileRules = `
+limits:
+  - id: per_ip
+    endpoint: GET /x
+    by: ip
+    bucket: 10/hour
+  - id: per_user
+    endpoint: GET /x
+    by: user
+    bucket: 20/hour, burst 30
+`
+
+// TestHostileTiers runs the hostile-input suite on a two-tier rule set
+// (10 per IP, 30 per user; both checked in one batch) over the memory
+// store and over Redis and a 3×3 Cluster: a cost the IP tier can never
+// admit is CostExceedsLimit and charges neither tier.
+func TestHostileTiers(t *testing.T) {
+	cfg, err := Parse("hostile.yaml", []byte(hostileRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := ratelimit.WithClock(func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) })
+	subject := func(mk func() ratelimit.Store, state func(context.Context) (string, error)) hostiletest.Subject {
+		var l *Limiter
+		reset := func(context.Context) error {
+			var err error
+			l, err = New(cfg, mk())
+			return err
+		}
+		return hostiletest.Subject{
+			Capacity:  10,
+			Batch:     1,
+			ZeroIsOne: true,
+			Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+				r := &spillway.Request{Method: "GET", Endpoint: "/x", Priority: spillway.Critical, Cost: costs[0]}
+				r.Set(spillway.DimIP, "10.0.0.1")
+				r.Set(spillway.DimUser, "ann")
+				d, _, err := l.Admit(ctx, r)
+				return d.Allowed, []spillway.Decision{d}, err
+			},
+			State: state,
+			Reset: reset,
+		}
+	}
+	var mem *peekStore
+	mkMem := func() ratelimit.Store { mem = &peekStore{MemoryStore: ratelimit.NewMemoryStore(clock)}; return mem }
+	memState := func(ctx context.Context) (string, error) { return mem.state(ctx) }
+	t.Run("memory", func(t *testing.T) { hostiletest.Run(t, subject(mkMem, memState)) })
+	for name, c := range map[string]redis.UniversalClient{"redis": redistest.Start(t).Client(t), "cluster": redistest.StartCluster(t).Client(t)} {
+		mkRed := func() ratelimit.Store {
+			_ = hostiletest.RedisDelete(context.Background(), c, "hostile:*")
+			return ratelimit.NewRedisStore(c, clock, ratelimit.WithPrefix("hostile:"))
+		}
+		state := func(ctx context.Context) (string, error) { return hostiletest.RedisState(ctx, c, "hostile:*") }
+		t.Run(name, func(t *testing.T) { hostiletest.Run(t, subject(mkRed, state)) })
+		t.Run(name+"/differential", func(t *testing.T) {
+			hostiletest.RunDifferential(t, subject(mkMem, memState), subject(mkRed, state))
+		})
+	}
+}
+
+// peekStore is a memory store that remembers every item it was asked
+// about, so a test can read back the state of each: remaining and reset,
+// by a peek (cost 0, which writes nothing).
+type peekStore struct {
+	*ratelimit.MemoryStore
+	seen []ratelimit.Item
+}
+
+func (p *peekStore) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	for _, it := range items {
+		it.Cost = 0
+		if !slices.Contains(p.seen, it) {
+			p.seen = append(p.seen, it)
+		}
+	}
+	return p.MemoryStore.Decide(ctx, items, out)
+}
+
+func (p *peekStore) state(ctx context.Context) (string, error) {
+	out := make([]spillway.Decision, len(p.seen))
+	if _, err := p.MemoryStore.Decide(ctx, p.seen, out); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%v %+v", p.seen, out), nil
+}
