@@ -3,6 +3,7 @@ package fallback_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,7 +72,7 @@ type chainBed struct {
 	conc    *concurrency.Limiter
 }
 
-func newChainBed(t *testing.T, srv *redistest.Server) *chainBed {
+func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	t.Helper()
 	p, err := faultproxy.NewProxy(srv.Addr)
 	if err != nil {
@@ -148,7 +149,7 @@ func chainRequest() *spillway.Request {
 
 // admit runs one admission, releases it and returns its decision and the
 // admission's own elapsed time (the release is not in it).
-func (b *chainBed) admit(t *testing.T) (spillway.Decision, time.Duration) {
+func (b *chainBed) admit(t testing.TB) (spillway.Decision, time.Duration) {
 	t.Helper()
 	r := chainRequest()
 	start := time.Now()
@@ -164,7 +165,7 @@ func (b *chainBed) admit(t *testing.T) (spillway.Decision, time.Duration) {
 // waitHealthy waits until a decision is made by Redis in every block:
 // not degraded, the fleet's view fresh, the health closed. It returns how
 // long that took, or an error after within.
-func (b *chainBed) waitHealthy(t *testing.T, within time.Duration) (time.Duration, error) {
+func (b *chainBed) waitHealthy(t testing.TB, within time.Duration) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	for {
@@ -414,4 +415,60 @@ func TestChainOneBudgetOneHealthRefused(t *testing.T) {
 			}
 		}
 	}, "refused")
+}
+
+// BenchmarkChainDecisionLatency measures the whole chain's admission
+// latency (p50, p99, max) with Redis healthy, hung (SIGSTOP, from the first
+// request on) and recovering (from SIGCONT on, after the health opened;
+// one admission every 10 ms, so 200x spans 2 s).
+// Run with a fixed count: -bench ChainDecisionLatency -benchtime 200x.
+func BenchmarkChainDecisionLatency(b *testing.B) {
+	for _, phase := range []string{"healthy", "hung", "recovering"} {
+		b.Run(phase, func(b *testing.B) {
+			srv := redistest.Start(b)
+			bed := newChainBed(b, srv)
+			if _, err := bed.waitHealthy(b, 10*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			switch phase {
+			case "hung":
+				if err := srv.Pause(); err != nil {
+					b.Fatal(err)
+				}
+				defer srv.Resume()
+			case "recovering":
+				if err := srv.Pause(); err != nil {
+					b.Fatal(err)
+				}
+				for bed.health.State() != fallback.Open {
+					bed.admit(b)
+				}
+				if err := srv.Resume(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lat := make([]time.Duration, 0, b.N)
+			degraded := 0
+			b.ResetTimer()
+			for range b.N {
+				if phase == "recovering" {
+					// Spread the admissions over the recovery (200x: 2 s).
+					b.StopTimer()
+					time.Sleep(10 * time.Millisecond)
+					b.StartTimer()
+				}
+				d, el := bed.admit(b)
+				lat = append(lat, el)
+				if d.Degraded {
+					degraded++
+				}
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-µs")
+			b.ReportMetric(float64(degraded), "degraded")
+		})
+	}
 }
