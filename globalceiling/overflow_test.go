@@ -16,7 +16,7 @@ import (
 	"github.com/spillway-go/spillway/lua"
 )
 
-// TestHugeCostDeniedEveryMode is the first reproduction of issue 16: one
+// TestHugeCostDeniedEveryMode reproduces an overflow bug: one
 // admission of cost MaxInt64 used to be allowed (the total wrapped, or came
 // back negative through a Lua double) and left the ceiling switched off or
 // broken. Now it is denied with ReasonCostExceedsLimit before anything is
@@ -75,7 +75,7 @@ func TestHugeCostDeniedEveryMode(t *testing.T) {
 	}
 }
 
-// TestConcurrentSyncKeepsBound is the second reproduction of issue 16: one
+// TestConcurrentSyncKeepsBound reproduces a concurrent-sync bug: one
 // Cached ceiling of 500 per hour, background sync off, 4 goroutines calling
 // Sync while 8 admit, used to admit 698–1,620 (an older read overwrote a
 // newer total, two syncs subtracted the same local count). Alone on Redis,

@@ -11,7 +11,7 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-// TestStoresAgreeAtTheEdge is the third reproduction of issue 16. The
+// TestStoresAgreeAtTheEdge reproduces an edge-of-range bug. The
 // policy {Limit: 1e6, Period: 1s, Burst: 2^53} used to be accepted, and a
 // cost of 2^53+1 reached the Redis scripts as a Lua double rounded to
 // 2^53: alone it was reported CostExceedsLimit while the bucket was
