@@ -146,7 +146,7 @@ func stateTTL(reset int64) int64 {
 //	retry     = need − τ                        (denied only)
 //	delay     = wait                // allowed only: when this request's turn
 //	                                // comes, the smoothing delay of a leaky
-//	                                // bucket used as a queue (Limiter.Reserve)
+//	                                // bucket used as a queue (Limiter.Schedule)
 //
 // The clamp: every write leaves TAT' − now ≤ τ, so TAT − τ is never later
 // than the request that wrote TAT. A now before it (the clock went

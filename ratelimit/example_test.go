@@ -55,13 +55,13 @@ func ExampleLimiter_AllowN() {
 	// true 0
 }
 
-func ExampleLimiter_Reserve() {
+func ExampleLimiter_Schedule() {
 	// A leaky bucket used as a queue: up to 3 requests wait their turn,
 	// leaving one every 100ms, instead of being admitted at once.
 	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start })),
 		ratelimit.Policy{Algorithm: ratelimit.LeakyBucket, Limit: 10, Period: time.Second, Burst: 3})
 	for i := 0; i < 4; i++ {
-		r, _ := lim.Reserve(context.Background(), "worker")
+		r, _ := lim.Schedule(context.Background(), "worker")
 		fmt.Printf("allowed=%v delay=%v retry_after=%v\n", r.Allowed, r.Delay, r.RetryAfter)
 	}
 	// Output:

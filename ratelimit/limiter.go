@@ -13,7 +13,7 @@ import (
 // ErrInvalidCost is wrapped by the errors about a negative cost.
 var ErrInvalidCost = errors.New("ratelimit: invalid cost")
 
-// ErrNoSmoothing is returned by Reserve and Wait for a policy whose
+// ErrNoSmoothing is returned by Schedule and Wait for a policy whose
 // algorithm has no smoothing delay (the windows).
 var ErrNoSmoothing = errors.New("ratelimit: algorithm has no smoothing delay")
 
@@ -129,9 +129,9 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// Reservation is the outcome of Reserve: the decision, and when allowed,
+// Slot is the outcome of Schedule: the decision, and when allowed,
 // how long to wait before doing the work.
-type Reservation struct {
+type Slot struct {
 	spillway.Decision
 	// Delay is how long the caller should wait before acting so that
 	// admitted requests leave evenly spaced, one every Period/Limit: the
@@ -140,12 +140,12 @@ type Reservation struct {
 	Delay time.Duration
 }
 
-// Reserve is shorthand for ReserveN(ctx, key, 1).
-func (l *Limiter) Reserve(ctx context.Context, key string) (Reservation, error) {
-	return l.ReserveN(ctx, key, 1)
+// Schedule is shorthand for ScheduleN(ctx, key, 1).
+func (l *Limiter) Schedule(ctx context.Context, key string) (Slot, error) {
+	return l.ScheduleN(ctx, key, 1)
 }
 
-// ReserveN is the smoothing form of a leaky bucket (it works for
+// ScheduleN is the smoothing form of a leaky bucket (it works for
 // TokenBucket and GCRA too, whose math is the same; the windows return
 // ErrNoSmoothing). Instead of admitting at once whatever fits in the
 // bucket, it treats the bucket as a queue of Burst places drained at
@@ -159,17 +159,17 @@ func (l *Limiter) Reserve(ctx context.Context, key string) (Reservation, error) 
 // n·T (T = Policy.EmissionInterval) from the millisecond-rounded ResetAfter (so every store
 // gives the same figure): never shorter than the exact delay, less than a
 // millisecond longer.
-func (l *Limiter) ReserveN(ctx context.Context, key string, n int64) (Reservation, error) {
+func (l *Limiter) ScheduleN(ctx context.Context, key string, n int64) (Slot, error) {
 	switch l.policy.Algorithm {
 	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
-		return Reservation{}, fmt.Errorf("%w: %s", ErrNoSmoothing, l.policy.Algorithm)
+		return Slot{}, fmt.Errorf("%w: %s", ErrNoSmoothing, l.policy.Algorithm)
 	}
 	d, err := l.AllowN(ctx, key, n)
 	if err != nil || !d.Allowed {
-		return Reservation{Decision: d}, err
+		return Slot{Decision: d}, err
 	}
 	delay := d.ResetAfter - time.Duration(n*l.policy.EmissionInterval())*time.Microsecond
-	return Reservation{Decision: d, Delay: max(delay, 0)}, nil
+	return Slot{Decision: d, Delay: max(delay, 0)}, nil
 }
 
 // Wait is shorthand for WaitN(ctx, key, 1).
@@ -177,14 +177,14 @@ func (l *Limiter) Wait(ctx context.Context, key string) (spillway.Decision, erro
 	return l.WaitN(ctx, key, 1)
 }
 
-// WaitN reserves n (see ReserveN) and, when admitted, sleeps the Delay
+// WaitN schedules n (see ScheduleN) and, when admitted, sleeps the Delay
 // before returning. A denied request returns at once with the denial (its
 // RetryAfter says when the queue will have room) and a nil error. When ctx
 // ends during the sleep, WaitN returns the decision and an error wrapping
-// ctx.Err(); the reservation stays charged (a shared store cannot take it
+// ctx.Err(); the slot stays charged (a shared store cannot take it
 // back without a race).
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (spillway.Decision, error) {
-	r, err := l.ReserveN(ctx, key, n)
+	r, err := l.ScheduleN(ctx, key, n)
 	if err != nil || !r.Allowed || r.Delay <= 0 {
 		return r.Decision, err
 	}

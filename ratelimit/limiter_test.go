@@ -258,7 +258,7 @@ func TestByDimensionAllocations(t *testing.T) {
 	}
 }
 
-func TestReserve(t *testing.T) {
+func TestSchedule(t *testing.T) {
 	clock := newConfClock()
 	p := Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 3} // one per 100ms, queue of 3
 	for _, st := range []Store{NewMemoryStore(WithClock(clock.Now)), wrappedStore{NewMemoryStore(WithClock(clock.Now))}} {
@@ -266,31 +266,31 @@ func TestReserve(t *testing.T) {
 		l := mustLimiter(t, st, p)
 		ctx := context.Background()
 		for i, want := range []time.Duration{0, ms(100), ms(200)} {
-			r, err := l.Reserve(ctx, "k")
+			r, err := l.Schedule(ctx, "k")
 			if err != nil || !r.Allowed || r.Delay != want {
-				t.Fatalf("reservation %d: %+v %v, want delay %v", i, r, err, want)
+				t.Fatalf("slot %d: %+v %v, want delay %v", i, r, err, want)
 			}
 		}
-		r, err := l.Reserve(ctx, "k")
+		r, err := l.Schedule(ctx, "k")
 		if err != nil || r.Allowed || r.Delay != 0 || r.RetryAfter != ms(100) {
 			t.Fatalf("full queue: %+v %v", r, err)
 		}
 		// 250ms later the first two have left: the next slot is at 300ms.
 		clock.Set(ms(250))
-		if r, _ := l.ReserveN(ctx, "k", 1); !r.Allowed || r.Delay != ms(50) {
+		if r, _ := l.ScheduleN(ctx, "k", 1); !r.Allowed || r.Delay != ms(50) {
 			t.Fatalf("after 250ms: %+v", r)
 		}
 		// Sub-millisecond slots: the delay is never early, < 1ms late.
 		clock.Set(ms(1000))
 		l3 := mustLimiter(t, st, Policy{Algorithm: LeakyBucket, Limit: 3, Period: time.Second}, WithScope("thirds"))
-		l3.Reserve(ctx, "k")
-		if r, _ := l3.Reserve(ctx, "k"); r.Delay != 333666*time.Microsecond { // exact 333334µs
+		l3.Schedule(ctx, "k")
+		if r, _ := l3.Schedule(ctx, "k"); r.Delay != 333666*time.Microsecond { // exact 333334µs
 			t.Fatalf("thirds: %+v", r)
 		}
 	}
 	w := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: SlidingWindowLog, Limit: 1, Period: time.Second})
-	if _, err := w.Reserve(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
-		t.Fatalf("window Reserve: %v", err)
+	if _, err := w.Schedule(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
+		t.Fatalf("window Schedule: %v", err)
 	}
 	if _, err := w.Wait(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
 		t.Fatalf("window Wait: %v", err)
@@ -320,7 +320,7 @@ func TestWaitSmoothsABurst(t *testing.T) {
 		}
 		// Cancellation during the sleep: the error wraps ctx.Err().
 		for i := 0; i < 4; i++ {
-			l.Reserve(ctx, "j")
+			l.Schedule(ctx, "j")
 		}
 		cctx, cancel := context.WithTimeout(ctx, ms(50))
 		defer cancel()

@@ -21,7 +21,7 @@ import (
 //     admit the same sequences (a meter-style leaky bucket and GCRA are the
 //     token bucket seen from the other side) and share state for the same
 //     scope and key; LeakyBucket additionally offers the smoothing delay
-//     (see Limiter.Reserve), and reports its Limit as the bucket capacity B.
+//     (see Limiter.Schedule), and reports its Limit as the bucket capacity B.
 //   - FixedWindow: windows [k·P, (k+1)·P); one counter per key for the
 //     current window, created with its expiry at the window end. Allowed iff
 //     count + n ≤ L. Remaining = L − count'; ResetAfter = end of window − now
