@@ -20,14 +20,15 @@ var ErrNoSmoothing = errors.New("ratelimit: algorithm has no smoothing delay")
 // Limiter applies one Policy to many keys over a Store. Create it with New.
 // It is safe for concurrent use.
 type Limiter struct {
-	store  Store
-	mem    *MemoryStore // store, when it is a memory store: the allocation-free path
-	policy Policy
-	lim    limits // policy in µs
-	scope  string
-	hash   uint64 // the scope's hash in mem
-	fail   spillway.FailMode
-	window time.Duration // policy.Window(), the Window of every decision
+	store   Store
+	mem     *MemoryStore // store, when it is a memory store: the allocation-free path
+	policy  Policy
+	lim     limits // policy in µs
+	scope   string
+	hash    uint64 // the scope's hash in mem
+	fail    spillway.FailMode
+	window  time.Duration // policy.Window(), the Window of every decision
+	holdTTL time.Duration // WithHoldTTL: 0 means DefaultHoldTTL
 }
 
 // LimiterOption configures a Limiter.
@@ -74,6 +75,11 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	}
 	if !l.fail.Valid() {
 		return nil, fmt.Errorf("ratelimit: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(l.fail))
+	}
+	if l.holdTTL != 0 {
+		if _, _, err := holdTTLOf(l.holdTTL); err != nil {
+			return nil, err
+		}
 	}
 	if l.mem != nil {
 		l.hash = l.mem.scopeHash(l.scope)

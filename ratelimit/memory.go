@@ -43,6 +43,7 @@ type MemoryStore struct {
 	seedScope maphash.Seed
 	mask      uint64
 	shards    []shard
+	ids       holdIDs
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -96,10 +97,13 @@ type entry struct {
 	log     *windowLog
 }
 
-// windowLog is the SlidingWindowLog state: timestamps ts[start:], ascending.
+// windowLog is an entry's side state: the SlidingWindowLog's timestamps
+// ts[start:], ascending; or, for the bucket family, its holds (hold.go),
+// which keeps the common entry at 96 bytes.
 type windowLog struct {
 	ts    []int64
 	start int
+	holds *holdSet
 }
 
 // lookup is an item's prepared key.
@@ -147,6 +151,7 @@ func NewMemoryStore(opts ...Option) *MemoryStore {
 		seedScope: maphash.MakeSeed(),
 		mask:      uint64(n - 1),
 		shards:    make([]shard, n),
+		ids:       newHoldIDs(),
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[uint64]*entry)
@@ -292,6 +297,7 @@ func (sh *shard) evict(now int64) {
 type undo struct {
 	e        *entry
 	created  bool
+	marked   bool // a bucket's holds.marked
 	a, b, c  int64
 	full     int64
 	appended int
@@ -303,6 +309,10 @@ type undo struct {
 func (sh *shard) apply(o *outcome, e *entry, k *lookup, p *limits, n, now int64, u *undo) {
 	switch k.layout {
 	case layoutBucket:
+		if e != nil && e.log != nil && e.log.holds != nil {
+			sh.applyHeld(o, e, k, p, n, now, u)
+			return
+		}
 		var tat int64
 		if e != nil {
 			tat = e.a
@@ -378,6 +388,9 @@ func (sh *shard) prepareWrite(e *entry, k *lookup, now int64, u *undo) *entry {
 	if u != nil {
 		if u.e == nil {
 			*u = undo{e: e, created: created, a: e.a, b: e.b, c: e.c, full: e.full}
+			if e.log != nil && e.log.holds != nil {
+				u.marked = e.log.holds.marked
+			}
 		}
 		e.busy = true
 	}
@@ -487,6 +500,9 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 			continue
 		}
 		u.e.a, u.e.b, u.e.c, u.e.full = u.a, u.b, u.c, u.full
+		if u.e.log != nil && u.e.log.holds != nil {
+			u.e.log.holds.marked = u.marked
+		}
 		if u.appended > 0 {
 			l := u.e.log
 			l.ts = l.ts[:len(l.ts)-u.appended]

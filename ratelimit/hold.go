@@ -1,0 +1,395 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Reserve-then-settle: a request whose cost is known only after the work
+// (tokens generated, bytes streamed, rows scanned) holds an estimate up
+// front and settles the actual cost when it is known.
+//
+// Only the bucket family (TokenBucket, GCRA, LeakyBucket) holds: its state
+// is one arrival time that a refund moves back and an extra charge moves
+// forward, at any time. The windows return ErrHoldUnsupported: a window's
+// charge belongs to the window it was made in, so a refund after the
+// window rolled over gives back nothing real, and an overrun settled in a
+// later window either vanishes at the window's end (a caller overrunning
+// at the end of each window would never pay) or needs a second state per
+// key; the sliding log would also store one member per unit of a debt.
+//
+// The arithmetic, shared by both stores (the Redis scripts follow it line
+// by line), in the notation of algorithms.go:
+//
+//   - A key with holds outstanding, or in debt, is "marked". A marked key's
+//     clamp for time going backwards is TAT − 2τ instead of TAT − τ (a debt
+//     legitimately puts TAT up to 2τ ahead of now), its wait is in [0, 2τ],
+//     and Remaining is max(0, τ − wait)/T. An unmarked key decides exactly
+//     as before holds existed.
+//   - Reserve(e) decides like AllowN(e) (all or nothing over the batch) and,
+//     when allowed, records the hold (id, e, expiry now + ttl) on the key,
+//     even for e = 0.
+//   - Every touch of a marked key (a decision, a reserve, a settle) first
+//     releases the holds whose expiry is ≤ now: each gives back e·T,
+//     TAT = max(TAT − e·T, t) when TAT > t (t is now after the clamp):
+//     a released hold costs what a settle of 0 would. These releases are
+//     kept even when the decision that made them is denied.
+//   - Settle(a) of a live hold removes it and applies δ = a − e: δ < 0
+//     gives back |δ|·T as above (never past full); δ > 0 charges
+//     TAT = min(max(TAT, t) + δ·T, t + 2τ): the key may go up to one Burst
+//     into debt, and what is beyond is forgiven (the bound keeps every
+//     number exact). It leaves a tombstone for the hold's ttl, so a second
+//     settle of the same hold, a retry after a timeout included, reports
+//     SettleAlreadySettled and changes nothing. A hold already released
+//     (or forgotten with its key) reports SettleExpired and changes
+//     nothing.
+//   - After each write, the key is marked iff it has live holds or
+//     TAT − t > τ.
+
+// DefaultHoldTTL is how long a hold lives unsettled before the store
+// releases it, when the caller does not say (see WithHoldTTL).
+const DefaultHoldTTL = time.Minute
+
+// MaxHoldTTL is the longest hold TTL accepted: 2^51 µs (about 71 years),
+// so that now + ttl stays exact in the Redis scripts' doubles.
+const MaxHoldTTL = time.Duration(maxHoldSpan) * time.Microsecond
+
+// maxHoldSpan bounds τ (Burst·T) of a policy that holds, and the TTL, in
+// µs: with a debt of up to τ a marked TAT reaches now + 2τ ≤ 2^52 + 2^52,
+// exact in a double until the year 2112.
+const maxHoldSpan = 1 << 51
+
+// ErrHoldUnsupported is returned by Reserve for a policy whose algorithm
+// cannot hold (the windows; see the package doc) and for a store that
+// does not implement Reserver.
+var ErrHoldUnsupported = errors.New("ratelimit: holds are not supported")
+
+// ErrNotHeld is returned by Settle on a hold whose reservation was denied:
+// nothing was held, so there is nothing to settle.
+var ErrNotHeld = errors.New("ratelimit: nothing held: the reservation was denied")
+
+// Reserver is a Store that can hold estimates. *MemoryStore and
+// *RedisStore implement it, with the same semantics.
+type Reserver interface {
+	Store
+	// Reserve decides items all or nothing, as Decide does, each with its
+	// Cost as the estimate; when the batch is allowed, each item's
+	// estimate stays held on its key under one hold id until the returned
+	// Hold is settled or ttl passes, whichever comes first (a hold not
+	// settled within ttl is released by the store itself, on the next
+	// touch of its key: nothing stays charged if the process dies). ttl 0
+	// means DefaultHoldTTL. Every item must be of the bucket family
+	// (ErrHoldUnsupported otherwise) with Burst·T ≤ 2^51 µs. A denied
+	// batch returns a Hold that is not Allowed and charges nothing; err
+	// != nil only when the input is invalid or the backend failed (nothing
+	// is held then; a Redis store that held part of a Cluster batch gives
+	// it back).
+	Reserve(ctx context.Context, items []Item, ttl time.Duration) (*Hold, error)
+}
+
+// holdSettler is what a Hold calls to settle: the store that made it.
+type holdSettler interface {
+	settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error
+}
+
+// SettleResult says what a Settle did.
+type SettleResult uint8
+
+const (
+	// SettleApplied: the hold was replaced by the actual cost.
+	SettleApplied SettleResult = iota + 1
+	// SettleAlreadySettled: the hold had been settled before (a second
+	// Settle, or a retry of one whose reply was lost); nothing changed.
+	SettleAlreadySettled
+	// SettleExpired: the hold had passed its TTL and was released (or its
+	// key was reset); nothing changed.
+	SettleExpired
+)
+
+var settleNames = [...]string{SettleApplied: "applied", SettleAlreadySettled: "already_settled", SettleExpired: "expired"}
+
+// String returns "applied", "already_settled" or "expired".
+func (r SettleResult) String() string {
+	if r >= SettleApplied && int(r) < len(settleNames) {
+		return settleNames[r]
+	}
+	return fmt.Sprintf("settle_result(%d)", uint8(r))
+}
+
+// Hold is a reservation made by Reserve: the decisions, and when allowed,
+// the estimates held until Settle. Settle it exactly once when the actual
+// cost is known (0 when the work was not done); a Hold dropped without
+// settling is released by the store after its TTL. A Hold is safe for
+// concurrent use; a second Settle reports SettleAlreadySettled.
+type Hold struct {
+	store   holdSettler
+	id      string
+	ttl     time.Duration
+	items   []Item // copies; Cost is the estimate
+	dec     []spillway.Decision
+	allowed bool
+
+	mu      sync.Mutex
+	settled bool
+	results []SettleResult
+}
+
+// Allowed reports whether the reservation was admitted (and so holds).
+func (h *Hold) Allowed() bool { return h.allowed }
+
+// Decision returns the decision of the first item (the only one of a
+// Limiter's hold): what AllowN of the estimate would have said.
+func (h *Hold) Decision() spillway.Decision {
+	if len(h.dec) == 0 {
+		return spillway.Decision{Allowed: h.allowed}
+	}
+	return h.dec[0]
+}
+
+// Decisions returns one decision per item, in the order of the items. The
+// slice belongs to the Hold: do not modify it.
+func (h *Hold) Decisions() []spillway.Decision { return h.dec }
+
+// ID returns the hold's id, unique per store, under which the store
+// records it (empty when denied).
+func (h *Hold) ID() string { return h.id }
+
+// TTL returns how long the hold lives unsettled.
+func (h *Hold) TTL() time.Duration { return h.ttl }
+
+// Estimates appends each item's estimate to dst and returns it.
+func (h *Hold) Estimates(dst []int64) []int64 {
+	for i := range h.items {
+		dst = append(dst, h.items[i].Cost)
+	}
+	return dst
+}
+
+// Settle replaces the hold of every item by actual (see SettleEach).
+func (h *Hold) Settle(ctx context.Context, actual int64) (SettleResult, error) {
+	if !h.allowed {
+		return 0, ErrNotHeld
+	}
+	var buf [batchStack]int64
+	a := buf[:0]
+	for range h.items {
+		a = append(a, actual)
+	}
+	res, err := h.SettleEach(ctx, a)
+	if err != nil {
+		return 0, err
+	}
+	return worst(res), nil
+}
+
+// SettleEach replaces the hold of item i by actual[i] (len(actual) must be
+// the number of items) in one round trip per Cluster slot group: a refund
+// when actual[i] is below the estimate, an extra charge when above, which
+// may put the key into debt (up to one Burst: see the package doc) so that
+// the following requests wait. It returns one result per item. A call
+// after a successful one changes nothing and calls no store: it reports
+// SettleAlreadySettled for the items the first applied and SettleExpired
+// for those it found expired; a call that failed (err !=
+// nil, a timeout say) may have been applied or not, and retrying it is
+// safe: the store settles each hold id at most once. A negative actual is
+// an error wrapping ErrInvalidCost and changes nothing; an actual above
+// estimate + 2·Burst charges as much as estimate + 2·Burst (the debt is
+// bounded anyway).
+func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, error) {
+	if !h.allowed {
+		return nil, ErrNotHeld
+	}
+	if len(actual) != len(h.items) {
+		return nil, fmt.Errorf("ratelimit: settle: %d actual costs for %d items", len(actual), len(h.items))
+	}
+	for i, a := range actual {
+		if a < 0 {
+			return nil, wrapf(fmt.Errorf("%w: actual cost %d is negative", ErrInvalidCost, a), "settle: item %d", i)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	res := make([]SettleResult, len(h.items))
+	if h.settled {
+		for i, r := range h.results {
+			res[i] = r
+			if r == SettleApplied {
+				res[i] = SettleAlreadySettled
+			}
+		}
+		return res, nil
+	}
+	if err := h.store.settle(ctx, h, actual, res); err != nil {
+		return nil, err
+	}
+	h.settled = true
+	h.results = res
+	return res, nil
+}
+
+// worst is the summary of per-item results: SettleApplied only if every
+// item was applied, else SettleExpired if one expired, else
+// SettleAlreadySettled.
+func worst(res []SettleResult) SettleResult {
+	w := SettleApplied
+	for _, r := range res {
+		if r == SettleExpired {
+			return SettleExpired
+		}
+		if r != SettleApplied {
+			w = r
+		}
+	}
+	return w
+}
+
+// settleCost is the actual cost of item it sent to a store: actual,
+// capped at estimate + 2·Burst, beyond which the debt is at its bound
+// whatever the state (the estimate is at most Burst ≤ 2^51, so the cap
+// is at most 3·2^51 < 2^53: exact in a script).
+func settleCost(it *Item, actual int64) int64 {
+	return min(actual, it.Cost+2*it.Policy.EffectiveBurst())
+}
+
+// WithHoldTTL sets how long the limiter's holds (Reserve) live unsettled
+// before the store releases them (default DefaultHoldTTL; at least 1ms,
+// at most MaxHoldTTL). Make it longer than the longest piece of work a
+// hold covers: a hold released before its settle is not charged at all.
+func WithHoldTTL(ttl time.Duration) LimiterOption { return func(l *Limiter) { l.holdTTL = ttl } }
+
+// Reserve holds estimate units of key until the returned Hold is settled
+// with the actual cost (Hold.Settle) or its TTL passes (WithHoldTTL). The
+// reservation is decided like AllowN(ctx, key, estimate): the Hold's
+// Decision is what AllowN would say, and when it is not Allowed nothing is
+// held (estimate above Capacity is denied with
+// spillway.ReasonCostExceedsLimit). Estimate 0 holds nothing but lets
+// Settle charge the actual cost afterwards. A negative estimate is an
+// error wrapping ErrInvalidCost; the windows, and a store that is not a
+// Reserver, return an error wrapping ErrHoldUnsupported.
+func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hold, error) {
+	r, ok := l.store.(Reserver)
+	if !ok {
+		return nil, fmt.Errorf("%w: store %T does not implement ratelimit.Reserver", ErrHoldUnsupported, l.store)
+	}
+	items := []Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: estimate, Fail: l.fail}}
+	h, err := r.Reserve(ctx, items, l.holdTTL)
+	if err != nil {
+		return nil, wrapf(err, "%s", l.scope)
+	}
+	for i := range h.dec {
+		h.dec[i].Window = l.window
+	}
+	return h, nil
+}
+
+// holdTTLOf validates a Reserve's ttl (0: DefaultHoldTTL) and returns it
+// in µs.
+func holdTTLOf(ttl time.Duration) (int64, time.Duration, error) {
+	if ttl == 0 {
+		ttl = DefaultHoldTTL
+	}
+	if ttl < time.Millisecond || ttl > MaxHoldTTL {
+		return 0, 0, fmt.Errorf("ratelimit: hold ttl %v must be between 1ms and %v", ttl, MaxHoldTTL)
+	}
+	return ttl.Microseconds(), ttl, nil
+}
+
+// validateHold checks a Reserve's items: valid, of the bucket family, with
+// a span that holds keep exact.
+func validateHold(items []Item) error {
+	for i := range items {
+		it := &items[i]
+		if err := validateItem(it); err != nil {
+			return wrapf(err, "item %d", i)
+		}
+		switch it.Policy.Algorithm {
+		case TokenBucket, GCRA, LeakyBucket:
+		default:
+			return wrapf(fmt.Errorf("%w: %s keeps no holds (only token_bucket, gcra and leaky_bucket do)", ErrHoldUnsupported, it.Policy.Algorithm), "item %d", i)
+		}
+		if p := it.Policy; p.EffectiveBurst() > maxHoldSpan/p.EmissionInterval() {
+			return wrapf(fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval()), "item %d", i)
+		}
+	}
+	return nil
+}
+
+// holdMember is the name of item i's hold in a store: the hold id and the
+// item's index, so two items of one batch on one key stay apart.
+func holdMember(id string, i int) string { return id + "/" + strconv.Itoa(i) }
+
+// ---------------------------------------------------------------------------
+// The arithmetic of holds (both stores; the scripts follow it line by line).
+// ---------------------------------------------------------------------------
+
+// heldNow is now after the clamp for time going backwards: TAT − τ, or
+// TAT − 2τ for a marked key.
+func heldNow(tat, now int64, p *limits, marked bool) int64 {
+	if now < 0 {
+		now = 0
+	}
+	slack := p.tau
+	if marked {
+		slack = 2 * p.tau // τ ≤ 2^52: no overflow
+	}
+	if lo := tat - slack; now < lo {
+		now = lo
+	}
+	return now
+}
+
+// heldDecide is bucketDecide for a key that may be marked: identical when
+// it is not; when it is, the clamp is TAT − 2τ and wait may exceed τ (a
+// debt), which only Remaining (floored at 0) and the retry reflect. It
+// returns the TAT to write (tat when nothing is) and t, now after the
+// clamp.
+func heldDecide(tat, now int64, p *limits, n int64, marked bool) (o outcome, newTAT, t int64) {
+	T, tau := p.T, p.tau
+	t = heldNow(tat, now, p, marked)
+	wait := max(tat, t) - t // in [0, 2τ]
+	room := max(tau-wait, 0)
+	if n > p.B {
+		return outcome{exceeds: true, remaining: room / T, reset: wait}, tat, t
+	}
+	need := wait + n*T       // ≤ 3τ
+	if n > 0 && need > tau { // a peek is allowed even in debt
+		return outcome{remaining: room / T, reset: wait, retry: need - tau}, tat, t
+	}
+	o = outcome{allowed: true, remaining: max(tau-need, 0) / T, reset: need, delay: wait}
+	if n == 0 {
+		return o, tat, t
+	}
+	return o, satAdd(t, need), t
+}
+
+// heldRefund gives units back: TAT moves back units·T, but never past t
+// (a full bucket stays as it is).
+func heldRefund(tat, t, units, T int64) int64 {
+	if tat <= t {
+		return tat
+	}
+	return max(tat-satMul(units, T), t)
+}
+
+// heldCharge charges units after the fact: from max(TAT, t), up to one
+// Burst of debt (TAT ≤ t + 2τ).
+func heldCharge(tat, t, units int64, p *limits) int64 {
+	return min(satAdd(max(tat, t), satMul(units, p.T)), satAdd(t, 2*p.tau))
+}
+
+// heldSettle applies a settle of actual against estimate.
+func heldSettle(tat, t, estimate, actual int64, p *limits) int64 {
+	switch {
+	case actual < estimate:
+		return heldRefund(tat, t, estimate-actual, p.T)
+	case actual > estimate:
+		return heldCharge(tat, t, actual-estimate, p)
+	}
+	return tat
+}
