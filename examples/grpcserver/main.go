@@ -247,9 +247,26 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err := rdb.Ping(pingCtx).Err(); err != nil {
 		return fail(fmt.Errorf("redis %s: %w", redisAddr, err))
 	}
+	// One health for the one Redis: K failures seen by any block (or by
+	// the fleet's reports) stop every block from calling it; go-redis's
+	// own dial errors are logged once per 10 s.
+	redis.SetLogger(fallback.NewRedisLogger(nil, 0))
+	redisHealth, err := fallback.NewHealth(rdb, fallback.HealthSettings{Name: "redis"})
+	if err != nil {
+		return fail(err)
+	}
+	stopGauge, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(redisHealth.State()) }, tel...)
+	if err != nil {
+		return fail(err)
+	}
+	closers = append(closers, func() { stopGauge() })
+	settings := func(name string) fallback.Settings {
+		return fallback.Settings{Name: name, Budget: budget, Health: redisHealth}
+	}
+
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget})
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
 	if err != nil {
 		return fail(err)
 	}
@@ -269,7 +286,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), fallback.Settings{Name: "concurrency", Budget: budget})
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), settings("concurrency"))
 	if err != nil {
 		return fail(err)
 	}
@@ -282,6 +299,8 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		defer cancel()
 		fleet.Close(c)
 	})
-	chain := telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker), "grpc", tel...)
-	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, Redis blocks behind the fallback", closeAll, nil
+	// One budget per request: the whole admission waits on Redis for at
+	// most -redis-budget, however many blocks call it.
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel...)
+	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }
