@@ -37,7 +37,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/examples/grpcserver/greeterpb"
@@ -235,34 +234,16 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
-	opt := &redis.Options{Addr: redisAddr}
-	if budget > fallback.ClientIOTimeout {
-		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
-	}
-	fallback.TuneOptions(opt)
-	rdb := redis.NewClient(opt)
-	closers = append(closers, func() { rdb.Close() })
-	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pingCtx).Err(); err != nil {
-		return fail(fmt.Errorf("redis %s: %w", redisAddr, err))
-	}
 	// One health for the one Redis: K failures seen by any block (or by
 	// the fleet's reports) stop every block from calling it; go-redis's
 	// own dial errors are logged once per 10 s.
-	redis.SetLogger(fallback.NewRedisLogger(nil, 0))
-	redisHealth, err := fallback.NewHealth(rdb, fallback.HealthSettings{Name: "redis"})
+	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel)
 	if err != nil {
 		return fail(err)
 	}
-	stopGauge, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(redisHealth.State()) }, tel...)
-	if err != nil {
-		return fail(err)
-	}
-	closers = append(closers, func() { stopGauge() })
-	settings := func(name string) fallback.Settings {
-		return fallback.Settings{Name: name, Budget: budget, Health: redisHealth}
-	}
+	closers = append(closers, conn.Close)
+	rdb := conn.Client
+	settings := func(name string) fallback.Settings { return conn.Settings(name, budget) }
 
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
