@@ -96,3 +96,73 @@ func TestHostileStore(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileLimiter runs the hostile-input suite on the fallback Limiter
+// around a rate limiter of 10 per hour: healthy over a Redis node (the
+// state is Redis's), and degraded with Redis down, where its local limiter
+// (2 per hour) decides. Degraded, a cost above the local share is refused
+// for now (fail closed with a RetryAfter): the wrapper cannot know the
+// inner limit, so no cost counts as exceeding it.
+func TestHostileLimiter(t *testing.T) {
+	now := func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) }
+	down := redistest.Start(t)
+	downClient := redis.NewClient(&redis.Options{Addr: down.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, DialerRetries: 1})
+	t.Cleanup(func() { downClient.Close() })
+	down.Stop()
+	for _, c := range []struct {
+		name            string
+		client          redis.UniversalClient
+		capacity, limit int64
+	}{{"healthy", redistest.Start(t).Client(t), 10, 10}, {"degraded", downClient, 2, hostiletest.MaxInt64}} {
+		t.Run(c.name, func(t *testing.T) {
+			var (
+				l     *fallback.Limiter
+				local *recStore
+			)
+			hostiletest.Run(t, hostiletest.Subject{
+				Capacity:  c.capacity,
+				Limit:     c.limit,
+				Batch:     1,
+				ZeroIsOne: true,
+				Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+					r := &spillway.Request{Endpoint: "/x", Cost: costs[0]}
+					r.Set(spillway.DimAPIKey, "k1")
+					d, _, err := l.Admit(ctx, r)
+					if err == nil && d.Degraded != (c.name == "degraded") {
+						return false, nil, fmt.Errorf("cost %d: degraded %v in the %s case: %+v", costs[0], d.Degraded, c.name, d)
+					}
+					if err == nil && d.Degraded && !d.Allowed && d.RetryAfter <= 0 {
+						return false, nil, fmt.Errorf("cost %d: refused with no RetryAfter: %+v", costs[0], d)
+					}
+					return d.Allowed, []spillway.Decision{d}, err
+				},
+				State: func(ctx context.Context) (string, error) {
+					if c.name == "degraded" {
+						return local.state(ctx)
+					}
+					return hostiletest.RedisState(ctx, c.client, "hostile-lim:*")
+				},
+				Reset: func(ctx context.Context) error {
+					if c.name == "healthy" {
+						if err := hostiletest.RedisDelete(ctx, c.client, "hostile-lim:*"); err != nil {
+							return err
+						}
+					}
+					inner, err := ratelimit.New(ratelimit.NewRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile-lim:")),
+						ratelimit.Policy{Limit: 10, Period: time.Hour})
+					if err != nil {
+						return err
+					}
+					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.WithClock(now))}
+					loc, err := ratelimit.New(local, ratelimit.Policy{Limit: 2, Period: time.Hour})
+					if err != nil {
+						return err
+					}
+					l, err = fallback.NewLimiter(inner.ByDimension(spillway.DimAPIKey), loc.ByDimension(spillway.DimAPIKey),
+						fallback.Settings{Name: "lim", Clock: now, Budget: time.Second, OpenTimeout: 3 * time.Second})
+					return err
+				},
+			})
+		})
+	}
+}

@@ -155,17 +155,38 @@ func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		if g.onDegraded != nil {
 			g.onDegraded(err)
 		}
-		ok, retry := g.local.Allow(g.clock(), r.EffectiveCost())
-		d = spillway.Decision{Allowed: ok, Limiter: g.name, Degraded: true}
-		done = spillway.Noop
-		if !ok {
-			d.Reason, d.RetryAfter = spillway.ReasonCeiling, retry
-		}
+		d, done = g.degrade(r.EffectiveCost()), spillway.Noop
 	}
 	if !d.Allowed {
 		return d, spillway.Noop, nil
 	}
 	return d, done, nil
+}
+
+// degradedRetry is the RetryAfter of a degraded denial of a cost the
+// local fallback can never take but the shared limit could: the store may
+// be back by then.
+const degradedRetry = time.Second
+
+// degrade decides cost with the local fallback. A cost above the shared
+// limit's own (when the limiter says it, as a Ceiling does) is denied as
+// exceeding, as the store would; a cost above only the local share is
+// refused for now, not forever.
+func (g *Guard) degrade(cost int64) spillway.Decision {
+	d := spillway.Decision{Limiter: g.name, Degraded: true}
+	if l, ok := g.lim.(interface{ Limit() int64 }); ok && cost > l.Limit() {
+		d.Reason = spillway.ReasonCostExceedsLimit
+		return d
+	}
+	ok, retry := g.local.Allow(g.clock(), cost)
+	d.Allowed = ok
+	if !ok {
+		d.Reason, d.RetryAfter = spillway.ReasonCeiling, retry
+		if retry == 0 {
+			d.RetryAfter = degradedRetry
+		}
+	}
+	return d
 }
 
 // Do runs fn when the guard admits a Critical request of cost 1; see

@@ -80,3 +80,65 @@ func TestHostileCeiling(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileGuardDegraded runs the hostile-input suite on a Guard whose
+// ceiling (10 per hour) cannot reach its Redis, so its local fallback (2
+// per hour) decides: nothing above 2 is admitted, a cost the full ceiling
+// could take (3 to 10) is refused for now with a RetryAfter, a cost above
+// 10 is denied as exceeding, as the store would, and no denial touches
+// the local bucket. (Exact mode: the Cached and LocalAggregation modes
+// decide from their own counts between syncs, without asking Redis.)
+func TestHostileGuardDegraded(t *testing.T) {
+	for _, m := range []Mode{Exact} {
+		t.Run(m.String(), func(t *testing.T) {
+			srv := redistest.Start(t)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, DialerRetries: 1})
+			t.Cleanup(func() { client.Close() })
+			srv.Stop()
+			clock := newFakeClock()
+			var (
+				c     *Ceiling
+				guard *Guard
+				local LocalLimiter
+			)
+			t.Cleanup(func() {
+				if c != nil {
+					c.Close()
+				}
+			})
+			hostiletest.Run(t, hostiletest.Subject{
+				Capacity:  2,
+				Limit:     10,
+				Batch:     1,
+				ZeroIsOne: true,
+				Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+					d, _, err := guard.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: costs[0]})
+					if err == nil && !d.Allowed && d.Reason == spillway.ReasonCeiling && d.RetryAfter <= 0 {
+						return false, nil, fmt.Errorf("cost %d: refused with no RetryAfter: %+v", costs[0], d)
+					}
+					if err == nil && !d.Degraded {
+						return false, nil, fmt.Errorf("cost %d: not degraded: %+v", costs[0], d)
+					}
+					return d.Allowed, []spillway.Decision{d}, err
+				},
+				State: func(ctx context.Context) (string, error) {
+					return fmt.Sprintf("%v", local.(*localBucket).l.TokensAt(clock.Now())), nil
+				},
+				Reset: func(ctx context.Context) error {
+					if c != nil {
+						c.Close()
+					}
+					var err error
+					if c, err = New(client, "db", 10, time.Hour, WithMode(m), WithClock(clock.Now), WithoutBackgroundSync(), WithShards(3)); err != nil {
+						return err
+					}
+					if local, err = NewLocalBucket(2, time.Hour); err != nil {
+						return err
+					}
+					guard, err = NewGuard(c, WithFallback(local), WithGuardClock(clock.Now))
+					return err
+				},
+			})
+		})
+	}
+}

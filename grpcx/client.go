@@ -59,44 +59,28 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		if c.skip != nil && c.skip(ctx, method) {
 			return invoker(ctx, method, req, reply, cc, callOpts...)
 		}
-		if c.budget != nil {
-			c.budget.Deposit()
+		r := clientside.Retries{Throttle: c.throttle, Budget: c.budget, Backoff: c.backoff, Max: c.maxRetries}
+		if c.retryable != nil && !c.retryable(method) {
+			r.Max = 0
 		}
-		canRetry := c.maxRetries > 0 && (c.retryable == nil || c.retryable(method))
-		if c.throttle != nil && !c.throttle.Allow() {
+		if !r.Begin() {
 			return ErrThrottled
 		}
 		for attempt := 0; ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, callOpts...)
 			if !overloaded(err) {
-				if c.throttle != nil {
-					c.throttle.Accepted()
-				}
-				return err
-			}
-			if !canRetry || attempt >= c.maxRetries {
+				r.Accepted()
 				return err
 			}
 			delay, ok := RetryDelay(err)
 			if !ok {
 				return err // overloaded, but the server did not say when to come back
 			}
-			wait, ok := c.backoff.Delay(attempt+1, delay)
+			wait, ok := r.Next(ctx, attempt, delay)
 			if !ok {
 				return err
 			}
-			if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
-				return err
-			}
-			if c.budget != nil && !c.budget.TryRetry() {
-				return err
-			}
-			// A retry the throttle refuses returns the server's status,
-			// not ErrThrottled.
-			if c.throttle != nil && !c.throttle.Allow() {
-				return err
-			}
-			if serr := sleep(ctx, wait); serr != nil {
+			if serr := clientside.Sleep(ctx, wait); serr != nil {
 				return status.FromContextError(serr).Err()
 			}
 		}
@@ -183,15 +167,4 @@ func RetryDelay(err error) (time.Duration, bool) {
 		}
 	}
 	return 0, false
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

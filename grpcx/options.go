@@ -14,19 +14,13 @@ import (
 // client interceptors and the other way round, as documented on each.
 type Option func(*config)
 
-// Throttle is client-side adaptive throttling; *clientside.Throttle
-// implements it. See httpx.Throttle.
-type Throttle interface {
-	Allow() bool
-	Accepted()
-}
+// Throttle is client-side adaptive throttling (clientside.Throttler);
+// *clientside.Throttle implements it. See httpx.Throttle.
+type Throttle = clientside.Throttler
 
-// RetryBudget caps retries at a fraction of requests;
+// RetryBudget caps retries at a fraction of requests (clientside.Spender);
 // *clientside.RetryBudget implements it.
-type RetryBudget interface {
-	Deposit()
-	TryRetry() bool
-}
+type RetryBudget = clientside.Spender
 
 type config struct {
 	// server

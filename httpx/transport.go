@@ -1,7 +1,6 @@
 package httpx
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,20 +10,16 @@ import (
 	"github.com/spillway-go/spillway/clientside"
 )
 
-// Throttle is client-side adaptive throttling: Allow counts a request and
-// says whether to send it, Accepted records that the backend did the work
-// rather than reject it as overloaded. *clientside.Throttle implements it.
-type Throttle interface {
-	Allow() bool
-	Accepted()
-}
+// Throttle is client-side adaptive throttling (clientside.Throttler):
+// Allow counts a request and says whether to send it, Accepted records
+// that the backend did the work rather than reject it as overloaded.
+// *clientside.Throttle implements it.
+type Throttle = clientside.Throttler
 
-// RetryBudget caps retries at a fraction of requests: Deposit per request,
-// TryRetry spends for one retry. *clientside.RetryBudget implements it.
-type RetryBudget interface {
-	Deposit()
-	TryRetry() bool
-}
+// RetryBudget caps retries at a fraction of requests (clientside.Spender):
+// Deposit per request, TryRetry spends for one retry.
+// *clientside.RetryBudget implements it.
+type RetryBudget = clientside.Spender
 
 // ErrThrottled is returned by Transport when client-side throttling
 // rejected the request locally; it was not sent.
@@ -96,12 +91,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header.Set(spillway.PriorityHeader, p.String())
 		}
 	}
-	maxRetries := t.MaxRetries
-	canRetry := maxRetries > 0 && t.retryable(req)
-	if t.Budget != nil {
-		t.Budget.Deposit()
+	r := clientside.Retries{Throttle: t.Throttle, Budget: t.Budget, Backoff: t.Backoff, Max: t.MaxRetries}
+	if !t.retryable(req) {
+		r.Max = 0
 	}
-	if t.Throttle != nil && !t.Throttle.Allow() {
+	if !r.Begin() {
 		closeBody(req)
 		return nil, ErrThrottled
 	}
@@ -120,49 +114,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		overloaded := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable
-		if !overloaded {
-			if t.Throttle != nil {
-				t.Throttle.Accepted()
-			}
-			return resp, nil
-		}
-		if !canRetry || attempt >= maxRetries {
+		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+			r.Accepted()
 			return resp, nil
 		}
 		retryAfter, _ := clientside.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-		wait, ok := t.Backoff.Delay(attempt+1, retryAfter)
+		wait, ok := r.Next(ctx, attempt, retryAfter)
 		if !ok {
-			return resp, nil
-		}
-		if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
-			return resp, nil // the answer would come too late anyway
-		}
-		if t.Budget != nil && !t.Budget.TryRetry() {
-			return resp, nil
-		}
-		// A retry the throttle refuses returns the server's answer, not
-		// ErrThrottled: the caller learns more from the 429 itself.
-		if t.Throttle != nil && !t.Throttle.Allow() {
 			return resp, nil
 		}
 		// Drain a little so the connection can be reused, then wait.
 		io.CopyN(io.Discard, resp.Body, 4<<10)
 		resp.Body.Close()
-		if err := t.sleep(ctx, wait); err != nil {
+		if err := clientside.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
-	}
-}
-
-func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -37,7 +37,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/examples/grpcserver/greeterpb"
@@ -235,21 +234,20 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
-	opt := &redis.Options{Addr: redisAddr}
-	if budget > fallback.ClientIOTimeout {
-		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
+	// One health for the one Redis: K failures seen by any block (or by
+	// the fleet's reports) stop every block from calling it; go-redis's
+	// own dial errors are logged once per 10 s.
+	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel)
+	if err != nil {
+		return fail(err)
 	}
-	fallback.TuneOptions(opt)
-	rdb := redis.NewClient(opt)
-	closers = append(closers, func() { rdb.Close() })
-	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pingCtx).Err(); err != nil {
-		return fail(fmt.Errorf("redis %s: %w", redisAddr, err))
-	}
+	closers = append(closers, conn.Close)
+	rdb := conn.Client
+	settings := func(name string) fallback.Settings { return conn.Settings(name, budget) }
+
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Name: "rate", Budget: budget})
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
 	if err != nil {
 		return fail(err)
 	}
@@ -269,7 +267,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), fallback.Settings{Name: "concurrency", Budget: budget})
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), settings("concurrency"))
 	if err != nil {
 		return fail(err)
 	}
@@ -282,6 +280,8 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		defer cancel()
 		fleet.Close(c)
 	})
-	chain := telemetry.Instrument(spillway.Chain(rate, conc, fleet, worker), "grpc", tel...)
-	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, Redis blocks behind the fallback", closeAll, nil
+	// One budget per request: the whole admission waits on Redis for at
+	// most -redis-budget, however many blocks call it.
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel...)
+	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }

@@ -129,9 +129,39 @@ func TestSmokeMemory(t *testing.T) {
 
 func TestSmokeRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	s := start(t, "-redis", rs.Addr, "-redis-budget", "300ms") // decisions from Redis even on a loaded machine
+	s := demotest.Start(t, run, "-redis", rs.Addr, "-redis-budget", "300ms", "-metrics-addr", "127.0.0.1:0") // decisions from Redis even on a loaded machine
 	require.Contains(t, s.Out.String(), "store: redis "+rs.Addr)
+	m := regexp.MustCompile(`metrics on (http://\S+/metrics)`).FindStringSubmatch(s.Out.String())
+	require.NotNil(t, m, s.Out.String())
 	smoke(t, s.Addr)
+	require.Contains(t, metrics(t, m[1]), `spillway_breaker="redis"} 0`) // closed
+
+	// Redis stalls: calls are still answered, from the local share, and
+	// K = 5 failures seen by the chain's blocks open the one breaker of
+	// that Redis for all of them.
+	require.NoError(t, rs.Pause())
+	defer rs.Resume()
+	conn := dial(t, s.Addr)
+	for i := range 8 {
+		reply, _, err := greet(context.Background(), conn, "paused-"+strconv.Itoa(i))
+		require.NoError(t, err, "call %d while Redis is paused", i)
+		require.Equal(t, "hello, ann", reply.GetMessage())
+	}
+	body := metrics(t, m[1])
+	require.Contains(t, body, `spillway_breaker="redis"} 2`) // open
+	require.Contains(t, body, `spillway_degraded="true",spillway_limiter="grpc",spillway_outcome="allowed"`)
+}
+
+// metrics reads the Prometheus endpoint.
+func metrics(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode)
+	return string(b)
 }
 
 // The per-IP concurrency limit (20) answers ResourceExhausted while 20

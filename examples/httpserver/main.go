@@ -37,7 +37,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/examples/internal/demo"
@@ -297,38 +296,17 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		return b, nil
 	}
 
-	opt := &redis.Options{Addr: redisAddr}
-	if budget > fallback.ClientIOTimeout {
-		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
-	}
-	fallback.TuneOptions(opt) // millisecond timeouts: a slow Redis costs a budget, not seconds
-	rdb := redis.NewClient(opt)
-	b.closers = append(b.closers, func() { rdb.Close() })
-	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pingCtx).Err(); err != nil {
-		b.close()
-		return nil, fmt.Errorf("redis %s: %w", redisAddr, err)
-	}
-
 	// One health for the one Redis: K failures seen by any block (or by
 	// the fleet's reports, the ceiling's sync) stop every block from
 	// calling it; go-redis's own dial errors are logged once per 10 s.
-	redis.SetLogger(fallback.NewRedisLogger(nil, 0))
-	health, err := fallback.NewHealth(rdb, fallback.HealthSettings{Name: "redis"})
+	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel)
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	stopGauge, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(health.State()) }, tel...)
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	b.closers = append(b.closers, func() { stopGauge() })
-	settings := func(name string) fallback.Settings {
-		return fallback.Settings{Name: name, Budget: budget, Health: health}
-	}
+	b.closers = append(b.closers, conn.Close)
+	rdb, health := conn.Client, conn.Health
+	settings := func(name string) fallback.Settings { return conn.Settings(name, budget) }
 
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
 	// local share); rules marked "fail: closed" deny while Redis is out

@@ -1,5 +1,6 @@
 // Package demo is what the example servers share: their OpenTelemetry SDK
-// (Prometheus /metrics, optional stdout export) and its command-line flags.
+// (Prometheus /metrics, optional stdout export) and its command-line flags,
+// and their connection to Redis with the health its blocks share.
 package demo
 
 import (
