@@ -7,7 +7,8 @@ import (
 )
 
 // The request-rate scripts of ratelimit.RedisStore. Their contracts (KEYS,
-// ARGV, reply, writes) open each .lua file.
+// ARGV, reply, writes) open each .lua file. Every script that reads a
+// bucket starts with the hold helpers of ratelimit_holds.lua.
 var (
 	//go:embed ratelimit_batch.lua
 	ratelimitBatchSrc string
@@ -17,24 +18,39 @@ var (
 	ratelimitBucketsSrc string
 	//go:embed ratelimit_refund.lua
 	ratelimitRefundSrc string
+	//go:embed ratelimit_holds.lua
+	ratelimitHoldsSrc string
+	//go:embed ratelimit_hold.lua
+	ratelimitHoldSrc string
+	//go:embed ratelimit_settle.lua
+	ratelimitSettleSrc string
 )
 
 // RateLimitBatch decides N (key, policy, cost) items of every algorithm all
 // or nothing in one call (ratelimit_batch.lua).
-var RateLimitBatch = redis.NewScript(ratelimitBatchSrc)
+var RateLimitBatch = redis.NewScript(ratelimitHoldsSrc + ratelimitBatchSrc)
 
 // RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
 // the lean common path (ratelimit_token_bucket.lua).
-var RateLimitTokenBucket = redis.NewScript(ratelimitTokenBucketSrc)
+var RateLimitTokenBucket = redis.NewScript(ratelimitHoldsSrc + ratelimitTokenBucketSrc)
 
 // RateLimitBuckets decides N items of the bucket family (token bucket, GCRA,
 // leaky bucket) all or nothing in one call, with a smaller ARGV and reply
 // than RateLimitBatch: the lean path of a multi-item batch
 // (ratelimit_buckets.lua).
-var RateLimitBuckets = redis.NewScript(ratelimitBucketsSrc)
+var RateLimitBuckets = redis.NewScript(ratelimitHoldsSrc + ratelimitBucketsSrc)
 
 // RateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
 // for the Redis Cluster (Ring) path where one slot group was charged and
 // another denied: it restores the state from before the charge when the
 // key still holds what the charge wrote (ratelimit_refund.lua).
-var RateLimitRefund = redis.NewScript(ratelimitRefundSrc)
+var RateLimitRefund = redis.NewScript(ratelimitHoldsSrc + ratelimitRefundSrc)
+
+// RateLimitHold reserves N bucket-family items all or nothing and holds
+// their estimates under one hold id (ratelimit_hold.lua).
+var RateLimitHold = redis.NewScript(ratelimitHoldsSrc + ratelimitHoldSrc)
+
+// RateLimitSettle replaces holds by their actual costs, at most once per
+// hold, or cancels the holds of a Cluster reserve whose other slot group
+// was denied (ratelimit_settle.lua).
+var RateLimitSettle = redis.NewScript(ratelimitHoldsSrc + ratelimitSettleSrc)

@@ -50,7 +50,9 @@
 --
 -- Writes: phase 1 only reads, except that it trims the log's expired
 -- entries (as the memory store does on every call; that changes no
--- decision). Phase 2 writes each item with n > 0 of every allowed group,
+-- decision) and releases the expired holds of a bucket key marked by
+-- holds or a debt ("<tat>h": see ratelimit_holds.lua, whose clamp TAT −
+-- 2·tau and reply range [0, 2·tau] for wait such a key follows). Phase 2 writes each item with n > 0 of every allowed group,
 -- in order, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
 -- state is full and a missing key means the same. A denied group changes
 -- no state. A key of unexpected type or content (the policy
@@ -95,9 +97,15 @@ local writes = {}
 local gp, gl, gw
 local reply = {now, 1}
 
+-- hl: a marked bucket key's latest hold release time (false: none), set
+-- at its first touch; rewritten: its state after that touch released
+-- expired holds
+local hl, rewritten = {}, {}
+
 local function getstr(key)
   local v = gp[key]
   if v == nil then v = pending[key] end
+  if v == nil then v = rewritten[key] end
   if v ~= nil then return v end
   v = redis.pcall('GET', key)
   if type(v) ~= 'string' then return nil end
@@ -122,24 +130,45 @@ for g = 1, #sizes do
 
     if alg == 0 or alg == 1 or alg == 5 then
       local tau = B * T
-      local s = getstr(key)
-      local tat = s and tonumber(s) or 0
+      local tat, marked = hparse(getstr(key))
+      if marked and hl[key] == nil then
+        -- first touch of a key with holds or a debt (ratelimit_holds.lua):
+        -- release its expired holds, kept whatever the decisions
+        local hkey = key .. ':h'
+        local t0 = hnow(tat, now, tau, true)
+        local reaped
+        tat, reaped = hreap(hkey, tat, t0, now, T)
+        hl[key] = hlast(hkey) or false
+        if reaped then
+          marked = hwrite(key, tat, t0, now, tau, hl[key] or nil)
+          rewritten[key] = fmt('%d', tat)
+          if marked then rewritten[key] = rewritten[key] .. 'h' end
+        end
+      end
       s1 = tat
-      local t = now
-      if t < tat - tau then t = tat - tau end -- time went backwards
+      local t = hnow(tat, now, tau, marked) -- time went backwards
       local base = tat
       if base < t then base = t end
       local wait = base - t
-      local need = wait + n * T
-      if n > B or need > tau then
-        rem, reset = floor((tau - wait) / T), wait
-        if n <= B then retry = need - tau end
+      local room = tau - wait
+      if room < 0 then room = 0 end
+      if n > B or (n > 0 and wait + n * T > tau) then
+        rem, reset = floor(room / T), wait
+        if n <= B then retry = (wait - tau) + n * T end
       else
+        local need = wait + n * T
         ok, rem, reset = 1, floor((tau - need) / T), need
+        if rem < 0 then rem = 0 end
         if n > 0 then
           local s = fmt('%d', t + need)
+          local px = ttl(need)
+          local last = hl[key]
+          if last then
+            s = s .. 'h' -- live holds keep the mark and the key
+            if ttl(last - now) > px then px = ttl(last - now) end
+          end
           gp[key] = s
-          gw[#gw + 1] = {0, key, s, ttl(need)}
+          gw[#gw + 1] = {0, key, s, px}
         end
       end
 

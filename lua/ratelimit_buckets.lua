@@ -21,7 +21,8 @@
 -- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
 -- tat_N}:
 --   now     the µs time the call decided at (before the per-item clamp)
---   wait_i  in [0, tau_i]: max(TAT, now') − now' for item i, where TAT
+--   wait_i  in [0, tau_i] ([0, 2·tau_i] on a key marked by holds or a
+--           debt): max(TAT, now') − now' for item i, where TAT
 --           includes the charges that earlier items on the same key made:
 --           the earlier items of its group that had room, and every item
 --           of an earlier group that was allowed. The caller derives each
@@ -40,7 +41,10 @@
 -- PX ceil(need/1000), TAT' = now' + need, in call order (a key charged
 -- several times ends with its last charge, which includes the earlier
 -- ones).
--- A denied group writes nothing. now' is now clamped, per item, to
+-- A denied group writes nothing but the release of the expired holds of
+-- a marked key ("<tat>h", see ratelimit_holds.lua), which is kept; a
+-- marked key's clamp is TAT − 2·tau, and its charges keep the mark while
+-- holds are live. now' is now clamped, per item, to
 -- TAT − tau, the earliest time the state proves was seen (time going
 -- backwards). A key of another type or content reads as a full bucket and
 -- is overwritten. Redis formats a number argument with up to 17
@@ -78,9 +82,13 @@ end
 -- group, or of an allowed earlier group). A group's charges go straight
 -- into pending and the writes; a denied group is undone: pending entries
 -- restored from undo, writes cut back to where the group began.
-local pending = {}
-local uk, uv, un = {}, {}, 0 -- undo: key, previous pending value
+local pending, pmark = {}, {}
+local uk, uv, um, un = {}, {}, {}, 0 -- undo: key, previous pending value and mark
 local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT', PX
+-- st, sm: each key's TAT and mark as the call found them, after releasing
+-- the expired holds of a marked key (ratelimit_holds.lua; kept whatever
+-- the decisions); hl: a marked key's latest hold release time (false: none)
+local st, sm, hl = {}, {}, {}
 local reply = {now}
 local i = 0
 for g = 1, G do
@@ -96,29 +104,56 @@ for g = 1, G do
     local T = tonumber(ARGV[b])
     local tau = tonumber(ARGV[b + 1])
     local n = tonumber(ARGV[b + 2])
-    local tat = pending[key]
-    if tat == nil then tat = tonumber(cur[i]) or 0 end
+    local tat, marked = pending[key], pmark[key]
+    if tat == nil then
+      tat, marked = st[key], sm[key]
+      if tat == nil then
+        tat, marked = tonumber(cur[i]), false
+        if tat == nil then
+          tat, marked = hparse(cur[i])
+          if marked then
+            local hkey = key .. ':h'
+            local t0 = hnow(tat, now, tau, true)
+            local reaped
+            tat, reaped = hreap(hkey, tat, t0, now, T)
+            hl[key] = hlast(hkey) or false
+            if reaped then marked = hwrite(key, tat, t0, now, tau, hl[key] or nil) end
+          end
+        end
+        st[key], sm[key] = tat, marked
+      end
+    end
     local t = now
-    if t < tat - tau then t = tat - tau end
+    local slack = tau
+    if marked then slack = 2 * tau end
+    if t < tat - slack then t = tat - slack end
     local wait = 0
     if tat > t then wait = tat - t end
-    local need = wait + n * T
-    if need <= tau then
-      if n > 0 then
-        un = un + 1
-        uk[un], uv[un] = key, pending[key]
-        pending[key] = t + need
-        wn = wn + 1
-        wk[wn], wv[wn], wp[wn] = key, t + need, math.floor((need + 999) / 1000)
+    if n > 0 and wait + n * T <= tau then
+      local need = wait + n * T
+      local px = math.floor((need + 999) / 1000)
+      local v = t + need
+      un = un + 1
+      uk[un], uv[un], um[un] = key, pending[key], pmark[key]
+      pending[key] = v
+      local last = hl[key]
+      pmark[key] = last ~= nil and last ~= false
+      if last ~= nil then
+        -- a marked key stays marked while holds are live (hwrite)
+        if last and math.floor((last - now + 999) / 1000) > px then px = math.floor((last - now + 999) / 1000) end
+        v = string.format('%d', v)
+        if last then v = v .. 'h' end
       end
-    else
+      wn = wn + 1
+      wk[wn], wv[wn], wp[wn] = key, v, px
+    elseif n > 0 then
       ok = false
     end
     reply[1 + i] = wait
     reply[1 + N + i] = tat
   end
   if not ok then
-    for j = un, 1, -1 do pending[uk[j]] = uv[j] end
+    for j = un, 1, -1 do pending[uk[j]], pmark[uk[j]] = uv[j], um[j] end
     wn = w0
   end
 end

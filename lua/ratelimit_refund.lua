@@ -33,6 +33,9 @@
 --                   goes backwards is clamped by it (algorithms.go), so
 --                   forgetting it would give more room than the memory
 --                   store does.
+--   A key marked by holds or a debt ("<tat>h", ratelimit_holds.lua) is
+--   restored the same way but keeps its mark and TTL; otherwise it gets
+--   TAT = max(TAT − n·T, now) while TAT > now.
 --   otherwise (another charge landed in between; never more than n is
 --   given back):
 --     bucket family  TAT -= n·T; the key is deleted when that leaves the
@@ -64,8 +67,27 @@ for i = #KEYS, 1, -1 do
   local w1, w2, w3 = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
   if n > 0 then
     if alg == 0 or alg == 1 or alg == 5 then
-      local cur = tonumber(redis.pcall('GET', key))
-      if cur ~= nil then
+      local v = redis.pcall('GET', key)
+      local cur, marked = tonumber(v), false
+      if cur == nil then
+        local c, m = hparse(v)
+        if m then cur, marked = c, true end
+      end
+      if marked then
+        -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
+        -- and its TTL, which outlives its holds
+        local tat = o1
+        if cur == w1 then
+          refunded = refunded + 1
+        else
+          tat = cur
+          if tat > now then
+            tat = tat - n * T
+            if tat < now then tat = now end
+          end
+        end
+        redis.call('SET', key, fmt('%d', tat) .. 'h', 'KEEPTTL')
+      elseif cur ~= nil then
         if cur == w1 then
           if o1 <= 0 then
             redis.call('DEL', key)

@@ -26,6 +26,8 @@ func TestRateLimitScripts(t *testing.T) {
 		"ratelimit_token_bucket.lua": {ratelimitTokenBucketSrc, RateLimitTokenBucket},
 		"ratelimit_buckets.lua":      {ratelimitBucketsSrc, RateLimitBuckets},
 		"ratelimit_refund.lua":       {ratelimitRefundSrc, RateLimitRefund},
+		"ratelimit_hold.lua":         {ratelimitHoldSrc, RateLimitHold},
+		"ratelimit_settle.lua":       {ratelimitSettleSrc, RateLimitSettle},
 	} {
 		if !strings.HasPrefix(sc.src, "-- "+name+":") {
 			t.Errorf("%s does not open with its name and purpose", name)

@@ -10,8 +10,9 @@
 -- ARGV[3]  tau = Burst·T in µs, the capacity in time (≤ 2^52)
 -- ARGV[4]  n, the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
--- Reply: wait, an integer in [0, tau]: max(TAT, now') − now', how far the
--- bucket is from full before this call (now' is now clamped, see below).
+-- Reply: wait, an integer in [0, tau] (in [0, 2·tau] for a key marked by
+-- holds or a debt: see ratelimit_holds.lua): max(TAT, now') − now', how far
+-- the bucket is from full before this call (now' is now clamped, see below).
 -- The caller derives the decision from it (need = wait + n·T): allowed iff
 -- n = 0, or n·T ≤ tau and need ≤ tau; then remaining = floor((tau − need)/T)
 -- and reset = need; when denied, remaining = floor((tau − wait)/T), reset =
@@ -19,7 +20,10 @@
 --
 -- Writes: only when allowed with n > 0: SET KEYS[1] TAT' PX ceil(need/1000),
 -- TAT' = now' + need (≥ 1 ms; at its end the bucket is full, and no key
--- means the same). A denial writes nothing. Time going backwards is clamped
+-- means the same). A denial writes nothing. A marked key ("<tat>h") takes
+-- the holds path: its expired holds are released first (written whatever
+-- the decision), the clamp is TAT − 2·tau, and a charge keeps the mark
+-- while holds are live (ratelimit_holds.lua). Time going backwards is clamped
 -- to TAT − tau, the earliest time the state proves was seen. Redis formats
 -- a number argument with up to 17 significant digits, so the 16-digit µs
 -- TAT' goes through exactly (string.format would cost more).
@@ -33,7 +37,27 @@ end
 local T = tonumber(ARGV[2])
 local tau = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local tat = tonumber(redis.pcall('GET', KEYS[1])) or 0
+local v = redis.pcall('GET', KEYS[1])
+local tat = tonumber(v)
+if tat == nil then
+  local marked
+  tat, marked = hparse(v)
+  if marked then
+    -- a key with holds or a debt (ratelimit_holds.lua): release the
+    -- expired holds, then decide with the clamp TAT - 2·tau
+    local key, hkey = KEYS[1], KEYS[1] .. ':h'
+    local t = hnow(tat, now, tau, true)
+    local reaped
+    tat, reaped = hreap(hkey, tat, t, now, T)
+    local last = hlast(hkey)
+    if reaped then marked = hwrite(key, tat, t, now, tau, last) end
+    t = hnow(tat, now, tau, marked)
+    local wait = 0
+    if tat > t then wait = tat - t end
+    if n > 0 and wait + n * T <= tau then hwrite(key, t + wait + n * T, t, now, tau, last) end
+    return wait
+  end
+end
 if now < tat - tau then now = tat - tau end
 local wait = 0
 if tat > now then wait = tat - now end

@@ -350,22 +350,30 @@ func heldNow(tat, now int64, p *limits, marked bool) int64 {
 // returns the TAT to write (tat when nothing is) and t, now after the
 // clamp.
 func heldDecide(tat, now int64, p *limits, n int64, marked bool) (o outcome, newTAT, t int64) {
-	T, tau := p.T, p.tau
 	t = heldNow(tat, now, p, marked)
 	wait := max(tat, t) - t // in [0, 2τ]
+	o = waitOutcome(wait, p, n)
+	if !o.allowed || n == 0 {
+		return o, tat, t
+	}
+	return o, satAdd(t, o.reset), t
+}
+
+// waitOutcome is the decision of cost n on a bucket wait µs from full
+// (wait = max(TAT, now') − now', in [0, 2τ]): how both stores turn a
+// bucket's state, or a script's reply, into a decision. For wait ≤ τ it
+// is bucketDecide's.
+func waitOutcome(wait int64, p *limits, n int64) outcome {
+	T, tau := p.T, p.tau
 	room := max(tau-wait, 0)
 	if n > p.B {
-		return outcome{exceeds: true, remaining: room / T, reset: wait}, tat, t
+		return outcome{exceeds: true, remaining: room / T, reset: wait}
 	}
 	need := wait + n*T       // ≤ 3τ
 	if n > 0 && need > tau { // a peek is allowed even in debt
-		return outcome{remaining: room / T, reset: wait, retry: need - tau}, tat, t
+		return outcome{remaining: room / T, reset: wait, retry: need - tau}
 	}
-	o = outcome{allowed: true, remaining: max(tau-need, 0) / T, reset: need, delay: wait}
-	if n == 0 {
-		return o, tat, t
-	}
-	return o, satAdd(t, need), t
+	return outcome{allowed: true, remaining: max(tau-need, 0) / T, reset: need, delay: wait}
 }
 
 // heldRefund gives units back: TAT moves back units·T, but never past t

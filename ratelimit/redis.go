@@ -53,6 +53,7 @@ type RedisStore struct {
 	sharded sharding
 	idBase  string
 	idSeq   atomic.Uint64
+	holdIDs holdIDs
 	co      *coalescer // nil: coalescing off
 }
 
@@ -80,7 +81,7 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 			opt(&o)
 		}
 	}
-	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock}
+	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs()}
 	if o.coalesce > 0 {
 		s.co = &coalescer{max: o.coalesce}
 	}
@@ -184,8 +185,8 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
 	wait, ok := res.(int64)
-	if !ok || wait < 0 || wait > tau {
-		return false, fmt.Errorf("ratelimit: redis: token bucket script: unexpected reply %T %v, want an integer in [0, %d]", res, res, tau)
+	if !ok || wait < 0 || wait > 2*tau { // 2τ: a key in debt (see hold.go)
+		return false, fmt.Errorf("ratelimit: redis: token bucket script: unexpected reply %T %v, want an integer in [0, %d]", res, res, 2*tau)
 	}
 	o := bucketOutcome(it, wait)
 	*out = o.decision(it.Scope, p)
@@ -198,17 +199,10 @@ func bucketOutcome(it *Item, wait int64) outcome {
 	p := it.Policy
 	T := p.EmissionInterval()
 	B := p.EffectiveBurst()
-	tau := B * T
-	n := it.Cost
-	need := wait + n*T
-	switch {
-	case n > B:
-		return outcome{exceeds: true, remaining: (tau - wait) / T, reset: wait}
-	case need > tau:
-		return outcome{remaining: (tau - wait) / T, reset: wait, retry: need - tau}
-	default:
-		return outcome{allowed: true, remaining: (tau - need) / T, reset: need}
-	}
+	lim := limits{B: B, T: T, tau: B * T}
+	o := waitOutcome(wait, &lim, it.Cost)
+	o.delay = 0
+	return o
 }
 
 // bucketsOnly reports whether every item is of the bucket family.
@@ -300,8 +294,8 @@ func bucketsReply(res any, n int) ([]int64, error) {
 func bucketsDecisions(items []Item, waits []int64, first int, out []spillway.Decision) (bool, error) {
 	for i := range items {
 		it := &items[i]
-		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); waits[i] < 0 || waits[i] > tau {
-			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", first+i, waits[i], tau)
+		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); waits[i] < 0 || waits[i] > 2*tau { // 2τ: a key in debt
+			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", first+i, waits[i], 2*tau)
 		}
 	}
 	allowed := true
@@ -413,8 +407,15 @@ func (s *RedisStore) Reset(ctx context.Context, scope, key string, p Policy) err
 	if s.err != nil {
 		return s.err
 	}
-	k := redisKey(s.prefix, &Item{Scope: scope, Key: key, Policy: p})
-	if err := s.client.Del(ctx, k).Err(); err != nil {
+	it := &Item{Scope: scope, Key: key, Policy: p}
+	k := redisKey(s.prefix, it)
+	ks := []string{k}
+	switch p.Algorithm {
+	case TokenBucket, GCRA, LeakyBucket:
+		_, hk, sk := holdKeys(s.prefix, it) // its holds and tombstones, same slot
+		ks = append(ks, hk, sk)
+	}
+	if err := s.client.Del(ctx, ks...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: redis: reset %q: %w", k, err)
 	}
 	return nil

@@ -1,0 +1,109 @@
+-- ratelimit_hold.lua: reserve, the first half of reserve-then-settle
+-- (ratelimit.RedisStore.Reserve): decide N token-bucket / GCRA /
+-- leaky-bucket items all or nothing and, when every item has room, hold
+-- each item's estimate under one hold id until ratelimit_settle.lua
+-- settles it or its TTL passes. The arithmetic is ratelimit/hold.go
+-- (heldDecide) line by line; the helpers (hparse, hnow, hreap, hlast,
+-- hwrite) and the layout of holds are ratelimit_holds.lua.
+--
+-- KEYS[2i-1]  item i's bucket key K: its TAT in µs, "<tat>" or, marked,
+--             "<tat>h" (absent = full bucket)
+-- KEYS[2i]    K..":h", the holds of K (sorted set)
+--             All keys hash to one Cluster slot; a key may repeat.
+-- ARGV[1]  now in µs, or "" to read Redis TIME
+-- ARGV[2]  ttl, the holds' life in µs (1000 .. 2^51)
+-- then, for item i, 4 values:
+--          T       the emission interval in µs (≥ 1)
+--          tau     Burst·T in µs (≤ 2^51)
+--          n       the estimate (≥ 0; ≤ Burst+1, Go sends a larger one as
+--                  Burst+1: denied as exceeding)
+--          member  "<hold id>/<i>=<n>", the hold's member in K..":h"
+--
+-- Reply: {now, allowed, wait_1 .. wait_N, tat_1 .. tat_N, wrote_1 ..
+-- wrote_N, mark_1 .. mark_N}
+--   allowed  1 if every item had room (and so is held), else 0
+--   wait_i   in [0, 2·tau_i]: max(TAT, now') − now' for item i (TAT after
+--            the earlier items of the call on its key); the caller derives
+--            the decision as for ratelimit_token_bucket.lua (a cost above
+--            the burst, or wait + n·T > tau with n > 0, is denied)
+--   tat_i    that TAT and mark_i its mark (1: marked); wrote_i the TAT
+--            item i left (tat_i when it wrote nothing): what a Cluster
+--            cancel restores (ratelimit_settle.lua)
+--
+-- Writes: the release of the expired holds of a marked key (kept whatever
+-- the decision). When allowed: each key's TAT (TAT' = now' + wait + n·T
+-- for n > 0), marked, with a PX that outlives the TAT and the key's live
+-- holds; ZADD K..":h" now+ttl member for every item (n = 0 included, so
+-- that its settle can charge), and PEXPIRE of K..":h" to its latest
+-- release. A denial writes nothing else.
+local now = tonumber(ARGV[1])
+if now == nil then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+elseif now < 0 then
+  now = 0
+end
+local exp = now + tonumber(ARGV[2])
+
+local N = #KEYS / 2
+local st, sm, hl = {}, {}, {} -- per key: TAT, mark, latest live release (false: none)
+local reply = {now, 1}
+local ok = true
+for i = 1, N do
+  local key, hkey = KEYS[2 * i - 1], KEYS[2 * i]
+  local b = 3 + 4 * (i - 1)
+  local T = tonumber(ARGV[b])
+  local tau = tonumber(ARGV[b + 1])
+  local n = tonumber(ARGV[b + 2])
+  local tat, marked = st[key], sm[key]
+  if tat == nil then
+    tat, marked = hparse(redis.pcall('GET', key))
+    hl[key] = false
+    if marked then
+      local t0 = hnow(tat, now, tau, true)
+      local reaped
+      tat, reaped = hreap(hkey, tat, t0, now, T)
+      hl[key] = hlast(hkey) or false
+      if reaped then marked = hwrite(key, tat, t0, now, tau, hl[key] or nil) end
+    end
+  end
+  reply[2 + 3 * N + i] = marked and 1 or 0
+  local t = hnow(tat, now, tau, marked)
+  local wait = 0
+  if tat > t then wait = tat - t end
+  local nt = tat
+  if n > 0 then
+    if wait + n * T <= tau then
+      nt = t + wait + n * T
+    else
+      ok = false
+    end
+  end
+  if nt ~= tat then marked = hl[key] ~= false or nt - t > tau end
+  st[key], sm[key] = nt, marked
+  reply[2 + i] = wait
+  reply[2 + N + i] = tat
+  reply[2 + 2 * N + i] = nt
+end
+if not ok then
+  reply[2] = 0
+  return reply
+end
+
+local done = {}
+for i = 1, N do
+  local key, hkey = KEYS[2 * i - 1], KEYS[2 * i]
+  redis.call('ZADD', hkey, string.format('%d', exp), ARGV[3 + 4 * (i - 1) + 3])
+  if not done[key] then
+    done[key] = true
+    local last = exp
+    if hl[key] and hl[key] > last then last = hl[key] end
+    local ttl = st[key]
+    if last > ttl then ttl = last end
+    local px = math.floor((ttl - now + 999) / 1000)
+    if px < 1 then px = 1 end
+    redis.call('SET', key, string.format('%d', st[key]) .. 'h', 'PX', px)
+    redis.call('PEXPIRE', hkey, math.floor((last - now + 999) / 1000))
+  end
+end
+return reply

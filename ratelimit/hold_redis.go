@@ -1,0 +1,251 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// Holds on Redis (see ratelimit_holds.lua): a bucket key K keeps its TAT
+// as "<tat>" or, marked, "<tat>h"; its holds live in the sorted set K+":h"
+// and its settled holds' tombstones in K+":s", both in K's slot.
+//
+// Reserve and settle run their own scripts (lua/ratelimit_hold.lua,
+// lua/ratelimit_settle.lua), one call per Cluster slot group, and are not
+// coalesced: a coalesced call is one script over many callers' plain
+// batches, and carrying holds there would put their bookkeeping (two more
+// keys per item, the hold id) on every plain decision; a reserve is
+// already one round trip, a settle another.
+
+// holdKeys returns the keys of a bucket-family item: K, K+":h", K+":s".
+func holdKeys(prefix string, it *Item) (k, h, s string) {
+	k = redisKey(prefix, it)
+	return k, k + ":h", k + ":s"
+}
+
+// Reserve implements Reserver: one hold script per Cluster slot group
+// (Ring shard), the groups in parallel; when one group denies or fails
+// after another held, the held groups are cancelled by the settle script,
+// which restores each TAT exactly when nothing else charged the key in
+// between. A group that failed (a timeout after the script ran, say) is
+// not cancelled: its holds, if any, are released by their TTL.
+func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duration) (*Hold, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	ttlUS, ttl, err := holdTTLOf(ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateHold(items); err != nil {
+		return nil, err
+	}
+	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items))}
+	id := s.holdIDs.next()
+	if len(items) == 0 {
+		h.allowed, h.id = true, id
+		return h, nil
+	}
+	var groups []*group
+	if s.sharded == oneServer {
+		groups = []*group{wholeGroup(items)}
+	} else {
+		groups = s.split(items, s.sharded)
+	}
+	allowed, err := s.reserveGroups(ctx, id, ttlUS, groups)
+	if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
+		// a Cluster in disguise: nothing ran; one call per slot
+		groups = s.split(items, bySlot)
+		allowed, err = s.reserveGroups(ctx, id, ttlUS, groups)
+	}
+	for _, g := range groups {
+		for j, i := range g.idx {
+			h.dec[i] = g.out[j]
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if allowed {
+		h.allowed, h.id = true, id
+	}
+	return h, nil
+}
+
+// wholeGroup is a batch as one group.
+func wholeGroup(items []Item) *group {
+	g := &group{items: items, idx: make([]int, len(items)), out: make([]spillway.Decision, len(items)), old: make([][3]int64, len(items))}
+	for i := range g.idx {
+		g.idx[i] = i
+	}
+	return g
+}
+
+// reserveGroups runs the hold script of every group, in parallel, and
+// cancels the held groups when the batch is not allowed.
+func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, groups []*group) (bool, error) {
+	if len(groups) == 1 {
+		g := groups[0]
+		g.allowed, g.err = s.runHold(ctx, id, ttlUS, g)
+		return g.allowed, g.err
+	}
+	var eg errgroup.Group
+	for _, g := range groups {
+		eg.Go(func() error {
+			g.allowed, g.err = s.runHold(ctx, id, ttlUS, g)
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	allowed := true
+	var errs []error
+	for _, g := range groups {
+		if g.err != nil {
+			errs = append(errs, g.err)
+		}
+		allowed = allowed && g.allowed && g.err == nil
+	}
+	if allowed {
+		return true, nil
+	}
+	cctx := context.WithoutCancel(ctx)
+	var cg errgroup.Group
+	for _, g := range groups {
+		if !g.allowed || g.err != nil {
+			continue
+		}
+		cg.Go(func() error {
+			res := make([]SettleResult, len(g.items))
+			return s.runSettle(cctx, id, 0, g, nil, res)
+		})
+	}
+	if err := cg.Wait(); err != nil {
+		errs = append(errs, err)
+	}
+	return false, errors.Join(errs...)
+}
+
+// holdFields is the number of ARGV values per item of the hold script,
+// settleFields of the settle script.
+const (
+	holdFields   = 4
+	settleFields = 9
+)
+
+// runHold runs lua/ratelimit_hold.lua for g (one slot): its decisions go
+// to g.out; the TAT each item saw, the TAT it wrote and the mark it saw to
+// g.old[j] (what a cancel restores).
+func (s *RedisStore) runHold(ctx context.Context, id string, ttlUS int64, g *group) (bool, error) {
+	n := len(g.items)
+	keys := make([]string, 0, 2*n)
+	args := make([]any, 2, 2+holdFields*n)
+	args[0], args[1] = s.nowArg(), ttlUS
+	for j := range g.items {
+		it := &g.items[j]
+		k, hk, _ := holdKeys(s.prefix, it)
+		keys = append(keys, k, hk)
+		T := it.Policy.EmissionInterval()
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), holdMember(id, g.idx[j])+"="+strconv.FormatInt(it.Cost, 10))
+	}
+	res, err := lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
+	}
+	v, err := intSlice(res, 2+4*n)
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
+	}
+	allowed := true
+	for j := range g.items {
+		it := &g.items[j]
+		lim := it.Policy.limits()
+		wait := v[2+j]
+		if wait < 0 || wait > 2*lim.tau {
+			return false, fmt.Errorf("ratelimit: redis: hold script: unexpected reply value %d = %d, want an integer in [0, %d]", 2+j, wait, 2*lim.tau)
+		}
+		o := waitOutcome(wait, &lim, it.Cost)
+		g.out[j] = o.decisionCap(it.Scope, lim.capacity)
+		allowed = allowed && o.allowed
+		g.old[j] = [3]int64{v[2+n+j], v[2+2*n+j], v[2+3*n+j]}
+	}
+	if allowed != (v[1] == 1) {
+		return false, fmt.Errorf("ratelimit: redis: hold script: replied allowed = %d, but the waits say %v", v[1], allowed)
+	}
+	return allowed, nil
+}
+
+// settle implements holdSettler: one settle script per slot group, in
+// parallel.
+func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
+	if s.err != nil {
+		return s.err
+	}
+	var groups []*group
+	if s.sharded == oneServer {
+		groups = []*group{wholeGroup(h.items)}
+	} else {
+		groups = s.split(h.items, s.sharded)
+	}
+	life := h.ttl.Microseconds()
+	if len(groups) == 1 {
+		err := s.runSettle(ctx, h.id, life, groups[0], actual, res)
+		if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
+			groups = s.split(h.items, bySlot)
+		} else {
+			return err
+		}
+	}
+	var eg errgroup.Group
+	for _, g := range groups {
+		eg.Go(func() error { return s.runSettle(ctx, h.id, life, g, actual, res) })
+	}
+	return eg.Wait()
+}
+
+// runSettle runs lua/ratelimit_settle.lua for g with tombstones of life
+// µs, writing each item's result to res (indexed like the hold's items).
+// life 0 cancels g's holds (actual is ignored): see reserveGroups.
+func (s *RedisStore) runSettle(ctx context.Context, id string, life int64, g *group, actual []int64, res []SettleResult) error {
+	n := len(g.items)
+	keys := make([]string, 0, 3*n)
+	args := make([]any, 2, 2+settleFields*n)
+	args[0], args[1] = s.nowArg(), life
+	for j := range g.items {
+		it := &g.items[j]
+		k, hk, sk := holdKeys(s.prefix, it)
+		keys = append(keys, k, hk, sk)
+		i := g.idx[j]
+		T := it.Policy.EmissionInterval()
+		var a, old, wrote, mark int64
+		if life > 0 {
+			a = settleCost(it, actual[i])
+		} else {
+			old, wrote, mark = g.old[j][0], g.old[j][1], g.old[j][2]
+		}
+		member := holdMember(id, i)
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member+"="+strconv.FormatInt(it.Cost, 10), member, old, wrote, mark)
+	}
+	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
+	}
+	v, err := intSlice(r, n)
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
+	}
+	for j, x := range v {
+		if x < int64(SettleApplied) || x > int64(SettleExpired) {
+			return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+		}
+		res[g.idx[j]] = SettleResult(x)
+	}
+	return nil
+}
