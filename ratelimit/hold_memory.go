@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"container/heap"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -26,11 +27,17 @@ func newHoldIDs() holdIDs {
 func (h holdIDs) next() string { return h.base + strconv.FormatUint(h.seq.Add(1), 36) }
 
 // holdSet is the hold side of a bucket-family entry of the memory store.
+// Holds and tombstones sit in maps (found by member) and in heaps by end
+// time, so a touch releases what expired in O(log n) per item, as the
+// Redis scripts do with their sorted sets. Heap entries whose hold was
+// settled meanwhile are skipped when they surface.
 type holdSet struct {
-	marked bool       // the clamp is TAT − 2τ (see hold.go)
-	live   []heldUnit // holds outstanding; exp = release time (µs)
-	tomb   []heldUnit // settled holds, in settle order; exp = end of the tombstone
-	tombs  map[string]int64
+	marked  bool                // the clamp is TAT − 2τ (see hold.go)
+	live    map[string]heldUnit // holds outstanding, by member
+	liveQ   unitHeap            // the same by release time (µs), lazily cleaned
+	lastExp int64               // ≥ every live hold's release time
+	tombs   map[string]int64    // settled holds: member → end of the tombstone
+	tombQ   unitHeap
 }
 
 type heldUnit struct {
@@ -39,47 +46,63 @@ type heldUnit struct {
 	exp    int64
 }
 
+// unitHeap is a min-heap of units by exp.
+type unitHeap []heldUnit
+
+func (h unitHeap) Len() int           { return len(h) }
+func (h unitHeap) Less(i, j int) bool { return h[i].exp < h[j].exp }
+func (h unitHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *unitHeap) Push(x any)        { *h = append(*h, x.(heldUnit)) }
+func (h *unitHeap) Pop() any {
+	old := *h
+	u := old[len(old)-1]
+	old[len(old)-1] = heldUnit{}
+	*h = old[:len(old)-1]
+	return u
+}
+
+// add records a live hold.
+func (hs *holdSet) add(u heldUnit) {
+	if hs.live == nil {
+		hs.live = make(map[string]heldUnit)
+	}
+	hs.live[u.member] = u
+	heap.Push(&hs.liveQ, u)
+	hs.lastExp = max(hs.lastExp, u.exp)
+}
+
 // reap releases the holds whose expiry is ≤ now: each gives its estimate
 // back (heldRefund). It reports whether any was released.
 func (hs *holdSet) reap(tat *int64, t, now, T int64) bool {
-	kept := hs.live[:0]
 	reaped := false
-	for _, h := range hs.live {
-		if h.exp <= now {
-			*tat = heldRefund(*tat, t, h.est, T)
+	for len(hs.liveQ) > 0 && hs.liveQ[0].exp <= now {
+		u := heap.Pop(&hs.liveQ).(heldUnit)
+		if cur, ok := hs.live[u.member]; ok && cur.exp == u.exp {
+			delete(hs.live, u.member)
+			*tat = heldRefund(*tat, t, u.est, T)
 			reaped = true
-			continue
 		}
-		kept = append(kept, h)
 	}
-	clear(hs.live[len(kept):])
-	hs.live = kept
 	return reaped
-}
-
-// lastExp is the latest release time of a live hold (0: none).
-func (hs *holdSet) lastExp() int64 {
-	var last int64
-	for _, h := range hs.live {
-		last = max(last, h.exp)
-	}
-	return last
 }
 
 // trimTombs drops the tombstones that ended by now.
 func (hs *holdSet) trimTombs(now int64) {
-	i := 0
-	for i < len(hs.tomb) && hs.tomb[i].exp <= now {
-		if hs.tombs[hs.tomb[i].member] == hs.tomb[i].exp {
-			delete(hs.tombs, hs.tomb[i].member)
+	for len(hs.tombQ) > 0 && hs.tombQ[0].exp <= now {
+		u := heap.Pop(&hs.tombQ).(heldUnit)
+		if hs.tombs[u.member] == u.exp {
+			delete(hs.tombs, u.member)
 		}
-		i++
 	}
-	if i > 0 {
-		n := copy(hs.tomb, hs.tomb[i:])
-		clear(hs.tomb[n:])
-		hs.tomb = hs.tomb[:n]
+}
+
+// tomb records a settled hold's tombstone until exp.
+func (hs *holdSet) tomb(member string, exp int64) {
+	if hs.tombs == nil {
+		hs.tombs = make(map[string]int64)
 	}
+	hs.tombs[member] = exp
+	heap.Push(&hs.tombQ, heldUnit{member: member, exp: exp})
 }
 
 // write stores tat in e after a write at t and sets the mark: live holds,
@@ -87,7 +110,10 @@ func (hs *holdSet) trimTombs(now int64) {
 func (hs *holdSet) write(e *entry, tat, t int64, p *limits) {
 	e.a = tat
 	hs.marked = len(hs.live) > 0 || tat-t > p.tau
-	e.full = max(tat, hs.lastExp())
+	e.full = tat
+	if len(hs.live) > 0 {
+		e.full = max(tat, hs.lastExp)
+	}
 }
 
 // heldSide returns e's hold side, creating it.
@@ -188,7 +214,7 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 		exp := now + ttlUS
 		for i := range items {
 			hs := ents[i].log.holds
-			hs.live = append(hs.live, heldUnit{member: holdMember(h.id, i), est: items[i].Cost, exp: exp})
+			hs.add(heldUnit{member: holdMember(h.id, i), est: items[i].Cost, exp: exp})
 			hs.marked = true
 			ents[i].full = max(ents[i].full, exp)
 		}
@@ -244,19 +270,11 @@ func (s *MemoryStore) settleOne(it *Item, member string, actual, now, ttlUS int6
 		hs.write(e, tat, t, &lim)
 	}
 	hs.trimTombs(now)
-	for j, u := range hs.live {
-		if u.member != member {
-			continue
-		}
-		hs.live = append(hs.live[:j], hs.live[j+1:]...)
+	if u, ok := hs.live[member]; ok {
+		delete(hs.live, member)
 		t = heldNow(tat, now, &lim, hs.marked)
 		hs.write(e, heldSettle(tat, t, u.est, actual, &lim), t, &lim)
-		if hs.tombs == nil {
-			hs.tombs = make(map[string]int64)
-		}
-		exp := now + ttlUS
-		hs.tomb = append(hs.tomb, heldUnit{member: member, exp: exp})
-		hs.tombs[member] = exp
+		hs.tomb(member, now+ttlUS)
 		return SettleApplied
 	}
 	if _, ok := hs.tombs[member]; ok {

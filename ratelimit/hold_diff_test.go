@@ -1,0 +1,199 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+)
+
+// retried returns a copy of h that has not seen its settle's reply: what a
+// caller whose settle timed out holds when it retries. Its Settle goes to
+// the store again, which must not apply it twice.
+func (h *Hold) retried() *Hold {
+	return &Hold{store: h.store, id: h.id, ttl: h.ttl, items: h.items, dec: h.dec, allowed: h.allowed}
+}
+
+// TestRedisStoreHoldDifferential replays random sequences of reserves,
+// settles (retried ones included), dropped holds, plain decisions and
+// resets on the memory store and on Redis, on one fake clock that also
+// goes backwards, and compares every decision and every settle result.
+func TestRedisStoreHoldDifferential(t *testing.T) {
+	srv, _ := redisServer(t)
+	hook := &freezeHook{raw: srv.Client(t)}
+	c := srv.Client(t)
+	c.AddHook(hook)
+	seeds := uint64(6)
+	if n, err := strconv.Atoi(os.Getenv("SPILLWAY_HOLD_SEEDS")); err == nil && n > 0 {
+		seeds = uint64(n) // a longer search, off in CI
+	}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			holdDifferential(t, c, seed, 800)
+		})
+	}
+}
+
+// holdDifferential runs steps random operations on a RedisStore over c
+// and on a MemoryStore and compares every outcome. Holds live 50ms to 2s
+// of the fake clock, so many expire unsettled (released by the next
+// touch), and bursts span up to 3s, so releases and refunds matter.
+func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps int) {
+	r := rand.New(rand.NewPCG(seed, 15))
+	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
+	prefix := fmt.Sprintf("hdiff%d:", seed)
+	rs := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+	ms := NewMemoryStore(WithClock(clk.Now))
+	ctx := context.Background()
+
+	type scope struct {
+		name string
+		p    Policy
+	}
+	scopes := make([]scope, 3)
+	for i := range scopes {
+		p := randomPolicy(r)
+		for p.Algorithm != TokenBucket && p.Algorithm != GCRA && p.Algorithm != LeakyBucket {
+			p = randomPolicy(r)
+		}
+		scopes[i] = scope{fmt.Sprintf("s%d", i), p}
+	}
+	entities := []string{"alice", "bob", "{x}"}
+	ttls := []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 2 * time.Second}
+	randomItems := func() []Item {
+		items := make([]Item, 1+r.IntN(3))
+		for i := range items {
+			sc := scopes[r.IntN(len(scopes))]
+			cp := sc.p.Capacity()
+			var cost int64
+			switch x := r.IntN(12); {
+			case x == 0:
+				cost = 0
+			case x == 1:
+				cost = cp + 1 + r.Int64N(2)
+			case x == 2:
+				cost = math.MaxInt64
+			case x < 7:
+				cost = 1 + r.Int64N(cp)
+			default:
+				cost = 1
+			}
+			items[i] = Item{Scope: sc.name, Key: entities[r.IntN(len(entities))], Policy: sc.p, Cost: cost}
+		}
+		return items
+	}
+	type pair struct{ r, m *Hold }
+	var held []pair
+	var reserves, allowed, applied, already, expired int
+	for step := 0; step < steps; step++ {
+		switch x := r.IntN(20); {
+		case x < 10:
+			clk.Add(time.Duration(r.Int64N(int64(40 * time.Millisecond))))
+		case x < 11:
+			clk.Add(time.Duration(r.Int64N(int64(2 * time.Second))))
+		case x < 12:
+			clk.Add(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
+		}
+		at := clk.Now().Sub(rt0)
+		switch op := r.IntN(20); {
+		case op < 7: // reserve
+			items := randomItems()
+			ttl := ttls[r.IntN(len(ttls))]
+			hR, errR := rs.Reserve(ctx, items, ttl)
+			hM, errM := ms.Reserve(ctx, items, ttl)
+			if errR != nil || errM != nil {
+				t.Fatalf("step %d: reserve %+v: redis %v, memory %v", step, items, errR, errM)
+			}
+			reserves++
+			if hR.Allowed() != hM.Allowed() {
+				t.Fatalf("step %d at %v: reserve %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, items, hR.Allowed(), hM.Allowed(), hR.Decisions(), hM.Decisions())
+			}
+			for i := range items {
+				if hR.Decisions()[i] != hM.Decisions()[i] {
+					t.Fatalf("step %d at %v: reserve item %d (%+v):\n redis  %+v\n memory %+v", step, at, i, items[i], hR.Decisions()[i], hM.Decisions()[i])
+				}
+			}
+			if hR.Allowed() {
+				allowed++
+				held = append(held, pair{hR, hM})
+			}
+		case op < 12 && len(held) > 0: // settle, sometimes twice or as a retry
+			j := r.IntN(len(held))
+			p := held[j]
+			if r.IntN(3) > 0 {
+				held = append(held[:j], held[j+1:]...)
+			} else {
+				held[j] = pair{p.r.retried(), p.m.retried()}
+			}
+			actual := make([]int64, len(p.r.items))
+			for i := range actual {
+				switch x := r.IntN(10); {
+				case x == 0:
+					actual[i] = math.MaxInt64
+				case x < 3:
+					actual[i] = 0
+				default:
+					actual[i] = r.Int64N(2*p.r.items[i].Policy.Capacity() + 2)
+				}
+			}
+			resR, errR := p.r.SettleEach(ctx, actual)
+			resM, errM := p.m.SettleEach(ctx, actual)
+			if errR != nil || errM != nil {
+				t.Fatalf("step %d: settle: redis %v, memory %v", step, errR, errM)
+			}
+			for i := range resR {
+				if resR[i] != resM[i] {
+					t.Fatalf("step %d at %v: settle item %d (%+v) with %d: redis %v, memory %v", step, at, i, p.r.items[i], actual[i], resR[i], resM[i])
+				}
+				switch resR[i] {
+				case SettleApplied:
+					applied++
+				case SettleAlreadySettled:
+					already++
+				case SettleExpired:
+					expired++
+				}
+			}
+		case op < 13 && len(held) > 0: // dropped: the process died
+			j := r.IntN(len(held))
+			held = append(held[:j], held[j+1:]...)
+		case op < 14:
+			it := randomItems()[0]
+			if err := rs.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+			if err := ms.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+		default: // a plain decision (a peek, a charge) on the same keys
+			items := randomItems()
+			outR := make([]spillway.Decision, len(items))
+			outM := make([]spillway.Decision, len(items))
+			okR, errR := rs.Decide(ctx, items, outR)
+			okM, errM := ms.Decide(ctx, items, outM)
+			if errR != nil || errM != nil {
+				t.Fatalf("step %d: decide: redis %v, memory %v", step, errR, errM)
+			}
+			if okR != okM {
+				t.Fatalf("step %d at %v: decide %+v: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, items, okR, okM, outR, outM)
+			}
+			for i := range items {
+				if outR[i] != outM[i] {
+					t.Fatalf("step %d at %v: decide item %d (%+v):\n redis  %+v\n memory %+v", step, at, i, items[i], outR[i], outM[i])
+				}
+			}
+		}
+	}
+	t.Logf("%d reserves, %d allowed; settled items: %d applied, %d already settled, %d expired", reserves, allowed, applied, already, expired)
+	if allowed == 0 || allowed == reserves || applied == 0 || already == 0 || expired == 0 {
+		t.Fatalf("the sequence missed a case: %d reserves, %d allowed, %d applied, %d already settled, %d expired", reserves, allowed, applied, already, expired)
+	}
+}
