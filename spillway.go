@@ -86,7 +86,12 @@ type Request struct {
 	Endpoint string   // route pattern or RPC full method
 	Method   string   // HTTP method, empty for gRPC
 	Priority Priority // see Priority; adapters default it to Critical
-	Cost     int64    // tokens this request costs; 0 means 1
+	Cost     int64    // tokens this request costs (the estimate when Usage is set); 0 means 1
+
+	// Usage, when set, meters the actual cost of the work, reported by
+	// the handler; blocks that charge the actual cost settle Cost (the
+	// estimate) to it when done runs. See Usage.
+	Usage *Usage
 
 	// Dims holds the identity dimensions (ip, user, api_key, …). Use Set
 	// and Get; a caller that builds many requests can reuse the backing
