@@ -34,7 +34,8 @@
 --              earlier groups, on its key), which a
 --              Cluster refund restores (ratelimit_refund.lua); with now,
 --              the caller recomputes the state the item wrote. Bucket
---              family: TAT, 0, 0 (TAT 0: no state); fixed window: w,
+--              family: TAT, mark (1: marked by holds or a debt), 0 (TAT
+--              0: no state); fixed window: w,
 --              count, 0; window counter: w, prev, cur (all 0: no state);
 --              log: 0, 0, 0
 --
@@ -146,6 +147,7 @@ for g = 1, #sizes do
         end
       end
       s1 = tat
+      if marked then s2 = 1 end
       local t = hnow(tat, now, tau, marked) -- time went backwards
       local base = tat
       if base < t then base = t end

@@ -18,8 +18,8 @@
 --          tau  Burst·T in µs, the capacity in time (≤ 2^52)
 --          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
--- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
--- tat_N}:
+-- Reply: an array of 1 + 3N integers {now, wait_1 .. wait_N, tat_1 ..
+-- tat_N, mark_1 .. mark_N}:
 --   now     the µs time the call decided at (before the per-item clamp)
 --   wait_i  in [0, tau_i] ([0, 2·tau_i] on a key marked by holds or a
 --           debt): max(TAT, now') − now' for item i, where TAT
@@ -32,6 +32,8 @@
 --   tat_i   that TAT itself (0: no state): what a Cluster refund restores
 --           (ratelimit_refund.lua); with now, the caller recomputes the TAT'
 --           the item wrote.
+--   mark_i  1 if that state was marked by holds or a debt, else 0: what the
+--           refund restores with it.
 --
 -- Groups are decided in order, each exactly as if it were a call of its
 -- own made after the previous ones: a denied group charges nothing and
@@ -151,6 +153,7 @@ for g = 1, G do
     end
     reply[1 + i] = wait
     reply[1 + N + i] = tat
+    reply[1 + 2 * N + i] = marked and 1 or 0
   end
   if not ok then
     for j = un, 1, -1 do pending[uk[j]], pmark[uk[j]] = uv[j], um[j] end

@@ -12,8 +12,8 @@
 --          T    the emission interval in µs; n the cost; uid the log's id
 --               as sent
 --          o1 o2 o3  the state the item saw before its charge, as the
---               charging script replied it: TAT, 0, 0 (bucket family; TAT
---               0: no state); w, count, 0 (fixed window); w, prev, cur
+--               charging script replied it: TAT, mark, 0 (bucket family;
+--               TAT 0: no state; mark 1: marked by holds or a debt); w, count, 0 (fixed window); w, prev, cur
 --               (window counter); unused for the log
 --          w1 w2 w3  the state the charge wrote, in the same form (the Go
 --               side recomputes it with algorithms.go from o and the
@@ -75,10 +75,13 @@ for i = #KEYS, 1, -1 do
       end
       if marked then
         -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
-        -- and its TTL, which outlives its holds
+        -- (or gets back the one it had) and its TTL, which outlives its
+        -- holds
+        local mark = 'h'
         local tat = o1
         if cur == w1 then
           refunded = refunded + 1
+          if o2 ~= 1 then mark = '' end
         else
           tat = cur
           if tat > now then
@@ -86,10 +89,13 @@ for i = #KEYS, 1, -1 do
             if tat < now then tat = now end
           end
         end
-        redis.call('SET', key, fmt('%d', tat) .. 'h', 'KEEPTTL')
+        redis.call('SET', key, fmt('%d', tat) .. mark, 'KEEPTTL')
       elseif cur ~= nil then
         if cur == w1 then
-          if o1 <= 0 then
+          if o2 == 1 then
+            -- the charge unmarked the key: restore its mark with it
+            redis.call('SET', key, fmt('%d', o1) .. 'h', 'KEEPTTL')
+          elseif o1 <= 0 then
             redis.call('DEL', key)
           else
             redis.call('SET', key, fmt('%d', o1), 'KEEPTTL')

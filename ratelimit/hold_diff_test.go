@@ -15,6 +15,9 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
+// holdDebug logs every operation of holdDifferential.
+var holdDebug = os.Getenv("SPILLWAY_HOLD_DEBUG") != ""
+
 // retried returns a copy of h that has not seen its settle's reply: what a
 // caller whose settle timed out holds when it retries. Its Settle goes to
 // the store again, which must not apply it twice.
@@ -91,6 +94,11 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 		return items
 	}
 	type pair struct{ r, m *Hold }
+	logf := func(format string, args ...any) {
+		if holdDebug {
+			t.Logf(format, args...)
+		}
+	}
 	var held []pair
 	var reserves, allowed, applied, already, expired int
 	for step := 0; step < steps; step++ {
@@ -121,6 +129,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 					t.Fatalf("step %d at %v: reserve item %d (%+v):\n redis  %+v\n memory %+v", step, at, i, items[i], hR.Decisions()[i], hM.Decisions()[i])
 				}
 			}
+			logf("step %d at %v: reserve %+v ttl %v -> %v %+v (memory %v) id %s", step, at, items, ttl, hR.Allowed(), hR.Decisions(), hM.Allowed(), hR.ID())
 			if hR.Allowed() {
 				allowed++
 				held = append(held, pair{hR, hM})
@@ -149,6 +158,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			if errR != nil || errM != nil {
 				t.Fatalf("step %d: settle: redis %v, memory %v", step, errR, errM)
 			}
+			logf("step %d at %v: settle %s %+v with %v -> redis %v memory %v", step, at, p.r.ID(), p.r.items, actual, resR, resM)
 			for i := range resR {
 				if resR[i] != resM[i] {
 					t.Fatalf("step %d at %v: settle item %d (%+v) with %d: redis %v, memory %v", step, at, i, p.r.items[i], actual[i], resR[i], resM[i])
@@ -164,9 +174,11 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			}
 		case op < 13 && len(held) > 0: // dropped: the process died
 			j := r.IntN(len(held))
+			logf("step %d: drop %s", step, held[j].r.ID())
 			held = append(held[:j], held[j+1:]...)
 		case op < 14:
 			it := randomItems()[0]
+			logf("step %d: reset %s/%s", step, it.Scope, it.Key)
 			if err := rs.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
 				t.Fatal(err)
 			}
@@ -182,6 +194,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			if errR != nil || errM != nil {
 				t.Fatalf("step %d: decide: redis %v, memory %v", step, errR, errM)
 			}
+			logf("step %d at %v: decide %+v -> redis %v %+v", step, at, items, okR, outR)
 			if okR != okM {
 				t.Fatalf("step %d at %v: decide %+v: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, items, okR, okM, outR, outM)
 			}

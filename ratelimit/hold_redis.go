@@ -123,7 +123,7 @@ func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, 
 			continue
 		}
 		cg.Go(func() error {
-			res := make([]SettleResult, len(g.items))
+			res := make([]SettleResult, g.idx[len(g.idx)-1]+1) // indexed like the batch
 			return s.runSettle(cctx, id, 0, g, nil, res)
 		})
 	}
