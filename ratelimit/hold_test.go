@@ -216,6 +216,12 @@ func TestHoldBadInput(t *testing.T) {
 		wantDecision(t, "still held", peek(t, l, "k"), true, 3, ms(200), 0)
 		mustSettle(t, h, 1<<53+1, SettleApplied) // capped: 2 + 2·5 → debt bound
 		wantDecision(t, "huge actual", peek(t, l, "k"), true, 0, ms(1000), 0)
+		h = mustReserve(t, l, "k2", 2)
+		mustSettle(t, h, 0, SettleApplied) // all given back
+		wantDecision(t, "actual 0", peek(t, l, "k2"), true, 5, 0, 0)
+		h = mustReserve(t, l, "k2", 1)
+		mustSettle(t, h, 1<<62, SettleApplied)
+		wantDecision(t, "actual 2^62", peek(t, l, "k2"), true, 0, ms(1000), 0)
 
 		w := mustLimiter(t, s, Policy{Algorithm: SlidingWindowLog, Limit: 3, Period: time.Second})
 		if _, err := w.Reserve(ctx, "k", 1); !errors.Is(err, ErrHoldUnsupported) {

@@ -28,6 +28,14 @@ func memState(s *MemoryStore) string {
 				l := fmt.Sprintf("%q %q %d full=%d %d %d %d", e.scope, e.key, e.layout, e.full, e.a, e.b, e.c)
 				if e.log != nil {
 					l += fmt.Sprint(" log=", e.log.ts[e.log.start:])
+					if hs := e.log.holds; hs != nil {
+						var live []string
+						for _, u := range hs.live {
+							live = append(live, fmt.Sprintf("%s:%d@%d", u.member, u.est, u.exp))
+						}
+						slices.Sort(live)
+						l += fmt.Sprint(" marked=", hs.marked, " holds=", live, " tombs=", len(hs.tombs))
+					}
 				}
 				lines = append(lines, l)
 			}
@@ -131,6 +139,73 @@ func TestHostileStores(t *testing.T) {
 				}
 			})
 		}
+	}
+	// Reserve: hostile estimates are denied or rejected like costs, and a
+	// denied reservation holds nothing.
+	for name, p := range holdPolicies() {
+		t.Run("reserve/"+name, func(t *testing.T) {
+			memMk := func() Store { return NewMemoryStore(WithClock(func() time.Time { return hostileT0 })) }
+			memSt := func(s Store) (string, error) { return memState(s.(*MemoryStore)), nil }
+			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, reserveSubject(memMk, memSt, p)) })
+			for _, r := range []struct {
+				name string
+				c    redis.UniversalClient
+			}{{"redis", node}, {"cluster", cluster}} {
+				const prefix = "hostile-hold:"
+				mk := func() Store {
+					return NewRedisStore(r.c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+				}
+				red := reserveSubject(mk, func(Store) (string, error) { return hostiletest.RedisState(context.Background(), r.c, prefix+"*") }, p)
+				red.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, r.c, prefix+"*") }
+				t.Run(r.name, func(t *testing.T) { hostiletest.Run(t, red) })
+				t.Run(r.name+"/differential", func(t *testing.T) {
+					hostiletest.RunDifferential(t, reserveSubject(memMk, memSt, p), red)
+				})
+			}
+		})
+	}
+}
+
+// holdPolicies are the policies the suite reserves on: the bucket family
+// at a small capacity, and at the largest span holds accept (2^51 µs).
+func holdPolicies() map[string]Policy {
+	return map[string]Policy{
+		"token_bucket": {Limit: 10, Period: time.Hour},
+		"gcra_burst":   {Algorithm: GCRA, Limit: 5, Period: time.Hour, Burst: 12},
+		"leaky_bucket": {Algorithm: LeakyBucket, Limit: 7, Period: time.Minute},
+		"hold_edge":    {Limit: 1e6, Period: time.Second, Burst: maxHoldSpan},
+	}
+}
+
+// reserveSubject describes store s reserving costs as the estimates of
+// one hold over items of one (scope, key, p): what is admitted is held,
+// and a denied reservation must hold and change nothing. A reservation of
+// zeros alone records its holds (so that their settles can charge), which
+// the suite's peek must not: the peek is the plain decision.
+func reserveSubject(mk func() Store, state func(Store) (string, error), p Policy) hostiletest.Subject {
+	st := mk()
+	return hostiletest.Subject{
+		Capacity: p.Capacity(),
+		Warm:     warmOf(p),
+		Batch:    3,
+		Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
+			items := make([]Item, 0, len(costs))
+			for _, c := range costs {
+				items = append(items, Item{Scope: "s", Key: "k", Policy: p, Cost: c})
+			}
+			if !slices.ContainsFunc(costs, func(c int64) bool { return c != 0 }) {
+				out := make([]spillway.Decision, len(items))
+				ok, err := st.Decide(ctx, items, out)
+				return ok, out, err
+			}
+			h, err := st.(Reserver).Reserve(ctx, items, time.Hour)
+			if err != nil {
+				return false, nil, err
+			}
+			return h.Allowed(), h.Decisions(), nil
+		},
+		State: func(context.Context) (string, error) { return state(st) },
+		Reset: func(context.Context) error { st = mk(); return nil },
 	}
 }
 
