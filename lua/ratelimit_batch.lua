@@ -52,7 +52,7 @@
 -- Writes: phase 1 only reads, except that it trims the log's expired
 -- entries (as the memory store does on every call; that changes no
 -- decision) and releases the expired holds of a bucket key marked by
--- holds or a debt ("<tat>h": see ratelimit_holds.lua, whose clamp TAT −
+-- holds or a debt ("<tat>h…": see ratelimit_holds.lua, whose clamp TAT −
 -- 2·tau and reply range [0, 2·tau] for wait such a key follows). Phase 2 writes each item with n > 0 of every allowed group,
 -- in order, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
 -- state is full and a missing key means the same. A denied group changes
@@ -98,8 +98,8 @@ local writes = {}
 local gp, gl, gw
 local reply = {now, 1}
 
--- hl: a marked bucket key's latest hold release time (false: none), set
--- at its first touch; rewritten: its state after that touch released
+-- hl: a marked bucket key's {live holds, last end} (ratelimit_holds.lua),
+-- set at its touches; rewritten: its state after its first touch released
 -- expired holds
 local hl, rewritten = {}, {}
 
@@ -131,21 +131,21 @@ for g = 1, #sizes do
 
     if alg == 0 or alg == 1 or alg == 5 then
       local tau = B * T
-      local tat, marked = hparse(getstr(key))
+      local tat, marked, hn, last = hparse(getstr(key))
       if marked and hl[key] == nil then
         -- first touch of a key with holds or a debt (ratelimit_holds.lua):
         -- release its expired holds, kept whatever the decisions
         local hkey = key .. ':h'
         local t0 = hnow(tat, now, tau, true)
         local reaped
-        tat, reaped = hreap(hkey, tat, t0, now, T)
-        hl[key] = hlast(hkey) or false
+        tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
         if reaped then
-          marked = hwrite(key, tat, t0, now, tau, hl[key] or nil)
-          rewritten[key] = fmt('%d', tat)
-          if marked then rewritten[key] = rewritten[key] .. 'h' end
+          local px
+          rewritten[key], px, marked = hvalue(tat, t0, now, tau, hn, last)
+          redis.call('SET', key, rewritten[key], 'PX', px)
         end
       end
+      if marked then hl[key] = {hn, last} end
       s1 = tat
       if marked then s2 = 1 end
       local t = hnow(tat, now, tau, marked) -- time went backwards
@@ -164,11 +164,8 @@ for g = 1, #sizes do
         if n > 0 then
           local s = fmt('%d', t + need)
           local px = ttl(need)
-          local last = hl[key]
-          if last then
-            s = s .. 'h' -- live holds keep the mark and the key
-            if ttl(last - now) > px then px = ttl(last - now) end
-          end
+          local h = hl[key]
+          if h ~= nil then s, px = hvalue(t + need, t, now, tau, h[1], h[2]) end
           gp[key] = s
           gw[#gw + 1] = {0, key, s, px}
         end

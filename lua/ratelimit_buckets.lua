@@ -44,7 +44,7 @@
 -- several times ends with its last charge, which includes the earlier
 -- ones).
 -- A denied group writes nothing but the release of the expired holds of
--- a marked key ("<tat>h", see ratelimit_holds.lua), which is kept; a
+-- a marked key ("<tat>h…", see ratelimit_holds.lua), which is kept; a
 -- marked key's clamp is TAT − 2·tau, and its charges keep the mark while
 -- holds are live. now' is now clamped, per item, to
 -- TAT − tau, the earliest time the state proves was seen (time going
@@ -89,7 +89,7 @@ local uk, uv, um, un = {}, {}, {}, 0 -- undo: key, previous pending value and ma
 local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT', PX
 -- st, sm: each key's TAT and mark as the call found them, after releasing
 -- the expired holds of a marked key (ratelimit_holds.lua; kept whatever
--- the decisions); hl: a marked key's latest hold release time (false: none)
+-- the decisions); hl: a marked key's {live holds, last end} (ratelimit_holds.lua)
 local st, sm, hl = {}, {}, {}
 local reply = {now}
 local i = 0
@@ -112,14 +112,15 @@ for g = 1, G do
       if tat == nil then
         tat, marked = tonumber(cur[i]), false
         if tat == nil then
-          tat, marked = hparse(cur[i])
+          local hn, last
+          tat, marked, hn, last = hparse(cur[i])
           if marked then
             local hkey = key .. ':h'
             local t0 = hnow(tat, now, tau, true)
             local reaped
-            tat, reaped = hreap(hkey, tat, t0, now, T)
-            hl[key] = hlast(hkey) or false
-            if reaped then marked = hwrite(key, tat, t0, now, tau, hl[key] or nil) end
+            tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
+            hl[key] = {hn, last}
+            if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
           end
         end
         st[key], sm[key] = tat, marked
@@ -138,13 +139,11 @@ for g = 1, G do
       un = un + 1
       uk[un], uv[un], um[un] = key, pending[key], pmark[key]
       pending[key] = v
-      local last = hl[key]
-      pmark[key] = last ~= nil and last ~= false
-      if last ~= nil then
-        -- a marked key stays marked while holds are live (hwrite)
-        if last and math.floor((last - now + 999) / 1000) > px then px = math.floor((last - now + 999) / 1000) end
-        v = string.format('%d', v)
-        if last then v = v .. 'h' end
+      local h = hl[key]
+      pmark[key] = h ~= nil and h[1] > 0
+      if h ~= nil then
+        -- a marked key stays marked while holds are live (hvalue)
+        v, px = hvalue(v, t, now, tau, h[1], h[2])
       end
       wn = wn + 1
       wk[wn], wv[wn], wp[wn] = key, v, px

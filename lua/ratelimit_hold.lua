@@ -7,7 +7,7 @@
 -- hwrite) and the layout of holds are ratelimit_holds.lua.
 --
 -- KEYS[2i-1]  item i's bucket key K: its TAT in µs, "<tat>" or, marked,
---             "<tat>h" (absent = full bucket)
+--             "<tat>h<n>:<last>" (absent = full bucket)
 -- KEYS[2i]    K..":h", the holds of K (sorted set)
 --             All keys hash to one Cluster slot; a key may repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
@@ -31,11 +31,13 @@
 --            cancel restores (ratelimit_settle.lua)
 --
 -- Writes: the release of the expired holds of a marked key (kept whatever
--- the decision). When allowed: each key's TAT (TAT' = now' + wait + n·T
--- for n > 0), marked, with a PX that outlives the TAT and the key's live
--- holds; ZADD K..":h" now+ttl member for every item (n = 0 included, so
--- that its settle can charge), and PEXPIRE of K..":h" to its latest
--- release. A denial writes nothing else.
+-- the decision). When allowed: ZADD K..":h" now+ttl member for every item
+-- (n = 0 included, so that its settle can charge); each key's TAT (TAT' =
+-- now' + wait + n·T for n > 0), marked with its live holds and the latest
+-- end, with a PX that outlives the TAT and its holds; PEXPIRE of K..":h"
+-- to that latest end (a key's tombstones may end early when a reservation
+-- of a shorter ttl follows one of a longer ttl on a key that was not
+-- marked). A denial writes nothing else.
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -46,7 +48,8 @@ end
 local exp = now + tonumber(ARGV[2])
 
 local N = #KEYS / 2
-local st, sm, hl = {}, {}, {} -- per key: TAT, mark, latest live release (false: none)
+-- per key: TAT, mark, live holds, last end, t of its last write
+local st, sm, sn, sl, stt = {}, {}, {}, {}, {}
 local reply = {now, 1}
 local ok = true
 for i = 1, N do
@@ -57,15 +60,15 @@ for i = 1, N do
   local n = tonumber(ARGV[b + 2])
   local tat, marked = st[key], sm[key]
   if tat == nil then
-    tat, marked = hparse(redis.pcall('GET', key))
-    hl[key] = false
+    local hn, last
+    tat, marked, hn, last = hparse(redis.pcall('GET', key))
     if marked then
       local t0 = hnow(tat, now, tau, true)
       local reaped
-      tat, reaped = hreap(hkey, tat, t0, now, T)
-      hl[key] = hlast(hkey) or false
-      if reaped then marked = hwrite(key, tat, t0, now, tau, hl[key] or nil) end
+      tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
+      if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
     end
+    sn[key], sl[key] = hn, last
   end
   reply[2 + 3 * N + i] = marked and 1 or 0
   local t = hnow(tat, now, tau, marked)
@@ -79,8 +82,8 @@ for i = 1, N do
       ok = false
     end
   end
-  if nt ~= tat then marked = hl[key] ~= false or nt - t > tau end
-  st[key], sm[key] = nt, marked
+  if nt ~= tat then marked = sn[key] > 0 or nt - t > tau end
+  st[key], sm[key], stt[key] = nt, marked, t
   reply[2 + i] = wait
   reply[2 + N + i] = tat
   reply[2 + 2 * N + i] = nt
@@ -90,20 +93,21 @@ if not ok then
   return reply
 end
 
+local exps = string.format('%d', exp)
+for i = 1, N do
+  local key = KEYS[2 * i - 1]
+  redis.call('ZADD', KEYS[2 * i], exps, ARGV[3 + 4 * (i - 1) + 3])
+  sn[key] = sn[key] + 1
+  if exp > sl[key] then sl[key] = exp end
+end
 local done = {}
 for i = 1, N do
-  local key, hkey = KEYS[2 * i - 1], KEYS[2 * i]
-  redis.call('ZADD', hkey, string.format('%d', exp), ARGV[3 + 4 * (i - 1) + 3])
+  local key = KEYS[2 * i - 1]
   if not done[key] then
     done[key] = true
-    local last = exp
-    if hl[key] and hl[key] > last then last = hl[key] end
-    local ttl = st[key]
-    if last > ttl then ttl = last end
-    local px = math.floor((ttl - now + 999) / 1000)
-    if px < 1 then px = 1 end
-    redis.call('SET', key, string.format('%d', st[key]) .. 'h', 'PX', px)
-    redis.call('PEXPIRE', hkey, math.floor((last - now + 999) / 1000))
+    -- marked: the key has live holds now (tau does not matter then)
+    hwrite(key, st[key], stt[key], now, 0, sn[key], sl[key])
+    redis.call('PEXPIRE', KEYS[2 * i], math.floor((sl[key] - now + 999) / 1000))
   end
 end
 return reply

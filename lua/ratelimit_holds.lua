@@ -5,23 +5,25 @@
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
 -- A bucket's key K holds its TAT in µs, "<tat>" or, while the key is
--- marked (holds outstanding or a debt), "<tat>h". A marked key's holds
--- live in the sorted set K..":h" (score: release time in µs; member:
--- "<hold id>/<item>=<estimate>"), its settled holds' tombstones in K..":s"
--- (score: end of the tombstone; member "<hold id>/<item>"). Both suffixes
--- are outside K's hash tag, so they share K's Cluster slot. The hold and
--- settle scripts receive them in KEYS; the plain decision scripts, which
--- receive only K, derive K..":h" when, and only when, K is marked: a key
--- without holds costs them nothing more than before.
+-- marked (holds outstanding or a debt), "<tat>h<n>:<last>": n the number
+-- of live holds, last the latest end (µs) of anything in K..":h". That
+-- sorted set holds the key's holds (member "<hold id>/<i>=<estimate>",
+-- score its release time) and the tombstones of settled holds (member
+-- "<hold id>/<i>", score the release time the hold had: a settle retried
+-- until then is recognised). The suffix is outside K's hash tag, so it
+-- shares K's Cluster slot. The hold and settle scripts receive it in
+-- KEYS; the plain decision scripts, which receive only K, derive it when,
+-- and only when, K is marked: a key without holds costs them nothing more
+-- than before.
 --
 -- These functions only define; they run nothing.
-local function hparse(v) -- TAT and mark of a GET reply (0, false: no state)
-  if type(v) ~= 'string' then return 0, false end
-  local n = tonumber(v)
-  if n ~= nil then return n, false end
-  local m = string.match(v, '^(%d+)h$')
-  if m ~= nil then return tonumber(m), true end
-  return 0, false
+local function hparse(v) -- TAT, mark, n, last of a GET reply (0, false: no state)
+  if type(v) ~= 'string' then return 0, false, 0, 0 end
+  local x = tonumber(v)
+  if x ~= nil then return x, false, 0, 0 end
+  local a, b, c = string.match(v, '^(%d+)h(%d+):(%d+)$')
+  if a ~= nil then return tonumber(a), true, tonumber(b), tonumber(c) end
+  return 0, false, 0, 0
 end
 
 local function hnow(tat, now, tau, marked) -- now after the clamp
@@ -32,41 +34,48 @@ local function hnow(tat, now, tau, marked) -- now after the clamp
   return now
 end
 
--- releases the holds of hkey whose release time is <= now: each gives its
--- estimate back (TAT = max(TAT - e·T, t) while TAT > t); returns the TAT
--- and whether any was released
-local function hreap(hkey, tat, t, now, T)
+-- removes what in hkey ended by now: each hold gives its estimate back
+-- (TAT = max(TAT - e·T, t) while TAT > t), a tombstone nothing; returns
+-- the TAT, the number of live holds left and whether a hold was released
+local function hreap(hkey, tat, t, now, T, n)
   local nows = string.format('%d', now)
   local gone = redis.call('ZRANGEBYSCORE', hkey, '-inf', nows)
-  if #gone == 0 then return tat, false end
+  if #gone == 0 then return tat, n, false end
+  local released = false
   for _, m in ipairs(gone) do
-    local e = tonumber(string.match(m, '=(%d+)$')) or 0
-    if tat > t then
-      tat = tat - e * T
-      if tat < t then tat = t end
+    local e = string.match(m, '=(%d+)$')
+    if e ~= nil then
+      released = true
+      n = n - 1
+      if tat > t then
+        tat = tat - tonumber(e) * T
+        if tat < t then tat = t end
+      end
     end
   end
   redis.call('ZREMRANGEBYSCORE', hkey, '-inf', nows)
-  return tat, true
+  if n < 0 then n = 0 end
+  return tat, n, released
 end
 
-local function hlast(hkey) -- the latest release time of a live hold, or nil
-  local r = redis.call('ZRANGE', hkey, -1, -1, 'WITHSCORES')
-  if r[2] == nil then return nil end
-  return tonumber(r[2])
-end
-
--- writes tat to key, marked iff holds are live (last ~= nil) or
--- tat - t > tau, with a TTL that outlives both the TAT and the holds;
--- returns the mark
-local function hwrite(key, tat, t, now, tau, last)
-  local marked = last ~= nil or tat - t > tau
+-- the value of a bucket key: marked iff n live holds > 0 or tat - t > tau;
+-- returns it, its TTL in ms (outliving the TAT and, marked, everything in
+-- K..":h") and the mark
+local function hvalue(tat, t, now, tau, n, last)
+  local marked = n > 0 or tat - t > tau
   local ttl = tat - now
-  if last ~= nil and last - now > ttl then ttl = last - now end
+  local v = string.format('%d', tat)
+  if marked then
+    v = v .. string.format('h%d:%d', n, last)
+    if last - now > ttl then ttl = last - now end
+  end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end
-  local v = string.format('%d', tat)
-  if marked then v = v .. 'h' end
+  return v, px, marked
+end
+
+local function hwrite(key, tat, t, now, tau, n, last) -- SET of hvalue; returns the mark
+  local v, px, marked = hvalue(tat, t, now, tau, n, last)
   redis.call('SET', key, v, 'PX', px)
   return marked
 end

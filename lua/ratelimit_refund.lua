@@ -33,7 +33,7 @@
 --                   goes backwards is clamped by it (algorithms.go), so
 --                   forgetting it would give more room than the memory
 --                   store does.
---   A key marked by holds or a debt ("<tat>h", ratelimit_holds.lua) is
+--   A key marked by holds or a debt ("<tat>h…", ratelimit_holds.lua) is
 --   restored the same way but keeps its mark and TTL; otherwise it gets
 --   TAT = max(TAT − n·T, now) while TAT > now.
 --   otherwise (another charge landed in between; never more than n is
@@ -68,20 +68,20 @@ for i = #KEYS, 1, -1 do
   if n > 0 then
     if alg == 0 or alg == 1 or alg == 5 then
       local v = redis.pcall('GET', key)
-      local cur, marked = tonumber(v), false
+      local cur, marked, hn, last = tonumber(v), false, 0, 0
       if cur == nil then
-        local c, m = hparse(v)
-        if m then cur, marked = c, true end
+        local c, m, a1, a2 = hparse(v)
+        if m then cur, marked, hn, last = c, true, a1, a2 end
       end
       if marked then
         -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
         -- (or gets back the one it had) and its TTL, which outlives its
         -- holds
-        local mark = 'h'
+        local mark = fmt('h%d:%d', hn, last)
         local tat = o1
         if cur == w1 then
           refunded = refunded + 1
-          if o2 ~= 1 then mark = '' end
+          if o2 ~= 1 and hn == 0 then mark = '' end
         else
           tat = cur
           if tat > now then
@@ -94,7 +94,7 @@ for i = #KEYS, 1, -1 do
         if cur == w1 then
           if o2 == 1 then
             -- the charge unmarked the key: restore its mark with it
-            redis.call('SET', key, fmt('%d', o1) .. 'h', 'KEEPTTL')
+            redis.call('SET', key, fmt('%d', o1) .. 'h0:0', 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
           else

@@ -20,7 +20,7 @@
 --
 -- Writes: only when allowed with n > 0: SET KEYS[1] TAT' PX ceil(need/1000),
 -- TAT' = now' + need (≥ 1 ms; at its end the bucket is full, and no key
--- means the same). A denial writes nothing. A marked key ("<tat>h") takes
+-- means the same). A denial writes nothing. A marked key ("<tat>h…") takes
 -- the holds path: its expired holds are released first (written whatever
 -- the decision), the clamp is TAT − 2·tau, and a charge keeps the mark
 -- while holds are live (ratelimit_holds.lua). Time going backwards is clamped
@@ -40,21 +40,20 @@ local n = tonumber(ARGV[4])
 local v = redis.pcall('GET', KEYS[1])
 local tat = tonumber(v)
 if tat == nil then
-  local marked
-  tat, marked = hparse(v)
+  local marked, hn, last
+  tat, marked, hn, last = hparse(v)
   if marked then
     -- a key with holds or a debt (ratelimit_holds.lua): release the
     -- expired holds, then decide with the clamp TAT - 2·tau
     local key, hkey = KEYS[1], KEYS[1] .. ':h'
     local t = hnow(tat, now, tau, true)
     local reaped
-    tat, reaped = hreap(hkey, tat, t, now, T)
-    local last = hlast(hkey)
-    if reaped then marked = hwrite(key, tat, t, now, tau, last) end
+    tat, hn, reaped = hreap(hkey, tat, t, now, T, hn)
+    if reaped then marked = hwrite(key, tat, t, now, tau, hn, last) end
     t = hnow(tat, now, tau, marked)
     local wait = 0
     if tat > t then wait = tat - t end
-    if n > 0 and wait + n * T <= tau then hwrite(key, t + wait + n * T, t, now, tau, last) end
+    if n > 0 and wait + n * T <= tau then hwrite(key, t + wait + n * T, t, now, tau, hn, last) end
     return wait
   end
 end

@@ -131,7 +131,8 @@ type Hold struct {
 	store   holdSettler
 	id      string
 	ttl     time.Duration
-	items   []Item // copies; Cost is the estimate
+	items   []Item  // copies; Cost is the estimate
+	exps    []int64 // Redis: each item's release time (µs, the server's clock)
 	dec     []spillway.Decision
 	allowed bool
 

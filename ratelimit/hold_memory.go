@@ -86,6 +86,14 @@ func (hs *holdSet) reap(tat *int64, t, now, T int64) bool {
 	return reaped
 }
 
+// touch is what every script does first on a marked key, and a settle on
+// any key: release the holds that expired and drop the tombstones that
+// ended. It reports whether a hold was released.
+func (hs *holdSet) touch(tat *int64, t, now, T int64) bool {
+	hs.trimTombs(now)
+	return hs.reap(tat, t, now, T)
+}
+
 // trimTombs drops the tombstones that ended by now.
 func (hs *holdSet) trimTombs(now int64) {
 	for len(hs.tombQ) > 0 && hs.tombQ[0].exp <= now {
@@ -133,8 +141,10 @@ func heldSide(e *entry) *holdSet {
 func (sh *shard) applyHeld(o *outcome, e *entry, k *lookup, p *limits, n, now int64, u *undo) {
 	hs := e.log.holds
 	tat := e.a
-	if t := heldNow(tat, now, p, hs.marked); hs.reap(&tat, t, now, p.T) {
-		hs.write(e, tat, t, p)
+	if hs.marked {
+		if t := heldNow(tat, now, p, true); hs.touch(&tat, t, now, p.T) {
+			hs.write(e, tat, t, p)
+		}
 	}
 	var next, t int64
 	*o, next, t = heldDecide(tat, now, p, n, hs.marked)
@@ -194,8 +204,10 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 		ents[i] = e
 		hs := heldSide(e)
 		tat := e.a
-		if t := heldNow(tat, now, &lim, hs.marked); hs.reap(&tat, t, now, lim.T) {
-			hs.write(e, tat, t, &lim)
+		if hs.marked {
+			if t := heldNow(tat, now, &lim, true); hs.touch(&tat, t, now, lim.T) {
+				hs.write(e, tat, t, &lim)
+			}
 		}
 		undos[i] = saved{e: e, created: created, marked: hs.marked, a: e.a, full: e.full}
 		o, next, t := heldDecide(tat, now, &lim, it.Cost, hs.marked)
@@ -245,15 +257,14 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 // replaced by its actual cost (heldSettle) and leaves a tombstone.
 func (s *MemoryStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
 	now := s.now()
-	ttlUS := h.ttl.Microseconds()
 	for i := range h.items {
 		it := &h.items[i]
-		res[i] = s.settleOne(it, holdMember(h.id, i), settleCost(it, actual[i]), now, ttlUS)
+		res[i] = s.settleOne(it, holdMember(h.id, i), settleCost(it, actual[i]), now)
 	}
 	return nil
 }
 
-func (s *MemoryStore) settleOne(it *Item, member string, actual, now, ttlUS int64) SettleResult {
+func (s *MemoryStore) settleOne(it *Item, member string, actual, now int64) SettleResult {
 	k := s.prepare(it.Scope, it.Key, it.Policy.Algorithm)
 	sh := &s.shards[k.shard]
 	sh.mu.Lock()
@@ -266,15 +277,14 @@ func (s *MemoryStore) settleOne(it *Item, member string, actual, now, ttlUS int6
 	hs := e.log.holds
 	tat := e.a
 	t := heldNow(tat, now, &lim, hs.marked)
-	if hs.reap(&tat, t, now, lim.T) {
+	if hs.touch(&tat, t, now, lim.T) {
 		hs.write(e, tat, t, &lim)
 	}
-	hs.trimTombs(now)
 	if u, ok := hs.live[member]; ok {
 		delete(hs.live, member)
 		t = heldNow(tat, now, &lim, hs.marked)
 		hs.write(e, heldSettle(tat, t, u.est, actual, &lim), t, &lim)
-		hs.tomb(member, now+ttlUS)
+		hs.tomb(member, u.exp) // until the hold's release time
 		return SettleApplied
 	}
 	if _, ok := hs.tombs[member]; ok {

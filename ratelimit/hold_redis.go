@@ -15,8 +15,9 @@ import (
 )
 
 // Holds on Redis (see ratelimit_holds.lua): a bucket key K keeps its TAT
-// as "<tat>" or, marked, "<tat>h"; its holds live in the sorted set K+":h"
-// and its settled holds' tombstones in K+":s", both in K's slot.
+// as "<tat>" or, marked, "<tat>h<live holds>:<last end>"; its holds and
+// its settled holds' tombstones live in the sorted set K+":h", in K's
+// slot.
 //
 // Reserve and settle run their own scripts (lua/ratelimit_hold.lua,
 // lua/ratelimit_settle.lua), one call per Cluster slot group, and are not
@@ -25,10 +26,10 @@ import (
 // keys per item, the hold id) on every plain decision; a reserve is
 // already one round trip, a settle another.
 
-// holdKeys returns the keys of a bucket-family item: K, K+":h", K+":s".
-func holdKeys(prefix string, it *Item) (k, h, s string) {
+// holdKeys returns the keys of a bucket-family item: K and K+":h".
+func holdKeys(prefix string, it *Item) (k, h string) {
 	k = redisKey(prefix, it)
-	return k, k + ":h", k + ":s"
+	return k, k + ":h"
 }
 
 // Reserve implements Reserver: one hold script per Cluster slot group
@@ -55,8 +56,10 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 		return h, nil
 	}
 	var groups []*group
+	var whole [1]*group
 	if s.sharded == oneServer {
-		groups = []*group{wholeGroup(items)}
+		whole[0] = &group{items: h.items, out: h.dec}
+		groups = whole[:]
 	} else {
 		groups = s.split(items, s.sharded)
 	}
@@ -66,9 +69,15 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 		groups = s.split(items, bySlot)
 		allowed, err = s.reserveGroups(ctx, id, ttlUS, groups)
 	}
+	if err != nil {
+		return nil, err
+	}
+	h.exps = make([]int64, len(items))
 	for _, g := range groups {
-		for j, i := range g.idx {
+		for j := range g.items {
+			i := g.index(j)
 			h.dec[i] = g.out[j]
+			h.exps[i] = g.now + ttlUS
 		}
 	}
 	if err != nil {
@@ -80,13 +89,13 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 	return h, nil
 }
 
-// wholeGroup is a batch as one group.
-func wholeGroup(items []Item) *group {
-	g := &group{items: items, idx: make([]int, len(items)), out: make([]spillway.Decision, len(items)), old: make([][3]int64, len(items))}
-	for i := range g.idx {
-		g.idx[i] = i
+// index is the position of g's j-th item in the caller's batch (a group
+// made without idx is the whole batch).
+func (g *group) index(j int) int {
+	if g.idx == nil {
+		return j
 	}
-	return g
+	return g.idx[j]
 }
 
 // reserveGroups runs the hold script of every group, in parallel, and
@@ -124,7 +133,7 @@ func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, 
 		}
 		cg.Go(func() error {
 			res := make([]SettleResult, g.idx[len(g.idx)-1]+1) // indexed like the batch
-			return s.runSettle(cctx, id, 0, g, nil, res)
+			return s.runSettle(cctx, id, true, g, nil, nil, res)
 		})
 	}
 	if err := cg.Wait(); err != nil {
@@ -137,7 +146,7 @@ func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, 
 // settleFields of the settle script.
 const (
 	holdFields   = 4
-	settleFields = 9
+	settleFields = 10
 )
 
 // runHold runs lua/ratelimit_hold.lua for g (one slot): its decisions go
@@ -150,10 +159,10 @@ func (s *RedisStore) runHold(ctx context.Context, id string, ttlUS int64, g *gro
 	args[0], args[1] = s.nowArg(), ttlUS
 	for j := range g.items {
 		it := &g.items[j]
-		k, hk, _ := holdKeys(s.prefix, it)
+		k, hk := holdKeys(s.prefix, it)
 		keys = append(keys, k, hk)
 		T := it.Policy.EmissionInterval()
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), holdMember(id, g.idx[j])+"="+strconv.FormatInt(it.Cost, 10))
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), holdMember(id, g.index(j))+"="+strconv.FormatInt(it.Cost, 10))
 	}
 	res, err := lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
@@ -174,11 +183,14 @@ func (s *RedisStore) runHold(ctx context.Context, id string, ttlUS int64, g *gro
 		o := waitOutcome(wait, &lim, it.Cost)
 		g.out[j] = o.decisionCap(it.Scope, lim.capacity)
 		allowed = allowed && o.allowed
-		g.old[j] = [3]int64{v[2+n+j], v[2+2*n+j], v[2+3*n+j]}
+		if g.old != nil { // kept for a cancel (several groups)
+			g.old[j] = [3]int64{v[2+n+j], v[2+2*n+j], v[2+3*n+j]}
+		}
 	}
 	if allowed != (v[1] == 1) {
 		return false, fmt.Errorf("ratelimit: redis: hold script: replied allowed = %d, but the waits say %v", v[1], allowed)
 	}
+	g.now = v[0]
 	return allowed, nil
 }
 
@@ -189,14 +201,15 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 		return s.err
 	}
 	var groups []*group
+	var whole [1]*group
 	if s.sharded == oneServer {
-		groups = []*group{wholeGroup(h.items)}
+		whole[0] = &group{items: h.items}
+		groups = whole[:]
 	} else {
 		groups = s.split(h.items, s.sharded)
 	}
-	life := h.ttl.Microseconds()
 	if len(groups) == 1 {
-		err := s.runSettle(ctx, h.id, life, groups[0], actual, res)
+		err := s.runSettle(ctx, h.id, false, groups[0], h.exps, actual, res)
 		if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
 			groups = s.split(h.items, bySlot)
 		} else {
@@ -205,33 +218,37 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 	}
 	var eg errgroup.Group
 	for _, g := range groups {
-		eg.Go(func() error { return s.runSettle(ctx, h.id, life, g, actual, res) })
+		eg.Go(func() error { return s.runSettle(ctx, h.id, false, g, h.exps, actual, res) })
 	}
 	return eg.Wait()
 }
 
-// runSettle runs lua/ratelimit_settle.lua for g with tombstones of life
-// µs, writing each item's result to res (indexed like the hold's items).
-// life 0 cancels g's holds (actual is ignored): see reserveGroups.
-func (s *RedisStore) runSettle(ctx context.Context, id string, life int64, g *group, actual []int64, res []SettleResult) error {
+// runSettle runs lua/ratelimit_settle.lua for g, writing each item's
+// result to res (indexed like the hold's items; exps and actual too). With
+// cancel it undoes g's holds instead (actual and exps are ignored): see
+// reserveGroups.
+func (s *RedisStore) runSettle(ctx context.Context, id string, cancel bool, g *group, exps, actual []int64, res []SettleResult) error {
 	n := len(g.items)
-	keys := make([]string, 0, 3*n)
+	keys := make([]string, 0, 2*n)
 	args := make([]any, 2, 2+settleFields*n)
-	args[0], args[1] = s.nowArg(), life
+	args[0], args[1] = s.nowArg(), 0
+	if cancel {
+		args[1] = 1
+	}
 	for j := range g.items {
 		it := &g.items[j]
-		k, hk, sk := holdKeys(s.prefix, it)
-		keys = append(keys, k, hk, sk)
-		i := g.idx[j]
+		k, hk := holdKeys(s.prefix, it)
+		keys = append(keys, k, hk)
+		i := g.index(j)
 		T := it.Policy.EmissionInterval()
-		var a, old, wrote, mark int64
-		if life > 0 {
-			a = settleCost(it, actual[i])
-		} else {
+		var a, exp, old, wrote, mark int64
+		if cancel {
 			old, wrote, mark = g.old[j][0], g.old[j][1], g.old[j][2]
+		} else {
+			a, exp = settleCost(it, actual[i]), exps[i]
 		}
 		member := holdMember(id, i)
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member+"="+strconv.FormatInt(it.Cost, 10), member, old, wrote, mark)
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member+"="+strconv.FormatInt(it.Cost, 10), member, exp, old, wrote, mark)
 	}
 	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
@@ -245,7 +262,7 @@ func (s *RedisStore) runSettle(ctx context.Context, id string, life int64, g *gr
 		if x < int64(SettleApplied) || x > int64(SettleExpired) {
 			return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value %d = %d, want 1, 2 or 3", j, x)
 		}
-		res[g.idx[j]] = SettleResult(x)
+		res[g.index(j)] = SettleResult(x)
 	}
 	return nil
 }

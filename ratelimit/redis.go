@@ -413,8 +413,8 @@ func (s *RedisStore) Reset(ctx context.Context, scope, key string, p Policy) err
 	ks := []string{k}
 	switch p.Algorithm {
 	case TokenBucket, GCRA, LeakyBucket:
-		_, hk, sk := holdKeys(s.prefix, it) // its holds and tombstones, same slot
-		ks = append(ks, hk, sk)
+		_, hk := holdKeys(s.prefix, it) // its holds and tombstones, same slot
+		ks = append(ks, hk)
 	}
 	if err := s.client.Del(ctx, ks...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: redis: reset %q: %w", k, err)
