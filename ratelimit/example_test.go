@@ -114,3 +114,37 @@ func ExampleMemoryStore_Decide() {
 	// false 98 false rate_limited
 	// true 98
 }
+
+func ExampleLimiter_Reserve() {
+	// Tokens per minute per API key, when a request's cost (the tokens a
+	// model generates) is known only after the work: hold an estimate,
+	// settle the actual count.
+	now := start
+	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return now })),
+		ratelimit.Policy{Limit: 1000, Period: time.Minute}, ratelimit.WithScope("tokens"), ratelimit.WithHoldTTL(2*time.Minute))
+	ctx := context.Background()
+
+	h, _ := lim.Reserve(ctx, "key-42", 500) // the request may generate up to 500 tokens
+	fmt.Println(h.Allowed(), h.Decision().Remaining)
+	r, _ := h.Settle(ctx, 120) // it generated 120: 380 come back
+	fmt.Println(r, h.Decision().Remaining)
+	d, _ := lim.AllowN(ctx, "key-42", 0)
+	fmt.Println(d.Remaining)
+
+	// Generating more than estimated puts the key into debt (up to one
+	// burst): the next requests wait until it is repaid.
+	h, _ = lim.Reserve(ctx, "key-42", 100)
+	r, _ = h.Settle(ctx, 1500)
+	d, _ = lim.AllowN(ctx, "key-42", 1)
+	fmt.Println(r, d.Allowed, d.RetryAfter)
+
+	// Settling twice changes nothing.
+	r, _ = h.Settle(ctx, 1500)
+	fmt.Println(r)
+	// Output:
+	// true 500
+	// applied 500
+	// 880
+	// applied false 37.26s
+	// already_settled
+}
