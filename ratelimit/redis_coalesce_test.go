@@ -305,12 +305,14 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 	}
 }
 
-// A hung Redis (SIGSTOP) holds neither a queued caller past its own
-// deadline nor the coalescer after Redis is back: the caller in flight and
-// the queued ones each return an error wrapping context.DeadlineExceeded
-// (the queued ones with longer deadlines than the call in flight, so that
-// they are sent in a coalesced call that hangs too), and once Redis
-// resumes, decisions succeed again.
+// A hung Redis (SIGSTOP) holds neither a queued caller past the end of its
+// own context nor the coalescer after Redis is back: the caller in flight
+// and the queued ones (sent in a coalesced call that hangs too) each
+// return at once with an error wrapping their context's, and once Redis
+// resumes, decisions succeed again. The queued callers' contexts end by
+// cancel, in a fixed order, not by deadlines: on a loaded machine a
+// deadline can pass before the test has queued every caller, and the test
+// would then check another path.
 func TestRedisStoreCoalescedHungRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	// a client that honours context deadlines, as package fallback asks
@@ -330,24 +332,42 @@ func TestRedisStoreCoalescedHungRedis(t *testing.T) {
 			_ = srv.Resume()
 		}
 	}()
-	ctx1, cancel1 := context.WithTimeout(ctx, time.Second)
+	// A call on the stopped Redis returns at its deadline (go-redis
+	// honours deadlines, not cancellation, once a command is sent).
+	ctx1, cancel1 := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel1()
-	first := decideAsync(ctx1, rs, it("a"))
+	var out1 [1]spillway.Decision
+	if ok, err := rs.Decide(ctx1, []Item{it("a")}, out1[:]); !errors.Is(err, context.DeadlineExceeded) || ok {
+		t.Fatalf("a call on a hung Redis: %v %v, want an error wrapping context.DeadlineExceeded", ok, err)
+	}
+	// Batches queue behind a call in flight: the test holds the place of
+	// one (so no deadline of a real call can pass before every batch is
+	// queued), then lets it go.
+	rs.co.mu.Lock()
+	rs.co.inflight++
+	rs.co.mu.Unlock()
 	waitInflight(t, rs, 1)
-	var queued []<-chan result
+	var (
+		queued  []<-chan result
+		cancels []context.CancelFunc
+	)
 	for i, k := range []string{"b", "c", "d"} {
-		cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		cancels = append(cancels, cancel)
 		queued = append(queued, decideAsync(cctx, rs, it(k)))
 		waitQueued(t, rs, i+1)
 	}
-	if r := <-first; !errors.Is(r.err, context.DeadlineExceeded) || r.ok {
-		t.Fatalf("the call in flight on a hung Redis: %v %v, want an error wrapping context.DeadlineExceeded", r.ok, r.err)
-	}
+	rs.co.release(rs)
+	// The call in flight ended: the three queued batches went out as one
+	// coalesced call, which hangs on the stopped Redis.
+	waitQueued(t, rs, 0)
+	waitInflight(t, rs, 1)
 	for i, ch := range queued {
+		cancels[i]()
 		r := <-ch
-		if !errors.Is(r.err, context.DeadlineExceeded) || r.ok {
-			t.Fatalf("queued caller %d on a hung Redis: %v %v, want an error wrapping context.DeadlineExceeded", i, r.ok, r.err)
+		if !errors.Is(r.err, context.Canceled) || r.ok {
+			t.Fatalf("queued caller %d on a hung Redis: %v %v, want an error wrapping context.Canceled", i, r.ok, r.err)
 		}
 		if !strings.Contains(r.err.Error(), "coalesced call") {
 			t.Fatalf("queued caller %d: %v, want the error of a sent coalesced call", i, r.err)
