@@ -131,7 +131,15 @@ for g = 1, #sizes do
 
     if alg == 0 or alg == 1 or alg == 5 then
       local tau = B * T
-      local tat, marked, hn, last = hparse(getstr(key))
+      local s = getstr(key)
+      local tat, marked, hn, last = s and tonumber(s), false, 0, 0
+      if tat == nil then
+        tat = 0
+        if s then
+          holdslib()
+          tat, marked, hn, last = hparse(s)
+        end
+      end
       if marked and hl[key] == nil then
         -- first touch of a key with holds or a debt (ratelimit_holds.lua):
         -- release its expired holds, kept whatever the decisions
@@ -148,7 +156,12 @@ for g = 1, #sizes do
       if marked then hl[key] = {hn, last} end
       s1 = tat
       if marked then s2 = 1 end
-      local t = hnow(tat, now, tau, marked) -- time went backwards
+      local t = now -- time went backwards: clamped to TAT - tau (2·tau marked)
+      if marked then
+        if t < tat - 2 * tau then t = tat - 2 * tau end
+      elseif t < tat - tau then
+        t = tat - tau
+      end
       local base = tat
       if base < t then base = t end
       local wait = base - t

@@ -18,8 +18,8 @@
 --          tau  Burst·T in µs, the capacity in time (≤ 2^52)
 --          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
 --
--- Reply: an array of 1 + 3N integers {now, wait_1 .. wait_N, tat_1 ..
--- tat_N, mark_1 .. mark_N}:
+-- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
+-- tat_N}:
 --   now     the µs time the call decided at (before the per-item clamp)
 --   wait_i  in [0, tau_i] ([0, 2·tau_i] on a key marked by holds or a
 --           debt): max(TAT, now') − now' for item i, where TAT
@@ -31,9 +31,9 @@
 --           tau), and a group is allowed iff every item of it has room.
 --   tat_i   that TAT itself (0: no state): what a Cluster refund restores
 --           (ratelimit_refund.lua); with now, the caller recomputes the TAT'
---           the item wrote.
---   mark_i  1 if that state was marked by holds or a debt, else 0: what the
---           refund restores with it.
+--           the item wrote. When that state was marked by holds or a
+--           debt, tat_i is −TAT − 1 instead (a refund restores the mark
+--           with it); otherwise it is ≥ 0.
 --
 -- Groups are decided in order, each exactly as if it were a call of its
 -- own made after the previous ones: a denied group charges nothing and
@@ -84,13 +84,15 @@ end
 -- group, or of an allowed earlier group). A group's charges go straight
 -- into pending and the writes; a denied group is undone: pending entries
 -- restored from undo, writes cut back to where the group began.
-local pending, pmark = {}, {}
-local uk, uv, um, un = {}, {}, {}, 0 -- undo: key, previous pending value and mark
+local pending = {}
+local uk, uv, un = {}, {}, 0 -- undo: key, previous pending value
 local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT', PX
--- st, sm: each key's TAT and mark as the call found them, after releasing
--- the expired holds of a marked key (ratelimit_holds.lua; kept whatever
--- the decisions); hl: a marked key's {live holds, last end} (ratelimit_holds.lua)
-local st, sm, hl = {}, {}, {}
+-- Only for keys whose value is not a plain TAT (marked by holds or a
+-- debt: ratelimit_holds.lua), created on the first: st, sm each key's TAT
+-- and mark as the call found them, after releasing expired holds (kept
+-- whatever the decisions); hl a marked key's {live holds, last end};
+-- pmark the mark of a pending TAT, um its undo
+local st, sm, hl, pmark, um
 local reply = {now}
 local i = 0
 for g = 1, G do
@@ -106,11 +108,17 @@ for g = 1, G do
     local T = tonumber(ARGV[b])
     local tau = tonumber(ARGV[b + 1])
     local n = tonumber(ARGV[b + 2])
-    local tat, marked = pending[key], pmark[key]
+    local tat, marked = pending[key], pmark and pmark[key]
     if tat == nil then
-      tat, marked = st[key], sm[key]
+      tat, marked = tonumber(cur[i]), false
       if tat == nil then
-        tat, marked = tonumber(cur[i]), false
+        -- not a plain TAT: a marked key, no state or garbage (parsed and
+        -- released once per call, then cached)
+        if st == nil then
+          holdslib()
+          st, sm, hl = {}, {}, {}
+        end
+        tat, marked = st[key], sm[key]
         if tat == nil then
           local hn, last
           tat, marked, hn, last = hparse(cur[i])
@@ -122,8 +130,8 @@ for g = 1, G do
             hl[key] = {hn, last}
             if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
           end
+          st[key], sm[key] = tat, marked
         end
-        st[key], sm[key] = tat, marked
       end
     end
     local t = now
@@ -137,12 +145,14 @@ for g = 1, G do
       local px = math.floor((need + 999) / 1000)
       local v = t + need
       un = un + 1
-      uk[un], uv[un], um[un] = key, pending[key], pmark[key]
+      uk[un], uv[un] = key, pending[key]
+      if pmark then um[un] = pmark[key] end
       pending[key] = v
-      local h = hl[key]
-      pmark[key] = h ~= nil and h[1] > 0
-      if h ~= nil then
+      local h = hl and hl[key]
+      if h then
         -- a marked key stays marked while holds are live (hvalue)
+        if pmark == nil then pmark, um = {}, {} end
+        pmark[key] = h[1] > 0
         v, px = hvalue(v, t, now, tau, h[1], h[2])
       end
       wn = wn + 1
@@ -151,11 +161,13 @@ for g = 1, G do
       ok = false
     end
     reply[1 + i] = wait
-    reply[1 + N + i] = tat
-    reply[1 + 2 * N + i] = marked and 1 or 0
+    if marked then reply[1 + N + i] = -tat - 1 else reply[1 + N + i] = tat end
   end
   if not ok then
-    for j = un, 1, -1 do pending[uk[j]], pmark[uk[j]] = uv[j], um[j] end
+    for j = un, 1, -1 do
+      pending[uk[j]] = uv[j]
+      if pmark then pmark[uk[j]] = um[j] end
+    end
     wn = w0
   end
 end

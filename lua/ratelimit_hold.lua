@@ -38,6 +38,7 @@
 -- to that latest end (a key's tombstones may end early when a reservation
 -- of a shorter ttl follows one of a longer ttl on a key that was not
 -- marked). A denial writes nothing else.
+holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')

@@ -16,8 +16,14 @@
 -- and only when, K is marked: a key without holds costs them nothing more
 -- than before.
 --
--- These functions only define; they run nothing.
-local function hparse(v) -- TAT, mark, n, last of a GET reply (0, false: no state)
+-- holdslib() defines the helpers below on its first call (a script that
+-- never meets a marked key creates one closure, not five); call it before
+-- using them.
+local hparse, hnow, hreap, hvalue, hwrite
+local function holdslib()
+if hparse ~= nil then return end
+
+function hparse(v) -- TAT, mark, n, last of a GET reply (0, false: no state)
   if type(v) ~= 'string' then return 0, false, 0, 0 end
   local x = tonumber(v)
   if x ~= nil then return x, false, 0, 0 end
@@ -26,7 +32,7 @@ local function hparse(v) -- TAT, mark, n, last of a GET reply (0, false: no stat
   return 0, false, 0, 0
 end
 
-local function hnow(tat, now, tau, marked) -- now after the clamp
+function hnow(tat, now, tau, marked) -- now after the clamp
   if now < 0 then now = 0 end
   local slack = tau
   if marked then slack = 2 * tau end
@@ -37,7 +43,7 @@ end
 -- removes what in hkey ended by now: each hold gives its estimate back
 -- (TAT = max(TAT - e·T, t) while TAT > t), a tombstone nothing; returns
 -- the TAT, the number of live holds left and whether a hold was released
-local function hreap(hkey, tat, t, now, T, n)
+function hreap(hkey, tat, t, now, T, n)
   local nows = string.format('%d', now)
   local gone = redis.call('ZRANGEBYSCORE', hkey, '-inf', nows)
   if #gone == 0 then return tat, n, false end
@@ -61,7 +67,7 @@ end
 -- the value of a bucket key: marked iff n live holds > 0 or tat - t > tau;
 -- returns it, its TTL in ms (outliving the TAT and, marked, everything in
 -- K..":h") and the mark
-local function hvalue(tat, t, now, tau, n, last)
+function hvalue(tat, t, now, tau, n, last)
   local marked = n > 0 or tat - t > tau
   local ttl = tat - now
   local v = string.format('%d', tat)
@@ -74,9 +80,10 @@ local function hvalue(tat, t, now, tau, n, last)
   return v, px, marked
 end
 
-local function hwrite(key, tat, t, now, tau, n, last) -- SET of hvalue; returns the mark
+function hwrite(key, tat, t, now, tau, n, last) -- SET of hvalue; returns the mark
   local v, px, marked = hvalue(tat, t, now, tau, n, last)
   redis.call('SET', key, v, 'PX', px)
   return marked
+end
 end
 

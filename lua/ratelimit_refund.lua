@@ -70,6 +70,7 @@ for i = #KEYS, 1, -1 do
       local v = redis.pcall('GET', key)
       local cur, marked, hn, last = tonumber(v), false, 0, 0
       if cur == nil then
+        holdslib()
         local c, m, a1, a2 = hparse(v)
         if m then cur, marked, hn, last = c, true, a1, a2 end
       end

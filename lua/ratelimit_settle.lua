@@ -39,6 +39,7 @@
 -- t > tau) and a PX that outlives both; ZADD of the tombstone at exp
 -- (which K..":h"'s TTL already covers). An already settled or expired hold
 -- changes nothing else.
+holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')

@@ -40,6 +40,7 @@ local n = tonumber(ARGV[4])
 local v = redis.pcall('GET', KEYS[1])
 local tat = tonumber(v)
 if tat == nil then
+  holdslib()
   local marked, hn, last
   tat, marked, hn, last = hparse(v)
   if marked then

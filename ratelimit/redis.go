@@ -258,9 +258,11 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	if g != nil {
 		g.now = r[0]
-		n := len(items)
-		for i := range items {
-			g.old[i] = [3]int64{r[1+n+i], r[1+2*n+i]} // TAT, mark
+		for i, tat := range r[1+len(items):] {
+			g.old[i] = [3]int64{tat} // TAT, no mark
+			if tat < 0 {
+				g.old[i] = [3]int64{-tat - 1, 1} // the script's code for a marked TAT
+			}
 		}
 	}
 	return allowed, nil
@@ -276,10 +278,10 @@ func bucketsArgs(args []any, items []Item) []any {
 	return args
 }
 
-// bucketsReply checks the buckets script's reply for n items: 1 + 3n
+// bucketsReply checks the buckets script's reply for n items: 1 + 2n
 // integers, the first (now) ≥ 0.
 func bucketsReply(res any, n int) ([]int64, error) {
-	r, err := intSlice(res, 1+3*n)
+	r, err := intSlice(res, 1+2*n)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
