@@ -217,6 +217,10 @@ func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	res := make([]SettleResult, len(h.items))
+	if len(h.items) == 0 {
+		h.settled = true
+		return res, nil
+	}
 	if h.settled {
 		for i, r := range h.results {
 			res[i] = r

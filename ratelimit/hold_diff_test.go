@@ -26,8 +26,8 @@ func (h *Hold) retried() *Hold {
 }
 
 // TestRedisStoreHoldDifferential replays random sequences of reserves,
-// settles (retried ones included), dropped holds, plain decisions and
-// resets on the memory store and on Redis, on one fake clock that also
+// settles (retried ones included), dropped holds, plain decisions (alone
+// and coalesced into one call) and resets on the memory store and on Redis, on one fake clock that also
 // goes backwards, and compares every decision and every settle result.
 func TestRedisStoreHoldDifferential(t *testing.T) {
 	srv, _ := redisServer(t)
@@ -100,7 +100,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 		}
 	}
 	var held []pair
-	var reserves, allowed, applied, already, expired int
+	var reserves, allowed, applied, already, expired, coalescedRounds int
 	for step := 0; step < steps; step++ {
 		switch x := r.IntN(20); {
 		case x < 10:
@@ -185,6 +185,35 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			if err := ms.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
 				t.Fatal(err)
 			}
+		case op < 16: // plain batches coalesced into one call, as the coalescer sends them
+			round := [][]Item{randomItems(), randomItems()}
+			if r.IntN(2) == 0 {
+				round = append(round, randomItems())
+			}
+			if !coalescible(rs, round) {
+				continue
+			}
+			coalescedRounds++
+			outsR, oksR, errs := decideRound(ctx, rs, round)
+			for b, items := range round {
+				if errs[b] != nil {
+					t.Fatalf("step %d: coalesced batch %d: %v", step, b, errs[b])
+				}
+				outM := make([]spillway.Decision, len(items))
+				okM, err := ms.Decide(ctx, items, outM)
+				if err != nil {
+					t.Fatal(err)
+				}
+				logf("step %d at %v: coalesced batch %d %+v -> redis %v %+v", step, at, b, items, oksR[b], outsR[b])
+				if oksR[b] != okM {
+					t.Fatalf("step %d at %v: coalesced batch %d of %d %+v: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, b, len(round), items, oksR[b], okM, outsR[b], outM)
+				}
+				for i := range items {
+					if outsR[b][i] != outM[i] {
+						t.Fatalf("step %d at %v: coalesced batch %d item %d (%+v):\n redis  %+v\n memory %+v", step, at, b, i, items[i], outsR[b][i], outM[i])
+					}
+				}
+			}
 		default: // a plain decision (a peek, a charge) on the same keys
 			items := randomItems()
 			outR := make([]spillway.Decision, len(items))
@@ -205,7 +234,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			}
 		}
 	}
-	t.Logf("%d reserves, %d allowed; settled items: %d applied, %d already settled, %d expired", reserves, allowed, applied, already, expired)
+	t.Logf("%d reserves, %d allowed; settled items: %d applied, %d already settled, %d expired; %d coalesced rounds", reserves, allowed, applied, already, expired, coalescedRounds)
 	if allowed == 0 || allowed == reserves || applied == 0 || already == 0 || expired == 0 {
 		t.Fatalf("the sequence missed a case: %d reserves, %d allowed, %d applied, %d already settled, %d expired", reserves, allowed, applied, already, expired)
 	}
