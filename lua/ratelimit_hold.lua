@@ -49,8 +49,8 @@ end
 local exp = now + tonumber(ARGV[2])
 
 local N = #KEYS / 2
--- per key: TAT, mark, live holds, last end, t of its last write
-local st, sm, sn, sl, stt = {}, {}, {}, {}, {}
+-- per key, {TAT, mark, live holds, last end, t of the last decision}
+local S = {}
 local reply = {now, 1}
 local ok = true
 for i = 1, N do
@@ -59,18 +59,19 @@ for i = 1, N do
   local T = tonumber(ARGV[b])
   local tau = tonumber(ARGV[b + 1])
   local n = tonumber(ARGV[b + 2])
-  local tat, marked = st[key], sm[key]
-  if tat == nil then
-    local hn, last
-    tat, marked, hn, last = hparse(redis.pcall('GET', key))
+  local k = S[key]
+  if k == nil then
+    local tat, marked, hn, last = hparse(redis.pcall('GET', key))
     if marked then
       local t0 = hnow(tat, now, tau, true)
       local reaped
       tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
       if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
     end
-    sn[key], sl[key] = hn, last
+    k = {tat, marked, hn, last, now}
+    S[key] = k
   end
+  local tat, marked = k[1], k[2]
   reply[2 + 3 * N + i] = marked and 1 or 0
   local t = hnow(tat, now, tau, marked)
   local wait = 0
@@ -83,8 +84,8 @@ for i = 1, N do
       ok = false
     end
   end
-  if nt ~= tat then marked = sn[key] > 0 or nt - t > tau end
-  st[key], sm[key], stt[key] = nt, marked, t
+  if nt ~= tat then k[2] = k[3] > 0 or nt - t > tau end
+  k[1], k[5] = nt, t
   reply[2 + i] = wait
   reply[2 + N + i] = tat
   reply[2 + 2 * N + i] = nt
@@ -96,19 +97,19 @@ end
 
 local exps = string.format('%d', exp)
 for i = 1, N do
-  local key = KEYS[2 * i - 1]
+  local k = S[KEYS[2 * i - 1]]
   redis.call('ZADD', KEYS[2 * i], exps, ARGV[3 + 4 * (i - 1) + 3])
-  sn[key] = sn[key] + 1
-  if exp > sl[key] then sl[key] = exp end
+  k[3] = k[3] + 1
+  if exp > k[4] then k[4] = exp end
 end
-local done = {}
 for i = 1, N do
   local key = KEYS[2 * i - 1]
-  if not done[key] then
-    done[key] = true
+  local k = S[key]
+  if k[6] == nil then
+    k[6] = true
     -- marked: the key has live holds now (tau does not matter then)
-    hwrite(key, st[key], stt[key], now, 0, sn[key], sl[key])
-    redis.call('PEXPIRE', KEYS[2 * i], math.floor((sl[key] - now + 999) / 1000))
+    hwrite(key, k[1], k[5], now, 0, k[3], k[4])
+    redis.call('PEXPIRE', KEYS[2 * i], math.floor((k[4] - now + 999) / 1000))
   end
 end
 return reply

@@ -70,10 +70,12 @@ end
 function hvalue(tat, t, now, tau, n, last)
   local marked = n > 0 or tat - t > tau
   local ttl = tat - now
-  local v = string.format('%d', tat)
+  local v
   if marked then
-    v = v .. string.format('h%d:%d', n, last)
+    v = string.format('%dh%d:%d', tat, n, last)
     if last - now > ttl then ttl = last - now end
+  else
+    v = string.format('%d', tat)
   end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end

@@ -22,7 +22,7 @@ var holdDebug = os.Getenv("SPILLWAY_HOLD_DEBUG") != ""
 // caller whose settle timed out holds when it retries. Its Settle goes to
 // the store again, which must not apply it twice.
 func (h *Hold) retried() *Hold {
-	return &Hold{store: h.store, id: h.id, ttl: h.ttl, items: h.items, exps: h.exps, dec: h.dec, allowed: h.allowed}
+	return &Hold{store: h.store, id: h.id, ttl: h.ttl, items: h.items, exps: h.exps, rkeys: h.rkeys, members: h.members, dec: h.dec, allowed: h.allowed}
 }
 
 // TestRedisStoreHoldDifferential replays random sequences of reserves,

@@ -55,6 +55,13 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 		h.allowed, h.id = true, id
 		return h, nil
 	}
+	// the keys and members of every item, built once for reserve and settle
+	h.rkeys = make([]string, 2*len(items))
+	h.members = make([]string, len(items))
+	for i := range h.items {
+		h.rkeys[2*i], h.rkeys[2*i+1] = holdKeys(s.prefix, &h.items[i])
+		h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+	}
 	var groups []*group
 	var whole [1]*group
 	if s.sharded == oneServer {
@@ -63,11 +70,11 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 	} else {
 		groups = s.split(items, s.sharded)
 	}
-	allowed, err := s.reserveGroups(ctx, id, ttlUS, groups)
+	allowed, err := s.reserveGroups(ctx, h, ttlUS, groups)
 	if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
 		// a Cluster in disguise: nothing ran; one call per slot
 		groups = s.split(items, bySlot)
-		allowed, err = s.reserveGroups(ctx, id, ttlUS, groups)
+		allowed, err = s.reserveGroups(ctx, h, ttlUS, groups)
 	}
 	if err != nil {
 		return nil, err
@@ -100,16 +107,16 @@ func (g *group) index(j int) int {
 
 // reserveGroups runs the hold script of every group, in parallel, and
 // cancels the held groups when the batch is not allowed.
-func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, groups []*group) (bool, error) {
+func (s *RedisStore) reserveGroups(ctx context.Context, h *Hold, ttlUS int64, groups []*group) (bool, error) {
 	if len(groups) == 1 {
 		g := groups[0]
-		g.allowed, g.err = s.runHold(ctx, id, ttlUS, g)
+		g.allowed, g.err = s.runHold(ctx, h, ttlUS, g)
 		return g.allowed, g.err
 	}
 	var eg errgroup.Group
 	for _, g := range groups {
 		eg.Go(func() error {
-			g.allowed, g.err = s.runHold(ctx, id, ttlUS, g)
+			g.allowed, g.err = s.runHold(ctx, h, ttlUS, g)
 			return nil
 		})
 	}
@@ -133,7 +140,7 @@ func (s *RedisStore) reserveGroups(ctx context.Context, id string, ttlUS int64, 
 		}
 		cg.Go(func() error {
 			res := make([]SettleResult, g.idx[len(g.idx)-1]+1) // indexed like the batch
-			return s.runSettle(cctx, id, true, g, nil, nil, res)
+			return s.runSettle(cctx, h, true, g, nil, res)
 		})
 	}
 	if err := cg.Wait(); err != nil {
@@ -152,17 +159,21 @@ const (
 // runHold runs lua/ratelimit_hold.lua for g (one slot): its decisions go
 // to g.out; the TAT each item saw, the TAT it wrote and the mark it saw to
 // g.old[j] (what a cancel restores).
-func (s *RedisStore) runHold(ctx context.Context, id string, ttlUS int64, g *group) (bool, error) {
+func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group) (bool, error) {
 	n := len(g.items)
-	keys := make([]string, 0, 2*n)
+	keys := h.rkeys
+	if g.idx != nil {
+		keys = make([]string, 0, 2*n)
+		for _, i := range g.idx {
+			keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
+		}
+	}
 	args := make([]any, 2, 2+holdFields*n)
 	args[0], args[1] = s.nowArg(), ttlUS
 	for j := range g.items {
 		it := &g.items[j]
-		k, hk := holdKeys(s.prefix, it)
-		keys = append(keys, k, hk)
 		T := it.Policy.EmissionInterval()
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), holdMember(id, g.index(j))+"="+strconv.FormatInt(it.Cost, 10))
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[g.index(j)])
 	}
 	res, err := lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
@@ -209,7 +220,7 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 		groups = s.split(h.items, s.sharded)
 	}
 	if len(groups) == 1 {
-		err := s.runSettle(ctx, h.id, false, groups[0], h.exps, actual, res)
+		err := s.runSettle(ctx, h, false, groups[0], actual, res)
 		if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
 			groups = s.split(h.items, bySlot)
 		} else {
@@ -218,18 +229,23 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 	}
 	var eg errgroup.Group
 	for _, g := range groups {
-		eg.Go(func() error { return s.runSettle(ctx, h.id, false, g, h.exps, actual, res) })
+		eg.Go(func() error { return s.runSettle(ctx, h, false, g, actual, res) })
 	}
 	return eg.Wait()
 }
 
 // runSettle runs lua/ratelimit_settle.lua for g, writing each item's
-// result to res (indexed like the hold's items; exps and actual too). With
-// cancel it undoes g's holds instead (actual and exps are ignored): see
-// reserveGroups.
-func (s *RedisStore) runSettle(ctx context.Context, id string, cancel bool, g *group, exps, actual []int64, res []SettleResult) error {
+// result to res (indexed like h's items, as actual is). With cancel it
+// undoes g's holds instead (actual is ignored): see reserveGroups.
+func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *group, actual []int64, res []SettleResult) error {
 	n := len(g.items)
-	keys := make([]string, 0, 2*n)
+	keys := h.rkeys
+	if g.idx != nil {
+		keys = make([]string, 0, 2*n)
+		for _, i := range g.idx {
+			keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
+		}
+	}
 	args := make([]any, 2, 2+settleFields*n)
 	args[0], args[1] = s.nowArg(), 0
 	if cancel {
@@ -237,18 +253,17 @@ func (s *RedisStore) runSettle(ctx context.Context, id string, cancel bool, g *g
 	}
 	for j := range g.items {
 		it := &g.items[j]
-		k, hk := holdKeys(s.prefix, it)
-		keys = append(keys, k, hk)
 		i := g.index(j)
 		T := it.Policy.EmissionInterval()
 		var a, exp, old, wrote, mark int64
 		if cancel {
 			old, wrote, mark = g.old[j][0], g.old[j][1], g.old[j][2]
 		} else {
-			a, exp = settleCost(it, actual[i]), exps[i]
+			a, exp = settleCost(it, actual[i]), h.exps[i]
 		}
-		member := holdMember(id, i)
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member+"="+strconv.FormatInt(it.Cost, 10), member, exp, old, wrote, mark)
+		member := h.members[i]
+		tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
+		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old, wrote, mark)
 	}
 	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
