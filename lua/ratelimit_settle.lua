@@ -36,8 +36,8 @@
 -- the clamp): δ < 0 gives |δ|·T back, TAT' = max(TAT − |δ|·T, t) while TAT
 -- > t; δ > 0 charges TAT' = min(max(TAT, t) + δ·T, t + 2·tau), at most
 -- one burst of debt; the key written with its mark (live holds or TAT' −
--- t > tau) and a PX that outlives both; ZADD of the tombstone at exp
--- (which K..":h"'s TTL already covers). An already settled or expired hold
+-- t > tau) and a PX that outlives both; ZADD of the tombstone at exp and
+-- PEXPIRE of K..":h" to the last end. An already settled or expired hold
 -- changes nothing else.
 holdslib()
 local now = tonumber(ARGV[1])
@@ -100,7 +100,12 @@ for i = from, to, step do
       end
       hwrite(key, nt, t, now, tau, hn, last)
     end
-    if not cancel then redis.call('ZADD', hkey, ARGV[b + 6], tomb) end
+    if not cancel then
+      redis.call('ZADD', hkey, ARGV[b + 6], tomb)
+      -- the ZREM may have emptied (deleted) the set: the ZADD then made a
+      -- new one, without a TTL; last covers everything in it
+      redis.call('PEXPIRE', hkey, math.floor((last - now + 999) / 1000))
+    end
     reply[i] = 1
   elseif not cancel and redis.call('ZSCORE', hkey, tomb) then
     reply[i] = 2

@@ -417,3 +417,29 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisStoreHoldKeysExpire: every key a hold writes carries a TTL that
+// outlives what it holds and no more, on Redis's own clock (TIME): the
+// bucket key while its holds live, the holds set until its last hold's
+// release time; once that passed, Redis has dropped both, settled or not.
+func TestRedisStoreHoldKeysExpire(t *testing.T) {
+	srv, c := redisServer(t)
+	_ = srv
+	ctx := context.Background()
+	l := mustLimiter(t, NewRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(150*time.Millisecond))
+	settled := mustReserve(t, l, "a", 5)
+	dropped := mustReserve(t, l, "b", 5)
+	mustSettle(t, settled, 2, SettleApplied)
+	_ = dropped
+	for _, k := range []string{"spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h"} {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil || ttl <= 0 || ttl > 150*time.Millisecond {
+			t.Fatalf("PTTL %s = %v %v, want in (0, 150ms]", k, ttl, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n, err := c.Exists(ctx, "spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h").Result(); err != nil || n != 0 {
+		t.Fatalf("%d keys left after the holds' TTL (%v), want none", n, err)
+	}
+	wantDecision(t, "after the keys expired", peek(t, l, "b"), true, 1000, 0, 0)
+}
