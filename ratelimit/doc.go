@@ -41,7 +41,26 @@
 // check a per-IP, a per-user and a per-endpoint limit in one step (one
 // Redis round trip).
 //
+// # Reserve, then settle
+//
+// A cost known only after the work (tokens generated, bytes streamed)
+// holds an estimate and settles the actual cost:
+//
+//	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like AllowN(2000)
+//	if err == nil && h.Allowed() {
+//		n := generate()
+//		res, err := h.Settle(ctx, n) // a refund, or an extra charge into debt
+//	}
+//
+// Only the bucket family holds (the windows return ErrHoldUnsupported). An
+// extra charge may put the key up to one Burst into debt, so the next
+// requests wait. A hold not settled within its TTL (WithHoldTTL) is released
+// by the store on the next touch of its key; a settle is applied at most
+// once per hold, also when retried after a timeout (SettleAlreadySettled).
+// Reserver.Reserve holds a batch all or nothing; Hold.SettleEach settles it
+// with one actual cost per item. See docs/ratelimit.md.
+//
 // # Concurrency
 //
-// Limiter, MemoryStore and RedisStore are safe for concurrent use.
+// Limiter, MemoryStore, RedisStore and Hold are safe for concurrent use.
 package ratelimit
