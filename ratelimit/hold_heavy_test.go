@@ -426,18 +426,18 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	srv, c := redisServer(t)
 	_ = srv
 	ctx := context.Background()
-	l := mustLimiter(t, NewRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(150*time.Millisecond))
+	l := mustLimiter(t, NewRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(300*time.Millisecond))
 	settled := mustReserve(t, l, "a", 5)
 	dropped := mustReserve(t, l, "b", 5)
 	mustSettle(t, settled, 2, SettleApplied)
 	_ = dropped
 	for _, k := range []string{"spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h"} {
 		ttl, err := c.PTTL(ctx, k).Result()
-		if err != nil || ttl <= 0 || ttl > 150*time.Millisecond {
-			t.Fatalf("PTTL %s = %v %v, want in (0, 150ms]", k, ttl, err)
+		if err != nil || ttl <= 0 || ttl > 300*time.Millisecond {
+			t.Fatalf("PTTL %s = %v %v, want in (0, 300ms]", k, ttl, err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(350 * time.Millisecond)
 	if n, err := c.Exists(ctx, "spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h").Result(); err != nil || n != 0 {
 		t.Fatalf("%d keys left after the holds' TTL (%v), want none", n, err)
 	}
