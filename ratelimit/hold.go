@@ -156,7 +156,8 @@ func (h *Hold) Decision() spillway.Decision {
 }
 
 // Decisions returns one decision per item, in the order of the items. The
-// slice belongs to the Hold: do not modify it.
+// slice belongs to the Hold; a store that wraps another may adjust its
+// decisions before handing the Hold on (marking them Degraded, say).
 func (h *Hold) Decisions() []spillway.Decision { return h.dec }
 
 // ID returns the hold's id, unique per store, under which the store
@@ -293,6 +294,27 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hol
 		h.dec[i].Window = l.window
 	}
 	return h, nil
+}
+
+// ValidateReserve reports what is wrong with a Reserver.Reserve of items
+// for ttl, as the stores do before touching any state: the errors of
+// Policy.Validate and of a negative cost, ErrHoldUnsupported for an
+// algorithm that cannot hold, ErrInvalidPolicy for Burst·T above 2^51 µs,
+// and a ttl out of range. A store that wraps another (a fallback) calls it
+// so that bad input is never mistaken for a failing backend.
+func ValidateReserve(items []Item, ttl time.Duration) error {
+	if _, _, err := holdTTLOf(ttl); err != nil {
+		return err
+	}
+	return validateHold(items)
+}
+
+// DeniedHold returns a Hold that holds nothing, with these decisions (at
+// least one not allowed): what a store that wraps another returns when it
+// denies a reservation itself (a fail-closed rule while the backend is
+// down, say). Its Settle returns ErrNotHeld.
+func DeniedHold(decisions []spillway.Decision) *Hold {
+	return &Hold{dec: decisions}
 }
 
 // holdTTLOf validates a Reserve's ttl (0: DefaultHoldTTL) and returns it

@@ -1,0 +1,134 @@
+package fallback
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+var _ ratelimit.Reserver = (*Store)(nil)
+
+// Reserve implements ratelimit.Reserver (reserve, then settle the actual
+// cost), with what Decide adds: the inner store holds, under the time
+// budget and the breaker, when it is a ratelimit.Reserver and answers;
+// when it cannot, the local share holds instead — the decisions marked
+// Degraded, a fail-closed item denying the reservation (nothing held) —
+// exactly as Decide decides locally.
+//
+// A Hold settles with the store that made it: a hold made locally settles
+// locally (the local share gives back or charges the difference); one made
+// by the inner store settles there, and if that store cannot answer then,
+// Settle returns its error and the inner store releases the hold at its
+// TTL (the work is then not charged there). Reconcile carries back the
+// estimates of the holds made locally, as admitted, not their settled
+// costs. Bad input (see ratelimit.ValidateReserve) is an error and never
+// counts against the breaker; an inner store that is not a Reserver makes
+// every Reserve fail with ratelimit.ErrHoldUnsupported.
+func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
+	inner, ok := s.inner.(ratelimit.Reserver)
+	if !ok {
+		return nil, fmt.Errorf("fallback: %w: inner store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.inner)
+	}
+	local, ok := s.local.(ratelimit.Reserver)
+	if !ok {
+		return nil, fmt.Errorf("fallback: %w: local store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.local)
+	}
+	if err := ratelimit.ValidateReserve(items, ttl); err != nil {
+		return nil, fmt.Errorf("fallback: %w", err)
+	}
+	if len(items) == 0 {
+		return inner.Reserve(ctx, items, ttl) // holds nothing, calls nothing
+	}
+	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)
+	if !ok {
+		return s.reserveLocal(ctx, local, items, ttl, spillway.ErrBudgetSpent)
+	}
+	var h *ratelimit.Hold
+	done, err := s.br.allow()
+	if err == nil {
+		sc := s.br.guard(ctx, deadline, s.set.Budget)
+		h, err = inner.Reserve(sc.ctx, items, ttl)
+		sc.end()
+		err = s.br.finish(ctx, done, err, sc)
+	}
+	if err == nil {
+		s.stats.calls.Add(1)
+		return h, nil
+	}
+	if _, ok := err.(*canceledError); ok {
+		return nil, err
+	}
+	return s.reserveLocal(ctx, local, items, ttl, err)
+}
+
+// reserveLocal holds items on the local share, or denies them when one is
+// fail-closed, as decideLocal decides.
+func (s *Store) reserveLocal(ctx context.Context, local ratelimit.Reserver, items []ratelimit.Item, ttl time.Duration, cause error) (*ratelimit.Hold, error) {
+	s.stats.degraded.Add(1)
+	scaled := make([]ratelimit.Item, len(items))
+	closed := false
+	for i := range items {
+		scaled[i] = items[i]
+		scaled[i].Policy = scalePolicy(items[i].Policy, s.ppm)
+		if s.failClosed(&scaled[i]) {
+			closed = true
+		}
+	}
+	var h *ratelimit.Hold
+	if closed {
+		// Peek the fail-open items so their decisions say what they have
+		// left; hold nothing since the reservation is denied.
+		for i := range scaled {
+			scaled[i].Cost = 0
+		}
+		out := make([]spillway.Decision, len(items))
+		if _, err := s.local.Decide(ctx, scaled, out); err != nil {
+			return nil, fmt.Errorf("fallback: local store: %w", err)
+		}
+		for i := range items {
+			if s.failClosed(&items[i]) {
+				out[i] = spillway.Decision{
+					Reason:     spillway.ReasonFailClosed,
+					Limiter:    items[i].Scope,
+					Limit:      items[i].Policy.Capacity(),
+					RetryAfter: s.set.OpenTimeout,
+				}
+			}
+		}
+		h = ratelimit.DeniedHold(out)
+	} else {
+		var err error
+		h, err = local.Reserve(ctx, scaled, ttl)
+		if err != nil {
+			return nil, fmt.Errorf("fallback: local store: %w", err)
+		}
+		if h.Allowed() && s.ledger != nil {
+			now := s.now()
+			for i := range items {
+				s.ledger.record(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now)
+			}
+		}
+	}
+	ev := DegradedEvent{Name: s.set.Name, Scope: items[0].Scope, Allowed: h.Allowed(), Cause: cause}
+	out := h.Decisions()
+	for i := range out {
+		d := &out[i]
+		d.Degraded = true
+		// A cost the full policy admits but the share cannot is not
+		// "never": it can succeed once the store is back.
+		if d.Reason == spillway.ReasonCostExceedsLimit && items[i].Cost <= items[i].Policy.Capacity() {
+			d.Reason = spillway.ReasonRateLimited
+			d.RetryAfter = s.set.OpenTimeout
+		}
+		if !d.Allowed && ev.Reason == spillway.ReasonNone {
+			ev.Scope, ev.Reason = items[i].Scope, d.Reason
+		}
+	}
+	if s.set.OnDegraded != nil {
+		s.set.OnDegraded(ev)
+	}
+	return h, nil
+}
