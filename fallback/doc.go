@@ -22,7 +22,10 @@
 // The Store adds a cache of denials (a key Redis denied until T is denied
 // locally until T, without a round trip) and reconcile (after an outage the
 // local consumption of the last Period is charged back to Redis, so an
-// outage is no free refill); see Store.
+// outage is no free refill); see Store. Over a RedisStore it is also a
+// ratelimit.Reserver: reservations (reserve, then settle the actual cost)
+// are held by Redis, or by the local share while Redis cannot answer; see
+// Store.Reserve.
 //
 // Shortest use:
 //
