@@ -41,6 +41,14 @@ type Health struct {
 	// taking gobreaker's lock while the breaker is open: during an outage
 	// every request would otherwise serialize on it.
 	openUntil atomic.Int64
+	// closed mirrors the breaker's closed state, and dirty says that a
+	// failure may have left ConsecutiveFailures above 0: while closed,
+	// allow lets calls through without gobreaker's lock, and a success
+	// goes to gobreaker only when dirty (to reset the count). Failures
+	// always go to gobreaker, so the count of consecutive failures and
+	// the trip are gobreaker's as before.
+	closed    atomic.Bool
+	dirty     atomic.Bool
 	since     atomic.Int64 // Unix ns of the last state change (creation at first)
 	attached  bool         // a hook on a client counts the calls it did not guard
 
@@ -169,12 +177,14 @@ func newHealth(s HealthSettings) *Health {
 		} else {
 			h.openUntil.Store(0)
 		}
+		h.closed.Store(to == gobreaker.StateClosed)
 		h.since.Store(now.UnixNano())
 		if hookFn != nil {
 			hookFn(name, stateOf(from), stateOf(to))
 		}
 	}
 	h.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
+	h.closed.Store(true)
 	return h
 }
 
@@ -231,11 +241,17 @@ func stateOf(s gobreaker.State) State {
 
 func (h *Health) state() State { return stateOf(h.cb.State()) }
 
-// allow is cb.Allow with a lock-free refusal while open.
+// allow is cb.Allow with a lock-free refusal while open and a lock-free
+// admission while closed (a closed breaker admits every call): then it
+// returns a nil done, and settle tells gobreaker what it needs to know.
+// Pass what it returns to settle, never call it directly.
 func (h *Health) allow() (func(error), error) {
 	if u := h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
 		h.rejected.Add(1)
 		return nil, ErrOpen
+	}
+	if h.closed.Load() {
+		return nil, nil
 	}
 	done, err := h.cb.Allow()
 	if err != nil {
@@ -243,6 +259,40 @@ func (h *Health) allow() (func(error), error) {
 		return nil, ErrOpen
 	}
 	return done, nil
+}
+
+// settle reports the outcome of a call allow let through: err nil for a
+// success, errExcluded for neither, any other error for a failure.
+func (h *Health) settle(done func(error), err error) {
+	if done != nil {
+		done(err)
+		return
+	}
+	// Let through while closed, without gobreaker: a success changes
+	// nothing unless a failure may have left a count to reset; a failure
+	// is counted (and may trip the breaker) as if it had been let through
+	// now. A call that began closed and ends after the breaker left that
+	// state says nothing gobreaker wants: it is dropped.
+	switch {
+	case err == nil:
+		if !h.dirty.Load() {
+			return
+		}
+		h.dirty.Store(false)
+	case errors.Is(err, errExcluded):
+		return
+	default:
+		h.dirty.Store(true)
+		// stored again after: a success settled in between must not leave
+		// this failure's count unreset by the next one
+		defer h.dirty.Store(true)
+	}
+	if !h.closed.Load() {
+		return
+	}
+	if d, e := h.cb.Allow(); e == nil {
+		d(err)
+	}
 }
 
 // healthy reports whether err says the Redis answered: no error, a nil
@@ -261,21 +311,21 @@ func (h *Health) report(ctx context.Context, done func(error), err error) {
 	switch {
 	case healthy(err):
 		h.successes.Add(1)
-		done(nil)
+		h.settle(done, nil)
 	case errors.Is(ctx.Err(), context.Canceled):
 		// The caller gave up; that says nothing about the store. A caller
 		// deadline shorter than the budget does count: the store was too
 		// slow for this caller.
-		done(errExcluded)
+		h.settle(done, errExcluded)
 	case errors.Is(err, ErrOpen):
 		// go-redis sent part of the call through the client's hooks again
 		// (a retry on another connection) and the breaker refused it:
 		// nothing was learned about the Redis.
-		done(errExcluded)
+		h.settle(done, errExcluded)
 	default:
 		h.failures.Add(1)
 		h.lastErr.Store(&errBox{err})
-		done(err)
+		h.settle(done, err)
 	}
 }
 
@@ -286,7 +336,7 @@ func (h *Health) report(ctx context.Context, done func(error), err error) {
 // included) as itself.
 func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
 	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
-		done(errExcluded)
+		h.settle(done, errExcluded)
 		return err
 	}
 	h.report(ctx, done, err)
@@ -394,7 +444,10 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 		}
 		sc.deadline = deadline
 		sc.short = full > 0 && time.Until(deadline) < full/2
-		ctx, sc.cancel = context.WithDeadline(ctx, deadline)
+		// a context that ends no later needs no timer of its own
+		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+			ctx, sc.cancel = context.WithDeadline(ctx, deadline)
+		}
 	}
 	if h.attached {
 		sc.g = &guardCtx{Context: ctx, h: h}
