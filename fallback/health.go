@@ -47,10 +47,10 @@ type Health struct {
 	// goes to gobreaker only when dirty (to reset the count). Failures
 	// always go to gobreaker, so the count of consecutive failures and
 	// the trip are gobreaker's as before.
-	closed    atomic.Bool
-	dirty     atomic.Bool
-	since     atomic.Int64 // Unix ns of the last state change (creation at first)
-	attached  bool         // a hook on a client counts the calls it did not guard
+	closed   atomic.Bool
+	dirty    atomic.Bool
+	since    atomic.Int64 // Unix ns of the last state change (creation at first)
+	attached bool         // a hook on a client counts the calls it did not guard
 
 	successes, failures, rejected, opened atomic.Int64
 	lastErr                               atomic.Pointer[errBox]
