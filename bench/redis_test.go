@@ -177,7 +177,8 @@ type result struct {
 	n             int     // decisions
 	dps, p50, p99 float64 // decisions/s, µs
 	trim          float64 // mean µs of the decisions up to the p99: steadier than 1/dps on a busy host
-	usec, calls   float64 // Redis CPU µs per decision, decisions per script call
+	usec, calls   float64 // Redis script µs per decision, decisions per script call
+	cpu           float64 // redis-server process CPU µs per decision
 	allowed       float64 // the fraction allowed
 }
 
@@ -187,8 +188,10 @@ type result struct {
 // fallback.Store, and through tiers with one and three rules), side by
 // side, then the ratios. b.N is the number of decisions per contender and
 // round. Redis CPU per decision comes from INFO commandstats (CONFIG
-// RESETSTAT before each slice): the usec of every command over the
-// decisions.
+// RESETSTAT before each slice): the usec of the script calls over the
+// decisions (the commands a script runs are inside its usec); and from
+// INFO cpu, the server process's user+sys CPU over the decisions, which
+// adds reading, parsing and replying.
 //
 // The contenders take turns in slices of -slice decisions (all
 // -goroutines callers on one contender, then the next), so that a load
@@ -251,6 +254,7 @@ type tally struct {
 	elapsed      time.Duration
 	lat          []time.Duration
 	usec, scalls float64
+	cpu          float64 // server process CPU, µs
 }
 
 func (t *tally) result() result {
@@ -268,7 +272,7 @@ func (t *tally) result() result {
 		}
 	}
 	return result{n: t.n, trim: float64(sum.Nanoseconds()) / 1e3 / float64(k), dps: float64(t.n) / t.elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
-		usec: t.usec / float64(t.n), calls: float64(t.n) / t.scalls, allowed: float64(t.allowed) / float64(t.n)}
+		usec: t.usec / float64(t.n), cpu: t.cpu / float64(t.n), calls: float64(t.n) / t.scalls, allowed: float64(t.allowed) / float64(t.n)}
 }
 
 // runSlice runs decisions from .. from+n-1 of one contender from
@@ -278,6 +282,7 @@ func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tal
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
+	cpu0 := serverCPU(b, c)
 	lat := make([][]time.Duration, *goroutines)
 	var next, allowed atomic.Int64
 	next.Store(int64(from))
@@ -314,6 +319,7 @@ func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tal
 	for _, l := range lat {
 		t.lat = append(t.lat, l...)
 	}
+	t.cpu += serverCPU(b, c) - cpu0
 	usec, calls := commandStats(b, c)
 	t.n += n
 	t.allowed += int(allowed.Load())
@@ -321,8 +327,8 @@ func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tal
 	t.scalls += calls
 }
 
-// commandStats sums, over INFO commandstats, the usec of every command
-// and the calls of the script commands (EVALSHA, EVAL).
+// commandStats sums, over INFO commandstats, the usec and the calls of the
+// script commands (EVALSHA, EVAL).
 func commandStats(b *testing.B, c *redis.Client) (usec, scriptCalls float64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
@@ -343,8 +349,11 @@ func commandStats(b *testing.B, c *redis.Client) (usec, scriptCalls float64) {
 				us, _ = strconv.ParseFloat(v, 64)
 			}
 		}
-		usec += us
+		// Commands a script runs are counted under their own names too
+		// and their time is already in the script's: only the scripts'
+		// usec is summed (every contender decides through scripts).
 		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			usec += us
 			scriptCalls += calls
 		}
 	}
@@ -370,10 +379,10 @@ var ratios = []struct {
 func table(names []string, res map[string]result) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each:\n", *goroutines, *numKeys, res[names[0]].n)
-	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %11s %14s %10s %8s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "mean≤p99 µs", "redis µs/dec", "dec/call", "allowed")
+	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %11s %13s %12s %9s %8s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "mean≤p99 µs", "script µs/dec", "cpu µs/dec", "dec/call", "allowed")
 	for _, name := range names {
 		r := res[name]
-		fmt.Fprintf(&sb, "%-24s %12.0f %9.0f %9.0f %11.1f %14.2f %10.1f %8.3f\n", name, r.dps, r.p50, r.p99, r.trim, r.usec, r.calls, r.allowed)
+		fmt.Fprintf(&sb, "%-24s %12.0f %9.0f %9.0f %11.1f %13.2f %12.2f %9.1f %8.3f\n", name, r.dps, r.p50, r.p99, r.trim, r.usec, r.cpu, r.calls, r.allowed)
 	}
 	for _, r := range ratios {
 		if v := r.f(res); v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) {
@@ -409,6 +418,26 @@ func medians(all []map[string]result) string {
 		sb.WriteString(")\n")
 	}
 	return sb.String()
+}
+
+// serverCPU reads used_cpu_sys + used_cpu_user (µs) from INFO cpu.
+func serverCPU(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += f * 1e6
+		}
+	}
+	return sum
 }
 
 // usedMemory reads used_memory from INFO memory.
