@@ -1,6 +1,8 @@
 package fallback
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -158,5 +160,46 @@ func TestDenyCacheIsBounded(t *testing.T) {
 func TestStateStrings(t *testing.T) {
 	if Closed.String() != "closed" || HalfOpen.String() != "half_open" || Open.String() != "open" || State(9).String() != "state(9)" {
 		t.Fatal("State.String")
+	}
+}
+
+// While closed, calls pass without gobreaker's lock; the breaker still
+// counts consecutive failures exactly: a success between failures resets
+// the count, and the K-th failure in a row opens it.
+func TestHealthClosedFastPathCountsConsecutiveFailures(t *testing.T) {
+	h, err := NewHealth(nil, HealthSettings{Failures: 3, OpenTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fail := errors.New("boom")
+	call := func(err error) {
+		t.Helper()
+		done, aerr := h.allow()
+		if aerr != nil {
+			t.Fatalf("allow: %v", aerr)
+		}
+		h.report(ctx, done, err)
+	}
+	step := func(err error, want State, consecutive uint32) {
+		t.Helper()
+		call(err)
+		if st := h.Stats(); st.State != want || st.ConsecutiveFailures != consecutive {
+			t.Fatalf("after %v: %v with %d consecutive failures, want %v with %d", err, st.State, st.ConsecutiveFailures, want, consecutive)
+		}
+	}
+	step(nil, Closed, 0)
+	step(fail, Closed, 1)
+	step(fail, Closed, 2)
+	step(nil, Closed, 0) // the success after failures resets the count
+	step(nil, Closed, 0)
+	step(fail, Closed, 1)
+	step(fail, Closed, 2)
+	call(fail)
+	if st := h.Stats(); st.State != Open || st.Successes != 3 || st.Failures != 5 || st.Opened != 1 {
+		t.Fatalf("after 3 failures in a row: %+v, want open, 3 successes, 5 failures, opened once", st)
+	}
+	if _, err := h.allow(); !errors.Is(err, ErrOpen) {
+		t.Fatalf("allow on an open health: %v, want ErrOpen", err)
 	}
 }
