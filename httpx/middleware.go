@@ -35,7 +35,28 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := h.request(r)
-	res := admission.Admit(r.Context(), h.l, req, c.failMode)
+	var usage *spillway.Usage
+	if c.meter {
+		usage = new(spillway.Usage)
+		req.Usage = usage
+	}
+	var res admission.Result
+	if c.estHeader != "" {
+		if v := r.Header.Values(c.estHeader); len(v) > 0 {
+			n, err := admission.ParseCost(v[0])
+			if err == nil && len(v) > 1 {
+				err = errors.New("more than one value")
+			}
+			if err != nil {
+				err = fmt.Errorf("httpx: header %s: %w", c.estHeader, err)
+				res = admission.Result{Decision: spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: admission.LimiterRequest}, Done: spillway.Noop, Invalid: err}
+			}
+			req.Cost = n
+		}
+	}
+	if res.Invalid == nil {
+		res = admission.Admit(r.Context(), h.l, req, c.failMode)
+	}
 	if res.Err != nil && c.onError != nil {
 		c.onError(r, res.Err)
 	}
@@ -53,10 +74,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Outgoing calls made while serving carry the priority (Transport).
 		r = r.WithContext(spillway.ContextWithPriority(r.Context(), req.Priority))
 	}
+	if usage != nil {
+		r = r.WithContext(spillway.ContextWithUsage(r.Context(), usage))
+	}
 	sw := &statusWriter{ResponseWriter: w}
 	g := admission.Guard{Done: res.Done}
 	defer g.Release() // the handler panicked: release; the panic goes on
 	h.next.ServeHTTP(sw, r)
+	if c.usageHeader != "" {
+		h.readUsage(r, w.Header(), usage)
+	}
 	g.Finish(outcome(r.Context(), sw.status))
 }
 
@@ -287,3 +314,25 @@ func (w *statusWriter) Flush() {
 
 // Unwrap returns the wrapped ResponseWriter, for http.ResponseController.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// readUsage sets usage from the declared response header or trailer.
+func (h *handler) readUsage(r *http.Request, hdr http.Header, usage *spillway.Usage) {
+	name := h.c.usageHeader
+	v, ok := hdr[http.TrailerPrefix+name]
+	if !ok {
+		v, ok = hdr[name]
+	}
+	if !ok || len(v) == 0 {
+		return
+	}
+	n, err := admission.ParseCost(v[0])
+	if err == nil {
+		err = usage.Set(n)
+		if err == nil {
+			return
+		}
+	}
+	if h.c.onError != nil {
+		h.c.onError(r, fmt.Errorf("httpx: response header %s: %w", name, err))
+	}
+}

@@ -28,6 +28,9 @@ type config struct {
 	denied      func(http.ResponseWriter, *http.Request, spillway.Decision)
 	problemURI  string
 	noPropagate bool
+	meter       bool
+	estHeader   string // header carrying the estimate; empty: none
+	usageHeader string // response header or trailer carrying the actual cost
 }
 
 func newConfig(opts []Option) config {
@@ -178,4 +181,35 @@ func WithProblemTypeBase(uri string) Option {
 // finds it to propagate downstream. Storing it costs one request copy.
 func WithoutPriorityContext() Option {
 	return func(c *config) { c.noPropagate = true }
+}
+
+// WithUsage meters each request's actual cost: the middleware puts a
+// spillway.Usage in Request.Usage and in the handler's context, where the
+// handler reports with spillway.ReportUsage (per chunk of a streaming
+// response: when it returns an error the limit is spent and the handler
+// should stop). Request.Cost (WithCost, WithEstimateHeader) is then the
+// estimate, which a "cost: response" rule holds at admission and settles
+// to the reported total when the handler returns; nothing reported, the
+// estimate stands.
+func WithUsage() Option {
+	return func(c *config) { c.meter = true }
+}
+
+// WithEstimateHeader takes the estimate (Request.Cost) from the request
+// header name, a decimal integer in [0, MaxInt64]; a missing header leaves
+// WithCost (or 1). A malformed value is answered 400 with the reason, and
+// a value above what a limit can ever admit is denied by that limit. It
+// implies WithUsage.
+func WithEstimateHeader(name string) Option {
+	return func(c *config) { c.estHeader, c.meter = http.CanonicalHeaderKey(name), true }
+}
+
+// WithUsageHeader reads the actual cost from the response header (or
+// trailer) name the handler sets, when the handler returns and before the
+// admission settles; it implies WithUsage. The value is a decimal integer
+// in [0, MaxInt64]; a malformed one leaves what was reported (or the
+// estimate) and goes to the error handler, since the response is already
+// written. The header is sent to the client as the handler set it.
+func WithUsageHeader(name string) Option {
+	return func(c *config) { c.usageHeader, c.meter = http.CanonicalHeaderKey(name), true }
 }

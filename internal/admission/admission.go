@@ -8,7 +8,11 @@ package admission
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -171,4 +175,26 @@ func RateValues(d spillway.Decision, now time.Time) []string {
 	v := make([]string, 3)
 	v[0], v[1], v[2] = strconv.FormatInt(d.Limit, 10), strconv.FormatInt(max(d.Remaining, 0), 10), strconv.FormatInt(epoch, 10)
 	return v
+}
+
+// ParseCost parses a cost carried in a header or metadata value: a
+// decimal integer in [0, math.MaxInt64], surrounding spaces allowed. It
+// returns an error naming what is wrong, never a clamped value, so a
+// malformed estimate is answered as a malformed request.
+func ParseCost(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, errors.New("cost is empty")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		if errors.Is(err, strconv.ErrRange) && s[0] != '-' {
+			return 0, fmt.Errorf("cost %.32q is above %d", s, int64(math.MaxInt64))
+		}
+		return 0, fmt.Errorf("cost %.32q is not a decimal integer", s)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("cost %d is negative", n)
+	}
+	return n, nil
 }
