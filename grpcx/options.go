@@ -28,6 +28,8 @@ type config struct {
 	priority      func(ctx context.Context, fullMethod string) spillway.Priority
 	trustPriority bool
 	cost          func(ctx context.Context, fullMethod string) int64
+	meter         bool
+	estimateMD    string
 	apiKeyMD      string
 	userMD        string
 	user          func(ctx context.Context) string
@@ -202,4 +204,24 @@ func WithoutPriorityPropagation() Option {
 // own key. Default: none. Server only.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 	return func(c *config) { c.trusted = append(c.trusted[:0:0], prefixes...) }
+}
+
+// WithUsage (server) meters each call's actual cost: the interceptor puts
+// a spillway.Usage in Request.Usage and in the handler's context, where the
+// handler reports with spillway.ReportUsage (per message of a server
+// stream). The cost (WithCost, WithEstimateMetadata) is then the estimate,
+// which a "cost: response" rule holds at admission and settles to the
+// reported total when the handler returns. When ReportUsage returns an
+// error the limit is spent: a streaming handler stops and returns
+// UsageStatus(err) (ResourceExhausted).
+func WithUsage() Option {
+	return func(c *config) { c.meter = true }
+}
+
+// WithEstimateMetadata (server) takes the estimate from the incoming
+// metadata key (lowercase), a decimal integer in [0, MaxInt64]; a
+// malformed value is answered InvalidArgument with the reason. It implies
+// WithUsage.
+func WithEstimateMetadata(key string) Option {
+	return func(c *config) { c.estimateMD, c.meter = strings.ToLower(key), true }
 }

@@ -2,6 +2,7 @@ package grpcx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -37,12 +38,15 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
 		}
-		done, pri, hdr, err := s.admit(ctx, info.FullMethod)
+		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = grpc.SetHeader(ctx, hdr)
 		}
 		if err != nil {
 			return nil, err
+		}
+		if usage != nil {
+			ctx = spillway.ContextWithUsage(ctx, usage)
 		}
 		if !s.c.noPropagate {
 			ctx = spillway.ContextWithPriority(ctx, pri)
@@ -64,16 +68,22 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(srv, ss)
 		}
-		done, pri, hdr, err := s.admit(ctx, info.FullMethod)
+		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = ss.SetHeader(hdr)
 		}
 		if err != nil {
 			return err
 		}
+		if usage != nil {
+			ctx = spillway.ContextWithUsage(ctx, usage)
+		}
 		if !s.c.noPropagate {
 			// Outgoing calls made while serving carry the priority.
-			ss = &ctxStream{ServerStream: ss, ctx: spillway.ContextWithPriority(ctx, pri)}
+			ctx = spillway.ContextWithPriority(ctx, pri)
+		}
+		if ctx != ss.Context() {
+			ss = &ctxStream{ServerStream: ss, ctx: ctx}
 		}
 		g := admission.Guard{Done: done}
 		defer g.Release()
@@ -109,11 +119,26 @@ func (s *server) priority(ctx context.Context, method string) spillway.Priority 
 // admit returns the Done to call after the handler, the priority the call
 // was admitted at (for propagation), the response metadata to set, and the
 // status error of a denial.
-func (s *server) admit(ctx context.Context, method string) (spillway.Done, spillway.Priority, metadata.MD, error) {
+func (s *server) admit(ctx context.Context, method string) (spillway.Done, spillway.Priority, metadata.MD, *spillway.Usage, error) {
 	req := admission.NewRequest()
 	req.Endpoint, req.Priority = method, s.priority(ctx, method)
 	if s.c.cost != nil {
 		req.Cost = s.c.cost(ctx, method)
+	}
+	if s.c.meter {
+		req.Usage = new(spillway.Usage)
+	}
+	if s.c.estimateMD != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, s.c.estimateMD); len(v) > 0 {
+			n, err := admission.ParseCost(v[0])
+			if err == nil && len(v) > 1 {
+				err = errors.New("more than one value")
+			}
+			if err != nil {
+				return spillway.Noop, req.Priority, nil, nil, status.Errorf(codes.InvalidArgument, "grpcx: metadata %s: %v", s.c.estimateMD, err)
+			}
+			req.Cost = n
+		}
 	}
 	if p, ok := peer.FromContext(ctx); ok {
 		if ip, ok := peerIP(p.Addr); ok {
@@ -146,9 +171,9 @@ func (s *server) admit(ctx context.Context, method string) (spillway.Done, spill
 	}
 	hdr := s.headers(res.Decision)
 	if !res.Decision.Allowed {
-		return spillway.Noop, req.Priority, hdr, DenialStatus(res.Decision).Err()
+		return spillway.Noop, req.Priority, hdr, nil, DenialStatus(res.Decision).Err()
 	}
-	return res.Done, req.Priority, hdr, nil
+	return res.Done, req.Priority, hdr, req.Usage, nil
 }
 
 func (s *server) headers(d spillway.Decision) metadata.MD {
@@ -241,4 +266,31 @@ func outcome(err error) spillway.Outcome {
 		return spillway.Ignored
 	}
 	return spillway.Dropped // Unknown, DeadlineExceeded, ResourceExhausted, Internal, Unavailable, DataLoss
+}
+
+// ReasonUsageSpent is the ErrorInfo reason of UsageStatus when err carries
+// no decision.
+const ReasonUsageSpent = "USAGE_SPENT"
+
+// UsageStatus is what a handler returns when spillway.ReportUsage refused
+// a step (err): the call's limit is spent and the work stops. When err
+// carries the refusing block's decision (a Decision() method), it is
+// DenialStatus of that decision; otherwise ResourceExhausted with the
+// ErrorInfo (domain "spillway", reason ReasonUsageSpent) and err's text.
+// A nil err gives nil.
+func UsageStatus(err error) *status.Status {
+	if err == nil {
+		return nil
+	}
+	var dd interface{ Decision() spillway.Decision }
+	if errors.As(err, &dd) {
+		if d := dd.Decision(); !d.Allowed {
+			return DenialStatus(d)
+		}
+	}
+	st := status.New(codes.ResourceExhausted, "spillway: usage refused: "+err.Error())
+	if withDetails, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonUsageSpent, Domain: ErrorDomain}); derr == nil {
+		return withDetails
+	}
+	return st
 }
