@@ -26,7 +26,7 @@ import (
 // spentError is what holdLimiter's steps return: it carries the decision.
 type spentError struct{ d spillway.Decision }
 
-func (e *spentError) Error() string                { return fmt.Sprintf("limit %d spent", e.d.Limit) }
+func (e *spentError) Error() string               { return fmt.Sprintf("limit %d spent", e.d.Limit) }
 func (e *spentError) Decision() spillway.Decision { return e.d }
 
 // holdLimiter reserves the estimate on a ratelimit memory store, refuses a
