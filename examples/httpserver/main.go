@@ -89,6 +89,12 @@ Routes (rates from the embedded limits.yaml; -config replaces them):
   POST /api/v1/posts          100/second, burst 50 per client
   GET  /api/v1/report?ms=N    works N ms (default 100, at most 10000);
                               120/minute, burst 60 per client
+  POST /api/v1/generate?seed=N
+                              "generates" 50 to 500 tokens (drawn from
+                              seed N); -tokens per minute per client
+                              (default 2000): 250 are held when admitted,
+                              the tokens used are charged when it ends
+                              (X-Tokens-Used), going into debt when more
   GET  /healthz               never limited
   GET  /metrics               Prometheus metrics (-metrics), never limited
 
@@ -121,6 +127,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time a request's admission may wait on Redis in total before the blocks decide locally")
+	tokens := fs.Int64("tokens", 2000, "tokens per minute per client on POST /api/v1/generate")
 	perClient := fs.Int64("concurrency", 10, "requests in flight per client (-redis: a fifth of it while Redis is out)")
 	workerCap := fs.Int64("worker", 40, "requests in flight in this server; GETs (sheddable_plus) get 80% of it")
 	metrics := fs.Bool("metrics", true, "serve Prometheus metrics on GET /metrics")
@@ -149,7 +156,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		return err
 	}
 
-	b, err := build(ctx, cfg, sizes{*perClient, *workerCap}, *redisAddr, *budget, tel.Options())
+	b, err := build(ctx, cfg, sizes{*perClient, *workerCap, *tokens}, *redisAddr, *budget, tel.Options())
 	if err != nil {
 		return err
 	}
@@ -160,6 +167,15 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		httpx.WithUser(func(r *http.Request) string { return r.Header.Get("X-User-ID") }),
 		httpx.WithAPIKeyHeader("X-API-Key"),
 		httpx.WithIETFHeaders(),
+	)
+	// The generate route meters its cost: the estimate is held at
+	// admission, the X-Tokens-Used header its handler sets is the actual.
+	mwGenerate := httpx.Middleware(b.generate,
+		httpx.WithPriority(shedder.ClassifyHTTP),
+		httpx.WithAPIKeyHeader("X-API-Key"),
+		httpx.WithIETFHeaders(),
+		httpx.WithCost(func(*http.Request) int64 { return tokensEstimate }),
+		httpx.WithUsageHeader("X-Tokens-Used"),
 	)
 	mux := http.NewServeMux()
 	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/httpserver")
@@ -188,6 +204,8 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		demo.Work(r.Context(), time.Duration(ms)*time.Millisecond)
 		writeJSON(w, http.StatusOK, map[string]int64{"worked_ms": time.Since(start).Milliseconds()})
 	})
+	var seq atomic.Uint64
+	mux.Handle(generateRoute, demo.TraceHTTP(tracer, generateRoute, mwGenerate(generate(&seq))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		body := map[string]any{"ok": true, "degraded": b.degraded()}
 		if b.redis != nil {
@@ -255,12 +273,13 @@ func withClient(next spillway.Limiter) spillway.Limiter {
 
 // sizes are the in-flight limits (flags).
 type sizes struct {
-	perClient, worker int64
+	perClient, worker, tokens int64
 }
 
 // blocks is the assembled chain and what must be closed.
 type blocks struct {
 	chain    spillway.Limiter
+	generate spillway.Limiter // the chain of the generate route (generate.go)
 	describe string
 	degraded func() bool
 	redis    func() any // the shared Redis health, nil without Redis
@@ -281,7 +300,12 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	}
 
 	if redisAddr == "" {
-		rate, err := tiers.New(cfg, ratelimit.NewMemoryStore(), tiers.WithName("tiers"))
+		store := ratelimit.NewMemoryStore()
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
+		if err != nil {
+			return nil, err
+		}
+		tokens, err := newTokensPerMinute(store, sz.tokens)
 		if err != nil {
 			return nil, err
 		}
@@ -292,6 +316,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
 		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel...)
+		b.generate = telemetry.Instrument(withClient(spillway.Chain(rate, tokens, unitCost(spillway.Chain(concurrency.PerKey(conc, dimClient), worker)))), "api", tel...)
 		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -317,6 +342,11 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		return nil, err
 	}
 	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	tokens, err := newTokensPerMinute(rateStore, sz.tokens)
 	if err != nil {
 		b.close()
 		return nil, err
@@ -380,6 +410,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
 	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, guard)), "api", tel...)
+	b.generate = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, tokens, unitCost(spillway.ChainBudget(budget, conc, fleet, worker, guard)))), "api", tel...)
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()

@@ -144,6 +144,7 @@ func TestSmokeMemory(t *testing.T) {
 	require.Contains(t, s.Out.String(), "listening on "+base+" ")
 	require.Contains(t, s.Out.String(), "store: memory")
 	smoke(t, base)
+	generateSeq(t, base)
 }
 
 func TestSmokeRedis(t *testing.T) {
@@ -153,6 +154,7 @@ func TestSmokeRedis(t *testing.T) {
 	base, s := start(t, "-redis", rs.Addr, "-redis-budget", "300ms")
 	require.Contains(t, s.Out.String(), "store: redis "+rs.Addr)
 	smoke(t, base)
+	generateSeq(t, base)
 
 	// Redis stalls: requests are still answered, from the local share.
 	require.NoError(t, rs.Pause())
@@ -285,7 +287,7 @@ func TestHelp(t *testing.T) {
 	var out demotest.Buffer
 	err := run(context.Background(), []string{"-h"}, &out, io.Discard, nil)
 	require.ErrorIs(t, err, flag.ErrHelp)
-	for _, want := range []string{"POST /api/v1/login", "GET  /api/v1/search", "POST /api/v1/posts", "GET  /api/v1/report?ms=N",
+	for _, want := range []string{"POST /api/v1/login", "GET  /api/v1/search", "POST /api/v1/posts", "GET  /api/v1/report?ms=N", "POST /api/v1/generate?seed=N", "-tokens",
 		"GET  /healthz", "GET  /metrics", "X-API-Key", "X-User-ID", "Spillway-Priority", "-redis", "-otel"} {
 		require.Contains(t, out.String(), want)
 	}
