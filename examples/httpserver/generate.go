@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync/atomic"
-	"time"
 
-	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/examples/internal/demo"
 )
 
 // The generate route: a pretend model that "generates" 50 to 500 tokens
@@ -22,67 +18,8 @@ import (
 const (
 	generateRoute    = "POST /api/v1/generate"
 	generateEndpoint = "/api/v1/generate"
-	minTokens        = 50
-	maxTokens        = 500
-	tokensEstimate   = 250 // a typical request; what is held at admission
+	tokensEstimate   = demo.TokensEstimate
 )
-
-// tokensPerMinute holds the estimate on the client's bucket and settles it
-// to the reported usage in done. Requests to other endpoints, and
-// requests without a client, pass without a decision.
-type tokensPerMinute struct{ l *ratelimit.Limiter }
-
-func newTokensPerMinute(store ratelimit.Store, perMinute int64) (*tokensPerMinute, error) {
-	l, err := ratelimit.New(store, ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: perMinute, Period: time.Minute},
-		ratelimit.WithScope("generate_tokens"))
-	if err != nil {
-		return nil, err
-	}
-	return &tokensPerMinute{l: l}, nil
-}
-
-func (t *tokensPerMinute) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	client, ok := r.Get(dimClient)
-	if r.Endpoint != generateEndpoint || !ok {
-		return spillway.Decision{Allowed: true}, spillway.Noop, nil
-	}
-	estimate := r.EffectiveCost()
-	hold, err := t.l.Reserve(ctx, client, estimate)
-	if err != nil {
-		return spillway.Decision{}, nil, &spillway.StoreError{Limiter: t.l.Scope(), Err: err}
-	}
-	d := hold.Decision()
-	if !hold.Allowed() {
-		return d, spillway.Noop, nil
-	}
-	usage := r.Usage
-	return d, spillway.Once(func(spillway.Outcome) {
-		actual := estimate
-		if usage != nil {
-			if n, ok := usage.Total(); ok {
-				actual = n
-			}
-		}
-		// Settling must not wait on a hung store: it is bounded like an
-		// admission. An unsettled hold is released after its TTL.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, _ = hold.Settle(ctx, actual)
-	}), nil
-}
-
-// unitCost passes requests to next with Cost 1: the concurrency limit,
-// the shedders and the ceiling count requests, not tokens.
-func unitCost(next spillway.Limiter) spillway.Limiter {
-	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		if r == nil || r.Cost == 0 || r.Cost == 1 {
-			return next.Admit(ctx, r)
-		}
-		c := *r
-		c.Cost, c.Usage = 1, nil
-		return next.Admit(ctx, &c)
-	})
-}
 
 // generate answers how many tokens it "generated": a number from 50 to 500
 // drawn from ?seed=N (any unsigned integer; without it, a server-wide
@@ -105,7 +42,5 @@ func generate(seq *atomic.Uint64) http.HandlerFunc {
 	}
 }
 
-// tokensFor is the pretend model: seed → tokens in [minTokens, maxTokens].
-func tokensFor(seed uint64) int64 {
-	return minTokens + rand.New(rand.NewPCG(seed, 0x5eed)).Int64N(maxTokens-minTokens+1)
-}
+// tokensFor is the pretend model: seed → 50 to 500 tokens.
+func tokensFor(seed uint64) int64 { return demo.Tokens(seed) }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-go/spillway/examples/internal/demo"
 	"github.com/stretchr/testify/require"
 )
 
@@ -19,7 +20,7 @@ func TestTokensFor(t *testing.T) {
 	require.Equal(t, []int64{166, 204, 357, 351, 399, 265, 337, 162}, got)
 	for seed := range uint64(10000) {
 		n := tokensFor(seed)
-		require.True(t, n >= minTokens && n <= maxTokens, "seed %d: %d", seed, n)
+		require.True(t, n >= demo.MinTokens && n <= demo.MaxTokens, "seed %d: %d", seed, n)
 	}
 }
 
