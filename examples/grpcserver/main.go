@@ -71,6 +71,30 @@ func (greeter) Greet(ctx context.Context, r *greeterpb.GreetRequest) (*greeterpb
 	return &greeterpb.GreetReply{Message: "hello, " + r.GetName()}, nil
 }
 
+// chunkTokens is the most tokens one GenerateChunk carries.
+const chunkTokens = 50
+
+// Generate streams demo.Tokens(seed) tokens in chunks, reporting each
+// chunk's tokens as it is made (spillway.ReportUsage: the interceptor put
+// the call's Usage in the context). When the key's tokens are spent the
+// report is refused: the chunk is not sent (it was made, so it is
+// charged) and the stream ends with the denial, RESOURCE_EXHAUSTED.
+func (greeter) Generate(r *greeterpb.GenerateRequest, ss grpc.ServerStreamingServer[greeterpb.GenerateChunk]) error {
+	n := demo.Tokens(r.GetSeed())
+	var total int64
+	for total < n {
+		chunk := min(chunkTokens, n-total)
+		if err := spillway.ReportUsage(ss.Context(), chunk); err != nil {
+			return grpcx.UsageStatus(err).Err()
+		}
+		total += chunk
+		if err := ss.Send(&greeterpb.GenerateChunk{Tokens: uint32(chunk), Total: uint64(total)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -92,6 +116,9 @@ concurrency, worker shedder; with -redis also the fleet shedder).
 Services:
   spillway.demo.v1.Greeter/Greet   {"name":"ann","work_ms":200}: works work_ms
                                    (at most 10000), answers "hello, ann"
+  spillway.demo.v1.Greeter/Generate
+                                   {"seed":7}: streams 50 to 500 tokens
+                                   (drawn from seed) in chunks of up to 50
   grpc.health.v1.Health            never limited
   grpc.reflection.v1(alpha)        server reflection (grpcurl list), never limited
 
@@ -99,6 +126,10 @@ Limits (limits.yaml, -config replaces them):
   Greet per API key                1/second, burst 5
   every method per client IP       200/second, burst 100
   calls in flight per client IP    20 (-redis: 4 while Redis is out)
+  Generate tokens per API key      -tokens per minute (default 2000): 250
+                                   held when the call opens, each chunk
+                                   charged as it is made; the stream ends
+                                   RESOURCE_EXHAUSTED when they are spent
 
 Identity metadata:
   x-api-key: KEY                   the API key
@@ -125,6 +156,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/grpcserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
+	tokens := fs.Int64("tokens", 2000, "Generate tokens per minute per API key")
 	otelFlags := demo.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -148,7 +180,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	if err != nil {
 		return err
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel.Options())
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, *tokens, tel.Options())
 	if err != nil {
 		return err
 	}
@@ -159,6 +191,15 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 			"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")),
 		grpcx.WithAPIKeyMetadata("x-api-key"),
 		grpcx.WithUserMetadata("x-user-id"),
+		// Generate's cost is metered: 250 tokens are held when the call
+		// opens, the chunks it reports are charged.
+		grpcx.WithUsage(),
+		grpcx.WithCost(func(_ context.Context, method string) int64 {
+			if method == greeterpb.Greeter_Generate_FullMethodName {
+				return demo.TokensEstimate
+			}
+			return 0
+		}),
 	}
 	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
 	srv := grpc.NewServer(
@@ -206,7 +247,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	return nil
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tokensPerMin int64, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -222,7 +263,12 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return fail(err)
 	}
 	if redisAddr == "" {
-		rate, err := tiers.New(cfg, ratelimit.NewMemoryStore(), tiers.WithName("tiers"))
+		store := ratelimit.NewMemoryStore()
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
+		if err != nil {
+			return fail(err)
+		}
+		tokens, err := demo.NewTokensPerMinute(store, greeterpb.Greeter_Generate_FullMethodName, spillway.DimAPIKey, tokensPerMin)
 		if err != nil {
 			return fail(err)
 		}
@@ -230,7 +276,9 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel...)
+		// The tokens limit sees Generate's cost in tokens; the other blocks
+		// count calls.
+		chain := telemetry.Instrument(spillway.Chain(demo.UnitCost(rate), tokens, demo.UnitCost(spillway.Chain(concurrency.PerKey(conc, spillway.DimIP), worker))), "grpc", tel...)
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
@@ -252,6 +300,10 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return fail(err)
 	}
 	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	if err != nil {
+		return fail(err)
+	}
+	tokens, err := demo.NewTokensPerMinute(rateStore, greeterpb.Greeter_Generate_FullMethodName, spillway.DimAPIKey, tokensPerMin)
 	if err != nil {
 		return fail(err)
 	}
@@ -282,6 +334,6 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	})
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel...)
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, demo.UnitCost(rate), tokens, demo.UnitCost(spillway.ChainBudget(budget, conc, fleet, worker))), "grpc", tel...)
 	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }

@@ -125,6 +125,7 @@ func TestSmokeMemory(t *testing.T) {
 	s := start(t)
 	require.Contains(t, s.Out.String(), "listening on "+s.Addr+" (store: memory")
 	smoke(t, s.Addr)
+	generateSeq(t, s.Addr)
 }
 
 func TestSmokeRedis(t *testing.T) {
@@ -134,6 +135,7 @@ func TestSmokeRedis(t *testing.T) {
 	m := regexp.MustCompile(`metrics on (http://\S+/metrics)`).FindStringSubmatch(s.Out.String())
 	require.NotNil(t, m, s.Out.String())
 	smoke(t, s.Addr)
+	generateSeq(t, s.Addr)
 	require.Contains(t, metrics(t, m[1]), `spillway_breaker="redis"} 0`) // closed
 
 	// Redis stalls: calls are still answered, from the local share, and
@@ -219,7 +221,7 @@ func TestHelp(t *testing.T) {
 	var out demotest.Buffer
 	err := run(context.Background(), []string{"-h"}, &out, io.Discard, nil)
 	require.ErrorIs(t, err, flag.ErrHelp)
-	for _, want := range []string{"spillway.demo.v1.Greeter/Greet", "grpc.health.v1.Health", "x-api-key", "x-user-id", "-metrics-addr", "-redis"} {
+	for _, want := range []string{"spillway.demo.v1.Greeter/Greet", "spillway.demo.v1.Greeter/Generate", "-tokens", "grpc.health.v1.Health", "x-api-key", "x-user-id", "-metrics-addr", "-redis"} {
 		require.Contains(t, out.String(), want)
 	}
 }

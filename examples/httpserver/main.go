@@ -316,7 +316,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
 		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel...)
-		b.generate = telemetry.Instrument(withClient(spillway.Chain(rate, tokens, demo.UnitCost(spillway.Chain(concurrency.PerKey(conc, dimClient), worker)))), "api", tel...)
+		b.generate = telemetry.Instrument(withClient(spillway.Chain(demo.UnitCost(rate), tokens, demo.UnitCost(spillway.Chain(concurrency.PerKey(conc, dimClient), worker)))), "api", tel...)
 		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -410,7 +410,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
 	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, guard)), "api", tel...)
-	b.generate = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, tokens, demo.UnitCost(spillway.ChainBudget(budget, conc, fleet, worker, guard)))), "api", tel...)
+	b.generate = telemetry.Instrument(withClient(spillway.ChainBudget(budget, demo.UnitCost(rate), tokens, demo.UnitCost(spillway.ChainBudget(budget, conc, fleet, worker, guard)))), "api", tel...)
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()

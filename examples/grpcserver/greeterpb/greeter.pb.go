@@ -120,6 +120,104 @@ func (x *GreetReply) GetMessage() string {
 	return ""
 }
 
+type GenerateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seed          uint64                 `protobuf:"varint,1,opt,name=seed,proto3" json:"seed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerateRequest) Reset() {
+	*x = GenerateRequest{}
+	mi := &file_greeter_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerateRequest) ProtoMessage() {}
+
+func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_greeter_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
+func (*GenerateRequest) Descriptor() ([]byte, []int) {
+	return file_greeter_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GenerateRequest) GetSeed() uint64 {
+	if x != nil {
+		return x.Seed
+	}
+	return 0
+}
+
+type GenerateChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tokens in this chunk
+	Tokens uint32 `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// tokens so far in the stream, this chunk included
+	Total         uint64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerateChunk) Reset() {
+	*x = GenerateChunk{}
+	mi := &file_greeter_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerateChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerateChunk) ProtoMessage() {}
+
+func (x *GenerateChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_greeter_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerateChunk.ProtoReflect.Descriptor instead.
+func (*GenerateChunk) Descriptor() ([]byte, []int) {
+	return file_greeter_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GenerateChunk) GetTokens() uint32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *GenerateChunk) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 var File_greeter_proto protoreflect.FileDescriptor
 
 const file_greeter_proto_rawDesc = "" +
@@ -130,9 +228,15 @@ const file_greeter_proto_rawDesc = "" +
 	"\awork_ms\x18\x02 \x01(\rR\x06workMs\"&\n" +
 	"\n" +
 	"GreetReply\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage2P\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"%\n" +
+	"\x0fGenerateRequest\x12\x12\n" +
+	"\x04seed\x18\x01 \x01(\x04R\x04seed\"=\n" +
+	"\rGenerateChunk\x12\x16\n" +
+	"\x06tokens\x18\x01 \x01(\rR\x06tokens\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x04R\x05total2\xa2\x01\n" +
 	"\aGreeter\x12E\n" +
-	"\x05Greet\x12\x1e.spillway.demo.v1.GreetRequest\x1a\x1c.spillway.demo.v1.GreetReplyB?Z=github.com/spillway-go/spillway/examples/grpcserver/greeterpbb\x06proto3"
+	"\x05Greet\x12\x1e.spillway.demo.v1.GreetRequest\x1a\x1c.spillway.demo.v1.GreetReply\x12P\n" +
+	"\bGenerate\x12!.spillway.demo.v1.GenerateRequest\x1a\x1f.spillway.demo.v1.GenerateChunk0\x01B?Z=github.com/spillway-go/spillway/examples/grpcserver/greeterpbb\x06proto3"
 
 var (
 	file_greeter_proto_rawDescOnce sync.Once
@@ -146,16 +250,20 @@ func file_greeter_proto_rawDescGZIP() []byte {
 	return file_greeter_proto_rawDescData
 }
 
-var file_greeter_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_greeter_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_greeter_proto_goTypes = []any{
-	(*GreetRequest)(nil), // 0: spillway.demo.v1.GreetRequest
-	(*GreetReply)(nil),   // 1: spillway.demo.v1.GreetReply
+	(*GreetRequest)(nil),    // 0: spillway.demo.v1.GreetRequest
+	(*GreetReply)(nil),      // 1: spillway.demo.v1.GreetReply
+	(*GenerateRequest)(nil), // 2: spillway.demo.v1.GenerateRequest
+	(*GenerateChunk)(nil),   // 3: spillway.demo.v1.GenerateChunk
 }
 var file_greeter_proto_depIdxs = []int32{
 	0, // 0: spillway.demo.v1.Greeter.Greet:input_type -> spillway.demo.v1.GreetRequest
-	1, // 1: spillway.demo.v1.Greeter.Greet:output_type -> spillway.demo.v1.GreetReply
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	2, // 1: spillway.demo.v1.Greeter.Generate:input_type -> spillway.demo.v1.GenerateRequest
+	1, // 2: spillway.demo.v1.Greeter.Greet:output_type -> spillway.demo.v1.GreetReply
+	3, // 3: spillway.demo.v1.Greeter.Generate:output_type -> spillway.demo.v1.GenerateChunk
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -172,7 +280,7 @@ func file_greeter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_greeter_proto_rawDesc), len(file_greeter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,7 +22,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Greeter_Greet_FullMethodName = "/spillway.demo.v1.Greeter/Greet"
+	Greeter_Greet_FullMethodName    = "/spillway.demo.v1.Greeter/Greet"
+	Greeter_Generate_FullMethodName = "/spillway.demo.v1.Greeter/Generate"
 )
 
 // GreeterClient is the client API for Greeter service.
@@ -36,6 +37,11 @@ type GreeterClient interface {
 	// Greet answers "hello, <name>". work_ms makes it work that long first
 	// (at most 10000), so that concurrent calls pile up.
 	Greet(ctx context.Context, in *GreetRequest, opts ...grpc.CallOption) (*GreetReply, error)
+	// Generate "generates" 50 to 500 tokens, drawn from seed, and streams
+	// them in chunks of up to 50. It is limited in tokens per minute per
+	// API key: each chunk is charged as it is made, and when the key's
+	// tokens are spent the stream ends RESOURCE_EXHAUSTED.
+	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateChunk], error)
 }
 
 type greeterClient struct {
@@ -56,6 +62,25 @@ func (c *greeterClient) Greet(ctx context.Context, in *GreetRequest, opts ...grp
 	return out, nil
 }
 
+func (c *greeterClient) Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Greeter_ServiceDesc.Streams[0], Greeter_Generate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GenerateRequest, GenerateChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Greeter_GenerateClient = grpc.ServerStreamingClient[GenerateChunk]
+
 // GreeterServer is the server API for Greeter service.
 // All implementations must embed UnimplementedGreeterServer
 // for forward compatibility.
@@ -67,6 +92,11 @@ type GreeterServer interface {
 	// Greet answers "hello, <name>". work_ms makes it work that long first
 	// (at most 10000), so that concurrent calls pile up.
 	Greet(context.Context, *GreetRequest) (*GreetReply, error)
+	// Generate "generates" 50 to 500 tokens, drawn from seed, and streams
+	// them in chunks of up to 50. It is limited in tokens per minute per
+	// API key: each chunk is charged as it is made, and when the key's
+	// tokens are spent the stream ends RESOURCE_EXHAUSTED.
+	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateChunk]) error
 	mustEmbedUnimplementedGreeterServer()
 }
 
@@ -79,6 +109,9 @@ type UnimplementedGreeterServer struct{}
 
 func (UnimplementedGreeterServer) Greet(context.Context, *GreetRequest) (*GreetReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Greet not implemented")
+}
+func (UnimplementedGreeterServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateChunk]) error {
+	return status.Error(codes.Unimplemented, "method Generate not implemented")
 }
 func (UnimplementedGreeterServer) mustEmbedUnimplementedGreeterServer() {}
 func (UnimplementedGreeterServer) testEmbeddedByValue()                 {}
@@ -119,6 +152,17 @@ func _Greeter_Greet_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Greeter_Generate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GenerateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GreeterServer).Generate(m, &grpc.GenericServerStream[GenerateRequest, GenerateChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Greeter_GenerateServer = grpc.ServerStreamingServer[GenerateChunk]
+
 // Greeter_ServiceDesc is the grpc.ServiceDesc for Greeter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -131,6 +175,12 @@ var Greeter_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Greeter_Greet_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Generate",
+			Handler:       _Greeter_Generate_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "greeter.proto",
 }

@@ -29,7 +29,9 @@ func Tokens(seed uint64) int64 {
 // only once it has run, so Admit holds the estimate (Request.Cost) on the
 // client's bucket and done settles it to what the handler reported
 // (Request.Usage): a refund when it used fewer, an extra charge — possibly
-// into debt, which makes the client's next calls wait — when more.
+// into debt, which makes the client's next calls wait — when more. With
+// nothing reported the estimate is charged, or nothing when the call was
+// Ignored (a later block denied it, the client went away).
 //
 // A streaming call reports per chunk: a step that takes the call past
 // what its client had when it was admitted is refused (Usage.Add returns a
@@ -97,8 +99,11 @@ func (t *TokensPerMinute) Admit(ctx context.Context, r *spillway.Request) (spill
 				Window: d.Window, RetryAfter: wait}}
 		})
 	}
-	return d, spillway.Once(func(spillway.Outcome) {
+	return d, spillway.Once(func(o spillway.Outcome) {
 		actual := estimate
+		if o == spillway.Ignored {
+			actual = 0 // a later block denied, the client left, or a panic: no work to charge
+		}
 		if usage != nil {
 			if n, ok := usage.Total(); ok {
 				actual = n
