@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -40,17 +42,44 @@ type latencyLimit struct {
 	n       int
 	sum     time.Duration
 	maxUsed int
+	cap     float64       // SetCap; 0: none
+	bn      int           // samples in the baseline while learning it
+	bsum    time.Duration // their sum
 }
 
 const (
+	// overdueFactor, overdueMin: queries still in flight past
+	// overdueFactor × the baseline, at least overdueMin of them, show an
+	// overload before they end (no query takes more than 1.5× the mean
+	// when the database keeps up).
+	overdueFactor = 2.0
+	overdueMin    = 3
 	windowSamples = 12
-	fastSamples   = 3
-	tolerance     = 1.2 // a window mean within 1.2× the baseline is normal
-	fastFactor    = 1.6
-	maxLimit      = 1000
+	// baselineSamples: the baseline is the mean of the first
+	// baselineSamples queries (from the first window's on), then follows
+	// the normal windows.
+	baselineSamples = 48
+	fastSamples     = 3
+	tolerance       = 1.2 // a window mean within 1.2× the baseline is normal
+	fastFactor      = 1.6
+	maxLimit        = 1000
 )
 
 func newLatencyLimit(initial int) *latencyLimit { return &latencyLimit{limit: float64(initial)} }
+
+// SetCap sets the most this server may have in flight whatever it learns
+// (what the fleet shedder allows it now), 0 for none. The limit does not
+// grow past it, and cuts start from the lower of the two, the limit in
+// use.
+func (l *latencyLimit) SetCap(c float64) { l.cap = c }
+
+// eff is the limit in use: the learned limit, at most the cap.
+func (l *latencyLimit) eff() float64 {
+	if l.cap > 0 {
+		return math.Min(l.limit, l.cap)
+	}
+	return l.limit
+}
 
 // Limit implements concurrency.Algorithm.
 func (l *latencyLimit) Limit() int { return int(l.limit) }
@@ -62,7 +91,7 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	}
 	end := s.Start.Add(s.RTT)
 	if s.Outcome == spillway.Dropped {
-		l.set(l.limit*0.5, end)
+		l.set(l.eff()*0.5, end)
 		return
 	}
 	l.recent[l.nrecent%fastSamples] = s.RTT
@@ -71,12 +100,24 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	l.sum += s.RTT
 	l.maxUsed = max(l.maxUsed, s.InFlight)
 	mean := l.sum / time.Duration(l.n)
-	if l.baseline == 0 {
-		if l.n >= windowSamples {
-			l.baseline = mean
-			l.set(l.limit, end)
+	if l.bn < baselineSamples {
+		// Learning the baseline: the mean of every sample so far, used
+		// from the first window on. One window's mean is off by 8% (1σ)
+		// with service times of ±50%; a baseline learned that low would
+		// take every later window for an overload.
+		l.bn++
+		l.bsum += s.RTT
+		first := l.baseline == 0
+		if l.bn >= windowSamples {
+			l.baseline = l.bsum / time.Duration(l.bn)
 		}
-		return
+		if l.baseline == 0 {
+			return
+		}
+		if first {
+			l.set(l.limit, end)
+			return
+		}
 	}
 	if l.nrecent >= fastSamples {
 		var r time.Duration
@@ -84,7 +125,7 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 			r += v
 		}
 		if r /= fastSamples; float64(r) > fastFactor*float64(l.baseline) {
-			l.set(l.limit*math.Max(0.5, tolerance*float64(l.baseline)/float64(r)), end)
+			l.set(l.eff()*math.Max(0.5, tolerance*float64(l.baseline)/float64(r)), end)
 			return
 		}
 	}
@@ -93,19 +134,29 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	}
 	switch {
 	case float64(mean) > tolerance*float64(l.baseline):
-		l.set(l.limit*0.9, end)
+		l.set(l.eff()*0.9, end)
 	default:
-		if mean < l.baseline {
+		switch {
+		case l.bn < baselineSamples: // still learning it
+		case mean < l.baseline:
 			l.baseline -= (l.baseline - mean) / 10
-		} else {
+		default:
 			l.baseline += (mean - l.baseline) / 50
 		}
 		next := l.limit
-		if 2*l.maxUsed >= int(l.limit) {
+		// Grow only when the window used the limit in use (one slot may
+		// be between one query and the next), and never past the cap: a
+		// limit that grew unused, or above what the fleet allowed, was
+		// never shown to keep the latency, and a server whose cap rises
+		// (the others cut theirs) would jump to it at once.
+		if l.maxUsed+1 >= int(l.eff()) {
 			if l.grown {
-				next += math.Max(1, l.limit/4)
+				next += math.Max(1, l.limit/8)
 			} else {
 				next *= 2 // slow start: until the first sign of overload
+			}
+			if l.cap > 0 {
+				next = math.Max(l.limit, math.Min(next, l.cap))
 			}
 		}
 		l.set(next, end)
@@ -118,6 +169,36 @@ func (l *latencyLimit) set(limit float64, at time.Time) {
 	if limit < l.limit {
 		l.grown = true
 	}
+	if traceLimits && int(limit) != int(l.limit) {
+		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f baseline %v\n", at.Format("15:04:05.000"), l, l.limit, limit, l.baseline)
+	}
 	l.limit = math.Min(maxLimit, math.Max(1, limit))
 	l.since, l.n, l.sum, l.maxUsed, l.nrecent = at, 0, 0, 0, 0
+}
+
+// traceLimits prints every change of a learned limit on stderr.
+var traceLimits = os.Getenv("LOADTEST_TRACE") != ""
+
+// Overdue halves the limit in use when queries admitted since the last
+// change are still in flight past overdueFactor × the baseline,
+// overdueMin of them or more: the database has slowed down, and the
+// queries that show it have not ended yet (a query that ends is a sample,
+// and ends late). Their age is a lower bound of their latency, and at
+// least twice the baseline: a cut in proportion (baseline / latency)
+// would be by half or more. starts yields the start times of the queries
+// in flight.
+func (l *latencyLimit) Overdue(now time.Time, starts func(yield func(time.Time) bool)) {
+	if l.baseline == 0 {
+		return
+	}
+	limit := time.Duration(overdueFactor * float64(l.baseline))
+	n := 0
+	for s := range starts {
+		if !s.Before(l.since) && now.Sub(s) > limit {
+			n++
+		}
+	}
+	if n >= overdueMin {
+		l.set(l.eff()*0.5, now)
+	}
 }
