@@ -12,6 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// tokensEstimate is the estimate of the generate_tokens rule (limits.yaml).
+const tokensEstimate = 250
+
 func TestTokensFor(t *testing.T) {
 	got := make([]int64, 0, 8)
 	for seed := uint64(1); seed <= 8; seed++ {
