@@ -264,7 +264,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
 		if err != nil {
 			return fail(err)
 		}
@@ -293,7 +293,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
 	if err != nil {
 		return fail(err)
 	}

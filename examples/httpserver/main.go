@@ -306,7 +306,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
 		if err != nil {
 			return nil, err
 		}
@@ -341,7 +341,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		b.close()
 		return nil, err
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
 	if err != nil {
 		b.close()
 		return nil, err
