@@ -284,8 +284,11 @@ func TestParseDemoFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Rules) != 5 || c.Rules[2].Bucket != (Bucket{Limit: 60, Period: time.Minute, Burst: 20}) || c.Rules[2].By[0] != "client" {
+	if len(c.Rules) != 6 || c.Rules[2].Bucket != (Bucket{Limit: 60, Period: time.Minute, Burst: 20}) || c.Rules[2].By[0] != "client" {
 		t.Fatalf("demo config parsed as %+v", c.Rules)
+	}
+	if g := c.Rules[5]; g.ID != "generate_tokens" || g.Cost != CostResponse || g.Estimate != 250 || g.Bucket != (Bucket{Limit: 2000, Period: time.Minute}) || g.Line != 34 {
+		t.Fatalf("generate_tokens parsed as %+v", g)
 	}
 	if _, err := ParseFile("testdata/does-not-exist.yaml"); err == nil {
 		t.Fatal("missing file parsed")
