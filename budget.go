@@ -3,6 +3,8 @@ package spillway
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,11 +21,43 @@ var ErrBudgetSpent = errors.New("spillway: admission budget spent")
 // stores. It is a value carried by the context, not a context deadline:
 // only the calls to shared stores are bounded by it, never the request's
 // own work (a queue that waits for a worker slot, a handler), which the
-// context's deadline governs as usual.
+// context's deadline governs as usual. A block that waits locally (a
+// queue) pauses the budget while it waits (PauseBudget), so that the
+// Redis-backed blocks after it still have what the blocks before them
+// left.
 type budgetCtx struct {
 	context.Context
-	end   time.Time
-	total time.Duration
+	end    time.Time
+	total  time.Duration
+	parent *budgetCtx // the budget this one was made inside, if any
+
+	shift atomic.Int64 // nanoseconds added to end by finished pauses
+
+	mu       sync.Mutex
+	paused   int // pauses in progress
+	pausedAt time.Time
+}
+
+func (c *budgetCtx) ends() time.Time { return c.end.Add(time.Duration(c.shift.Load())) }
+
+func (c *budgetCtx) pause(now time.Time) {
+	c.mu.Lock()
+	if c.paused == 0 {
+		c.pausedAt = now
+	}
+	c.paused++
+	c.mu.Unlock()
+}
+
+func (c *budgetCtx) resume(now time.Time) {
+	c.mu.Lock()
+	c.paused--
+	if c.paused == 0 {
+		if d := now.Sub(c.pausedAt); d > 0 {
+			c.shift.Add(int64(d))
+		}
+	}
+	c.mu.Unlock()
 }
 
 type budgetKey struct{}
@@ -49,17 +83,48 @@ func WithBudget(ctx context.Context, d time.Duration) context.Context {
 		return ctx
 	}
 	end := time.Now().Add(d)
-	if old, ok := BudgetFrom(ctx); ok && !old.After(end) {
+	old, _ := ctx.Value(budgetKey{}).(*budgetCtx)
+	if old != nil && !old.ends().After(end) {
 		return ctx
 	}
-	return &budgetCtx{Context: ctx, end: end, total: d}
+	return &budgetCtx{Context: ctx, end: end, total: d, parent: old}
+}
+
+// PauseBudget stops the budget ctx carries from running until the returned
+// resume is called: the time in between is not charged to it (nor to the
+// budgets it was made inside). A block that waits locally, such as
+// shedder.Queue waiting for a slot, pauses the budget for the wait, so a
+// wait before a Redis-backed block does not leave that block nothing: the
+// budget bounds the time spent waiting on shared stores, not the
+// admission's wall time. Pauses may nest; a paused span counts once.
+// resume may be called more than once; only the first call counts. With
+// no budget in ctx, PauseBudget does nothing.
+func PauseBudget(ctx context.Context) (resume func()) {
+	b, _ := ctx.Value(budgetKey{}).(*budgetCtx)
+	if b == nil {
+		return func() {}
+	}
+	now := time.Now()
+	for p := b; p != nil; p = p.parent {
+		p.pause(now)
+	}
+	var done atomic.Bool
+	return func() {
+		if done.Swap(true) {
+			return
+		}
+		now := time.Now()
+		for p := b; p != nil; p = p.parent {
+			p.resume(now)
+		}
+	}
 }
 
 // BudgetFrom returns when the budget ctx carries ends, and whether it
 // carries one.
 func BudgetFrom(ctx context.Context) (end time.Time, ok bool) {
 	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok {
-		return b.end, true
+		return b.ends(), true
 	}
 	return time.Time{}, false
 }

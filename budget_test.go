@@ -98,3 +98,44 @@ func TestChainPassesOneBudget(t *testing.T) {
 		t.Fatalf("budgets seen %v; want the caller's twice, then none", p.ends)
 	}
 }
+
+func TestPauseBudgetExcludesTheWait(t *testing.T) {
+	ctx := spillway.WithBudget(context.Background(), 20*time.Millisecond)
+	before, _ := spillway.BudgetFrom(ctx)
+	t0 := time.Now()
+	resume := spillway.PauseBudget(ctx)
+	inner := spillway.PauseBudget(ctx) // nested: the span counts once
+	time.Sleep(40 * time.Millisecond)
+	inner()
+	resume()
+	wall := time.Since(t0)
+	after, _ := spillway.BudgetFrom(ctx)
+	if shift := after.Sub(before); shift < 40*time.Millisecond || shift > wall {
+		t.Fatalf("budget moved by %v over a paused span of at least 40ms and at most %v", shift, wall)
+	}
+	resume() // a second resume changes nothing
+	if again, _ := spillway.BudgetFrom(ctx); !again.Equal(after) {
+		t.Fatalf("a second resume moved the budget from %v to %v", after, again)
+	}
+	// No budget: nothing to pause, and resume is safe.
+	spillway.PauseBudget(context.Background())()
+}
+
+func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
+	outer := spillway.WithBudget(context.Background(), time.Hour)
+	inner := spillway.WithBudget(outer, 10*time.Millisecond)
+	o0, _ := spillway.BudgetFrom(outer)
+	i0, _ := spillway.BudgetFrom(inner)
+	resume := spillway.PauseBudget(inner)
+	time.Sleep(30 * time.Millisecond)
+	resume()
+	o1, _ := spillway.BudgetFrom(outer)
+	i1, _ := spillway.BudgetFrom(inner)
+	if o1.Sub(o0) < 30*time.Millisecond || i1.Sub(i0) != o1.Sub(o0) {
+		t.Fatalf("inner moved %v, outer %v; want both the same, at least 30ms", i1.Sub(i0), o1.Sub(o0))
+	}
+	// Still paused for the whole sleep, the inner budget is not spent.
+	if _, ok := spillway.BudgetDeadline(inner, 0); !ok && time.Now().Before(i1) {
+		t.Fatal("budget reported spent before its end")
+	}
+}

@@ -93,3 +93,89 @@ limits:
 		t.Fatalf("bare store, Redis down: err = %v; want a fail-closed StoreError", err)
 	}
 }
+
+// A "cost: response" rule behind a fallback.Store: with Redis up the
+// store holds and settles; while Redis is down the local share (20%)
+// holds, the decisions Degraded, and the hold settles locally to the
+// actual cost; what Redis holds is untouched meanwhile.
+func TestTiersResponseCostBehindStore(t *testing.T) {
+	const yml = `
+limits:
+  - id: tokens
+    endpoint: /gen
+    by: api_key
+    bucket: 600/minute
+    cost: response
+    estimate: 100
+`
+	b := newBed(t)
+	st := b.fallback(t, fallback.Settings{})
+	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := tiers.New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gen := func(cost int64) *spillway.Request {
+		r := &spillway.Request{Endpoint: "/gen", Method: "POST", Priority: spillway.Critical, Cost: cost, Usage: new(spillway.Usage)}
+		r.Set(spillway.DimAPIKey, "k-fb")
+		return r
+	}
+	tokens := ratelimit.Policy{Limit: 600, Period: time.Minute}
+	ms, err := lim.Matches(ctx, gen(0))
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("matches %v %v", ms, err)
+	}
+	scope := ms[0].Item.Scope
+	redisLeft := func() int64 {
+		t.Helper()
+		return decide(t, b.directStore(t), scope, ms[0].Item.Key, tokens, 0).Remaining
+	}
+
+	r := gen(0)
+	d, done, err := lim.Admit(ctx, r)
+	if want := (spillway.Decision{Allowed: true, Limiter: "tokens", Limit: 600, Remaining: 500, ResetAfter: 10 * time.Second, Window: time.Minute}); err != nil || d != want {
+		t.Fatalf("Redis up: %+v %v, want %+v", d, err, want)
+	}
+	if err := r.Usage.Set(50); err != nil {
+		t.Fatal(err)
+	}
+	done(spillway.Success)
+	if got := redisLeft(); got != 550 {
+		t.Fatalf("Redis after the settle: %d left, want 550", got)
+	}
+
+	b.setMode(t, faultproxy.Refuse)
+	r = gen(0)
+	d, done, err = lim.Admit(ctx, r)
+	if err != nil || !d.Allowed || !d.Degraded || d.Limiter != "tokens" || d.Remaining != 20 {
+		t.Fatalf("Redis down: %+v %v, want held by the local share (120), 20 left", d, err)
+	}
+	if err := r.Usage.Add(30); err != nil {
+		t.Fatal(err)
+	}
+	done(spillway.Success) // settled locally: 30 of the share's 120
+	d, _, err = lim.Admit(ctx, gen(0))
+	if err != nil || d.Allowed || !d.Degraded || d.Reason != spillway.ReasonRateLimited || d.Remaining != 90 {
+		t.Fatalf("Redis down, 90 left locally: %+v %v, want a degraded denial", d, err)
+	}
+	r = gen(90)
+	d, done, err = lim.Admit(ctx, r)
+	if err != nil || !d.Allowed || !d.Degraded || d.Remaining != 0 {
+		t.Fatalf("Redis down, an estimate of 90: %+v %v", d, err)
+	}
+	// A step past the share is refused locally.
+	var se *tiers.SpentError
+	if err := r.Usage.Add(100); !errors.As(err, &se) || !se.Decision().Degraded || se.Decision().Limiter != "tokens" {
+		t.Fatalf("step past the local share: %v", err)
+	}
+	done(spillway.Success)
+
+	b.setMode(t, faultproxy.Pass)
+	if got := redisLeft(); got != 550 {
+		t.Fatalf("Redis after the outage: %d left, want 550 (the local holds stay local)", got)
+	}
+}

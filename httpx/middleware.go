@@ -327,8 +327,10 @@ func (h *handler) readUsage(r *http.Request, hdr http.Header, usage *spillway.Us
 	}
 	n, err := admission.ParseCost(v[0])
 	if err == nil {
-		err = usage.Set(n)
-		if err == nil {
+		// The total is set even when a limit refuses it as a step (a
+		// tiers.SpentError): that matters only to a handler still at
+		// work, and this one has returned; done settles the total.
+		if err = usage.Set(n); err == nil || !errors.Is(err, spillway.ErrInvalidUsage) {
 			return
 		}
 	}

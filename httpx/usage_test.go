@@ -2,6 +2,7 @@ package httpx_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -87,5 +88,34 @@ func TestUsageMetering(t *testing.T) {
 				t.Fatalf("errors %q", errs)
 			}
 		})
+	}
+}
+
+// refusingLimiter refuses every step past 10, as a spent limit does.
+type refusingLimiter struct{ meterLimiter }
+
+func (m *refusingLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	r.Usage.OnStep(func(total int64) error {
+		if total > 10 {
+			return errors.New("spent")
+		}
+		return nil
+	})
+	return m.meterLimiter.Admit(ctx, r)
+}
+
+// A usage header that a limit refuses as a step is no error: the total is
+// set and settled (the handler has returned; there is no work to stop).
+func TestUsageHeaderRefusedStep(t *testing.T) {
+	m := &refusingLimiter{}
+	var errs []error
+	h := httpx.Middleware(m, httpx.WithUsageHeader("X-Tokens-Used"),
+		httpx.WithErrorHandler(func(_ *http.Request, err error) { errs = append(errs, err) }))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Tokens-Used", "42")
+	}))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/gen", nil))
+	if rec.Code != 200 || m.total != 42 || !m.reported || len(errs) != 0 {
+		t.Fatalf("status %d total %d reported %v errors %v; want 200, 42 settled, no error", rec.Code, m.total, m.reported, errs)
 	}
 }

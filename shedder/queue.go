@@ -35,6 +35,10 @@ import (
 // spillway.ReasonInvalid. Allowed decisions carry Limit 0, so a chain's
 // headers keep reporting the client's own quota.
 //
+// The wait does not spend the request's admission budget
+// (spillway.PauseBudget): a Redis-backed block after the Queue in a chain
+// keeps the budget the blocks before the Queue left it.
+//
 // A slot is not taken from a waiter: a request is admitted without waiting
 // only when its cost fits and nobody of its priority or higher waits. The
 // head of the queue is never overtaken by smaller requests behind it, so
@@ -125,13 +129,17 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	q.nwait++
 	q.mu.Unlock()
 
+	// The wait is local work, not a wait on a shared store: it does not
+	// spend the request's admission budget (spillway.PauseBudget).
+	resume := spillway.PauseBudget(ctx)
 	t := time.NewTimer(q.o.maxWait)
-	defer t.Stop()
 	select {
 	case <-w.ready:
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	t.Stop()
+	resume()
 	q.mu.Lock()
 	granted := w.granted
 	if !granted && q.remove(p, w) {

@@ -293,3 +293,32 @@ func TestQueueSetSlots(t *testing.T) {
 	shed.done(spillway.Success)
 	require.Equal(t, QueueStats{Admitted: 4, Waited: 2, InFlight: 0}, q.Stats())
 }
+
+// budgetSeen records whether a chain's next block still had budget left.
+type budgetSeen struct{ ok atomic.Bool }
+
+func (b *budgetSeen) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	_, ok := spillway.BudgetDeadline(ctx, 0)
+	b.ok.Store(ok)
+	return spillway.Decision{Allowed: true}, spillway.Noop, nil
+}
+
+func TestQueueWaitDoesNotSpendTheBudget(t *testing.T) {
+	q, err := NewQueue(1, WithMaxWait(5*time.Second))
+	require.NoError(t, err)
+	d, hold, err := q.Admit(context.Background(), preq(spillway.Sheddable, 1))
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	go func() {
+		time.Sleep(400 * time.Millisecond) // twice the budget below
+		hold(spillway.Success)
+	}()
+	next := &budgetSeen{}
+	start := time.Now()
+	d, done, err := spillway.ChainBudget(200*time.Millisecond, q, next).Admit(context.Background(), preq(spillway.Critical, 1))
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "the waiter gets the freed slot")
+	defer done(spillway.Success)
+	require.GreaterOrEqual(t, time.Since(start), 400*time.Millisecond, "the request waited for the slot")
+	require.True(t, next.ok.Load(), "the block after the queue found the budget spent by the queue's wait")
+}

@@ -18,6 +18,7 @@ type compiled struct {
 	byScope     map[string]*crule // every store scope a rule writes
 	defaultPlan string
 	hasPlanRule bool
+	response    *crule // the first "cost: response" rule, nil when none
 }
 
 type crule struct {
@@ -28,6 +29,10 @@ type crule struct {
 	shadow  bool
 	fail    spillway.FailMode // FailOpen for shadow rules
 	line    int
+
+	// response: "cost: response", holding estimate (or Request.Cost).
+	response bool
+	estimate int64
 
 	// plan == "": one policy; else perPlan maps a plan name to its bucket.
 	policy  ratelimit.Policy
@@ -89,7 +94,7 @@ func compile(c *Config) (*compiled, error) {
 
 	type matchKey struct {
 		endpoint, methods, by, plan string
-		shadow                      bool
+		shadow, response            bool
 	}
 	seen := make(map[matchKey][]*crule)
 
@@ -140,6 +145,19 @@ func compile(c *Config) (*compiled, error) {
 		if !r.Fail.Valid() {
 			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(r.Fail))
 		}
+		switch {
+		case r.Cost > CostResponse:
+			return nil, c.errAt(r.Line, where("cost"), "unknown cost source %d (want tiers.CostRequest or tiers.CostResponse)", uint8(r.Cost))
+		case r.Cost != CostResponse && r.Estimate != 0:
+			return nil, c.errAt(r.Line, where("estimate"), "only a rule with cost: response holds an estimate")
+		case r.Cost == CostResponse && !holds(r.Algorithm):
+			e := c.errAt(r.Line, where("cost: response"), "%s keeps no holds: use token_bucket, gcra or leaky_bucket", r.Algorithm).(*ConfigError)
+			e.Err = ratelimit.ErrHoldUnsupported
+			return nil, e
+		case r.Cost == CostResponse && r.Estimate < 1:
+			msg, _ := checkEstimate(ratelimit.Policy{}, r.Estimate)
+			return nil, c.errAt(r.Line, where(""), "%s", msg)
+		}
 		hasBucket := r.Bucket != (Bucket{})
 		switch {
 		case hasBucket && r.Plan != "":
@@ -160,6 +178,9 @@ func compile(c *Config) (*compiled, error) {
 			line:    r.Line,
 			plan:    r.Plan,
 			stats:   &ruleStats{},
+
+			response: r.Cost == CostResponse,
+			estimate: r.Estimate,
 		}
 		if cr.shadow {
 			cr.fail = spillway.FailOpen // a shadow rule never denies, not even on failure
@@ -179,6 +200,15 @@ func compile(c *Config) (*compiled, error) {
 				return nil, c.errAt(r.Line, where(fmt.Sprintf("bucket %q", r.Bucket)), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 			}
 			cr.scope = scopeOf(cr.id, cr.policy)
+			if cr.response {
+				if msg, span := checkEstimate(cr.policy, r.Estimate); msg != "" {
+					field := ""
+					if span {
+						field = fmt.Sprintf("bucket %q", r.Bucket)
+					}
+					return nil, c.errAt(r.Line, where(field), "%s", msg)
+				}
+			}
 		} else {
 			if !dimName(r.Plan) {
 				return nil, c.errAt(r.Line, where(fmt.Sprintf("plan %q", r.Plan)), "not a bucket name")
@@ -201,6 +231,11 @@ func compile(c *Config) (*compiled, error) {
 				if err := p.Validate(); err != nil {
 					return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 				}
+				if cr.response {
+					if msg, _ := checkEstimate(p, r.Estimate); msg != "" {
+						return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b), "%s (the estimate of the rule at line %d)", msg, r.Line)
+					}
+				}
 				cr.perPlan[name] = planned{policy: p, scope: scopeOf(cr.id, p)}
 			}
 			out.hasPlanRule = true
@@ -209,7 +244,7 @@ func compile(c *Config) (*compiled, error) {
 		// Two rules that select the same requests by the same dimensions
 		// are fine only as layered windows (10/second and 1000/hour);
 		// the same period twice is a contradiction (or a duplicate).
-		k := matchKey{endpoint: normEndpoint(r.Endpoint), methods: strings.Join(methods, ","), by: strings.Join(by, ","), plan: r.Plan, shadow: r.Shadow}
+		k := matchKey{endpoint: normEndpoint(r.Endpoint), methods: strings.Join(methods, ","), by: strings.Join(by, ","), plan: r.Plan, shadow: r.Shadow, response: r.Cost == CostResponse}
 		for _, prev := range seen[k] {
 			if prev.plan != "" {
 				return nil, c.errAt(r.Line, where(""), "duplicates the rule at line %d (same endpoint, method, by and plan)", prev.line)
@@ -236,10 +271,37 @@ func compile(c *Config) (*compiled, error) {
 			}
 		}
 		out.rules = append(out.rules, cr)
+		if cr.response && out.response == nil {
+			out.response = cr
+		}
 	}
 	return out, nil
 }
 
+// holds reports whether algorithm a can hold an estimate (the bucket
+// family: see ratelimit.Reserver).
+func holds(a ratelimit.Algorithm) bool {
+	return a == ratelimit.TokenBucket || a == ratelimit.GCRA || a == ratelimit.LeakyBucket
+}
+
+// maxHoldSpan is the bound ratelimit puts on Burst·T (µs) of a policy that
+// holds.
+const maxHoldSpan = 1 << 51
+
+// checkEstimate says what is wrong with holding estimate est under p (of
+// the bucket family, valid), or "": span is true when the policy itself
+// is what holds cannot take.
+func checkEstimate(p ratelimit.Policy, est int64) (msg string, span bool) {
+	switch {
+	case est < 1:
+		return fmt.Sprintf("estimate %d must be at least 1 (holding nothing, a request would be admitted even while its key is in debt)", est), false
+	case p.EffectiveBurst() > maxHoldSpan/p.EmissionInterval():
+		return fmt.Sprintf("burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", p.EffectiveBurst(), p.EmissionInterval()), true
+	case est > p.Capacity():
+		return fmt.Sprintf("estimate %d is above the burst %d: no request could ever be admitted", est, p.Capacity()), false
+	}
+	return "", false
+}
 func normEndpoint(s string) string {
 	if s == "" {
 		return "*"

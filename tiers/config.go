@@ -209,8 +209,44 @@ type Rule struct {
 	// Shadow rules are evaluated, counted and reported, but never deny
 	// (dark launches).
 	Shadow bool
+	// Cost says what the rule charges a request: CostRequest (the zero
+	// value) charges Request.Cost when it is admitted; CostResponse
+	// charges what the work really cost, reported while or after it runs
+	// (Request.Usage): the rule holds an estimate at admission and done
+	// settles it to the actual cost (see Limiter.Admit). CostResponse
+	// needs an algorithm of the bucket family and a store that holds
+	// (ratelimit.Reserver).
+	Cost CostSource
+	// Estimate is what a CostResponse rule holds at admission when the
+	// request brings no estimate of its own (Request.Cost 0): at least 1
+	// and at most the burst of the rule's bucket (of every plan's bucket
+	// for a plan rule). Only CostResponse rules have one.
+	Estimate int64
 	// Line is where the rule starts in its file, 0 when built in Go.
 	Line int
+}
+
+// CostSource says what a rule charges a request.
+type CostSource uint8
+
+const (
+	// CostRequest charges Request.Cost (0 means 1) when the request is
+	// admitted: "cost: request", the default.
+	CostRequest CostSource = iota
+	// CostResponse charges the actual cost of the work, known while or
+	// after it runs: "cost: response".
+	CostResponse
+)
+
+// String returns "request" or "response", as written in a config.
+func (c CostSource) String() string {
+	switch c {
+	case CostRequest:
+		return "request"
+	case CostResponse:
+		return "response"
+	}
+	return fmt.Sprintf("cost_source(%d)", uint8(c))
 }
 
 // Config is a parsed tiers configuration. Build one with Parse, ParseFile or
@@ -235,6 +271,10 @@ type ConfigError struct {
 	Line  int    // 0 when unknown
 	Field string // the field or rule it is about, as written in the message
 	Msg   string
+	// Err is the sentinel behind the error, when there is one
+	// (ratelimit.ErrHoldUnsupported for "cost: response" on a window,
+	// or over a store that does not hold).
+	Err error
 }
 
 // Error formats "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit"".
@@ -261,8 +301,14 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
-// Unwrap makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+// Unwrap makes errors.Is(err, ErrInvalidConfig) true, and errors.Is(err,
+// e.Err) when Err is set.
+func (e *ConfigError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrInvalidConfig, e.Err}
+	}
+	return []error{ErrInvalidConfig}
+}
 
 // dimName reports whether s is a usable dimension name: lower-case letters,
 // digits, '_', '-' and '.', starting with a letter. Names appear in keys
@@ -310,6 +356,9 @@ func defaultID(r *Rule) string {
 	if r.Plan != "" {
 		b.WriteString(":plan=")
 		b.WriteString(r.Plan)
+	}
+	if r.Cost == CostResponse {
+		b.WriteString(":cost=response")
 	}
 	if r.Shadow {
 		b.WriteString(":shadow")

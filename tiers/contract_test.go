@@ -58,4 +58,57 @@ limits:
 	})
 }
 
+// The same with a "cost: response" rule in the batch: the hold is made
+// with the other rule in one Reserve, done settles it once, a denial
+// holds nothing, a dead Redis is a StoreError.
+func TestLimiterContractResponseCost(t *testing.T) {
+	const yml = `
+limits:
+  - id: tokens
+    by: api_key
+    bucket: 1000/hour
+    cost: response
+    estimate: 10
+  - id: per-ip
+    by: ip
+    bucket: 2000/hour
+    fail: closed
+`
+	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
+		cfg, err := tiers.Parse("limits.yaml", []byte(yml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim, err := tiers.New(cfg, store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return contracttest.Instance{
+			Limiter: lim,
+			Deny: func(t *testing.T) {
+				r := contracttest.Request()
+				r.Usage = new(spillway.Usage)
+				d, done, err := lim.Admit(context.Background(), r)
+				if err != nil || !d.Allowed {
+					t.Fatalf("spending the key's tokens: %+v, %v", d, err)
+				}
+				_ = r.Usage.Set(1000)
+				done(spillway.Success)
+			},
+			Break: brk,
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
+			return instance(t, ratelimit.NewMemoryStore(), nil)
+		}})
+	})
+	t.Run("redis", func(t *testing.T) {
+		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
+			c, brk := contracttest.Redis(t)
+			return instance(t, ratelimit.NewRedisStore(c), brk)
+		}})
+	})
+}
+
 var _ spillway.Limiter = (*tiers.Limiter)(nil)

@@ -24,6 +24,13 @@
 // entity as the Cluster hash tag (all rules about one client share a slot,
 // different clients spread) and braces escaped, long values hashed.
 //
+// A rule may charge what a request really cost, known only once the work
+// ran (tokens a model generated, bytes streamed): "cost: response" with an
+// "estimate: 250" holds the estimate when the request is admitted and
+// settles it to spillway.Usage's total when done runs, going into debt
+// when the work cost more (see Limiter.Admit). The store must hold
+// (ratelimit.Reserver: the memory, Redis and fallback stores do).
+//
 // A Limiter is safe for concurrent use. Swap and Reload replace the config
 // atomically; unchanged rules keep their counters. Watch follows a config
 // file and reloads on change, keeping the last good config when a new one

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -53,11 +54,16 @@ func WithName(name string) Option { return func(l *Limiter) { l.name = name } }
 // config atomically while requests run.
 type Limiter struct {
 	store    ratelimit.Store
+	reserver ratelimit.Reserver // store, when it holds; nil otherwise
 	cur      atomic.Pointer[compiled]
 	resolver PlanResolver
 	shadowFn ShadowFunc
 	v6bits   int
 	name     string
+
+	holdTTL       time.Duration
+	settleTimeout time.Duration
+	observer      HoldObserver
 }
 
 var _ spillway.Limiter = (*Limiter)(nil)
@@ -68,14 +74,21 @@ func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
 	if store == nil {
 		return nil, errors.New("tiers: nil store")
 	}
-	l := &Limiter{store: store, name: "tiers"}
+	l := &Limiter{store: store, name: "tiers", holdTTL: ratelimit.DefaultHoldTTL, settleTimeout: spillway.DefaultBudget}
+	l.reserver, _ = store.(ratelimit.Reserver)
 	for _, o := range opts {
 		o(l)
 	}
 	if l.v6bits < 0 || l.v6bits > 128 {
 		return nil, fmt.Errorf("tiers: IPv6 prefix /%d out of range 0..128", l.v6bits)
 	}
-	c, err := compile(cfg)
+	if l.holdTTL < time.Millisecond || l.holdTTL > ratelimit.MaxHoldTTL {
+		return nil, fmt.Errorf("tiers: hold TTL %v out of range 1ms..%v", l.holdTTL, ratelimit.MaxHoldTTL)
+	}
+	if l.settleTimeout <= 0 {
+		return nil, fmt.Errorf("tiers: settle timeout %v must be positive", l.settleTimeout)
+	}
+	c, err := l.compile(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -83,12 +96,27 @@ func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
+// compile is compile, plus what depends on the store: a "cost: response"
+// rule needs one that holds.
+func (l *Limiter) compile(cfg *Config) (*compiled, error) {
+	c, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r := c.response; r != nil && l.reserver == nil {
+		field := fmt.Sprintf("rule %q", r.id)
+		return nil, &ConfigError{File: cfg.File, Line: r.line, Field: field, Err: ratelimit.ErrHoldUnsupported,
+			Msg: fmt.Sprintf("cost: response needs a store that holds estimates (a ratelimit.Reserver); %T is not one", l.store)}
+	}
+	return c, nil
+}
+
 // Swap validates cfg and makes it the config of every later Admit. A rule
 // whose id and policy are unchanged keeps its store scope, so its counters
 // (and its Stats) carry over; a new or changed rule starts with full
 // buckets. On error the old config stays.
 func (l *Limiter) Swap(cfg *Config) error {
-	c, err := compile(cfg)
+	c, err := l.compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -180,7 +208,8 @@ type Match struct {
 	Rule   string            // the rule's id
 	Shadow bool              // the rule is a shadow rule
 	Fail   spillway.FailMode // the rule's fail mode (FailOpen for a shadow rule), also in Item.Fail
-	Item   ratelimit.Item    // what Admit passes to Store.Decide for it
+	Cost   CostSource        // CostResponse: Item.Cost is the estimate Admit holds
+	Item   ratelimit.Item    // what Admit passes to the store for it
 }
 
 // Matches returns the rules that apply to r and their store items, in
@@ -203,6 +232,9 @@ func (l *Limiter) Matches(ctx context.Context, r *spillway.Request) ([]Match, er
 	out := make([]Match, len(it))
 	for i := range it {
 		out[i] = Match{Rule: rs[i].id, Shadow: rs[i].shadow, Fail: rs[i].fail, Item: it[i]}
+		if rs[i].response {
+			out[i].Cost = CostResponse
+		}
 	}
 	return out, nil
 }
@@ -241,7 +273,11 @@ func (l *Limiter) collect(ctx context.Context, c *compiled, r *spillway.Request,
 			}
 			policy, scope = pb.policy, pb.scope
 		}
-		items = append(items, ratelimit.Item{Scope: scope, Key: ent, Policy: policy, Cost: cost, Fail: ru.fail})
+		c := cost
+		if ru.response && r.Cost == 0 {
+			c = ru.estimate
+		}
+		items = append(items, ratelimit.Item{Scope: scope, Key: ent, Policy: policy, Cost: c, Fail: ru.fail})
 		rules = append(rules, ru)
 	}
 	return items, rules, nil
@@ -327,8 +363,35 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // when any enforced rule the request matched is fail-closed, and whose
 // Rules are the matched enforced rules, the fail-closed ones first; a
 // request that matches only shadow rules is allowed if the store fails.
-// Done is spillway.Noop: a rate limit has nothing to release. A malformed
-// (or nil) request is denied with spillway.ReasonInvalid.
+// Done is spillway.Noop for a request that matched no "cost: response"
+// rule: a rate limit has nothing to release. A malformed (or nil)
+// request is denied with spillway.ReasonInvalid.
+//
+// A "cost: response" rule charges what the work really cost. Its item
+// holds an estimate — Request.Cost when the caller sets one (httpx
+// WithCost or WithEstimateHeader), else the rule's estimate — and the
+// batch is decided by one ratelimit.Reserver.Reserve, all or nothing:
+// the other rules of the bucket family are held at their cost in the same
+// call (one round trip; one per Cluster slot group, in parallel); rules
+// of a window algorithm, which cannot hold, are decided by Decide right
+// after, and when they deny the hold is given back (a second round trip
+// only when such rules match). The decision's Remaining is what is left
+// once the estimate is held. Done then settles, in one round trip: each
+// response rule to Request.Usage's total (a refund when the work cost
+// less; an extra charge when more, which may put the key up to one burst
+// into debt, so that its next requests wait until it is paid), the
+// estimate when nothing was reported, or nothing when nothing was
+// reported and the outcome is spillway.Ignored (a later block denied, the
+// client left); the other rules stay charged their cost. With a Usage,
+// the steps the work reports (Usage.Add) are charged as they come: a
+// step within the estimate calls no store; a step beyond it charges the
+// overrun, and when an enforced response rule has no room for it, Add
+// returns a *SpentError (the work should stop; what it reported is still
+// settled, as debt). A hold that done does not settle within the hold TTL
+// (WithHoldTTL) is released by the store: the work is then charged only
+// what its steps charged (a request rule held with it is charged again).
+// Settles and steps run detached from ctx, each bounded by
+// WithSettleTimeout. WithHoldObserver sees every hold and settle.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
@@ -350,12 +413,18 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	} else {
 		out = sc.out[:len(items)]
 	}
-	shadows := 0
+	shadows, responses := 0, 0
 	for _, ru := range rules {
 		ru.stats.matched.Add(1)
 		if ru.shadow {
 			shadows++
 		}
+		if ru.response {
+			responses++
+		}
+	}
+	if responses > 0 {
+		return l.admitHeld(ctx, r, items, rules, out, shadows)
 	}
 	allowed, err := l.store.Decide(ctx, items, out)
 	if err != nil {

@@ -232,7 +232,7 @@ func (p *parser) limits(c *Config, n *yaml.Node) error {
 	return nil
 }
 
-var ruleFields = "id, name, endpoint, method, by, bucket, algorithm, fail, shadow, plan"
+var ruleFields = "id, name, endpoint, method, by, bucket, algorithm, fail, shadow, plan, cost, estimate"
 
 func (p *parser) rule(n *yaml.Node) (Rule, error) {
 	r := Rule{Line: n.Line}
@@ -243,6 +243,8 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 		haveBucket bool
 		bucketNode *yaml.Node
 		algoNode   *yaml.Node
+		costNode   *yaml.Node
+		estNode    *yaml.Node
 		idField    string
 	)
 	err := p.mapping(n, "rule", func(key string, k, v *yaml.Node) error {
@@ -358,6 +360,26 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 				return p.errf(v, fmt.Sprintf("plan %q", s), "not a bucket name (lower-case letters, digits, _ - ., starting with a letter)")
 			}
 			r.Plan = s
+		case "cost":
+			s, err := p.str(v, key)
+			if err != nil {
+				return err
+			}
+			switch s {
+			case "request":
+				r.Cost = CostRequest
+			case "response":
+				r.Cost = CostResponse
+			default:
+				return p.errf(v, fmt.Sprintf("cost %q", s), "want request (charged at admission, the default) or response (held at admission, settled to the actual cost)")
+			}
+			costNode = v
+		case "estimate":
+			n, err := p.count(v, key)
+			if err != nil {
+				return err
+			}
+			r.Estimate, estNode = n, v
 		default:
 			return p.errf(k, "", "unknown field %q in rule (want one of %s)", key, ruleFields)
 		}
@@ -386,7 +408,42 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			return r, p.errf(at, field, "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 		}
 	}
+	switch {
+	case estNode != nil && r.Cost != CostResponse:
+		return r, p.errf(estNode, "estimate", "only a rule with cost: response holds an estimate")
+	case r.Cost != CostResponse:
+	case !holds(r.Algorithm):
+		at := costNode
+		if algoNode != nil && algoNode.Line > at.Line {
+			at = algoNode
+		}
+		e := p.errf(at, "cost: response", "%s keeps no holds: use token_bucket, gcra or leaky_bucket", r.Algorithm).(*ConfigError)
+		e.Err = ratelimit.ErrHoldUnsupported
+		return r, e
+	case estNode == nil:
+		return r, p.errf(costNode, "cost: response", "missing estimate (the units held at admission, e.g. estimate: 250)")
+	case r.Estimate < 1 || haveBucket:
+		if msg, span := checkEstimate(r.Bucket.Policy(r.Algorithm), r.Estimate); msg != "" {
+			at, field := estNode, ""
+			if haveBucket && (span || bucketNode.Line > at.Line) {
+				at, field = bucketNode, fmt.Sprintf("bucket %q", bucketNode.Value)
+			}
+			return r, p.errf(at, field, "%s", msg)
+		}
+	}
 	return r, nil
+}
+
+// count parses a whole number ≥ 0 written as a plain YAML number.
+func (p *parser) count(n *yaml.Node, field string) (int64, error) {
+	if n.Kind != yaml.ScalarNode || (n.ShortTag() != "!!int" && n.ShortTag() != "!!float") {
+		return 0, p.errf(n, field, "want a whole number, got %s", kindName(n))
+	}
+	v, err := parseCount(n.Value, field)
+	if err != nil {
+		return 0, p.errf(n, "", "%s", err)
+	}
+	return v, nil
 }
 
 func (p *parser) plans(c *Config, n *yaml.Node) error {

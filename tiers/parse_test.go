@@ -11,12 +11,80 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
+// "cost: response" rules: every way to get one wrong is an error naming
+// the line; the algorithms that cannot hold wrap ErrHoldUnsupported too.
+func TestParseResponseErrors(t *testing.T) {
+	const rule = "limits:\n  - id: gen\n    by: api_key\n    bucket: 2000/minute\n"
+	for _, tc := range []struct {
+		in, want string
+		hold     bool // wraps ratelimit.ErrHoldUnsupported
+	}{
+		{rule + "    cost: response\n",
+			"tiers: limits.yaml:5: cost: response: missing estimate (the units held at admission, e.g. estimate: 250)", false},
+		{rule + "    cost: response\n    estimate: -1\n",
+			"tiers: limits.yaml:6: estimate -1 must not be negative", false},
+		{rule + "    cost: response\n    estimate: 2.5\n",
+			"tiers: limits.yaml:6: estimate \"2.5\" is not a whole number", false},
+		{rule + "    cost: response\n    estimate: 1e3\n",
+			"tiers: limits.yaml:6: estimate \"1e3\" is not a whole number", false},
+		{rule + "    cost: response\n    estimate: \"250\"\n",
+			"tiers: limits.yaml:6: estimate: want a whole number, got \"250\"", false},
+		{rule + "    cost: response\n    estimate:\n",
+			"tiers: limits.yaml:6: estimate: want a whole number, got nothing", false},
+		{rule + "    cost: response\n    estimate: 9223372036854775808\n",
+			"tiers: limits.yaml:6: estimate 9223372036854775808 is too large", false},
+		{rule + "    cost: response\n    estimate: 0\n",
+			"tiers: limits.yaml:6: estimate 0 must be at least 1 (holding nothing, a request would be admitted even while its key is in debt)", false},
+		{rule + "    cost: response\n    estimate: 2001\n",
+			"tiers: limits.yaml:6: estimate 2001 is above the burst 2000: no request could ever be admitted", false},
+		{"limits:\n  - by: ip\n    cost: response\n    estimate: 50\n    bucket: 10/minute, burst 20\n",
+			"tiers: limits.yaml:5: bucket \"10/minute, burst 20\": estimate 50 is above the burst 20: no request could ever be admitted", false},
+		{rule + "    estimate: 250\n",
+			"tiers: limits.yaml:5: estimate: only a rule with cost: response holds an estimate", false},
+		{rule + "    cost: request\n    estimate: 250\n",
+			"tiers: limits.yaml:6: estimate: only a rule with cost: response holds an estimate", false},
+		{rule + "    cost: tokens\n",
+			"tiers: limits.yaml:5: cost \"tokens\": want request (charged at admission, the default) or response (held at admission, settled to the actual cost)", false},
+		{rule + "    cost: [response]\n",
+			"tiers: limits.yaml:5: cost: want a string, got a list", false},
+		{rule + "    algorithm: fixed_window\n    cost: response\n    estimate: 250\n",
+			"tiers: limits.yaml:6: cost: response: fixed_window keeps no holds: use token_bucket, gcra or leaky_bucket", true},
+		{rule + "    cost: response\n    estimate: 250\n    algorithm: sliding_window_log\n",
+			"tiers: limits.yaml:7: cost: response: sliding_window_log keeps no holds: use token_bucket, gcra or leaky_bucket", true},
+		{rule + "    cost: response\n    algorithm: sliding_window_counter\n",
+			"tiers: limits.yaml:6: cost: response: sliding_window_counter keeps no holds: use token_bucket, gcra or leaky_bucket", true},
+		{"plans:\n  free:\n    tokens: 100/minute\n  pro:\n    tokens: 5000/minute\ndefault_plan: free\nlimits:\n  - by: api_key\n    plan: tokens\n    cost: response\n    estimate: 250\n",
+			"tiers: limits.yaml:2: plan \"free\": tokens \"100/minute\": estimate 250 is above the burst 100: no request could ever be admitted (the estimate of the rule at line 8)", false},
+		{"limits:\n  - by: ip\n    bucket: 1/365d, burst 100\n    cost: response\n    estimate: 1\n",
+			"tiers: limits.yaml:3: bucket \"1/365d, burst 100\": burst 100 × interval 31536000000000µs exceeds 2^51 µs, the bound for holds", false},
+		// A request-count rule and a tokens rule on the same requests,
+		// same period: layered, not a contradiction.
+		{"limits:\n  - by: ip\n    bucket: 10/minute\n  - by: ip\n    bucket: 10/minute\n    cost: response\n    estimate: 5\n  - by: ip\n    bucket: 20/minute\n    cost: response\n    estimate: 5\n",
+			"tiers: limits.yaml:8: contradicts the rule at line 4: same endpoint, method and by with another bucket of the same period", false},
+	} {
+		_, err := Parse("limits.yaml", []byte(tc.in))
+		if err == nil {
+			t.Errorf("Parse(%q) = nil error, want %s", tc.in, tc.want)
+			continue
+		}
+		if err.Error() != tc.want {
+			t.Errorf("Parse(%q)\n got: %s\nwant: %s", tc.in, err, tc.want)
+		}
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Parse(%q): %v does not wrap ErrInvalidConfig", tc.in, err)
+		}
+		if errors.Is(err, ratelimit.ErrHoldUnsupported) != tc.hold {
+			t.Errorf("Parse(%q): wraps ErrHoldUnsupported = %v, want %v", tc.in, !tc.hold, tc.hold)
+		}
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"limits:\n  - endpoint: /a\n    by: ip\n    bucket: 10/minit\n",
 			"tiers: limits.yaml:4: bucket \"10/minit\": unknown unit \"minit\""},
 		{"limits:\n  - by: ip\n    bukket: 10/minute\n",
-			"tiers: limits.yaml:3: unknown field \"bukket\" in rule (want one of id, name, endpoint, method, by, bucket, algorithm, fail, shadow, plan)"},
+			"tiers: limits.yaml:3: unknown field \"bukket\" in rule (want one of id, name, endpoint, method, by, bucket, algorithm, fail, shadow, plan, cost, estimate)"},
 		{"limit:\n  - by: ip\n    bucket: 10/minute\n",
 			"tiers: limits.yaml:1: unknown field \"limit\" (want limits, plans or default_plan)"},
 		{"limits:\n  - by: ip\n    bucket: 10/minute\n    fail: maybe\n",
@@ -98,6 +166,9 @@ func TestParseErrors(t *testing.T) {
 		if err == nil {
 			t.Errorf("Parse(%q) = nil error, want %s", tc.in, tc.want)
 			continue
+		}
+		if errors.Is(err, ratelimit.ErrHoldUnsupported) {
+			t.Errorf("Parse(%q): %v wraps ErrHoldUnsupported", tc.in, err)
 		}
 		if err.Error() != tc.want {
 			t.Errorf("Parse(%q)\n got: %s\nwant: %s", tc.in, err, tc.want)
@@ -213,8 +284,11 @@ func TestParseDemoFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Rules) != 5 || c.Rules[2].Bucket != (Bucket{Limit: 60, Period: time.Minute, Burst: 20}) || c.Rules[2].By[0] != "client" {
+	if len(c.Rules) != 6 || c.Rules[2].Bucket != (Bucket{Limit: 60, Period: time.Minute, Burst: 20}) || c.Rules[2].By[0] != "client" {
 		t.Fatalf("demo config parsed as %+v", c.Rules)
+	}
+	if g := c.Rules[5]; g.ID != "generate_tokens" || g.Cost != CostResponse || g.Estimate != 250 || g.Bucket != (Bucket{Limit: 2000, Period: time.Minute}) || g.Line != 34 {
+		t.Fatalf("generate_tokens parsed as %+v", g)
 	}
 	if _, err := ParseFile("testdata/does-not-exist.yaml"); err == nil {
 		t.Fatal("missing file parsed")
@@ -350,6 +424,8 @@ func FuzzParse(f *testing.F) {
 		"a: &a [*a]",
 		"limits: !!binary aGVsbG8=",
 		"plans:\n  free: {api: 1/s}\ndefault_plan: free\nlimits: [{by: api_key, plan: api}]",
+		"plans:\n  free: {t: 100/s}\ndefault_plan: free\nlimits: [{by: api_key, plan: t, cost: response, estimate: 9}]",
+		tokensConfig,
 	} {
 		f.Add([]byte(tc))
 	}

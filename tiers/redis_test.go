@@ -280,7 +280,87 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("cost: response across slots", func(t *testing.T) { responseAcrossSlots(t, c, store) })
+
 	t.Run("failover", func(t *testing.T) { failover(t, c, l, store, false) })
+}
+
+// responseAcrossSlots: a "cost: response" rule keyed by API key, a
+// request count keyed by IP (both held, in two slots on two primaries)
+// and a window keyed by user (decided after the hold). A denial by the
+// IP's group gives back the key's hold made in parallel; a denial by the
+// window gives back both holds; a settle reaches both slots.
+func responseAcrossSlots(t *testing.T, c *redistest.Cluster, store ratelimit.Store) {
+	const yml = `
+limits:
+  - id: tokens
+    endpoint: /api/v1/gen
+    by: api_key
+    bucket: 600/minute
+    cost: response
+    estimate: 100
+  - id: per-ip
+    endpoint: /api/v1/gen
+    by: ip
+    bucket: 2/minute
+  - id: per-user
+    endpoint: /api/v1/gen
+    by: user
+    bucket: 2/minute
+    algorithm: fixed_window
+`
+	l := mustLimiter(t, yml, store)
+	ctx := context.Background()
+	gen := func(ip string) *spillway.Request {
+		r := req("POST", "/api/v1/gen", "ip", ip, "user", "gen-user", "api_key", "gen-key")
+		r.Usage = new(spillway.Usage)
+		return r
+	}
+	// Two IPs whose slot is on another primary than the key's.
+	var ips []string
+	for i := 0; len(ips) < 2 && i < 200; i++ {
+		ip := "10.9.0." + strconv.Itoa(i)
+		slots := slotsOf(t, c, l, gen(ip))
+		if !sameOwner(t, c, slots["tokens"], slots["per-ip"]) {
+			ips = append(ips, ip)
+		}
+	}
+	if len(ips) < 2 {
+		t.Fatal("no IP lands on another primary than the API key")
+	}
+	left := func(ip string, want map[string]int64) {
+		t.Helper()
+		if got := peek(t, l, store, gen(ip)); !mapsEqualInt(got, want) {
+			t.Fatalf("left %v, want %v", got, want)
+		}
+	}
+	r := gen(ips[0])
+	d, done, err := l.Admit(ctx, r)
+	if want := (spillway.Decision{Allowed: true, Limiter: "per-ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second, Window: time.Minute}); err != nil || d != want {
+		t.Fatalf("first: %+v %v, want %+v", d, err, want)
+	}
+	if err := r.Usage.Set(30); err != nil {
+		t.Fatal(err)
+	}
+	done(spillway.Success)
+	left(ips[0], map[string]int64{"tokens": 570, "per-ip": 1, "per-user": 1})
+	_, done, _ = l.Admit(ctx, gen(ips[0]))
+	done(spillway.Success) // nothing reported: 100
+	left(ips[0], map[string]int64{"tokens": 470, "per-ip": 0, "per-user": 0})
+	// The IP's group denies: the key's hold, made in parallel, is
+	// cancelled; the window is only peeked.
+	d, _, err = l.Admit(ctx, gen(ips[0]))
+	if err != nil || d.Allowed || d.Limiter != "per-ip" || d.Reason != spillway.ReasonRateLimited {
+		t.Fatalf("IP spent: %+v %v", d, err)
+	}
+	left(ips[0], map[string]int64{"tokens": 470, "per-ip": 0, "per-user": 0})
+	// Another IP: both holds are made, the user's window denies, both
+	// are given back.
+	d, _, err = l.Admit(ctx, gen(ips[1]))
+	if err != nil || d.Allowed || d.Limiter != "per-user" || d.Reason != spillway.ReasonRateLimited {
+		t.Fatalf("window spent: %+v %v", d, err)
+	}
+	left(ips[1], map[string]int64{"tokens": 470, "per-ip": 2, "per-user": 0})
 }
 
 // With cluster-require-full-coverage no, the shards that did not fail

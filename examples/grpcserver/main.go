@@ -126,9 +126,9 @@ Limits (limits.yaml, -config replaces them):
   Greet per API key                1/second, burst 5
   every method per client IP       200/second, burst 100
   calls in flight per client IP    20 (-redis: 4 while Redis is out)
-  Generate tokens per API key      -tokens per minute (default 2000): 250
-                                   held when the call opens, each chunk
-                                   charged as it is made; the stream ends
+  Generate tokens per API key      2000 per minute (-tokens): 250 held
+                                   when the call opens, each chunk charged
+                                   as it is made; the stream ends
                                    RESOURCE_EXHAUSTED when they are spent
 
 Identity metadata:
@@ -156,7 +156,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/grpcserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time one Redis call may take before the fallback decides locally")
-	tokens := fs.Int64("tokens", 2000, "Generate tokens per minute per API key")
+	tokens := fs.Int64("tokens", 0, "Generate tokens per minute per API key: the rate of the config's generate_tokens rule (0: as the config says, 2000 in the embedded one)")
 	otelFlags := demo.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -180,7 +180,12 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	if err != nil {
 		return err
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, *tokens, tel.Options())
+	if *tokens != 0 {
+		if err := demo.SetRate(cfg, "generate_tokens", *tokens, time.Minute); err != nil {
+			return fmt.Errorf("-tokens: %w", err)
+		}
+	}
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel.Options())
 	if err != nil {
 		return err
 	}
@@ -191,15 +196,10 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 			"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")),
 		grpcx.WithAPIKeyMetadata("x-api-key"),
 		grpcx.WithUserMetadata("x-user-id"),
-		// Generate's cost is metered: 250 tokens are held when the call
-		// opens, the chunks it reports are charged.
+		// Calls are metered: the generate_tokens rule (cost: response)
+		// holds its estimate when Generate opens and charges the chunks
+		// it reports.
 		grpcx.WithUsage(),
-		grpcx.WithCost(func(_ context.Context, method string) int64 {
-			if method == greeterpb.Greeter_Generate_FullMethodName {
-				return demo.TokensEstimate
-			}
-			return 0
-		}),
 	}
 	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
 	srv := grpc.NewServer(
@@ -247,7 +247,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	return nil
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tokensPerMin int64, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -264,11 +264,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
-		if err != nil {
-			return fail(err)
-		}
-		tokens, err := demo.NewTokensPerMinute(store, greeterpb.Greeter_Generate_FullMethodName, spillway.DimAPIKey, tokensPerMin)
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
 		if err != nil {
 			return fail(err)
 		}
@@ -276,9 +272,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		// The tokens limit sees Generate's cost in tokens; the other blocks
-		// count calls.
-		chain := telemetry.Instrument(spillway.Chain(demo.UnitCost(rate), tokens, demo.UnitCost(spillway.Chain(concurrency.PerKey(conc, spillway.DimIP), worker))), "grpc", tel...)
+		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel...)
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
@@ -299,11 +293,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
-	if err != nil {
-		return fail(err)
-	}
-	tokens, err := demo.NewTokensPerMinute(rateStore, greeterpb.Greeter_Generate_FullMethodName, spillway.DimAPIKey, tokensPerMin)
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
 	if err != nil {
 		return fail(err)
 	}
@@ -334,6 +324,6 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	})
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	chain := telemetry.Instrument(spillway.ChainBudget(budget, demo.UnitCost(rate), tokens, demo.UnitCost(spillway.ChainBudget(budget, conc, fleet, worker))), "grpc", tel...)
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel...)
 	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }

@@ -9,17 +9,14 @@ import (
 )
 
 // The generate route: a pretend model that "generates" 50 to 500 tokens
-// per request and is limited in tokens per minute per client. What a
-// request costs is known only once it has run, so the limit holds an
-// estimate when the request is admitted and settles it to the tokens
-// used when the handler returns: a refund when fewer were used, an extra
-// charge — possibly into debt, which makes the client's next requests
-// wait — when more were.
-const (
-	generateRoute    = "POST /api/v1/generate"
-	generateEndpoint = "/api/v1/generate"
-	tokensEstimate   = demo.TokensEstimate
-)
+// per request and is limited in tokens per minute per client by the
+// generate_tokens rule of limits.yaml (cost: response). What a request
+// costs is known only once it has run, so the rule holds an estimate when
+// the request is admitted and settles it to the tokens used when the
+// handler returns: a refund when fewer were used, an extra charge —
+// possibly into debt, which makes the client's next requests wait — when
+// more were.
+const generateRoute = "POST /api/v1/generate"
 
 // generate answers how many tokens it "generated": a number from 50 to 500
 // drawn from ?seed=N (any unsigned integer; without it, a server-wide

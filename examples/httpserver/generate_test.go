@@ -12,6 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// tokensEstimate is the estimate of the generate_tokens rule (limits.yaml).
+const tokensEstimate = 250
+
 func TestTokensFor(t *testing.T) {
 	got := make([]int64, 0, 8)
 	for seed := uint64(1); seed <= 8; seed++ {
@@ -76,4 +79,22 @@ func generateSeq(t *testing.T, base string) {
 	resp, body = do(t, "POST", base+"/api/v1/generate?seed=x", map[string]string{"X-API-Key": "gen-bad-seed"})
 	require.Equal(t, 400, resp.StatusCode)
 	require.JSONEq(t, `{"error":"seed=\"x\": want an unsigned integer"}`, body)
+}
+
+// The generate route's holds are on /metrics: every hold settled, none
+// outstanding, the tokens charged.
+func TestGenerateHoldMetrics(t *testing.T) {
+	base, _ := start(t)
+	key := map[string]string{"X-API-Key": "gen-metrics"}
+	for seed := uint64(1); seed <= 3; seed++ {
+		resp, _ := do(t, "POST", fmt.Sprintf("%s/api/v1/generate?seed=%d", base, seed), key)
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	resp, body := do(t, "GET", base+"/metrics", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	const scope = `otel_scope_name="github.com/spillway-go/spillway/telemetry",otel_scope_schema_url="",otel_scope_version="",spillway_limiter="api",spillway_rule="generate_tokens"`
+	require.Contains(t, body, "\nspillway_holds_outstanding{"+scope+"} 0\n")
+	require.Contains(t, body, "\nspillway_holds_settles_total{"+scope+`,spillway_settle_result="applied"} 3`+"\n")
+	require.Contains(t, body, "\nspillway_holds_settled_units_total{"+scope+"} 727\n") // 166 + 204 + 357
+	require.NotContains(t, body, "spillway_holds_expired")
 }

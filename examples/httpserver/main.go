@@ -91,9 +91,9 @@ Routes (rates from the embedded limits.yaml; -config replaces them):
                               120/minute, burst 60 per client
   POST /api/v1/generate?seed=N
                               "generates" 50 to 500 tokens (drawn from
-                              seed N); -tokens per minute per client
-                              (default 2000): 250 are held when admitted,
-                              the tokens used are charged when it ends
+                              seed N); 2000 tokens per minute per client
+                              (-tokens): 250 are held when admitted, the
+                              tokens used are charged when it ends
                               (X-Tokens-Used), going into debt when more
   GET  /healthz               never limited
   GET  /metrics               Prometheus metrics (-metrics), never limited
@@ -127,7 +127,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	redisAddr := fs.String("redis", "", "Redis address (host:port); empty keeps every limit in memory")
 	config := fs.String("config", "", "rate-limit rules (YAML, see docs/tiers.md); empty uses examples/httpserver/limits.yaml, embedded")
 	budget := fs.Duration("redis-budget", 50*time.Millisecond, "time a request's admission may wait on Redis in total before the blocks decide locally")
-	tokens := fs.Int64("tokens", 2000, "tokens per minute per client on POST /api/v1/generate")
+	tokens := fs.Int64("tokens", 0, "tokens per minute per client on POST /api/v1/generate: the rate of the config's generate_tokens rule (0: as the config says, 2000 in the embedded one)")
 	perClient := fs.Int64("concurrency", 10, "requests in flight per client (-redis: a fifth of it while Redis is out)")
 	workerCap := fs.Int64("worker", 40, "requests in flight in this server; GETs (sheddable_plus) get 80% of it")
 	metrics := fs.Bool("metrics", true, "serve Prometheus metrics on GET /metrics")
@@ -155,8 +155,13 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	if err != nil {
 		return err
 	}
+	if *tokens != 0 {
+		if err := demo.SetRate(cfg, "generate_tokens", *tokens, time.Minute); err != nil {
+			return fmt.Errorf("-tokens: %w", err)
+		}
+	}
 
-	b, err := build(ctx, cfg, sizes{*perClient, *workerCap, *tokens}, *redisAddr, *budget, tel.Options())
+	b, err := build(ctx, cfg, sizes{*perClient, *workerCap}, *redisAddr, *budget, tel.Options())
 	if err != nil {
 		return err
 	}
@@ -168,13 +173,14 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		httpx.WithAPIKeyHeader("X-API-Key"),
 		httpx.WithIETFHeaders(),
 	)
-	// The generate route meters its cost: the estimate is held at
-	// admission, the X-Tokens-Used header its handler sets is the actual.
-	mwGenerate := httpx.Middleware(b.generate,
+	// The generate route meters its cost: its tiers rule (cost: response)
+	// holds its estimate at admission, and the X-Tokens-Used header the
+	// handler sets is the actual cost it settles to.
+	mwGenerate := httpx.Middleware(b.chain,
 		httpx.WithPriority(shedder.ClassifyHTTP),
+		httpx.WithUser(func(r *http.Request) string { return r.Header.Get("X-User-ID") }),
 		httpx.WithAPIKeyHeader("X-API-Key"),
 		httpx.WithIETFHeaders(),
-		httpx.WithCost(func(*http.Request) int64 { return tokensEstimate }),
 		httpx.WithUsageHeader("X-Tokens-Used"),
 	)
 	mux := http.NewServeMux()
@@ -273,13 +279,12 @@ func withClient(next spillway.Limiter) spillway.Limiter {
 
 // sizes are the in-flight limits (flags).
 type sizes struct {
-	perClient, worker, tokens int64
+	perClient, worker int64
 }
 
 // blocks is the assembled chain and what must be closed.
 type blocks struct {
 	chain    spillway.Limiter
-	generate spillway.Limiter // the chain of the generate route (generate.go)
 	describe string
 	degraded func() bool
 	redis    func() any // the shared Redis health, nil without Redis
@@ -301,11 +306,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"))
-		if err != nil {
-			return nil, err
-		}
-		tokens, err := demo.NewTokensPerMinute(store, generateEndpoint, dimClient, sz.tokens)
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
 		if err != nil {
 			return nil, err
 		}
@@ -316,7 +317,6 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
 		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel...)
-		b.generate = telemetry.Instrument(withClient(spillway.Chain(demo.UnitCost(rate), tokens, demo.UnitCost(spillway.Chain(concurrency.PerKey(conc, dimClient), worker)))), "api", tel...)
 		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -341,12 +341,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		b.close()
 		return nil, err
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"))
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	tokens, err := demo.NewTokensPerMinute(rateStore, generateEndpoint, dimClient, sz.tokens)
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
 	if err != nil {
 		b.close()
 		return nil, err
@@ -410,7 +405,6 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
 	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, guard)), "api", tel...)
-	b.generate = telemetry.Instrument(withClient(spillway.ChainBudget(budget, demo.UnitCost(rate), tokens, demo.UnitCost(spillway.ChainBudget(budget, conc, fleet, worker, guard)))), "api", tel...)
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()
