@@ -145,7 +145,7 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 		}
 		next := l.limit
 		// Grow only when the window used the limit in use (one slot may
-		// be between one query and the next), and never past the cap: a
+		// be between one query and the next), and never far past the cap: a
 		// limit that grew unused, or above what the fleet allowed, was
 		// never shown to keep the latency, and a server whose cap rises
 		// (the others cut theirs) would jump to it at once.
@@ -156,7 +156,10 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 				next *= 2 // slow start: until the first sign of overload
 			}
 			if l.cap > 0 {
-				next = math.Max(l.limit, math.Min(next, l.cap))
+				// One step past the cap, so that a cap that moves by a
+				// unit between refreshes does not hold the limit at its
+				// lows.
+				next = math.Max(l.limit, math.Min(next, l.cap+math.Max(1, l.cap/8)))
 			}
 		}
 		l.set(next, end)

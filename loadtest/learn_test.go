@@ -61,13 +61,15 @@ func TestLatencyLimit(t *testing.T) {
 	if l.Limit() != 8 {
 		t.Fatalf("mild overload: limit %d, want 8", l.Limit())
 	}
-	// Capped (by what the fleet allows this server), it grows to the cap
-	// and no further, and cuts start from the cap, the limit in use.
-	l.SetCap(9)
+	// Capped (by what the fleet allows this server), it grows to one
+	// step past the cap and no further, and cuts start from the cap, the
+	// limit in use.
+	l.SetCap(8)
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8.1 + 1
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8 + 1
 	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 9)
-	if l.Limit() != 9 {
-		t.Fatalf("capped growth: limit %d, want 9", l.Limit())
+	if l.Limit() != 9 || l.limit != 9 {
+		t.Fatalf("capped growth: limit %v, want 9", l.limit)
 	}
 	l.SetCap(6)
 	at = feed(l, at, fastSamples, 800*time.Millisecond, 6) // 6 · 0.5
