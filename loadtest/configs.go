@@ -289,7 +289,7 @@ var blockTitles = map[string]string{
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
 // keeps for Critical and CriticalPlus work.
-const fleetReserve = 0.03
+const fleetReserve = 0
 
 // fleetInterval is how often each server reports to the fleet shedder.
 const fleetInterval = 50 * time.Millisecond

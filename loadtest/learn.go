@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -36,7 +37,8 @@ type latencyLimit struct {
 	baseline time.Duration
 	grown    bool // cut at least once: growth is additive from then on
 
-	since   time.Time                  // samples admitted before this say nothing about the limit
+	since   time.Time                  // the limit last moved: the window counts queries admitted since
+	cutAt   time.Time                  // the last cut: queries admitted before it say nothing
 	recent  [fastSamples]time.Duration // the last RTTs, in a ring
 	nrecent int
 	n       int
@@ -45,6 +47,7 @@ type latencyLimit struct {
 	cap     float64       // SetCap; 0: none
 	bn      int           // samples in the baseline while learning it
 	bsum    time.Duration // their sum
+	why     string        // the cause of the change being made, for the trace
 }
 
 const (
@@ -61,7 +64,7 @@ const (
 	baselineSamples = 48
 	fastSamples     = 3
 	tolerance       = 1.2 // a window mean within 1.2× the baseline is normal
-	fastFactor      = 1.6
+	fastFactor      = 1.75
 	maxLimit        = 1000
 )
 
@@ -86,20 +89,28 @@ func (l *latencyLimit) Limit() int { return int(l.limit) }
 
 // Update implements concurrency.Algorithm.
 func (l *latencyLimit) Update(s concurrency.Sample) {
-	if s.Start.Before(l.since) {
-		return
+	if s.Start.Before(l.cutAt) {
+		return // admitted before the last cut, under a higher limit
 	}
 	end := s.Start.Add(s.RTT)
 	if s.Outcome == spillway.Dropped {
+		l.why = "dropped"
 		l.set(l.eff()*0.5, end)
 		return
 	}
 	l.recent[l.nrecent%fastSamples] = s.RTT
 	l.nrecent++
-	l.n++
-	l.sum += s.RTT
-	l.maxUsed = max(l.maxUsed, s.InFlight)
-	mean := l.sum / time.Duration(l.n)
+	if !s.Start.Before(l.since) {
+		// Only queries admitted since the limit last moved tell whether
+		// it may grow; any since the last cut can call for another.
+		l.n++
+		l.sum += s.RTT
+		l.maxUsed = max(l.maxUsed, s.InFlight)
+	}
+	mean := time.Duration(0)
+	if l.n > 0 {
+		mean = l.sum / time.Duration(l.n)
+	}
 	if l.bn < baselineSamples {
 		// Learning the baseline: the mean of every sample so far, used
 		// from the first window on. One window's mean is off by 8% (1σ)
@@ -120,11 +131,11 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 		}
 	}
 	if l.nrecent >= fastSamples {
-		var r time.Duration
-		for _, v := range l.recent {
-			r += v
-		}
-		if r /= fastSamples; float64(r) > fastFactor*float64(l.baseline) {
+		// All of the last few, beyond the slowest a query takes when the
+		// database keeps up (1.5× the mean): one or two queries slowed by
+		// the machine (a pause, a late timer) are not an overload.
+		if r := slices.Min(l.recent[:]); float64(r) > fastFactor*float64(l.baseline) {
+			l.why = "fast"
 			l.set(l.eff()*math.Max(0.5, tolerance*float64(l.baseline)/float64(r)), end)
 			return
 		}
@@ -134,24 +145,25 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	}
 	switch {
 	case float64(mean) > tolerance*float64(l.baseline):
+		l.why = "window"
 		l.set(l.eff()*0.9, end)
 	default:
 		switch {
 		case l.bn < baselineSamples: // still learning it
-		case mean < l.baseline:
-			l.baseline -= (l.baseline - mean) / 10
 		default:
+			// A fiftieth of the difference, either way: a faster fall
+			// (it was a tenth) settles the baseline below the mean, and
+			// every window then looks slower than it is.
 			l.baseline += (mean - l.baseline) / 50
 		}
 		next := l.limit
-		// Grow only when the window used the limit in use (one slot may
-		// be between one query and the next), and never far past the cap: a
-		// limit that grew unused, or above what the fleet allowed, was
-		// never shown to keep the latency, and a server whose cap rises
-		// (the others cut theirs) would jump to it at once.
-		if l.maxUsed+1 >= int(l.eff()) {
+		// Grow only when the window used at least half the limit in use,
+		// and never far past the cap: a limit far above what the fleet
+		// allowed was never shown to keep the latency, and a server whose
+		// cap rises (the others cut theirs) would jump to it at once.
+		if 2*l.maxUsed >= int(l.eff()) {
 			if l.grown {
-				next += math.Max(1, l.limit/8)
+				next += math.Max(0.5, l.limit/8)
 			} else {
 				next *= 2 // slow start: until the first sign of overload
 			}
@@ -171,19 +183,21 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 func (l *latencyLimit) set(limit float64, at time.Time) {
 	if limit < l.limit {
 		l.grown = true
+		l.cutAt, l.nrecent = at, 0
 	}
 	if traceLimits && int(limit) != int(l.limit) {
-		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f baseline %v\n", at.Format("15:04:05.000"), l, l.limit, limit, l.baseline)
+		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f cap %.0f baseline %v %s\n", at.Format("15:04:05.000"), l, l.limit, limit, l.cap, l.baseline, l.why)
 	}
+	l.why = ""
 	l.limit = math.Min(maxLimit, math.Max(1, limit))
-	l.since, l.n, l.sum, l.maxUsed, l.nrecent = at, 0, 0, 0, 0
+	l.since, l.n, l.sum, l.maxUsed = at, 0, 0, 0
 }
 
 // traceLimits prints every change of a learned limit on stderr.
 var traceLimits = os.Getenv("LOADTEST_TRACE") != ""
 
 // Overdue halves the limit in use when queries admitted since the last
-// change are still in flight past overdueFactor × the baseline,
+// cut are still in flight past overdueFactor × the baseline,
 // overdueMin of them or more: the database has slowed down, and the
 // queries that show it have not ended yet (a query that ends is a sample,
 // and ends late). Their age is a lower bound of their latency, and at
@@ -197,11 +211,12 @@ func (l *latencyLimit) Overdue(now time.Time, starts func(yield func(time.Time) 
 	limit := time.Duration(overdueFactor * float64(l.baseline))
 	n := 0
 	for s := range starts {
-		if !s.Before(l.since) && now.Sub(s) > limit {
+		if !s.Before(l.cutAt) && now.Sub(s) > limit {
 			n++
 		}
 	}
 	if n >= overdueMin {
+		l.why = "overdue"
 		l.set(l.eff()*0.5, now)
 	}
 }

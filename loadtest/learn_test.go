@@ -30,27 +30,32 @@ func TestLatencyLimit(t *testing.T) {
 	if l.baseline != 200*time.Millisecond || l.Limit() != 4 {
 		t.Fatalf("baseline %v, limit %d; want 200ms, 4", l.baseline, l.Limit())
 	}
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 3) // all but one slot used: doubles
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 2) // half used: doubles
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 4)
 	if l.Limit() != 16 {
 		t.Fatalf("slow start: limit %d, want 16", l.Limit())
 	}
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 14) // two slots unused: holds
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 7) // under half used: holds
 	if l.Limit() != 16 || l.bn != baselineSamples {
 		t.Fatalf("limit not in use: %d, want 16 (baseline from %d samples)", l.Limit(), l.bn)
 	}
-	// A query admitted before the last change says nothing: ignored.
-	l.Update(concurrency.Sample{Start: at.Add(-time.Hour), RTT: time.Hour, InFlight: 16, Outcome: spillway.Dropped})
+	// Two queries 4× slower are not enough (the machine may have paused);
+	// three in a row are, a cut by at most half.
+	at = feed(l, at, 2, 800*time.Millisecond, 16)
 	if l.Limit() != 16 {
-		t.Fatalf("an old sample moved the limit to %d", l.Limit())
+		t.Fatalf("two slow queries: limit %d, want 16", l.Limit())
 	}
-	// The database slows down 4×: three queries are enough to cut, by at
-	// most half.
-	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)
+	at = feed(l, at, 1, 800*time.Millisecond, 16)
 	if l.Limit() != 8 || !l.grown {
 		t.Fatalf("after a collapse: limit %d, want 8", l.Limit())
 	}
-	// Back to normal: an eighth per window from now on, at least one.
+	// A query admitted before the cut says nothing: ignored.
+	l.Update(concurrency.Sample{Start: at.Add(-time.Hour), RTT: time.Hour, InFlight: 16, Outcome: spillway.Dropped})
+	if l.Limit() != 8 {
+		t.Fatalf("an old sample moved the limit to %d", l.Limit())
+	}
+	// Back to normal: an eighth per window from now on (at least half a
+	// query), 9 after one window.
 	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
 	if l.Limit() != 9 {
 		t.Fatalf("additive growth: limit %d, want 9", l.Limit())
@@ -65,8 +70,8 @@ func TestLatencyLimit(t *testing.T) {
 	// step past the cap and no further, and cuts start from the cap, the
 	// limit in use.
 	l.SetCap(8)
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8.1 + 1
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8 + 1
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8.1 + 1.01
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // at most 8 + 1
 	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
 	if l.Limit() != 9 || l.limit != 9 {
 		t.Fatalf("capped growth: limit %v, want 9", l.limit)
@@ -88,7 +93,7 @@ func TestLatencyLimit(t *testing.T) {
 // they end: three of them or more, admitted since the last change.
 func TestLatencyLimitOverdue(t *testing.T) {
 	l := newLatencyLimit(20)
-	at := feed(l, time.Unix(1000, 0), baselineSamples, 200*time.Millisecond, 10)
+	at := feed(l, time.Unix(1000, 0), baselineSamples, 200*time.Millisecond, 9) // under half used
 	if l.baseline != 200*time.Millisecond || l.Limit() != 20 {
 		t.Fatalf("baseline %v, limit %d; want 200ms, 20", l.baseline, l.Limit())
 	}
@@ -102,8 +107,8 @@ func TestLatencyLimitOverdue(t *testing.T) {
 		}
 	}
 	now := at.Add(time.Second)
-	// Two overdue, one young, one admitted before the last change: no cut.
-	l.Overdue(now, starts(now.Add(-450*time.Millisecond), now.Add(-450*time.Millisecond), now.Add(-100*time.Millisecond), at.Add(-2*time.Millisecond)))
+	// Two overdue, one young: no cut.
+	l.Overdue(now, starts(now.Add(-450*time.Millisecond), now.Add(-450*time.Millisecond), now.Add(-100*time.Millisecond)))
 	if l.Limit() != 20 {
 		t.Fatalf("two overdue: limit %d, want 20", l.Limit())
 	}
