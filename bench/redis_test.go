@@ -98,7 +98,9 @@ var contenders = []string{
 	"tiers_one_rule", "tiers_three_rules", "redis_rate_x3",
 }
 
-func newContenders(b *testing.B, c *redis.Client) map[string]decider {
+// newContenders returns the contenders, and the fallback.Store of
+// spillway_fallback (its Stats tell whether any decision was local).
+func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback.Store) {
 	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: rate, Period: time.Second}
 	limiter := func(s ratelimit.Store) *ratelimit.Limiter {
 		l, err := ratelimit.New(s, p) // the default scope
@@ -169,7 +171,7 @@ func newContenders(b *testing.B, c *redis.Client) map[string]decider {
 		"spillway_fallback":  allow(limiter(fb)),
 		"tiers_one_rule":     admit(oneRule),
 		"tiers_three_rules":  admit(threeRules),
-	}
+	}, fb
 }
 
 // result is one contender's run.
@@ -203,7 +205,7 @@ func BenchmarkRedisDecisions(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: *pool})
 	b.Cleanup(func() { _ = c.Close() })
-	cs := newContenders(b, c)
+	cs, fb := newContenders(b, c)
 	names := contenders
 	if *only != "" {
 		names = strings.Split(*only, ",")
@@ -243,6 +245,9 @@ func BenchmarkRedisDecisions(b *testing.B) {
 		fmt.Print(table(names, res))
 	}
 	fmt.Print(medians(all))
+	// A decision the fallback made locally (the budget ran out on a
+	// loaded machine) would flatter its figure: say how many there were.
+	fmt.Printf("spillway_fallback: %+v\n", fb.Stats())
 	if r := all[len(all)-1]; r["spillway"].n > 0 && r["redis_rate"].n > 0 {
 		b.ReportMetric(r["spillway"].dps/r["redis_rate"].dps, "spillway/redis_rate")
 	}

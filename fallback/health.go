@@ -436,6 +436,13 @@ func (sc guardScope) end() {
 // attached to a client, the mark that its hook lets through. own is the
 // wrapper's own budget.
 func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duration) guardScope {
+	return h.guardWith(ctx, deadline, own, true)
+}
+
+// guardWith is guard; withDeadline false leaves the deadline out of the
+// context, for a call that passes it to a ratelimit.BoundedStore instead
+// (no timer per call).
+func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Duration, withDeadline bool) guardScope {
 	var sc guardScope
 	if !deadline.IsZero() {
 		full := own
@@ -445,7 +452,7 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 		sc.deadline = deadline
 		sc.short = full > 0 && time.Until(deadline) < full/2
 		// a context that ends no later needs no timer of its own
-		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+		if d, ok := ctx.Deadline(); withDeadline && (!ok || d.After(deadline)) {
 			ctx, sc.cancel = context.WithDeadline(ctx, deadline)
 		}
 	}

@@ -442,6 +442,77 @@ func TestRedisPausedThenResumed(t *testing.T) {
 	}
 }
 
+// Callers on a paused Redis that queue behind a call in flight (the
+// RedisStore coalesces them) take the budget as a deadline without a
+// context of their own (ratelimit.BoundedStore): they return within the
+// budget, decided by the local share, even though the call they wait
+// behind has a deadline of 5s; the share's count is exact.
+func TestPausedRedisQueuedCallersKeepTheBudget(t *testing.T) {
+	b := newBed(t)
+	budget := 200 * time.Millisecond
+	inner := b.redisStore()
+	st, err := fallback.NewStore(inner, fallback.Settings{Budget: budget, OpenTimeout: time.Hour, LedgerSize: -1, Clock: b.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.warm(t)
+	if err := b.srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.srv.Resume() }()
+	// A patient caller of the bare store takes the place in flight.
+	sent := b.proxy.Stats().Received
+	slow := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		out := make([]spillway.Decision, 1)
+		_, err := inner.Decide(ctx, []ratelimit.Item{{Scope: "api", Key: "slow", Policy: hourly, Cost: 1}}, out)
+		slow <- err
+	}()
+	waitFor(t, "the patient call to be sent", func() bool { return b.proxy.Stats().Received > sent })
+	const callers = 30
+	type res struct {
+		d  spillway.Decision
+		el time.Duration
+	}
+	results := make(chan res, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			start := time.Now()
+			out := make([]spillway.Decision, 1)
+			if _, err := st.Decide(context.Background(), []ratelimit.Item{{Scope: "api", Key: "k", Policy: hourly, Cost: 1}}, out); err != nil {
+				t.Error(err)
+			}
+			results <- res{out[0], time.Since(start)}
+		})
+	}
+	wg.Wait()
+	close(results)
+	allowed := 0
+	for r := range results {
+		if r.el > budget+tolerance || !r.d.Degraded {
+			t.Fatalf("a caller on a paused Redis: %+v after %v; want the local share within the budget %v + %v", r.d, r.el, budget, tolerance)
+		}
+		if r.d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 20 {
+		t.Fatalf("%d of %d callers admitted by the local share; want 20 (20%% of 100)", allowed, callers)
+	}
+	if s := st.Stats(); s.Calls != 0 || s.Degraded != callers {
+		t.Fatalf("stats = %+v; want 0 calls, %d degraded", s, callers)
+	}
+	if err := b.srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-slow; err != nil {
+		t.Fatalf("the patient call after resume: %v", err)
+	}
+}
+
 // Reset and Blackhole: RSTs fail calls at once; a blackhole costs the
 // budget. Either way the breaker opens and decisions stay local.
 func TestResetAndBlackholeConnections(t *testing.T) {

@@ -40,13 +40,14 @@ import (
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	inner  ratelimit.Store
-	local  ratelimit.Store
-	set    Settings
-	br     *Health
-	ppm    uint64
-	cache  *denyCache // nil when disabled
-	ledger *ledger    // nil when disabled
+	inner   ratelimit.Store
+	bounded ratelimit.BoundedStore // inner, when it takes a deadline apart from the context
+	local   ratelimit.Store
+	set     Settings
+	br      *Health
+	ppm     uint64
+	cache   *denyCache // nil when disabled
+	ledger  *ledger    // nil when disabled
 
 	reconciling atomic.Bool
 	stats       storeStats
@@ -78,6 +79,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		return nil, err
 	}
 	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health()}
+	st.bounded, _ = inner.(ratelimit.BoundedStore)
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
@@ -142,7 +144,9 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	}
 	// The breaker inline rather than through Health.call: no closure to
 	// allocate on the hot path, and no context when the breaker is open or
-	// the request's budget is spent.
+	// the request's budget is spent. A BoundedStore (a RedisStore) takes
+	// the budget's deadline as an argument: no context, and no timer, per
+	// call.
 	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)
 	if !ok {
 		return s.decideLocal(ctx, items, out, spillway.ErrBudgetSpent)
@@ -150,8 +154,12 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	var allowed bool
 	done, err := s.br.allow()
 	if err == nil {
-		sc := s.br.guard(ctx, deadline, s.set.Budget)
-		allowed, err = s.inner.Decide(sc.ctx, items, out)
+		sc := s.br.guardWith(ctx, deadline, s.set.Budget, s.bounded == nil)
+		if s.bounded != nil {
+			allowed, err = s.bounded.DecideBy(sc.ctx, deadline, items, out)
+		} else {
+			allowed, err = s.inner.Decide(sc.ctx, items, out)
+		}
 		sc.end()
 		err = s.br.finish(ctx, done, err, sc)
 	}

@@ -57,7 +57,7 @@ type RedisStore struct {
 	co      *coalescer // nil: coalescing off
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ BoundedStore = (*RedisStore)(nil)
 
 // sharding says how the client spreads keys over servers.
 type sharding uint8
@@ -136,6 +136,16 @@ func (s *RedisStore) nowArg() string {
 // Cluster (see RedisStore). While the store's calls are in flight,
 // concurrent batches are coalesced into one call (see WithCoalescing).
 func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	return s.DecideBy(ctx, time.Time{}, items, out)
+}
+
+// DecideBy implements BoundedStore: Decide, bounded by deadline as well as
+// by ctx. A call of its own gets a context with the deadline (as the
+// caller would have made it); a batch queued for a coalesced call waits
+// on a channel shared by the batches whose deadlines fall in the same
+// millisecond, closed at its end by one timer: the bound is then up to
+// 1 ms later than deadline, and no timer is made per call.
+func (s *RedisStore) DecideBy(ctx context.Context, deadline time.Time, items []Item, out []spillway.Decision) (bool, error) {
 	if s.err != nil {
 		return false, s.err
 	}
@@ -145,9 +155,22 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	if len(items) == 0 {
 		return true, nil
 	}
-	if s.co != nil {
-		return s.co.decide(ctx, s, items, out)
+	if d, ok := ctx.Deadline(); ok && !deadline.IsZero() && !d.After(deadline) {
+		deadline = time.Time{} // ctx ends first: it alone bounds the call
 	}
+	if s.co != nil {
+		return s.co.decide(ctx, deadline, s, items, out)
+	}
+	return s.decideBy(ctx, deadline, items, out)
+}
+
+// decideBy is decide within deadline (the zero time: ctx's alone).
+func (s *RedisStore) decideBy(ctx context.Context, deadline time.Time, items []Item, out []spillway.Decision) (bool, error) {
+	if deadline.IsZero() {
+		return s.decide(ctx, items, out)
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	return s.decide(ctx, items, out)
 }
 

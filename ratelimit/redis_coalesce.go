@@ -58,36 +58,68 @@ type coalescer struct {
 	inflight int
 	queue    []*waiter
 	queued   int // items in queue
+	exp      *expiry
+}
+
+// expiry is a channel closed at the end of one millisecond, by one timer:
+// the batches queued with a deadline (DecideBy) in that millisecond all
+// wait on it, so that no timer is made per batch.
+type expiry struct {
+	at time.Time
+	ch chan struct{}
+}
+
+// expiryGrain is the granularity of the shared deadlines: a deadline is
+// rounded up to the next multiple of it.
+const expiryGrain = time.Millisecond
+
+// expiry returns the channel closed once deadline (rounded up to the next
+// millisecond) has passed. Deadlines arrive almost in order (one budget
+// after their calls), so the latest expiry is nearly always the one. c.mu
+// is held.
+func (c *coalescer) expiry(deadline time.Time) <-chan struct{} {
+	at := deadline.Truncate(expiryGrain)
+	if at.Before(deadline) {
+		at = at.Add(expiryGrain)
+	}
+	if e := c.exp; e != nil && e.at.Equal(at) {
+		return e.ch
+	}
+	e := &expiry{at: at, ch: make(chan struct{})}
+	time.AfterFunc(time.Until(at), func() { close(e.ch) })
+	c.exp = e
+	return e.ch
 }
 
 // waiter is one queued batch: a copy of the caller's items (the caller
 // may return before the call does), their keys, and where the result goes.
 type waiter struct {
-	ctx     context.Context
-	items   []Item
-	keys    []string
-	slot    int    // bySlot: the batch's slot
-	tag     string // byTag: the batch's hash tag
-	buckets bool   // every item is of the bucket family
-	res     []spillway.Decision
-	allowed bool
-	err     error
-	done    chan struct{} // receives once the result is in
+	ctx      context.Context
+	deadline time.Time // DecideBy's, besides ctx's (zero: none)
+	items    []Item
+	keys     []string
+	slot     int    // bySlot: the batch's slot
+	tag      string // byTag: the batch's hash tag
+	buckets  bool   // every item is of the bucket family
+	res      []spillway.Decision
+	allowed  bool
+	err      error
+	done     chan struct{} // receives once the result is in
 }
 
 var waiterPool = sync.Pool{New: func() any { return &waiter{done: make(chan struct{}, 1)} }}
 
-// decide decides a valid, non-empty batch, coalescing it with others when
-// max calls are in flight.
-func (c *coalescer) decide(ctx context.Context, s *RedisStore, items []Item, out []spillway.Decision) (bool, error) {
+// decide decides a valid, non-empty batch within deadline (zero: ctx's
+// alone), coalescing it with others when max calls are in flight.
+func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStore, items []Item, out []spillway.Decision) (bool, error) {
 	if len(items) > maxCoalesceItems {
-		return s.decide(ctx, items, out)
+		return s.decideBy(ctx, deadline, items, out)
 	}
 	c.mu.Lock()
 	if c.inflight < c.max && len(c.queue) == 0 {
 		c.inflight++
 		c.mu.Unlock()
-		allowed, err := s.decide(ctx, items, out)
+		allowed, err := s.decideBy(ctx, deadline, items, out)
 		c.release(s)
 		return allowed, err
 	}
@@ -96,23 +128,29 @@ func (c *coalescer) decide(ctx context.Context, s *RedisStore, items []Item, out
 	w := waiterPool.Get().(*waiter)
 	if !w.prepare(s, items) {
 		waiterPool.Put(w)
-		return s.decide(ctx, items, out) // several slots: not coalesced
+		return s.decideBy(ctx, deadline, items, out) // several slots: not coalesced
 	}
-	w.ctx = ctx
+	w.ctx, w.deadline = ctx, deadline
+	var expired <-chan struct{} // nil: no deadline besides ctx's
 	c.mu.Lock()
 	if c.inflight < c.max && len(c.queue) == 0 {
 		// the calls in flight returned meanwhile
 		c.inflight++
 		c.mu.Unlock()
+		w.ctx = nil
 		waiterPool.Put(w)
-		allowed, err := s.decide(ctx, items, out)
+		allowed, err := s.decideBy(ctx, deadline, items, out)
 		c.release(s)
 		return allowed, err
 	}
 	c.queue = append(c.queue, w)
 	c.queued += len(items)
+	if !deadline.IsZero() {
+		expired = c.expiry(deadline)
+	}
 	c.mu.Unlock()
 
+	var cause error
 	select {
 	case <-w.done:
 		allowed, err := w.allowed, w.err
@@ -121,6 +159,9 @@ func (c *coalescer) decide(ctx context.Context, s *RedisStore, items []Item, out
 		waiterPool.Put(w)
 		return allowed, err
 	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-expired:
+		cause = context.DeadlineExceeded
 	}
 	c.mu.Lock()
 	for i, q := range c.queue {
@@ -130,12 +171,12 @@ func (c *coalescer) decide(ctx context.Context, s *RedisStore, items []Item, out
 			c.mu.Unlock()
 			w.ctx = nil
 			waiterPool.Put(w)
-			return false, fmt.Errorf("ratelimit: redis: not sent: %w", ctx.Err())
+			return false, fmt.Errorf("ratelimit: redis: not sent: %w", cause)
 		}
 	}
 	c.mu.Unlock()
 	// Sent: the call goes on for the others and owns w (not pooled again).
-	return false, fmt.Errorf("ratelimit: redis: coalesced call: %w", ctx.Err())
+	return false, fmt.Errorf("ratelimit: redis: coalesced call: %w", cause)
 }
 
 // prepare copies items into w with their keys and reports whether they
@@ -219,12 +260,16 @@ func (c *coalescer) flushLoop(s *RedisStore, batch []*waiter) {
 
 // callContext is the context of a coalesced call: it carries the values of
 // the first batch's context (tracing), is canceled by none of them, and
-// ends at the latest of their deadlines when every batch has one.
+// ends at the latest of their deadlines (a batch's is the earlier of its
+// context's and its DecideBy deadline) when every batch has one.
 func callContext(batch []*waiter) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(batch[0].ctx)
 	var last time.Time
 	for _, w := range batch {
 		d, ok := w.ctx.Deadline()
+		if !w.deadline.IsZero() && (!ok || w.deadline.Before(d)) {
+			d, ok = w.deadline, true
+		}
 		if !ok {
 			return ctx, func() {}
 		}

@@ -410,3 +410,110 @@ func waitInflight(t *testing.T, s *RedisStore, n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// decideByAsync runs s.DecideBy(ctx, deadline, items) in a goroutine and
+// reports when it returned.
+func decideByAsync(ctx context.Context, s BoundedStore, deadline time.Time, items ...Item) <-chan timedResult {
+	ch := make(chan timedResult, 1)
+	go func() {
+		out := make([]spillway.Decision, len(items))
+		ok, err := s.DecideBy(ctx, deadline, items, out)
+		ch <- timedResult{result{ok, out, err}, time.Now()}
+	}()
+	return ch
+}
+
+type timedResult struct {
+	result
+	at time.Time
+}
+
+// DecideBy bounds a call by its deadline without a context of the
+// caller's: on a stopped Redis a call of its own, a queued batch that is
+// never sent, and the batches of a coalesced call in flight each return an
+// error wrapping context.DeadlineExceeded, none before its own deadline;
+// the unsent batch leaves the queue. Batches whose deadlines fall in one
+// millisecond share one expiry.
+func TestRedisStoreDecideByHungRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	loadScripts(t, c)
+	rs := NewRedisStore(c, WithCoalescing(1))
+	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
+	it := func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = srv.Resume()
+		}
+	}()
+	isTimeout := func(err error) bool {
+		return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+	}
+
+	// A call of its own: the store gives it a context with the deadline
+	// (the socket's deadline or the context's, whichever timer runs first).
+	d0 := time.Now().Add(200 * time.Millisecond)
+	r0 := <-decideByAsync(ctx, rs, d0, it("a"))
+	if r0.ok || r0.at.Before(d0) || !isTimeout(r0.err) {
+		t.Fatalf("a call of its own on a hung Redis: %v %v at %v, want a timeout not before %v", r0.ok, r0.err, r0.at, d0)
+	}
+
+	// A queued batch that is never sent: the test holds the only place in
+	// flight.
+	rs.co.mu.Lock()
+	rs.co.inflight++
+	rs.co.mu.Unlock()
+	waitInflight(t, rs, 1)
+	d1 := time.Now().Add(200 * time.Millisecond)
+	r1 := <-decideByAsync(ctx, rs, d1, it("b"))
+	if r1.ok || r1.at.Before(d1) || !errors.Is(r1.err, context.DeadlineExceeded) || !strings.Contains(r1.err.Error(), "not sent") {
+		t.Fatalf("a queued batch at its deadline: %v %v at %v, want 'not sent' wrapping context.DeadlineExceeded, not before %v", r1.ok, r1.err, r1.at, d1)
+	}
+	waitQueued(t, rs, 0)
+
+	// Three batches queue, two with deadlines in one millisecond; then
+	// they go out as one coalesced call, which hangs.
+	base := time.Now().Add(300 * time.Millisecond).Truncate(time.Millisecond)
+	deadlines := []time.Time{base.Add(100 * time.Microsecond), base.Add(900 * time.Microsecond), base.Add(50 * time.Millisecond)}
+	var queued []<-chan timedResult
+	for i, k := range []string{"c", "d", "e"} {
+		queued = append(queued, decideByAsync(ctx, rs, deadlines[i], it(k)))
+		waitQueued(t, rs, i+1)
+	}
+	rs.co.mu.Lock()
+	if rs.co.exp == nil || !rs.co.exp.at.Equal(base.Add(50*time.Millisecond)) {
+		t.Errorf("latest expiry %+v, want the one of the third deadline, %v (a whole millisecond already)", rs.co.exp, base.Add(50*time.Millisecond))
+	}
+	rs.co.mu.Unlock()
+	rs.co.release(rs)
+	waitQueued(t, rs, 0)
+	waitInflight(t, rs, 1)
+	// The first two leave at their expiry, while the call goes on; the
+	// call itself ends at the latest deadline, the third's, which then
+	// gets either its expiry or the call's own error.
+	for i, ch := range queued {
+		r := <-ch
+		want := isTimeout(r.err)
+		if i < 2 {
+			want = errors.Is(r.err, context.DeadlineExceeded) && strings.Contains(r.err.Error(), "coalesced call")
+		}
+		if r.ok || r.at.Before(deadlines[i]) || !want {
+			t.Fatalf("sent batch %d: %v %v at %v, want a timeout (a sent coalesced call's context.DeadlineExceeded for the first two), not before %v", i, r.ok, r.err, r.at, deadlines[i])
+		}
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	waitInflight(t, rs, 0)
+	var out [1]spillway.Decision
+	if ok, err := rs.DecideBy(ctx, time.Now().Add(10*time.Second), []Item{it("f")}, out[:]); err != nil || !ok || out[0].Remaining != 2 {
+		t.Fatalf("after resume: %v %+v %v, want allowed with 2 left", ok, out[0], err)
+	}
+}

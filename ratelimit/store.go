@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"time"
 
 	"github.com/spillway-go/spillway"
 )
@@ -42,6 +43,21 @@ type Store interface {
 	// Reset forgets the state of (scope, key) under policy p (the policy
 	// selects the algorithm's physical layout).
 	Reset(ctx context.Context, scope, key string, p Policy) error
+}
+
+// BoundedStore is a Store that bounds one Decide by a deadline given
+// apart from the context. A wrapper that gives every call a time budget
+// (fallback.Store) calls DecideBy with the budget's end instead of making a
+// context with that deadline: such a context costs a timer per call,
+// which at tens of thousands of decisions per second is a measurable share
+// of the client's CPU. RedisStore implements it.
+type BoundedStore interface {
+	Store
+	// DecideBy is Decide, bounded by deadline as well as by ctx: a call
+	// still waiting at the deadline returns an error wrapping
+	// context.DeadlineExceeded, exactly as if ctx had that deadline
+	// (the zero deadline: no bound but ctx's).
+	DecideBy(ctx context.Context, deadline time.Time, items []Item, out []spillway.Decision) (allowed bool, err error)
 }
 
 // scriptCost is the cost a Redis script is sent for it: Cost, or
