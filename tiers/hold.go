@@ -60,8 +60,10 @@ var ErrSpent = errors.New("tiers: limit spent")
 // done): when done runs the hold settles to the total, putting the key
 // into debt. D is the denial to answer with: Limiter names the rule,
 // RetryAfter is when a new request holding the same estimate can be
-// admitted once this one is settled (grpcx.UsageStatus and the httpx
-// problem answer use it).
+// admitted once this one is settled, if nothing else charges the key
+// meanwhile (to the millisecond on a shared store; a local share's
+// decision behind a fallback.Store, Degraded, is in its own scale).
+// grpcx.UsageStatus answers with it.
 type SpentError struct {
 	D spillway.Decision
 }
