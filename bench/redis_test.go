@@ -469,17 +469,22 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 // contender on a fresh redis-server:
 //
 //   - spillway_default_scope: a ratelimit.Limiter with the default scope
-//     (the policy's digest), key "spillway:<digest>:{user:12345}", through
-//     Allow from -goroutines callers (coalesced);
+//     (the policy's digest), key "spillway:<digest>;{user:12345}", through
+//     Allow from -goroutines callers (coalesced), with Redis TIME: the
+//     TAT kept compact (the key's expiry and a remainder in [0, 999], one
+//     of Redis's shared integers);
 //   - bare_set: SET "spillway:{user:12345}" <µs integer> PX, in pipelines
-//     of 1000: the floor of one integer string with a TTL under a key
-//     of the same allocation class (21 and 28 bytes both take a 32-byte
-//     jemalloc slot with their 4-byte sds header and terminator);
-//   - bare_set_12: the same with the key "{user:12345}" alone (12 bytes, a
-//     16-byte slot), the least any namespaced key could approach;
+//     of 1000: one integer string with a TTL under a key of the same
+//     allocation class (21 and 28 bytes both take a 32-byte jemalloc slot
+//     with their sds header and terminator), with a value object of its own;
+//   - bare_set_shared: the same key with a value in [0, 999] (a shared
+//     integer, no value object) and PXAT: the floor of the compact
+//     encoding under that key class;
+//   - bare_set_12: SET "{user:12345}" <µs integer> PX, the 12-byte key
+//     alone (a 16-byte slot);
 //   - redis_rate: go-redis/redis_rate v10 ("rate:user:12345").
 func BenchmarkRedisMemoryPerKey(b *testing.B) {
-	for _, name := range []string{"spillway_default_scope", "bare_set", "bare_set_12", "redis_rate"} {
+	for _, name := range []string{"spillway_default_scope", "bare_set", "bare_set_shared", "bare_set_12", "redis_rate"} {
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
 				srv := redistest.Start(b)
@@ -500,7 +505,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					rr := redis_rate.NewLimiter(c)
 					lim := redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}
 					allow = func(i int) error { _, err := rr.Allow(ctx, entity(i), lim); return err }
-				case "bare_set", "bare_set_12":
+				case "bare_set", "bare_set_shared", "bare_set_12":
 					prefix := "spillway:"
 					if name == "bare_set_12" {
 						prefix = ""
@@ -509,7 +514,12 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					for i := 0; i < n; i += 1000 {
 						pipe := c.Pipeline()
 						for j := i; j < min(i+1000, n); j++ {
-							pipe.Set(ctx, prefix+"{"+entity(j)+"}", now+3_600_000_000, time.Hour)
+							k := prefix + "{" + entity(j) + "}"
+							if name == "bare_set_shared" {
+								pipe.Do(ctx, "SET", k, j%1000, "PXAT", now/1000+3_600_000)
+								continue
+							}
+							pipe.Set(ctx, k, now+3_600_000_000, time.Hour)
 						}
 						if _, err := pipe.Exec(ctx); err != nil {
 							b.Fatal(err)

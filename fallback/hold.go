@@ -11,6 +11,21 @@ import (
 
 var _ ratelimit.Reserver = (*Store)(nil)
 
+// CanReserve reports whether Reserve can hold: nil when the inner and the
+// local store are both ratelimit.Reservers, else an error wrapping
+// ratelimit.ErrHoldUnsupported. tiers.New asks it, so that a config with
+// "cost: response" rules over a Store that cannot hold is refused when it
+// is built, not at every request.
+func (s *Store) CanReserve() error {
+	if _, ok := s.inner.(ratelimit.Reserver); !ok {
+		return fmt.Errorf("fallback: %w: inner store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.inner)
+	}
+	if _, ok := s.local.(ratelimit.Reserver); !ok {
+		return fmt.Errorf("fallback: %w: local store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.local)
+	}
+	return nil
+}
+
 // Reserve implements ratelimit.Reserver (reserve, then settle the actual
 // cost), with what Decide adds: the inner store holds, under the time
 // budget and the breaker, when it is a ratelimit.Reserver and answers;

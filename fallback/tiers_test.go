@@ -179,3 +179,38 @@ limits:
 		t.Fatalf("Redis after the outage: %d left, want 550 (the local holds stay local)", got)
 	}
 }
+
+// plainInner is a store that cannot hold.
+type plainInner struct{ ratelimit.Store }
+
+// A fallback.Store over a store that cannot hold refuses a "cost:
+// response" config when tiers.New builds it (CanReserve), instead of
+// failing every such request.
+func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
+	cfg, err := tiers.Parse("limits.yaml", []byte("limits:\n  - id: tokens\n    by: api_key\n    bucket: 600/minute\n    cost: response\n    estimate: 100\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := fallback.NewStore(plainInner{ratelimit.NewMemoryStore()}, fallback.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CanReserve(); !errors.Is(err, ratelimit.ErrHoldUnsupported) {
+		t.Fatalf("CanReserve = %v", err)
+	}
+	_, err = tiers.New(cfg, st)
+	want := `tiers: limits.yaml:2: rule "tokens": cost: response needs a store that holds estimates (a ratelimit.Reserver); fallback: ratelimit: holds are not supported: inner store fallback_test.plainInner is not a ratelimit.Reserver`
+	if err == nil || err.Error() != want || !errors.Is(err, ratelimit.ErrHoldUnsupported) {
+		t.Fatalf("tiers.New = %v\nwant %s", err, want)
+	}
+	ok, err := fallback.NewStore(ratelimit.NewMemoryStore(), fallback.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ok.CanReserve(); err != nil {
+		t.Fatalf("CanReserve over a memory store = %v", err)
+	}
+	if _, err := tiers.New(cfg, ok); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -40,7 +40,7 @@
 --              log: 0, 0, 0
 --
 -- State, one key per item:
---   bucket family   string "TAT" (µs)
+--   bucket family   the TAT (µs), encoded as ratelimit_holds.lua says
 --   fixed window    string "w:count"       (w = window index)
 --   window counter  string "w:prev:cur"
 --   window log      zset member -> admission time (µs)
@@ -54,7 +54,8 @@
 -- decision) and releases the expired holds of a bucket key marked by
 -- holds or a debt ("<tat>h…": see ratelimit_holds.lua, whose clamp TAT −
 -- 2·tau and reply range [0, 2·tau] for wait such a key follows). Phase 2 writes each item with n > 0 of every allowed group,
--- in order, with a PX TTL of ceil(reset/1000) ms ≥ 1: past it the
+-- in order, with a PX TTL of ceil(reset/1000) ms ≥ 1 (a plain TAT of the
+-- bucket family as ratelimit_token_bucket.lua writes it): past it the
 -- state is full and a missing key means the same. A denied group changes
 -- no state. A key of unexpected type or content (the policy
 -- changed algorithm) reads as empty and is overwritten. Two items on one
@@ -133,11 +134,13 @@ for g = 1, #sizes do
       local tau = B * T
       local s = getstr(key)
       local tat, marked, hn, last = s and tonumber(s), false, 0, 0
-      if tat == nil then
+      if tat ~= nil then
+        tat = tatof(key, tat)
+      else
         tat = 0
         if s then
           holdslib()
-          tat, marked, hn, last = hparse(s)
+          tat, marked, hn, last = hparse(s, key)
         end
       end
       if marked and hl[key] == nil then
@@ -175,12 +178,16 @@ for g = 1, #sizes do
         ok, rem, reset = 1, floor((tau - need) / T), need
         if rem < 0 then rem = 0 end
         if n > 0 then
-          local s = fmt('%d', t + need)
+          local plain = t + need
+          local s = fmt('%d', plain)
           local px = ttl(need)
           local h = hl[key]
-          if h ~= nil then s, px = hvalue(t + need, t, now, tau, h[1], h[2]) end
+          if h ~= nil then
+            s, px = hvalue(plain, t, now, tau, h[1], h[2])
+            plain = nil
+          end
           gp[key] = s
-          gw[#gw + 1] = {0, key, s, px}
+          gw[#gw + 1] = {0, key, s, px, plain}
         end
       end
 
@@ -326,7 +333,9 @@ end
 
 local replaced = {} -- log keys of another type already replaced
 for _, w in ipairs(writes) do
-  if w[1] == 0 then
+  if w[1] == 0 and w[5] then
+    tatset(w[2], w[5], w[4]) -- a plain TAT (ratelimit_holds.lua)
+  elseif w[1] == 0 then
     redis.call('SET', w[2], w[3], 'PX', w[4])
   else
     local key, uid, n, at, zkey, px = w[2], w[3], w[4], w[5], w[6], w[7]

@@ -6,9 +6,10 @@
 -- ratelimit_token_bucket.lua, ratelimit_batch.lua and
 -- ratelimit/algorithms.go (bucketDecide), with a smaller ARGV and reply.
 --
--- KEYS[i]  the state key of item i: a string holding the theoretical
---          arrival time TAT in integer µs (absent = full bucket). All keys
---          of one call hash to one Cluster slot; a key may repeat.
+-- KEYS[i]  the state key of item i: the theoretical arrival time TAT in
+--          integer µs (absent = full bucket), encoded as
+--          ratelimit_holds.lua says. All keys of one call hash to one
+--          Cluster slot; a key may repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2 .. 2+G]  only when the call has several groups (#ARGV ≠ 1 + 3N):
 --          G, then the number of items of each group, in KEYS order (they
@@ -39,10 +40,10 @@
 -- own made after the previous ones: a denied group charges nothing and
 -- changes nothing a later group sees.
 --
--- Writes: for each item with n > 0 of an allowed group: SET KEYS[i] TAT'
--- PX ceil(need/1000), TAT' = now' + need, in call order (a key charged
--- several times ends with its last charge, which includes the earlier
--- ones).
+-- Writes: for each item with n > 0 of an allowed group: TAT' = now' +
+-- need until it, as ratelimit_token_bucket.lua writes it, in call order
+-- (a key charged several times ends with its last charge, which includes
+-- the earlier ones).
 -- A denied group writes nothing but the release of the expired holds of
 -- a marked key ("<tat>h…", see ratelimit_holds.lua), which is kept; a
 -- marked key's clamp is TAT − 2·tau, and its charges keep the mark while
@@ -111,7 +112,9 @@ for g = 1, G do
     local tat, marked = pending[key], pmark and pmark[key]
     if tat == nil then
       tat, marked = tonumber(cur[i]), false
-      if tat == nil then
+      if tat ~= nil then
+        tat = tatof(key, tat)
+      else
         -- not a plain TAT: a marked key, no state or garbage (parsed and
         -- released once per call, then cached)
         if st == nil then
@@ -121,7 +124,7 @@ for g = 1, G do
         tat, marked = st[key], sm[key]
         if tat == nil then
           local hn, last
-          tat, marked, hn, last = hparse(cur[i])
+          tat, marked, hn, last = hparse(cur[i], key)
           if marked then
             local hkey = key .. ':h'
             local t0 = hnow(tat, now, tau, true)
@@ -173,6 +176,10 @@ for g = 1, G do
 end
 
 for j = 1, wn do
-  redis.call('SET', wk[j], wv[j], 'PX', wp[j])
+  if type(wv[j]) == 'number' then
+    tatset(wk[j], wv[j], wp[j]) -- a plain TAT
+  else
+    redis.call('SET', wk[j], wv[j], 'PX', wp[j]) -- marked (hvalue)
+  end
 end
 return reply

@@ -61,7 +61,7 @@ for i = 1, N do
   local n = tonumber(ARGV[b + 2])
   local k = S[key]
   if k == nil then
-    local tat, marked, hn, last = hparse(redis.pcall('GET', key))
+    local tat, marked, hn, last = hparse(redis.pcall('GET', key), key)
     if marked then
       local t0 = hnow(tat, now, tau, true)
       local reaped

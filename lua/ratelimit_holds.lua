@@ -4,7 +4,7 @@
 -- ratelimit_batch.lua, ratelimit_refund.lua, ratelimit_hold.lua and
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
--- A bucket's key K holds its TAT in µs, "<tat>" or, while the key is
+-- A bucket's key K holds its TAT in µs, plain (see below) or, while the key is
 -- marked (holds outstanding or a debt), "<tat>h<n>:<last>": n the number
 -- of live holds, last the latest end (µs) of anything in K..":h". That
 -- sorted set holds the key's holds (member "<hold id>/<i>=<estimate>",
@@ -16,6 +16,41 @@
 -- and only when, K is marked: a key without holds costs them nothing more
 -- than before.
 --
+-- The encoding of a plain TAT. When the scripts read Redis TIME (ARGV[1]
+-- is ""), the hot paths (ratelimit_token_bucket.lua, ratelimit_buckets.lua,
+-- ratelimit_batch.lua) write it compact: the key expires at E = ceil(TAT
+-- / 1000), a Unix time in ms (SET … PXAT E, the very TTL "until the bucket
+-- is full"), and holds r = E·1000 − TAT, an integer in [0, 999], which
+-- Redis keeps as one of its shared integers (no value object per key). A
+-- reader takes E from PEXPIRETIME: TAT = E·1000 − r, exactly (E·1000 <
+-- 2^53 until the year 2248). Any other plain value is the TAT itself
+-- (written by the rare paths — refunds, holds — and with a client clock,
+-- whose time is not Redis's and so cannot name an expiry): in TIME mode a
+-- TAT is a Unix time in µs, never below 1000. Redis before 7.0 has no
+-- PEXPIRETIME (nor redis.REDIS_VERSION_NUM): there the TAT is kept itself.
+local compact = ARGV[1] == '' and redis.REDIS_VERSION_NUM ~= nil
+
+-- the TAT of a plain key, x its value as a number
+local function tatof(key, x)
+  if compact and x < 1000 then
+    local e = redis.call('PEXPIRETIME', key)
+    if e > 0 then return e * 1000 - x end
+    return 0 -- no TTL: not ours, a full bucket
+  end
+  return x
+end
+
+-- writes a plain TAT; px is its TTL in ms from now (the client clock's
+-- encoding)
+local function tatset(key, tat, px)
+  if compact then
+    local e = math.floor((tat + 999) / 1000)
+    redis.call('SET', key, e * 1000 - tat, 'PXAT', e)
+  else
+    redis.call('SET', key, tat, 'PX', px)
+  end
+end
+
 -- holdslib() defines the helpers below on its first call (a script that
 -- never meets a marked key creates one closure, not five); call it before
 -- using them.
@@ -23,10 +58,11 @@ local hparse, hnow, hreap, hvalue, hwrite
 local function holdslib()
 if hparse ~= nil then return end
 
-function hparse(v) -- TAT, mark, n, last of a GET reply (0, false: no state)
+-- TAT, mark, n, last of a GET reply of key (0, false: no state)
+function hparse(v, key)
   if type(v) ~= 'string' then return 0, false, 0, 0 end
   local x = tonumber(v)
-  if x ~= nil then return x, false, 0, 0 end
+  if x ~= nil then return tatof(key, x), false, 0, 0 end
   local a, b, c = string.match(v, '^(%d+)h(%d+):(%d+)$')
   if a ~= nil then return tonumber(a), true, tonumber(b), tonumber(c) end
   return 0, false, 0, 0

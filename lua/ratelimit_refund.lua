@@ -69,9 +69,11 @@ for i = #KEYS, 1, -1 do
     if alg == 0 or alg == 1 or alg == 5 then
       local v = redis.pcall('GET', key)
       local cur, marked, hn, last = tonumber(v), false, 0, 0
-      if cur == nil then
+      if cur ~= nil then
+        cur = tatof(key, cur)
+      else
         holdslib()
-        local c, m, a1, a2 = hparse(v)
+        local c, m, a1, a2 = hparse(v, key)
         if m then cur, marked, hn, last = c, true, a1, a2 end
       end
       if marked then

@@ -61,7 +61,7 @@ for i = from, to, step do
   local est = tonumber(ARGV[b + 2])
   local actual = tonumber(ARGV[b + 3])
   local member, tomb = ARGV[b + 4], ARGV[b + 5]
-  local tat, marked, hn, last = hparse(redis.pcall('GET', key))
+  local tat, marked, hn, last = hparse(redis.pcall('GET', key), key)
   -- release what ended, as any touch of a marked key does; a settle also
   -- on a key that is not marked, which has no live holds but may have
   -- tombstones that ended. A cancel does not: the reserve it undoes did

@@ -280,3 +280,113 @@ func TestRateLimitRefundWindows(t *testing.T) {
 		}
 	}
 }
+
+// With Redis TIME (ARGV[1] ""), a plain TAT is kept compact: the key
+// expires at E = ceil(TAT/1000) ms and holds r = E·1000 − TAT in [0, 999],
+// a shared integer of Redis (no value object). Every script that reads a
+// bucket gets the TAT back exactly, to the µs: the buckets script's charge,
+// then the token-bucket script's, the batch script's and a reservation,
+// each on the state the one before wrote (which, past its wait, does not
+// depend on the time the script ran); a refund restores a compact key
+// exactly.
+func TestRateLimitCompactTAT(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const (
+		T   = 10_000_000 + 123 // 10 s and some µs: the remainders are not round
+		tau = 5 * T
+	)
+	buckets := func(key string, n int64) (now, wait, tat int64) {
+		t.Helper()
+		res, err := RateLimitBuckets.Run(ctx, c, []string{key}, "", T, tau, n).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := res.([]any)
+		return r[0].(int64), r[1].(int64), r[2].(int64)
+	}
+	// compact checks that key holds tat, compact.
+	compact := func(key string, tat int64) {
+		t.Helper()
+		v, err := c.Get(ctx, key).Int64()
+		if err != nil || v < 0 || v > 999 {
+			t.Fatalf("%s = %d (%v), want an integer in [0, 999]", key, v, err)
+		}
+		e, err := c.PExpireTime(ctx, key).Result()
+		if err != nil || e.Milliseconds()*1000-v != tat {
+			t.Fatalf("%s: PEXPIRETIME %v (%v), value %d: TAT %d, want %d", key, e, err, v, e.Milliseconds()*1000-v, tat)
+		}
+		if enc, err := c.ObjectEncoding(ctx, key).Result(); err != nil || enc != "int" {
+			t.Fatalf("%s: encoding %q (%v), want int", key, enc, err)
+		}
+		// a shared integer: its reference count is OBJ_SHARED_REFCOUNT
+		if rc, err := c.ObjectRefCount(ctx, key).Result(); err != nil || rc != 2147483647 {
+			t.Fatalf("%s: refcount %d (%v), want the shared integers' 2147483647", key, rc, err)
+		}
+	}
+	peek := func(key string) int64 {
+		t.Helper()
+		_, _, tat := buckets(key, 0)
+		return tat
+	}
+
+	now0, wait, tat := buckets("k", 1) // a fresh key: TAT' = now + T
+	if wait != 0 || tat != 0 {
+		t.Fatalf("fresh key: wait %d, tat %d, want 0, 0", wait, tat)
+	}
+	want := now0 + T
+	compact("k", want)
+	if got := peek("k"); got != want {
+		t.Fatalf("buckets script reads TAT %d, want %d", got, want)
+	}
+
+	// the token-bucket script: TAT' = TAT + T (the key is not full)
+	res, err := RateLimitTokenBucket.Run(ctx, c, []string{"k"}, "", T, tau, 1).Result()
+	if err != nil || res.(int64) <= 0 || res.(int64) > T {
+		t.Fatalf("token-bucket script: %v %v, want a wait in (0, T]", res, err)
+	}
+	want += T
+	compact("k", want)
+	if got := peek("k"); got != want {
+		t.Fatalf("after the token-bucket script: TAT %d, want %d", got, want)
+	}
+
+	// the batch script (GCRA item): it replies the TAT it saw
+	res, err = RateLimitBatch.Run(ctx, c, []string{"k"}, "", 1, 1, 5*T, 5, T, 1, "").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res.([]any); r[1] != int64(1) || r[6] != want {
+		t.Fatalf("batch script: %v, want allowed having seen TAT %d", r, want)
+	}
+	want += T
+	compact("k", want)
+
+	// a refund of a charge of the buckets script restores the TAT it saw
+	_, _, seen := buckets("k", 1)
+	if seen != want {
+		t.Fatalf("buckets script saw %d, want %d", seen, want)
+	}
+	wrote := want + T
+	compact("k", wrote)
+	res, err = RateLimitRefund.Run(ctx, c, []string{"k"}, "", 1, T, 1, "", want, 0, 0, wrote, 0, 0).Result()
+	if err != nil || res != int64(1) {
+		t.Fatalf("refund: %v %v, want 1 restored", res, err)
+	}
+	if got := peek("k"); got != want {
+		t.Fatalf("after the refund: TAT %d, want %d", got, want)
+	}
+
+	// a reservation sees the TAT and marks the key (a string of its own)
+	res, err = RateLimitHold.Run(ctx, c, []string{"k", "k:h"}, "", 60_000_000, T, tau, 1, "h1/0=1").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res.([]any); r[1] != int64(1) || r[3] != want || r[4] != want+T {
+		t.Fatalf("hold script: %v, want allowed, having seen TAT %d and left %d", r, want, want+T)
+	}
+	if v, err := c.Get(ctx, "k").Result(); err != nil || !strings.HasPrefix(v, fmt.Sprintf("%dh1:", want+T)) {
+		t.Fatalf("k = %q (%v), want marked with TAT %d", v, err, want+T)
+	}
+}

@@ -3,8 +3,8 @@
 -- the bucket family). Same arithmetic as ratelimit_batch.lua and
 -- ratelimit/algorithms.go (bucketDecide).
 --
--- KEYS[1]  the state key: a string holding the theoretical arrival time TAT
---          in integer µs (absent = full bucket)
+-- KEYS[1]  the state key: the theoretical arrival time TAT in integer µs
+--          (absent = full bucket), encoded as ratelimit_holds.lua says
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2]  T, the emission interval ceil(Period/Limit) in µs (≥ 1)
 -- ARGV[3]  tau = Burst·T in µs, the capacity in time (≤ 2^52)
@@ -18,8 +18,10 @@
 -- and reset = need; when denied, remaining = floor((tau − wait)/T), reset =
 -- wait and retry = need − tau (0 when n·T > tau: it never fits).
 --
--- Writes: only when allowed with n > 0: SET KEYS[1] TAT' PX ceil(need/1000),
--- TAT' = now' + need (≥ 1 ms; at its end the bucket is full, and no key
+-- Writes: only when allowed with n > 0: TAT' = now' + need, until it (with
+-- Redis TIME: SET KEYS[1] r PXAT ceil(TAT'/1000), the compact encoding of
+-- ratelimit_holds.lua; with the client's clock: SET KEYS[1] TAT' PX
+-- ceil(need/1000), ≥ 1 ms; at its end the bucket is full, and no key
 -- means the same). A denial writes nothing. A marked key ("<tat>h…") takes
 -- the holds path: its expired holds are released first (written whatever
 -- the decision), the clamp is TAT − 2·tau, and a charge keeps the mark
@@ -39,10 +41,12 @@ local tau = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 local v = redis.pcall('GET', KEYS[1])
 local tat = tonumber(v)
-if tat == nil then
+if tat ~= nil then
+  tat = tatof(KEYS[1], tat)
+else
   holdslib()
   local marked, hn, last
-  tat, marked, hn, last = hparse(v)
+  tat, marked, hn, last = hparse(v, KEYS[1])
   if marked then
     -- a key with holds or a debt (ratelimit_holds.lua): release the
     -- expired holds, then decide with the clamp TAT - 2·tau
@@ -63,6 +67,6 @@ local wait = 0
 if tat > now then wait = tat - now end
 local need = wait + n * T
 if n > 0 and need <= tau then
-  redis.call('SET', KEYS[1], now + need, 'PX', math.floor((need + 999) / 1000))
+  tatset(KEYS[1], now + need, math.floor((need + 999) / 1000))
 end
 return wait

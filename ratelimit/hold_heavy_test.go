@@ -275,10 +275,10 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	}
 	clk.Add(time.Microsecond)
 	wantDecision(t, "after the TTL", peek(t, alive, "key"), true, 100, 0, 0)
-	for _, k := range []string{"spillway:gen:{key}", "spillway:gen:{key}:h"} {
+	for _, k := range []string{"spillway:gen;{key}", "spillway:gen;{key}:h"} {
 		v, _ := srv.Client(t).Get(ctx, k).Result()
 		n, _ := srv.Client(t).Exists(ctx, k).Result()
-		if k == "spillway:gen:{key}:h" && n != 0 || k == "spillway:gen:{key}" && strings.HasSuffix(v, "h") {
+		if k == "spillway:gen;{key}:h" && n != 0 || k == "spillway:gen;{key}" && strings.HasSuffix(v, "h") {
 			t.Fatalf("after the TTL %s = %q (exists %d): the holds are still there", k, v, n)
 		}
 	}
@@ -431,14 +431,14 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	dropped := mustReserve(t, l, "b", 5)
 	mustSettle(t, settled, 2, SettleApplied)
 	_ = dropped
-	for _, k := range []string{"spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h"} {
+	for _, k := range []string{"spillway:ttl;{a}", "spillway:ttl;{a}:h", "spillway:ttl;{b}", "spillway:ttl;{b}:h"} {
 		ttl, err := c.PTTL(ctx, k).Result()
 		if err != nil || ttl <= 0 || ttl > 300*time.Millisecond {
 			t.Fatalf("PTTL %s = %v %v, want in (0, 300ms]", k, ttl, err)
 		}
 	}
 	time.Sleep(350 * time.Millisecond)
-	if n, err := c.Exists(ctx, "spillway:ttl:{a}", "spillway:ttl:{a}:h", "spillway:ttl:{b}", "spillway:ttl:{b}:h").Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, "spillway:ttl;{a}", "spillway:ttl;{a}:h", "spillway:ttl;{b}", "spillway:ttl;{b}:h").Result(); err != nil || n != 0 {
 		t.Fatalf("%d keys left after the holds' TTL (%v), want none", n, err)
 	}
 	wantDecision(t, "after the keys expired", peek(t, l, "b"), true, 1000, 0, 0)

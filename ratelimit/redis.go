@@ -24,13 +24,17 @@ import (
 // call is in flight are coalesced into one script call (WithCoalescing,
 // on by default); see docs/ratelimit-redis.md.
 //
-// Keys are keys.Key(prefix, scope, key): the entity is the Redis Cluster
-// hash tag, so the tiers of one entity share a slot. TokenBucket, GCRA and
-// LeakyBucket share one string per (scope, key), the theoretical arrival
-// time in µs (as in the memory store); the windows add a suffix outside the
-// tag (":fw", ":swc", ":swl") so that a policy that changes algorithm never
-// reads another layout's state. Every key carries a millisecond TTL that
-// ends when its state is back to full.
+// Keys are prefix + scope + sep + "{" + key + "}" (internal/keys): the
+// entity is the Redis Cluster hash tag, so the tiers of one entity share a
+// slot. TokenBucket, GCRA and LeakyBucket share one string per (scope,
+// key), "<prefix><scope>;{<key>}", the theoretical arrival time in µs (as
+// in the memory store); with Redis TIME it is kept compact, the key's
+// expiry in ms and the remaining µs as a small integer (see
+// docs/ratelimit-redis.md). The windows' keys are
+// "<prefix><scope>:{<key>}" with a suffix outside the tag (":fw", ":swc",
+// ":swl") so that a policy that changes algorithm never reads another
+// layout's state. Every key carries a millisecond TTL that ends when its
+// state is back to full.
 //
 // On a *redis.ClusterClient (and a *redis.Ring) the items of a batch are
 // grouped by slot (by shard), the groups run in parallel, and when one
@@ -107,19 +111,25 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 	return s
 }
 
-// layout suffixes: the bucket family's key is the bare keys.Key (the
-// common, memory-bound case), the windows' keys end after the hash tag.
+// bucketSep separates the scope from the entity's hash tag in the bucket
+// family's keys: ';' since the compact encoding of a TAT (lua/
+// ratelimit_holds.lua), which the versions before it read as a full
+// bucket, so that the two never share a key (keys.KeyWith).
+const bucketSep = ';'
+
+// layout suffixes: the bucket family's key is keys.KeyWith(…, bucketSep, …)
+// with nothing after the tag (the common, memory-bound case); the windows'
+// keys are keys.Key and end after the hash tag.
 func redisKey(prefix string, it *Item) string {
-	k := keys.Key(prefix, it.Scope, it.Key)
 	switch it.Policy.Algorithm {
 	case FixedWindow:
-		return k + ":fw"
+		return keys.Key(prefix, it.Scope, it.Key) + ":fw"
 	case SlidingWindowCounter:
-		return k + ":swc"
+		return keys.Key(prefix, it.Scope, it.Key) + ":swc"
 	case SlidingWindowLog:
-		return k + ":swl"
+		return keys.Key(prefix, it.Scope, it.Key) + ":swl"
 	}
-	return k
+	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
 }
 
 // nowArg is ARGV[1] of the scripts: the client's µs time, or "" for TIME.

@@ -789,3 +789,124 @@ func TestRedisStoreRing(t *testing.T) {
 		}
 	}
 }
+
+// memTAT is the TAT the memory store holds for a bucket-family item (0:
+// none).
+func memTAT(s *MemoryStore, it *Item) int64 {
+	k := s.prepare(it.Scope, it.Key, it.Policy.Algorithm)
+	sh := &s.shards[k.shard]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.find(&k); e != nil {
+		return e.a
+	}
+	return 0
+}
+
+// With Redis TIME the bucket family's TAT is kept compact (the key's
+// expiry in ms and the µs left over as a small integer: lua/
+// ratelimit_holds.lua). Random batches of bucket items, run by the
+// buckets script and, with a fixed-window item added, by the batch
+// script, on real time: every TAT a script saw equals, to the µs, the
+// one the memory store holds when it is still in the future (one at or
+// before now may have expired: it means a full bucket either way), and
+// the memory store, its clock set to the time each script call decided
+// at, makes the same decisions.
+func TestRedisStoreCompactTATDifferential(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	rs := NewRedisStore(c, WithCoalescing(0)) // Redis TIME
+	var memNow atomic.Int64
+	ms := NewMemoryStore(WithClock(func() time.Time { return time.UnixMicro(memNow.Load()) }))
+	policies := []Policy{
+		{Algorithm: GCRA, Limit: 7, Period: 3 * time.Millisecond, Burst: 3},                            // T = 429 µs
+		{Algorithm: TokenBucket, Limit: 1000, Period: time.Second, Burst: 5},                           // T = 1 ms
+		{Algorithm: LeakyBucket, Limit: 3, Period: 10*time.Millisecond + 7*time.Microsecond, Burst: 2}, // T = 3336 µs
+		{Algorithm: GCRA, Limit: 10, Period: time.Hour + 123*time.Microsecond, Burst: 4},               // keys that stay
+	}
+	fw := Policy{Algorithm: FixedWindow, Limit: 1000, Period: time.Hour}
+	r := rand.New(rand.NewPCG(7, 13))
+	seenLive, batches := 0, 0
+	for step := range 600 {
+		// distinct keys in a batch: the memory store's state before the
+		// batch is then what each item sees
+		perm := r.Perm(len(policies) * 2)
+		items := make([]Item, 1+r.IntN(3))
+		for i := range items {
+			p := policies[perm[i]%len(policies)]
+			cost := int64(1)
+			switch r.IntN(8) {
+			case 0:
+				cost = 0
+			case 1:
+				cost = p.Capacity()
+			case 2:
+				cost = p.Capacity() + 1
+			}
+			items[i] = Item{Scope: fmt.Sprintf("s%d", perm[i]%len(policies)), Key: fmt.Sprintf("e%d", perm[i]/len(policies)), Policy: p, Cost: cost}
+		}
+		batch := r.IntN(4) == 0
+		if batch {
+			items = append(items, Item{Scope: "w", Key: "e0", Policy: fw, Cost: 0})
+		}
+		g := &group{old: make([][3]int64, len(items)), uids: make([]string, len(items))}
+		outR := make([]spillway.Decision, len(items))
+		var okR bool
+		var err error
+		if batch {
+			okR, _, err = rs.runBatch(ctx, items, outR, g)
+			batches++
+		} else {
+			okR, err = rs.runBuckets(ctx, items, outR, g)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		memNow.Store(g.now)
+		for i := range items {
+			if items[i].Policy.Algorithm == FixedWindow {
+				continue
+			}
+			want, seen := memTAT(ms, &items[i]), g.old[i][0]
+			if want > g.now {
+				seenLive++
+				if seen != want {
+					t.Fatalf("step %d item %d (%+v): the script saw TAT %d, the memory store holds %d (now %d)", step, i, items[i], seen, want, g.now)
+				}
+			} else if seen != 0 && seen != want {
+				t.Fatalf("step %d item %d (%+v): the script saw TAT %d, want 0 or the expired %d (now %d)", step, i, items[i], seen, want, g.now)
+			}
+		}
+		outM := make([]spillway.Decision, len(items))
+		okM, err := ms.Decide(ctx, items, outM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if okR != okM {
+			t.Fatalf("step %d: allowed: redis %v, memory %v; items %+v", step, okR, okM, items)
+		}
+		for i := range items {
+			if outR[i] != outM[i] {
+				t.Fatalf("step %d item %d (%+v):\n redis  %+v\n memory %+v", step, i, items[i], outR[i], outM[i])
+			}
+		}
+		if r.IntN(50) == 0 {
+			it := items[0]
+			if err := rs.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+			if err := ms.Reset(ctx, it.Scope, it.Key, it.Policy); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if seenLive < 300 || batches < 100 {
+		t.Fatalf("%d live TATs seen, %d batch-script calls: too few to say anything", seenLive, batches)
+	}
+	// the keys are compact: a small integer, shared (no value object)
+	k := redisKey("spillway:", &Item{Scope: "s3", Key: "e0", Policy: policies[3]})
+	if v, err := c.Get(ctx, k).Int64(); err == nil && (v < 0 || v > 999) {
+		t.Fatalf("%s = %d, want the compact remainder in [0, 999]", k, v)
+	}
+}

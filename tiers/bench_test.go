@@ -131,3 +131,133 @@ func BenchmarkRedisInterleaved(b *testing.B) {
 	b.ReportMetric(float64(spent[1])/float64(spent[0]), "three-tier/single")
 	b.ReportMetric(float64(spent[2])/float64(spent[0]), "three-seq/single")
 }
+
+const (
+	// benchPlainTwo: a request count and a token count, both charged at
+	// admission (the token count at the request's cost).
+	benchPlainTwo = `
+limits:
+  - id: calls
+    endpoint: /api/v1/*
+    by: api_key
+    bucket: 1000000/second
+  - id: tokens
+    endpoint: /api/v1/*
+    by: api_key
+    bucket: 60000000/minute, burst 500000
+`
+	// benchResponse: the same, the token count charged on the response.
+	benchResponse = `
+limits:
+  - id: calls
+    endpoint: /api/v1/*
+    by: api_key
+    bucket: 1000000/second
+  - id: tokens
+    endpoint: /api/v1/*
+    by: api_key
+    bucket: 60000000/minute, burst 500000
+    cost: response
+    estimate: 250
+`
+	benchCalls = "limits:\n  - id: calls\n    endpoint: /api/v1/*\n    by: api_key\n    bucket: 1000000/second\n"
+)
+
+// BenchmarkRedisResponseInterleaved compares, against one real
+// redis-server, whole request lifecycles (Admit, report 200, done) in
+// alternating rounds of 100: "plain" two rules charged at admission (one
+// round trip, nothing to settle); "response" the token rule with cost:
+// response, held in one Reserve with the request rule and settled when
+// done runs (two round trips); "separate" what the examples did by hand
+// before: a tiers check of the request rule, then Limiter.Reserve and
+// Hold.Settle of the tokens (three round trips).
+func BenchmarkRedisResponseInterleaved(b *testing.B) {
+	srv := redistest.Start(b)
+	store := ratelimit.NewRedisStore(srv.Client(b))
+	plain := mustLimiter(b, benchPlainTwo, store)
+	resp := mustLimiter(b, benchResponse, store)
+	calls := mustLimiter(b, benchCalls, store)
+	tokens, err := ratelimit.New(store, ratelimit.Policy{Limit: 1000000, Period: time.Second, Burst: 500000}, ratelimit.WithScope("bench-tokens"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rs := benchRequests()
+	ctx := context.Background()
+	lifecycle := [3]func(r *spillway.Request){
+		func(r *spillway.Request) {
+			if d, _, err := plain.Admit(ctx, r); err != nil || !d.Allowed {
+				b.Fatalf("%+v %v", d, err)
+			}
+		},
+		func(r *spillway.Request) {
+			r.Usage = new(spillway.Usage)
+			d, done, err := resp.Admit(ctx, r)
+			if err != nil || !d.Allowed {
+				b.Fatalf("%+v %v", d, err)
+			}
+			if err := r.Usage.Set(200); err != nil {
+				b.Fatal(err)
+			}
+			done(spillway.Success)
+			r.Usage = nil
+		},
+		func(r *spillway.Request) {
+			if d, _, err := calls.Admit(ctx, r); err != nil || !d.Allowed {
+				b.Fatalf("%+v %v", d, err)
+			}
+			k, _ := r.Get(spillway.DimAPIKey)
+			h, err := tokens.Reserve(ctx, k, 250)
+			if err != nil || !h.Allowed() {
+				b.Fatalf("%v", err)
+			}
+			if _, err := h.Settle(ctx, 200); err != nil {
+				b.Fatal(err)
+			}
+		},
+	}
+	var spent [3]time.Duration
+	const round = 100
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += round {
+		for v, f := range lifecycle {
+			start := time.Now()
+			for j := i; j < i+round && j < b.N; j++ {
+				f(rs[j&1023])
+			}
+			spent[v] += time.Since(start)
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(spent[0].Nanoseconds())/n, "plain-ns/req")
+	b.ReportMetric(float64(spent[1].Nanoseconds())/n, "response-ns/req")
+	b.ReportMetric(float64(spent[2].Nanoseconds())/n, "separate-ns/req")
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "response/plain")
+	b.ReportMetric(float64(spent[2])/float64(spent[1]), "separate/response")
+}
+
+// BenchmarkMemoryResponse is one lifecycle on the memory store: a plain
+// two-rule check against Admit, report and done with cost: response.
+func BenchmarkMemoryResponse(b *testing.B) {
+	store := ratelimit.NewMemoryStore()
+	plain := mustLimiter(b, benchPlainTwo, store)
+	resp := mustLimiter(b, benchResponse, store)
+	b.Run("plain", func(b *testing.B) { benchAdmit(b, plain) })
+	b.Run("response", func(b *testing.B) {
+		rs := benchRequests()
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			r := rs[i&1023]
+			r.Usage = new(spillway.Usage)
+			d, done, err := resp.Admit(ctx, r)
+			if err != nil || !d.Allowed {
+				b.Fatalf("%+v %v", d, err)
+			}
+			_ = r.Usage.Set(200)
+			done(spillway.Success)
+			r.Usage = nil
+		}
+	})
+}

@@ -60,8 +60,10 @@ var ErrSpent = errors.New("tiers: limit spent")
 // done): when done runs the hold settles to the total, putting the key
 // into debt. D is the denial to answer with: Limiter names the rule,
 // RetryAfter is when a new request holding the same estimate can be
-// admitted once this one is settled (grpcx.UsageStatus and the httpx
-// problem answer use it).
+// admitted once this one is settled, if nothing else charges the key
+// meanwhile (to the millisecond on a shared store; a local share's
+// decision behind a fallback.Store, Degraded, is in its own scale).
+// grpcx.UsageStatus answers with it.
 type SpentError struct {
 	D spillway.Decision
 }
@@ -252,7 +254,12 @@ type held struct {
 }
 
 func (l *Limiter) newHeld(ctx context.Context, h *hold, items []ratelimit.Item, rules []*crule, usage *spillway.Usage) *held {
-	hs := &held{l: l, ctx: context.WithoutCancel(ctx), h: h.h, items: h.items, rules: make([]*crule, len(h.idx)), usage: usage, extra: make([]int64, len(h.idx))}
+	hs := &held{l: l, h: h.h, items: h.items, usage: usage}
+	if l.observer != nil {
+		hs.ctx = context.WithoutCancel(ctx)
+	}
+	hs.extra = make([]int64, len(h.idx))
+	hs.rules = make([]*crule, len(h.idx))
 	steps := false
 	for j, i := range h.idx {
 		ru := rules[i]
@@ -285,11 +292,19 @@ func (hs *held) step(total int64) error {
 	if hs.refused != nil {
 		return hs.refused
 	}
-	var (
-		buf  [batchStack]ratelimit.Item
-		ibuf [batchStack]int
-	)
-	over, idx := buf[:0], ibuf[:0]
+	for i := range hs.items {
+		if ru := hs.rules[i]; ru.response && !ru.shadow && total > hs.items[i].Cost+hs.extra[i] {
+			return hs.charge(total)
+		}
+	}
+	return nil // within what is held: no store call
+}
+
+// charge is step's store call: one Decide of every enforced response
+// item's overrun (called with hs.mu held).
+func (hs *held) charge(total int64) error {
+	var over []ratelimit.Item
+	var idx []int
 	for i := range hs.items {
 		if ru := hs.rules[i]; !ru.response || ru.shadow {
 			continue
@@ -299,9 +314,6 @@ func (hs *held) step(total int64) error {
 			it.Cost = total - covered
 			over, idx = append(over, it), append(idx, i)
 		}
-	}
-	if len(over) == 0 {
-		return nil
 	}
 	out := make([]spillway.Decision, len(over))
 	ctx, stop := context.WithTimeout(context.Background(), hs.l.settleTimeout)

@@ -595,3 +595,57 @@ func TestMatchesResponse(t *testing.T) {
 		t.Fatal("CostSource.String")
 	}
 }
+
+// Concurrent steps of one request and concurrent requests of one key add
+// up exactly: every unit reported is charged once.
+func TestResponseCostConcurrent(t *testing.T) {
+	const yml = `
+limits:
+  - id: tokens
+    endpoint: /gen
+    by: api_key
+    bucket: 60000/minute
+    cost: response
+    estimate: 100
+`
+	for _, s := range holdStores(t) {
+		t.Run(s.name, func(t *testing.T) {
+			clk := newClock()
+			store := s.new(t, clk)
+			l := mustLimiter(t, yml, store)
+			r := metered("c1")
+			done := admitOK(t, l, r, allowed("tokens", 60000, 59900, 100*time.Millisecond))
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 20 {
+						if err := r.Usage.Add(10); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			done(spillway.Success)
+			if got := peek(t, l, store, metered("c1"))["tokens"]; got != 60000-1600 {
+				t.Fatalf("after 8×20 steps of 10: %d left, want %d", got, 60000-1600)
+			}
+			for range 20 {
+				wg.Go(func() {
+					r := metered("c2")
+					d, done, err := l.Admit(context.Background(), r)
+					if err != nil || !d.Allowed {
+						t.Errorf("%+v %v", d, err)
+						return
+					}
+					_ = r.Usage.Set(150)
+					done(spillway.Success)
+				})
+			}
+			wg.Wait()
+			if got := peek(t, l, store, metered("c2"))["tokens"]; got != 60000-20*150 {
+				t.Fatalf("after 20 requests of 150: %d left, want %d", got, 60000-20*150)
+			}
+		})
+	}
+}

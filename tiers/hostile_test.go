@@ -27,12 +27,38 @@ limits:
     bucket: 20/hour, burst 30
 `
 
+// hostileResponse is hostileRules with the user tier charged on the
+// response (an estimate of 1, so that cost 0 means 1 for both tiers): the
+// two are held in one Reserve, and done (nothing reported) lets the
+// estimate, Request.Cost, stand.
+const hostileResponse = `
+limits:
+  - id: per_ip
+    endpoint: GET /x
+    by: ip
+    bucket: 10/hour
+  - id: per_user
+    endpoint: GET /x
+    by: user
+    bucket: 20/hour, burst 30
+    cost: response
+    estimate: 1
+`
+
 // TestHostileTiers runs the hostile-input suite on a two-tier rule set
 // (10 per IP, 30 per user; both checked in one batch) over the memory
 // store and over Redis and a 3×3 Cluster: a cost the IP tier can never
-// admit is CostExceedsLimit and charges neither tier.
+// admit is CostExceedsLimit and charges neither tier. The same again with
+// the user tier charged on the response (held, then settled).
 func TestHostileTiers(t *testing.T) {
-	cfg, err := Parse("hostile.yaml", []byte(hostileRules))
+	redisClients := map[string]redis.UniversalClient{"redis": redistest.Start(t).Client(t), "cluster": redistest.StartCluster(t).Client(t)}
+	for _, rules := range []struct{ name, yml string }{{"request", hostileRules}, {"response", hostileResponse}} {
+		t.Run(rules.name, func(t *testing.T) { hostileTiers(t, rules.yml, redisClients) })
+	}
+}
+
+func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.UniversalClient) {
+	cfg, err := Parse("hostile.yaml", []byte(yml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +78,8 @@ func TestHostileTiers(t *testing.T) {
 				r := &spillway.Request{Method: "GET", Endpoint: "/x", Priority: spillway.Critical, Cost: costs[0]}
 				r.Set(spillway.DimIP, "10.0.0.1")
 				r.Set(spillway.DimUser, "ann")
-				d, _, err := l.Admit(ctx, r)
+				d, done, err := l.Admit(ctx, r)
+				done(spillway.Success)
 				return d.Allowed, []spillway.Decision{d}, err
 			},
 			State: state,
@@ -63,7 +90,7 @@ func TestHostileTiers(t *testing.T) {
 	mkMem := func() ratelimit.Store { mem = &peekStore{MemoryStore: ratelimit.NewMemoryStore(clock)}; return mem }
 	memState := func(ctx context.Context) (string, error) { return mem.state(ctx) }
 	t.Run("memory", func(t *testing.T) { hostiletest.Run(t, subject(mkMem, memState)) })
-	for name, c := range map[string]redis.UniversalClient{"redis": redistest.Start(t).Client(t), "cluster": redistest.StartCluster(t).Client(t)} {
+	for name, c := range redisClients {
 		mkRed := func() ratelimit.Store {
 			_ = hostiletest.RedisDelete(context.Background(), c, "hostile:*")
 			return ratelimit.NewRedisStore(c, clock, ratelimit.WithPrefix("hostile:"))
@@ -92,6 +119,16 @@ func (p *peekStore) Decide(ctx context.Context, items []ratelimit.Item, out []sp
 		}
 	}
 	return p.MemoryStore.Decide(ctx, items, out)
+}
+
+func (p *peekStore) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
+	for _, it := range items {
+		it.Cost = 0
+		if !slices.Contains(p.seen, it) {
+			p.seen = append(p.seen, it)
+		}
+	}
+	return p.MemoryStore.Reserve(ctx, items, ttl)
 }
 
 func (p *peekStore) state(ctx context.Context) (string, error) {

@@ -76,6 +76,9 @@ func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
 	}
 	l := &Limiter{store: store, name: "tiers", holdTTL: ratelimit.DefaultHoldTTL, settleTimeout: spillway.DefaultBudget}
 	l.reserver, _ = store.(ratelimit.Reserver)
+	if c, ok := store.(interface{ CanReserve() error }); ok && c.CanReserve() != nil {
+		l.reserver = nil // a wrapper over stores that cannot hold (fallback.Store.CanReserve)
+	}
 	for _, o := range opts {
 		o(l)
 	}
@@ -96,6 +99,16 @@ func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
+// cannotHold says why store does not hold.
+func cannotHold(store ratelimit.Store) string {
+	if c, ok := store.(interface{ CanReserve() error }); ok {
+		if err := c.CanReserve(); err != nil {
+			return err.Error()
+		}
+	}
+	return fmt.Sprintf("%T is not one", store)
+}
+
 // compile is compile, plus what depends on the store: a "cost: response"
 // rule needs one that holds.
 func (l *Limiter) compile(cfg *Config) (*compiled, error) {
@@ -106,7 +119,7 @@ func (l *Limiter) compile(cfg *Config) (*compiled, error) {
 	if r := c.response; r != nil && l.reserver == nil {
 		field := fmt.Sprintf("rule %q", r.id)
 		return nil, &ConfigError{File: cfg.File, Line: r.line, Field: field, Err: ratelimit.ErrHoldUnsupported,
-			Msg: fmt.Sprintf("cost: response needs a store that holds estimates (a ratelimit.Reserver); %T is not one", l.store)}
+			Msg: fmt.Sprintf("cost: response needs a store that holds estimates (a ratelimit.Reserver); %s", cannotHold(l.store))}
 	}
 	return c, nil
 }

@@ -1,6 +1,7 @@
 // Package keys builds every Redis key spillway writes, in one place.
 //
-// A physical key is prefix + scope + ":{" + entity + "}". The entity (an IP,
+// A physical key is prefix + scope + ":{" + entity + "}" (another
+// separator than ':' makes a layout of its own: KeyWith). The entity (an IP,
 // a user id, an API key, possibly with its dimension name) is the Redis
 // Cluster hash tag, so all state of one entity lives in one slot and
 // different entities spread over the cluster; there is never one tag for
@@ -74,13 +75,22 @@ func Digest(s string) string {
 }
 
 // Key returns prefix + Escape(scope) + ":{" + Escape(entity) + "}".
-func Key(prefix, scope, entity string) string {
+func Key(prefix, scope, entity string) string { return KeyWith(prefix, scope, ':', entity) }
+
+// KeyWith returns prefix + Escape(scope) + sep + "{" + Escape(entity) +
+// "}": a layout of its own for each sep. The scope is escaped, so the
+// first '{' of a key is always the one after sep, and keys of two layouts
+// (two seps) never collide. The rate limiter's bucket family uses ';'
+// since its state changed encoding, so that a version that cannot read
+// the new encoding never shares a key with one that writes it.
+func KeyWith(prefix, scope string, sep byte, entity string) string {
 	scope, entity = Escape(scope), Escape(entity)
 	var b strings.Builder
 	b.Grow(len(prefix) + len(scope) + len(entity) + 3)
 	b.WriteString(prefix)
 	b.WriteString(scope)
-	b.WriteString(":{")
+	b.WriteByte(sep)
+	b.WriteByte('{')
 	b.WriteString(entity)
 	b.WriteByte('}')
 	return b.String()

@@ -78,3 +78,16 @@ func TestDigest(t *testing.T) {
 		t.Fatalf("default key %q is %d bytes, want 28", got, len(got))
 	}
 }
+
+// KeyWith's separator makes a layout of its own: the same scope and entity
+// give another key with the same hash tag, and no scope (escaped) can make
+// a key of one layout equal one of the other.
+func TestKeyWithSeparator(t *testing.T) {
+	a, b := Key("sp:", "s", "e"), KeyWith("sp:", "s", ';', "e")
+	if a != "sp:s:{e}" || b != "sp:s;{e}" || Tag(a) != Tag(b) {
+		t.Fatalf("Key %q, KeyWith %q (tags %q, %q)", a, b, Tag(a), Tag(b))
+	}
+	if k := KeyWith("sp:", "s;{e}", ':', "x"); k == KeyWith("sp:", "s", ';', "e}:{x") || strings.Count(k, "{") != 1 {
+		t.Fatalf("a scope with a separator and braces made %q", k)
+	}
+}
