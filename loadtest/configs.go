@@ -5,6 +5,7 @@ import (
 	"errors"
 	"expvar"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -138,6 +139,16 @@ var degradedCauses = expvar.NewMap("degraded_causes")
 // database slots: half the backend's mean service time, far under the
 // clients' 1 s timeout.
 const queueWait = 100 * time.Millisecond
+
+// criticalWait is how long a Critical or CriticalPlus request may wait
+// for a slot of the full chain's learned pool; lower priorities wait
+// queueWait. A freed slot goes to the highest priority waiting, so a
+// Critical request waits only behind other Critical work: when that
+// queue is long (the database's capacity halved, Critical work nearly
+// half of it), a longer wait serves it rather than sending it back to
+// retry after a second. A wait plus a slow query stays under the
+// clients' 1 s timeout.
+const criticalWait = 300 * time.Millisecond
 
 // perKeyConcurrency is how many requests one API key may have in flight
 // across the fleet.
@@ -278,10 +289,15 @@ var blockTitles = map[string]string{
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
 // keeps for Critical and CriticalPlus work.
-const fleetReserve = 0.03
+const fleetReserve = 0
 
 // fleetInterval is how often each server reports to the fleet shedder.
 const fleetInterval = 50 * time.Millisecond
+
+// fleetTTL is how long a server's report to the fleet shedder counts: a
+// server that crashed stops holding its part of the fleet's capacity this
+// long after its last report (ten intervals).
+const fleetTTL = 10 * fleetInterval
 
 // fullChain returns the builder of the full spillway chain without the
 // block named removed ("" for the whole chain). Cheapest first:
@@ -390,7 +406,8 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	if removed != "fleet" {
 		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
 			shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
-			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond), shedder.WithInterval(fleetInterval))
+			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond), shedder.WithInterval(fleetInterval),
+			shedder.WithReservations(), shedder.WithTTL(fleetTTL))
 		if err != nil {
 			return fail(err)
 		}
@@ -525,6 +542,9 @@ type learnedPool struct {
 	mu       sync.Mutex
 	alg      concurrency.Algorithm
 	inFlight int
+	starts   map[uint64]time.Time // start of each query in flight
+	seq      uint64
+	traced   time.Time
 	// fleet, when set, caps the slots at what the fleet shedder allows
 	// this server for Critical work now: its share of the fleet's
 	// capacity, from the fleet's measured usage.
@@ -534,26 +554,49 @@ type learnedPool struct {
 // resize sets the queue's slots to the learned limit, capped by the
 // fleet's allowance.
 func (p *learnedPool) resize() {
-	p.mu.Lock()
-	limit := int64(p.alg.Limit())
-	p.mu.Unlock()
+	allowance := int64(math.MaxInt64)
 	if p.fleet != nil {
-		limit = min(limit, p.fleet.Allowance(spillway.SheddablePlus))
+		allowance = p.fleet.Allowance(spillway.SheddablePlus)
 	}
+	p.mu.Lock()
+	if l, ok := p.alg.(*latencyLimit); ok {
+		if p.fleet != nil {
+			l.SetCap(float64(max(1, allowance)))
+		}
+		if len(p.starts) > 0 {
+			l.Overdue(time.Now(), maps.Values(p.starts))
+		}
+	}
+	limit := min(int64(p.alg.Limit()), allowance)
+	if traceLimits && time.Since(p.traced) > 100*time.Millisecond {
+		p.traced = time.Now()
+		st := p.q.Stats()
+		fmt.Fprintf(os.Stderr, "pool %s %p learned %d allowance %d inflight %d waiting %d\n", p.traced.Format("15:04:05.000"), p, p.alg.Limit(), allowance, p.inFlight, st.Waiting)
+	}
+	p.mu.Unlock()
 	_ = p.q.SetSlots(max(1, limit))
 }
 
 func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
-	q, err := shedder.NewQueue(int64(alg.Limit()), shedder.WithName("db_pool"), shedder.WithMaxWait(queueWait), shedder.WithQueueDepth(64))
+	q, err := shedder.NewQueue(int64(alg.Limit()), shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait), shedder.WithQueueDepth(64))
 	if err != nil {
 		return nil, err
 	}
-	return &learnedPool{q: q, alg: alg}, nil
+	return &learnedPool{q: q, alg: alg, starts: map[uint64]time.Time{}}, nil
 }
 
 func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	p.resize()
-	d, done, err := p.q.Admit(ctx, r)
+	qctx := ctx
+	if r.Priority < spillway.Critical {
+		// The queue waits up to criticalWait; lower priorities end their
+		// wait sooner through the context (a denial, as a wait that ran
+		// out).
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithTimeout(ctx, queueWait)
+		defer cancel()
+	}
+	d, done, err := p.q.Admit(qctx, r)
 	if err != nil || !d.Allowed {
 		return d, done, err
 	}
@@ -561,12 +604,16 @@ func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.
 	p.mu.Lock()
 	p.inFlight++
 	used := p.inFlight
+	p.seq++
+	id := p.seq
+	p.starts[id] = start
 	p.mu.Unlock()
 	return d, spillway.Once(func(o spillway.Outcome) {
 		rtt := time.Since(start)
 		p.mu.Lock()
 		used = max(used, p.inFlight)
 		p.inFlight--
+		delete(p.starts, id)
 		if o == spillway.Success || o == spillway.Dropped {
 			p.alg.Update(concurrency.Sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
 		}

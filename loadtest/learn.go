@@ -1,7 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"slices"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -34,57 +37,106 @@ type latencyLimit struct {
 	baseline time.Duration
 	grown    bool // cut at least once: growth is additive from then on
 
-	since   time.Time                  // samples admitted before this say nothing about the limit
+	since   time.Time                  // the limit last moved: the window counts queries admitted since
+	cutAt   time.Time                  // the last cut: queries admitted before it say nothing
 	recent  [fastSamples]time.Duration // the last RTTs, in a ring
 	nrecent int
 	n       int
 	sum     time.Duration
 	maxUsed int
+	cap     float64       // SetCap; 0: none
+	bn      int           // samples in the baseline while learning it
+	bsum    time.Duration // their sum
+	why     string        // the cause of the change being made, for the trace
 }
 
 const (
+	// overdueFactor, overdueMin: queries still in flight past
+	// overdueFactor × the baseline, at least overdueMin of them, show an
+	// overload before they end (no query takes more than 1.5× the mean
+	// when the database keeps up).
+	overdueFactor = 2.0
+	overdueMin    = 3
 	windowSamples = 12
-	fastSamples   = 3
-	tolerance     = 1.2 // a window mean within 1.2× the baseline is normal
-	fastFactor    = 1.6
-	maxLimit      = 1000
+	// baselineSamples: the baseline is the mean of the first
+	// baselineSamples queries (from the first window's on), then follows
+	// the normal windows.
+	baselineSamples = 48
+	fastSamples     = 3
+	tolerance       = 1.2 // a window mean within 1.2× the baseline is normal
+	fastFactor      = 1.75
+	maxLimit        = 1000
 )
 
 func newLatencyLimit(initial int) *latencyLimit { return &latencyLimit{limit: float64(initial)} }
+
+// SetCap sets the most this server may have in flight whatever it learns
+// (what the fleet shedder allows it now), 0 for none. The limit does not
+// grow past it, and cuts start from the lower of the two, the limit in
+// use.
+func (l *latencyLimit) SetCap(c float64) { l.cap = c }
+
+// eff is the limit in use: the learned limit, at most the cap.
+func (l *latencyLimit) eff() float64 {
+	if l.cap > 0 {
+		return math.Min(l.limit, l.cap)
+	}
+	return l.limit
+}
 
 // Limit implements concurrency.Algorithm.
 func (l *latencyLimit) Limit() int { return int(l.limit) }
 
 // Update implements concurrency.Algorithm.
 func (l *latencyLimit) Update(s concurrency.Sample) {
-	if s.Start.Before(l.since) {
-		return
+	if s.Start.Before(l.cutAt) {
+		return // admitted before the last cut, under a higher limit
 	}
 	end := s.Start.Add(s.RTT)
 	if s.Outcome == spillway.Dropped {
-		l.set(l.limit*0.5, end)
+		l.why = "dropped"
+		l.set(l.eff()*0.5, end)
 		return
 	}
 	l.recent[l.nrecent%fastSamples] = s.RTT
 	l.nrecent++
-	l.n++
-	l.sum += s.RTT
-	l.maxUsed = max(l.maxUsed, s.InFlight)
-	mean := l.sum / time.Duration(l.n)
-	if l.baseline == 0 {
-		if l.n >= windowSamples {
-			l.baseline = mean
-			l.set(l.limit, end)
+	if !s.Start.Before(l.since) {
+		// Only queries admitted since the limit last moved tell whether
+		// it may grow; any since the last cut can call for another.
+		l.n++
+		l.sum += s.RTT
+		l.maxUsed = max(l.maxUsed, s.InFlight)
+	}
+	mean := time.Duration(0)
+	if l.n > 0 {
+		mean = l.sum / time.Duration(l.n)
+	}
+	if l.bn < baselineSamples {
+		// Learning the baseline: the mean of every sample so far, used
+		// from the first window on. One window's mean is off by 8% (1σ)
+		// with service times of ±50%; a baseline learned that low would
+		// take every later window for an overload.
+		l.bn++
+		l.bsum += s.RTT
+		first := l.baseline == 0
+		if l.bn >= windowSamples {
+			l.baseline = l.bsum / time.Duration(l.bn)
 		}
-		return
+		if l.baseline == 0 {
+			return
+		}
+		if first {
+			l.set(l.limit, end)
+			return
+		}
 	}
 	if l.nrecent >= fastSamples {
-		var r time.Duration
-		for _, v := range l.recent {
-			r += v
-		}
-		if r /= fastSamples; float64(r) > fastFactor*float64(l.baseline) {
-			l.set(l.limit*math.Max(0.5, tolerance*float64(l.baseline)/float64(r)), end)
+		// All of the last few, beyond the slowest a query takes when the
+		// database keeps up (1.5× the mean): one or two queries slowed by
+		// the machine (a pause, a late timer) are not an overload.
+		if r := slices.Min(l.recent[:]); float64(r) > fastFactor*float64(l.baseline) {
+			l.why = "fast"
+			l.set(l.eff()*math.Max(0.5, tolerance*float64(l.baseline)/float64(r)), end)
 			return
 		}
 	}
@@ -93,19 +145,33 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	}
 	switch {
 	case float64(mean) > tolerance*float64(l.baseline):
-		l.set(l.limit*0.9, end)
+		l.why = "window"
+		l.set(l.eff()*0.9, end)
 	default:
-		if mean < l.baseline {
-			l.baseline -= (l.baseline - mean) / 10
-		} else {
+		switch {
+		case l.bn < baselineSamples: // still learning it
+		default:
+			// A fiftieth of the difference, either way: a faster fall
+			// (it was a tenth) settles the baseline below the mean, and
+			// every window then looks slower than it is.
 			l.baseline += (mean - l.baseline) / 50
 		}
 		next := l.limit
-		if 2*l.maxUsed >= int(l.limit) {
+		// Grow only when the window used at least half the limit in use,
+		// and never far past the cap: a limit far above what the fleet
+		// allowed was never shown to keep the latency, and a server whose
+		// cap rises (the others cut theirs) would jump to it at once.
+		if 2*l.maxUsed >= int(l.eff()) {
 			if l.grown {
-				next += math.Max(1, l.limit/4)
+				next += math.Max(0.5, l.limit/8)
 			} else {
 				next *= 2 // slow start: until the first sign of overload
+			}
+			if l.cap > 0 {
+				// One step past the cap, so that a cap that moves by a
+				// unit between refreshes does not hold the limit at its
+				// lows.
+				next = math.Max(l.limit, math.Min(next, l.cap+math.Max(1, l.cap/8)))
 			}
 		}
 		l.set(next, end)
@@ -117,7 +183,40 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 func (l *latencyLimit) set(limit float64, at time.Time) {
 	if limit < l.limit {
 		l.grown = true
+		l.cutAt, l.nrecent = at, 0
 	}
+	if traceLimits && int(limit) != int(l.limit) {
+		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f cap %.0f baseline %v %s\n", at.Format("15:04:05.000"), l, l.limit, limit, l.cap, l.baseline, l.why)
+	}
+	l.why = ""
 	l.limit = math.Min(maxLimit, math.Max(1, limit))
-	l.since, l.n, l.sum, l.maxUsed, l.nrecent = at, 0, 0, 0, 0
+	l.since, l.n, l.sum, l.maxUsed = at, 0, 0, 0
+}
+
+// traceLimits prints every change of a learned limit on stderr.
+var traceLimits = os.Getenv("LOADTEST_TRACE") != ""
+
+// Overdue halves the limit in use when queries admitted since the last
+// cut are still in flight past overdueFactor × the baseline,
+// overdueMin of them or more: the database has slowed down, and the
+// queries that show it have not ended yet (a query that ends is a sample,
+// and ends late). Their age is a lower bound of their latency, and at
+// least twice the baseline: a cut in proportion (baseline / latency)
+// would be by half or more. starts yields the start times of the queries
+// in flight.
+func (l *latencyLimit) Overdue(now time.Time, starts func(yield func(time.Time) bool)) {
+	if l.baseline == 0 {
+		return
+	}
+	limit := time.Duration(overdueFactor * float64(l.baseline))
+	n := 0
+	for s := range starts {
+		if !s.Before(l.cutAt) && now.Sub(s) > limit {
+			n++
+		}
+	}
+	if n >= overdueMin {
+		l.why = "overdue"
+		l.set(l.eff()*0.5, now)
+	}
 }

@@ -196,6 +196,9 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 			f.localTotal.Add(-c)
 		}
 		rem := max(int64(math.Floor(float64(limit)-f.estimate(f.localTotal.Load(), degraded)+1e-9)), 0)
+		if v := f.view.Load(); f.o.reserveHead && !degraded && v != nil {
+			rem = max(0, min(rem, f.grant(v, limit)-(f.localTotal.Load()-v.sent)))
+		}
 		return spillway.Decision{
 			Reason:     spillway.ReasonShed,
 			Limiter:    f.o.name,
@@ -311,11 +314,15 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	} else {
 		args = append(args, "")
 	}
+	round := f.o.rand()
+	if f.o.reserveHead {
+		args = append(args, f.reserveTarget(), f.capacity, strconv.FormatFloat(round, 'f', -1, 64))
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
 	defer cancel()
 	res, err := lua.ShedderFleet.Run(ctx, f.client, f.keys, args...).Int64Slice()
-	if err == nil && len(res) != 5 {
-		err = fmt.Errorf("reply has %d values, want 5", len(res))
+	if err == nil && len(res) != 7 {
+		err = fmt.Errorf("reply has %d values, want 7", len(res))
 	}
 	if err != nil {
 		err = fmt.Errorf("shedder: fleet refresh: %w", err)
@@ -332,7 +339,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		return nil
 	}
 	f.rejoining = false
-	v := &fleetView{servers: res[4], round: f.o.rand()}
+	v := &fleetView{servers: res[4], round: round, others: res[5], reserved: res[6]}
 	for p := range sent {
 		v.byPrio[p] = res[p]
 		v.sum += res[p]
@@ -356,6 +363,44 @@ type fleetView struct {
 	servers int64
 	byPrio  [spillway.NumPriorities]int64 // the fleet's in-flight cost per priority
 	round   float64                       // uniform in [0, 1): rounds this interval's grant
+	// With WithReservations: the other live servers' reservations and
+	// this server's own, made with this report.
+	others, reserved int64
+}
+
+// reserveTarget is the threshold up to which a server reserves headroom
+// (WithReservations): the lowest finite one, where Sheddable work is shed
+// by default; 0 if none is finite.
+func (f *Fleet) reserveTarget() int64 {
+	for p := range f.thresh {
+		if t := f.threshold(spillway.Priority(p), float64(f.capacity)); t < MaxFleetCapacity {
+			return t
+		}
+	}
+	return 0
+}
+
+// grant returns how far this server may grow its in-flight cost beyond
+// its last report before work whose limit is limit is shed.
+//
+// With WithReservations: its reservation, less what the fleet's reports
+// and the other servers' reservations leave below the reservation's
+// threshold; above that threshold (the band kept for higher priorities)
+// its share of what the band has left, rounded at random once per refresh.
+// Otherwise: its share of the headroom, rounded the same way.
+func (f *Fleet) grant(v *fleetView, limit int64) int64 {
+	if limit >= MaxFleetCapacity {
+		return MaxFleetCapacity
+	}
+	if !f.o.reserveHead {
+		return int64(math.Floor(f.share(v)*float64(limit-v.sum) + v.round))
+	}
+	low := f.reserveTarget()
+	g := max(0, min(v.reserved, min(limit, low)-v.sum-v.others))
+	if limit > low {
+		g += max(0, int64(math.Floor(f.share(v)*float64(limit-max(low, v.sum+v.others))+v.round)))
+	}
+	return g
 }
 
 func (f *Fleet) setLastErr(err error) {
@@ -378,8 +423,7 @@ func (f *Fleet) fits(own, limit int64, degraded bool) bool {
 	if degraded || v == nil {
 		return own <= limit
 	}
-	grant := math.Floor(f.share(v)*float64(limit-v.sum) + v.round)
-	return float64(own-v.sent) <= grant
+	return own-v.sent <= f.grant(v, limit)
 }
 
 // Allowance returns the in-flight cost this server may hold now, its
@@ -399,7 +443,7 @@ func (f *Fleet) Allowance(p spillway.Priority) int64 {
 	if degraded || v == nil || limit >= MaxFleetCapacity {
 		return limit
 	}
-	return max(0, v.sent+int64(math.Floor(f.share(v)*float64(limit-v.sum)+v.round)))
+	return max(0, v.sent+f.grant(v, limit))
 }
 
 // share returns this server's share of the fleet at view v: its reported
@@ -422,6 +466,10 @@ func (f *Fleet) estimate(own int64, degraded bool) float64 {
 	v := f.view.Load()
 	if degraded || v == nil {
 		return float64(own)
+	}
+	if f.o.reserveHead {
+		// The others' reservations count as used: they may be by now.
+		return max(float64(v.sum+v.others+own-v.sent), float64(own), 0)
 	}
 	return max(float64(v.sum)+float64(own-v.sent)/f.share(v), float64(own), 0)
 }

@@ -552,3 +552,61 @@ func TestFleetRun(t *testing.T) {
 		t.Fatal("report left after Run ended")
 	}
 }
+
+// With reservations the servers' grants never add up past a threshold,
+// however their refreshes are staggered: a server reserves its share of
+// the headroom below the lowest threshold in Redis with its report, and
+// uses no more than its reservation and no more than the others' reports
+// and reservations leave. Without them, a server that refreshes after
+// the others used their grants, but before they reported it, hands itself
+// headroom they already took (51 below, the fleet at 103 of 80).
+func TestFleetReservationsBoundStaleness(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	res := shedder.WithReservations()
+	a, b, c := newFleet(t, client, "a", clk, res), newFleet(t, client, "b", clk, res), newFleet(t, client, "c", clk, res)
+	// a alone reserves all 80; b, joining, half (a's 80 leave it nothing
+	// to use); c a third. Their next reports bring each to a third of the
+	// 80, floor(26.7) = 26.
+	refresh(t, a, b, c, a, b, c, a)
+	for i, f := range []*shedder.Fleet{a, b, c} {
+		// Critical: the 26 reserved plus a third of the band between 80
+		// and 100 (nobody reserves it): 26 + floor(20/3) = 32.
+		if s, cr := f.Allowance(spillway.Sheddable), f.Allowance(spillway.Critical); s != 26 || cr != 32 {
+			t.Fatalf("server %d: allowances %d, %d; want 26, 32", i, s, cr)
+		}
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 26, true, 0}, {spillway.Sheddable, 1, false, 0}})
+	}
+	// The fleet is at 78 of 80, but only a's 26 are reported. a's share
+	// is (26 + 100/3) / (26 + 100) = 0.471 of the 54 it sees below 80:
+	// 25 reserved, of which the others' reservations (52) leave 2.
+	refresh(t, a)
+	if s, cr := a.Allowance(spillway.Sheddable), a.Allowance(spillway.Critical); s != 28 || cr != 37 {
+		t.Fatalf("a after its report: allowances %d, %d; want 28, 37 (26 + 2, + floor(0.471·20) = 9 of the band)", s, cr)
+	}
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 2, true, 0},  // 80 of 80
+		{spillway.Sheddable, 1, false, 0}, // 81
+		{spillway.Critical, 9, true, 0},   // 89 of 100
+		{spillway.Critical, 1, false, 0},  // past a's part of the band
+	})
+	refresh(t, b, c, a)
+	if s := a.Stats(); s.Fleet != [4]int64{80, 0, 9, 0} || s.Servers != 3 {
+		t.Fatalf("fleet %+v, want 80 Sheddable and 9 Critical", s)
+	}
+
+	// The same steps without reservations (another fleet on the same
+	// Redis): a's grant after its report is its share of the headroom
+	// its stale view shows, 25 on top of its 26.
+	plain := shedder.WithPrefix("plain:")
+	pa, pb, pc := newFleet(t, client, "a", clk, plain), newFleet(t, client, "b", clk, plain), newFleet(t, client, "c", clk, plain)
+	refresh(t, pa, pb, pc, pa, pb, pc, pa)
+	for _, f := range []*shedder.Fleet{pa, pb, pc} {
+		runFleet(t, f, []fleetStep{{spillway.Sheddable, 26, true, 0}})
+	}
+	refresh(t, pa)
+	if s := pa.Allowance(spillway.Sheddable); s != 51 {
+		t.Fatalf("without reservations: allowance %d, want 51", s)
+	}
+}

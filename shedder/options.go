@@ -41,6 +41,7 @@ type options struct {
 	localShare  float64
 	serverClock bool // send the client clock to the script
 	autoRefresh bool
+	reserveHead bool // reserve each grant in Redis before using it
 }
 
 func defaultOptions(name string) options {
@@ -163,6 +164,18 @@ func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleA
 // Once it has, degraded mode uses capacity divided by the last known number
 // of servers. Fleet only.
 func WithLocalShare(f float64) Option { return func(o *options) { o.localShare = f } }
+
+// WithReservations makes each Fleet server reserve its grant in Redis, in
+// the same script call as its report, before it uses it: its share of the
+// headroom below the highest finite threshold, stored with its report, is
+// what the other servers see of it until its next report. A server uses
+// no more than its reservation and no more than what the others' reports
+// and reservations leave below a threshold, so the servers' grants never
+// add up past a threshold, however their refreshes are staggered. Without
+// it a server's growth is seen only at its next report, and the fleet can
+// pass a threshold by the headroom handed out in one interval (see
+// Fleet). Fleet only.
+func WithReservations() Option { return func(o *options) { o.reserveHead = true } }
 
 // WithoutAutoRefresh stops Admit from starting refreshes when the estimate
 // is older than the interval; the caller then drives Refresh or Run. For
