@@ -11,16 +11,21 @@
 --          ratelimit_holds.lua says. All keys of one call hash to one
 --          Cluster slot; a key may repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
--- ARGV[2 .. 2+G]  only when the call has several groups (#ARGV ≠ 1 + 3N):
---          G, then the number of items of each group, in KEYS order (they
---          sum to N = #KEYS). Without them the call is one group of N.
--- then, for item i, 3 values:
+-- ARGV[2]  P, the number of distinct policies of the call; −P when the
+--          reply must carry the TATs (a Cluster slot group, for a refund)
+-- ARGV[3 .. 2+2P]  policy j's two values:
 --          T    the emission interval ceil(Period/Limit) in µs (≥ 1)
 --          tau  Burst·T in µs, the capacity in time (≤ 2^52)
---          n    the cost (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1, exact: Go sends a larger cost as Burst+1)
+-- then G, the number of groups, and the number of items of each group,
+--          in KEYS order (they sum to N = #KEYS)
+-- then, for item i, its policy's index j (1 .. P) when its cost is 1,
+--          else −j and the cost n (≥ 0; 0 peeks; ≤ Burst+1 ≤ 2^52+1,
+--          exact: Go sends a larger cost as Burst+1). A call of many
+--          callers' requests sends each policy once and, per item of unit
+--          cost, one small integer.
 --
--- Reply: an array of 1 + 2N integers {now, wait_1 .. wait_N, tat_1 ..
--- tat_N}:
+-- Reply: an array of 1 + N integers {now, wait_1 .. wait_N}, followed,
+-- when P was sent negative, by N more {tat_1 .. tat_N}:
 --   now     the µs time the call decided at (before the per-item clamp)
 --   wait_i  in [0, tau_i] ([0, 2·tau_i] on a key marked by holds or a
 --           debt): max(TAT, now') − now' for item i, where TAT
@@ -61,13 +66,16 @@ elseif now < 0 then
 end
 
 local N = #KEYS
-local sizes, first = nil, 2 -- group sizes (nil: one group); ARGV index of item 1's T
-local G = 1
-if #ARGV ~= 1 + 3 * N then
-  G = tonumber(ARGV[2])
-  sizes, first = {}, 3 + G
-  for g = 1, G do sizes[g] = tonumber(ARGV[2 + g]) end
-end
+local P = tonumber(ARGV[2])
+local tats = P < 0 -- reply the TATs too
+if tats then P = -P end
+local PT, Ptau = {}, {}
+for j = 1, P do PT[j], Ptau[j] = tonumber(ARGV[1 + 2 * j]), tonumber(ARGV[2 + 2 * j]) end
+local a = 3 + 2 * P -- the ARGV cursor
+local G = tonumber(ARGV[a])
+local sizes = {}
+for g = 1, G do sizes[g] = tonumber(ARGV[a + g]) end
+a = a + G + 1
 
 -- MGET reads the keys (false for a missing key or one of another type),
 -- in chunks that unpack fits on Lua's stack
@@ -87,7 +95,7 @@ end
 -- restored from undo, writes cut back to where the group began.
 local pending = {}
 local uk, uv, un = {}, {}, 0 -- undo: key, previous pending value
-local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT', PX
+local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT' (or a marked value), need µs (PX ms)
 -- Only for keys whose value is not a plain TAT (marked by holds or a
 -- debt: ratelimit_holds.lua), created on the first: st, sm each key's TAT
 -- and mark as the call found them, after releasing expired holds (kept
@@ -97,18 +105,20 @@ local st, sm, hl, pmark, um
 local reply = {now}
 local i = 0
 for g = 1, G do
-  local size = N
-  if sizes then size = sizes[g] end
+  local size = sizes[g]
   local ok = true
   local w0 = wn
   un = 0
   for _ = 1, size do
     i = i + 1
     local key = KEYS[i]
-    local b = first + 3 * (i - 1)
-    local T = tonumber(ARGV[b])
-    local tau = tonumber(ARGV[b + 1])
-    local n = tonumber(ARGV[b + 2])
+    local j, n = tonumber(ARGV[a]), 1
+    a = a + 1
+    if j < 0 then
+      j, n = -j, tonumber(ARGV[a])
+      a = a + 1
+    end
+    local T, tau = PT[j], Ptau[j]
     local tat, marked = pending[key], pmark and pmark[key]
     if tat == nil then
       tat, marked = tonumber(cur[i]), false
@@ -145,7 +155,7 @@ for g = 1, G do
     if tat > t then wait = tat - t end
     if n > 0 and wait + n * T <= tau then
       local need = wait + n * T
-      local px = math.floor((need + 999) / 1000)
+      local px = need -- µs; ms when written (only a client clock's write needs it)
       local v = t + need
       un = un + 1
       uk[un], uv[un] = key, pending[key]
@@ -156,7 +166,7 @@ for g = 1, G do
         -- a marked key stays marked while holds are live (hvalue)
         if pmark == nil then pmark, um = {}, {} end
         pmark[key] = h[1] > 0
-        v, px = hvalue(v, t, now, tau, h[1], h[2])
+        v, px = hvalue(v, t, now, tau, h[1], h[2]) -- px in ms
       end
       wn = wn + 1
       wk[wn], wv[wn], wp[wn] = key, v, px
@@ -164,7 +174,9 @@ for g = 1, G do
       ok = false
     end
     reply[1 + i] = wait
-    if marked then reply[1 + N + i] = -tat - 1 else reply[1 + N + i] = tat end
+    if tats then
+      if marked then reply[1 + N + i] = -tat - 1 else reply[1 + N + i] = tat end
+    end
   end
   if not ok then
     for j = un, 1, -1 do
@@ -177,7 +189,8 @@ end
 
 for j = 1, wn do
   if type(wv[j]) == 'number' then
-    tatset(wk[j], wv[j], wp[j]) -- a plain TAT
+    -- a plain TAT; wp holds need in µs
+    if compact then tatset(wk[j], wv[j]) else tatset(wk[j], wv[j], math.floor((wp[j] + 999) / 1000)) end
   else
     redis.call('SET', wk[j], wv[j], 'PX', wp[j]) -- marked (hvalue)
   end

@@ -48,6 +48,20 @@ func TestRateLimitScripts(t *testing.T) {
 	}
 }
 
+// bucketsArgs is the buckets script's ARGV for one group of items of one
+// policy (T, tau) with the given costs, the reply carrying the TATs.
+func bucketsArgs(now string, T, tau int64, costs ...int64) []any {
+	args := []any{now, -1, T, tau, 1, len(costs)}
+	for _, n := range costs {
+		if n == 1 {
+			args = append(args, 1)
+		} else {
+			args = append(args, -1, n)
+		}
+	}
+	return args
+}
+
 // RateLimitBuckets replies its now, one wait per item and the TAT each item
 // saw, lets an item see the charges of earlier items on its key, clamps a
 // clock gone backwards, and writes only when every item has room.
@@ -62,11 +76,7 @@ func TestRateLimitBuckets(t *testing.T) {
 	)
 	run := func(now string, keys []string, costs ...int64) []any {
 		t.Helper()
-		args := []any{now}
-		for _, n := range costs {
-			args = append(args, T, tau, n)
-		}
-		res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+		res, err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(now, T, tau, costs...)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,11 +166,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	nowS := fmt.Sprint(now)
 	charge := func(keys []string, costs ...int64) {
 		t.Helper()
-		args := []any{nowS}
-		for _, n := range costs {
-			args = append(args, T, tau, n)
-		}
-		if err := RateLimitBuckets.Run(ctx, c, keys, args...).Err(); err != nil {
+		if err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(nowS, T, tau, costs...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -299,7 +305,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	)
 	buckets := func(key string, n int64) (now, wait, tat int64) {
 		t.Helper()
-		res, err := RateLimitBuckets.Run(ctx, c, []string{key}, "", T, tau, n).Result()
+		res, err := RateLimitBuckets.Run(ctx, c, []string{key}, bucketsArgs("", T, tau, n)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,5 +394,42 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 	if v, err := c.Get(ctx, "k").Result(); err != nil || !strings.HasPrefix(v, fmt.Sprintf("%dh1:", want+T)) {
 		t.Fatalf("k = %q (%v), want marked with TAT %d", v, err, want+T)
+	}
+}
+
+// The buckets script's ARGV sends each policy once and one code per item:
+// two policies, two groups (the second denied as a whole, charging
+// nothing), costs 1, 0 and 3, and a reply without the TATs (P positive).
+func TestRateLimitBucketsPolicyTable(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const (
+		T1, tau1 = 100_000_000, 300_000_000 // burst 3
+		T2, tau2 = 7_000_000, 7_000_000     // burst 1
+		now      = 1_000_000_000_000
+	)
+	keys := []string{"a", "b", "a", "b", "c"}
+	args := []any{fmt.Sprint(now), 2, T1, tau1, T2, tau2,
+		2, 3, 2, // G = 2: three items, then two
+		1,     // a: policy 1, cost 1
+		-2, 0, // b: policy 2, a peek
+		-1, 2, // a: policy 1, cost 2 (sees the first item's charge)
+		2,     // b: policy 2, cost 1 (room: the peek charged nothing)
+		-1, 4, // c: policy 1, cost 4 > burst: the group is denied
+	}
+	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{int64(now), int64(0), int64(0), int64(T1), int64(0), int64(0)}
+	if fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("reply %v, want %v", res, want)
+	}
+	if v, err := c.Get(ctx, "a").Result(); err != nil || v != fmt.Sprint(now+3*T1) {
+		t.Fatalf("a = %q (%v), want %d (charged 1 then 2)", v, err, now+3*T1)
+	}
+	if n, err := c.Exists(ctx, "b", "c").Result(); err != nil || n != 0 {
+		t.Fatalf("%d of b, c exist (%v), want none (a peek, and a denied group)", n, err)
 	}
 }

@@ -261,27 +261,24 @@ func (s *RedisStore) runGroup(ctx context.Context, items []Item, out []spillway.
 	return allowed, err
 }
 
-// bucketsFields is the number of ARGV values per item of the buckets
-// script.
-const bucketsFields = 3
-
 // runBuckets runs lua/ratelimit_buckets.lua over items (all of the bucket
 // family, all in one slot) and writes their decisions to out. The script
-// replies its now and each item's wait and TAT; the decisions follow from
-// the waits as in decideBucket, and the batch is allowed when every item
-// is. g, when not nil, receives now and the TATs (for a refund).
+// replies its now and each item's wait (and, for g, the TAT each saw); the
+// decisions follow from the waits as in decideBucket, and the batch is
+// allowed when every item is. g, when not nil, receives now and the TATs
+// (for a refund).
 func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
 	keys := make([]string, len(items))
 	for i := range items {
 		keys[i] = redisKey(s.prefix, &items[i])
 	}
-	args := bucketsArgs(make([]any, 1, 1+bucketsFields*len(items)), items)
-	args[0] = s.nowArg()
-	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, args...).Result()
+	var b bucketsArgs
+	b.add(items)
+	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, b.argv(s.nowArg(), g != nil)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
-	r, err := bucketsReply(res, len(items))
+	r, err := bucketsReply(res, len(items), g != nil)
 	if err != nil {
 		return false, err
 	}
@@ -301,20 +298,78 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	return allowed, nil
 }
 
-// bucketsArgs appends the buckets script's ARGV values of items.
-func bucketsArgs(args []any, items []Item) []any {
+// bucketsArgs gathers the ARGV of one call of the buckets script: each
+// distinct policy once, the groups' sizes and one code per item (two for
+// a cost other than 1), so that a coalesced call of many requests of the
+// same policies sends little more than one small integer per item.
+type bucketsArgs struct {
+	pol   [][2]int64 // T, tau of each distinct policy
+	sizes []int      // items per group
+	codes []int64    // per item: policy index (1-based), or −index then the cost
+}
+
+// add appends items as one group.
+func (b *bucketsArgs) add(items []Item) {
+	b.sizes = append(b.sizes, len(items))
+	last := 0
 	for i := range items {
-		it := &items[i]
-		T := it.Policy.EmissionInterval()
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost())
+		p := &items[i].Policy
+		T := p.EmissionInterval()
+		pt := [2]int64{T, p.EffectiveBurst() * T}
+		j := 0
+		if last > 0 && b.pol[last-1] == pt {
+			j = last
+		} else {
+			for k := range b.pol {
+				if b.pol[k] == pt {
+					j = k + 1
+					break
+				}
+			}
+			if j == 0 {
+				b.pol = append(b.pol, pt)
+				j = len(b.pol)
+			}
+			last = j
+		}
+		if c := items[i].scriptCost(); c != 1 {
+			b.codes = append(b.codes, -int64(j), c)
+		} else {
+			b.codes = append(b.codes, int64(j))
+		}
+	}
+}
+
+// argv returns the script's ARGV: now, ±P (negative: reply the TATs),
+// the policies, G and the groups' sizes, the items' codes.
+func (b *bucketsArgs) argv(now string, tats bool) []any {
+	args := make([]any, 0, 3+2*len(b.pol)+len(b.sizes)+len(b.codes))
+	P := len(b.pol)
+	if tats {
+		P = -P
+	}
+	args = append(args, now, P)
+	for _, pt := range b.pol {
+		args = append(args, pt[0], pt[1])
+	}
+	args = append(args, len(b.sizes))
+	for _, n := range b.sizes {
+		args = append(args, n)
+	}
+	for _, c := range b.codes {
+		args = append(args, c)
 	}
 	return args
 }
 
-// bucketsReply checks the buckets script's reply for n items: 1 + 2n
-// integers, the first (now) ≥ 0.
-func bucketsReply(res any, n int) ([]int64, error) {
-	r, err := intSlice(res, 1+2*n)
+// bucketsReply checks the buckets script's reply for n items: 1 + n
+// integers (1 + 2n with the TATs), the first (now) ≥ 0.
+func bucketsReply(res any, n int, tats bool) ([]int64, error) {
+	want := 1 + n
+	if tats {
+		want += n
+	}
+	r, err := intSlice(res, want)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}

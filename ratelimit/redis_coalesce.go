@@ -365,11 +365,18 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 			n += len(w.items)
 		}
 		c.keys = make([]string, 0, n)
-		fields := batchFields
-		if c.buckets {
-			fields = bucketsFields
+		for _, w := range c.ws {
+			c.keys = append(c.keys, w.keys...)
 		}
-		c.args = make([]any, 0, 2+len(c.ws)+fields*n)
+		if c.buckets {
+			var b bucketsArgs
+			for _, w := range c.ws {
+				b.add(w.items)
+			}
+			c.args = b.argv(s.nowArg(), false)
+			continue
+		}
+		c.args = make([]any, 0, 2+len(c.ws)+batchFields*n)
 		c.args = append(c.args, s.nowArg())
 		if len(c.ws) > 1 {
 			c.args = append(c.args, len(c.ws))
@@ -378,12 +385,7 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 			}
 		}
 		for _, w := range c.ws {
-			c.keys = append(c.keys, w.keys...)
-			if c.buckets {
-				c.args = bucketsArgs(c.args, w.items)
-			} else {
-				c.args = s.batchArgs(c.args, w.items, nil)
-			}
+			c.args = s.batchArgs(c.args, w.items, nil)
 		}
 	}
 	return calls
@@ -419,7 +421,7 @@ func (c *coalescedCall) deliver(s *RedisStore) {
 	}
 	n := len(c.keys)
 	if c.buckets {
-		r, err := bucketsReply(res, n)
+		r, err := bucketsReply(res, n, false)
 		if err != nil {
 			fail(err)
 			return

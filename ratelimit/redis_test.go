@@ -664,12 +664,13 @@ func TestRedisStoreUnexpectedReply(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Limit: 10, Period: time.Second}
 	w := Policy{Algorithm: FixedWindow, Limit: 10, Period: time.Second}
-	for _, val := range []any{nil, "OK", int64(-1), int64(1 << 60), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)},
-		// the shape of the buckets script's reply for two items {now, wait, wait, tat, tat}: a
-		// negative now, waits out of range, values not integers, too short
-		[]any{int64(-1), int64(0), int64(0), int64(0), int64(0)}, []any{int64(0), int64(-1), int64(0), int64(0), int64(0)},
-		[]any{int64(0), int64(0), int64(1 << 60), int64(0), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0), "x"},
-		[]any{int64(-1), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0)}} {
+	for _, val := range []any{nil, "OK", int64(-1), int64(1 << 60), []any{}, []any{int64(1), "x", int64(0), int64(0)}, []any{int64(1), int64(1), int64(1), int64(1)}, []any{[]any{}, int64(1), int64(1), int64(1)},
+		// the shape of the buckets script's reply for two items {now, wait, wait} (no TATs
+		// on one server): a negative now, waits out of range, values not integers, too
+		// short, the TATs' length
+		[]any{int64(-1), int64(0), int64(0)}, []any{int64(0), int64(-1), int64(0)},
+		[]any{int64(0), int64(0), int64(1 << 60)}, []any{int64(0), int64(0), "x"},
+		[]any{int64(-1), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0), int64(0)}} {
 		c := srv.Client(t)
 		c.AddHook(replyHook{val})
 		s := NewRedisStore(c)

@@ -106,6 +106,11 @@ func normalizeIP(s string, v6bits int) string {
 	if err != nil {
 		return s
 	}
+	if a.Is4() && len(t) == len(s) {
+		// ParseAddr takes IPv4 only in its canonical dotted form, which
+		// is what String would make again: no allocation on the common path
+		return s
+	}
 	a = a.WithZone("").Unmap()
 	if a.Is6() && v6bits > 0 && v6bits < 128 {
 		if p, err := a.Prefix(v6bits); err == nil {
