@@ -15,17 +15,27 @@ import (
 // database from their latency, as a concurrency.Algorithm: it knows
 // neither the database's capacity nor the number of servers.
 //
-// Its baseline is the mean latency of a window of queries when the
-// database is not overloaded: the first window's, then followed by the
-// normal windows' means, down faster than up (a tenth of the difference
-// against a fiftieth), so a sustained overload cannot pass for normal.
-// Each window of windowSamples queries admitted since the last change
-// either raises the limit (doubling it until the first sign of overload,
-// as TCP's slow start, then by a quarter, at least one (its mean within
-// tolerance of the baseline and at least half the limit in use)), or
-// lowers it by a tenth (its mean beyond). A collapse does not wait for a whole window: fastSamples
-// queries whose mean is beyond fastFactor × the baseline, or a failed
-// query, cut the limit in proportion (baseline / mean, at most by half).
+// Its baseline is the mean latency of the first baselineSamples queries
+// (used from the first window of windowSamples on), then follows the
+// normal windows' means by a fiftieth of the difference. Each window of
+// windowSamples queries admitted since the limit last moved ends with:
+//   - a tenth off, when its mean is beyond tolerance × the baseline;
+//   - before the first cut, the limit doubled (TCP's slow start) when at
+//     least half of it was in use;
+//   - after it, the limit held when the mean is beyond growTolerance ×
+//     the baseline; else grown by a probe, minProbe of the limit after a
+//     cut, doubled with every window that grew, up to maxProbe: close to
+//     the capacity it is cut again within a few small steps, and when the
+//     capacity came back the steps compound.
+//
+// It never grows more than one step past its cap (SetCap: what the fleet
+// shedder allows this server now), and cuts start from the limit in use,
+// the lower of the two. A collapse does not wait for a window: the last
+// fastSamples queries all beyond fastFactor × the baseline cut in
+// proportion (tolerance × baseline / latency, at most by half); a failed
+// query, or overdueMin queries still in flight past overdueFactor × the
+// baseline (Overdue), halve it. Queries admitted before the last cut say
+// nothing.
 //
 // The mean of a window rather than any one query: service times vary by
 // ±50%, and a loaded machine adds tens of milliseconds to single queries
@@ -48,6 +58,7 @@ type latencyLimit struct {
 	bn      int           // samples in the baseline while learning it
 	bsum    time.Duration // their sum
 	why     string        // the cause of the change being made, for the trace
+	probe   float64       // the next step after a cut, a share of the limit
 }
 
 const (
@@ -57,13 +68,18 @@ const (
 	// when the database keeps up).
 	overdueFactor = 2.0
 	overdueMin    = 3
+	// minProbe, maxProbe: after a cut the limit grows by minProbe of
+	// itself per window, doubling while it keeps growing, up to maxProbe.
+	minProbe      = 1.0 / 32
+	maxProbe      = 0.25
 	windowSamples = 12
 	// baselineSamples: the baseline is the mean of the first
 	// baselineSamples queries (from the first window's on), then follows
 	// the normal windows.
 	baselineSamples = 48
 	fastSamples     = 3
-	tolerance       = 1.2 // a window mean within 1.2× the baseline is normal
+	tolerance       = 1.2  // a window mean within 1.2× the baseline is normal
+	growTolerance   = 1.05 // within 1.05× the limit may grow
 	fastFactor      = 1.75
 	maxLimit        = 1000
 )
@@ -147,6 +163,13 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 	case float64(mean) > tolerance*float64(l.baseline):
 		l.why = "window"
 		l.set(l.eff()*0.9, end)
+	case l.grown && float64(mean) > growTolerance*float64(l.baseline):
+		// Since the first cut: slower than usual, not enough to cut:
+		// hold, and probe gently again from here. (At a capacity of 15,
+		// one query over it is 14% slower: a window sees it only now
+		// and then.)
+		l.probe = minProbe
+		l.set(l.limit, end)
 	default:
 		switch {
 		case l.bn < baselineSamples: // still learning it
@@ -163,7 +186,13 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 		// cap rises (the others cut theirs) would jump to it at once.
 		if 2*l.maxUsed >= int(l.eff()) {
 			if l.grown {
-				next += math.Max(0.5, l.limit/8)
+				// After a cut, probe gently and speed up while it keeps
+				// working: a step of a 32nd of the limit, doubled after
+				// every window that grew, up to a quarter. Near the
+				// capacity growth is cut again within a few small
+				// steps; when the capacity came back, it compounds.
+				next += l.limit * l.probe
+				l.probe = math.Min(2*l.probe, maxProbe)
 			} else {
 				next *= 2 // slow start: until the first sign of overload
 			}
@@ -183,7 +212,7 @@ func (l *latencyLimit) Update(s concurrency.Sample) {
 func (l *latencyLimit) set(limit float64, at time.Time) {
 	if limit < l.limit {
 		l.grown = true
-		l.cutAt, l.nrecent = at, 0
+		l.cutAt, l.nrecent, l.probe = at, 0, minProbe
 	}
 	if traceLimits && int(limit) != int(l.limit) {
 		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f cap %.0f baseline %v %s\n", at.Format("15:04:05.000"), l, l.limit, limit, l.cap, l.baseline, l.why)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -20,9 +21,9 @@ func feed(l *latencyLimit, at time.Time, n int, rtt time.Duration, inFlight int)
 
 // The learned limit doubles while the database keeps its usual latency
 // and the limit is used, cuts at once in proportion when the last few
-// queries take far longer, then grows by an eighth (at least one) per
-// window, and falls by a tenth when a window's mean passes 1.2× the
-// baseline.
+// queries take far longer, then probes gently (growing steps while it
+// keeps working, held by a window 1.05–1.2× slower), and falls by a tenth
+// when a window's mean passes 1.2× the baseline.
 func TestLatencyLimit(t *testing.T) {
 	l := newLatencyLimit(4)
 	at := time.Unix(1000, 0)
@@ -54,38 +55,49 @@ func TestLatencyLimit(t *testing.T) {
 	if l.Limit() != 8 {
 		t.Fatalf("an old sample moved the limit to %d", l.Limit())
 	}
-	// Back to normal: an eighth per window from now on (at least half a
-	// query), 9 after one window.
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
-	if l.Limit() != 9 {
-		t.Fatalf("additive growth: limit %d, want 9", l.Limit())
+	// Back to normal it probes gently: a 32nd of the limit, doubled
+	// after every window that grew, up to a quarter.
+	for i, want := range []float64{8.25, 8.25 * 17 / 16, 8.25 * 17 / 16 * 9 / 8, 8.25 * 17 / 16 * 9 / 8 * 5 / 4} {
+		at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
+		if math.Abs(l.limit-want) > 1e-9 {
+			t.Fatalf("probe %d: limit %v, want %v", i, l.limit, want)
+		}
+	}
+	// A window 1.1× slower: no cut, no growth, and the next probe is
+	// small again.
+	grown := l.limit // 12.33
+	at = feed(l, at, windowSamples, 220*time.Millisecond, 12)
+	if l.limit != grown {
+		t.Fatalf("slow window: limit %v, want %v held", l.limit, grown)
+	}
+	at = feed(l, at, windowSamples, 200*time.Millisecond, 12)
+	if want := grown * 33 / 32; math.Abs(l.limit-want) > 1e-9 {
+		t.Fatalf("after a slow window: limit %v, want %v", l.limit, want)
 	}
 	// A window 1.3× slower than the baseline, not enough for a cut at
-	// once: a tenth off at its end (8.1).
-	at = feed(l, at, windowSamples, 260*time.Millisecond, 9)
-	if l.Limit() != 8 {
-		t.Fatalf("mild overload: limit %d, want 8", l.Limit())
+	// once: a tenth off at its end.
+	at = feed(l, at, windowSamples, 260*time.Millisecond, 12)
+	if want := grown * 33 / 32 * 0.9; math.Abs(l.limit-want) > 1e-9 || l.Limit() != 11 {
+		t.Fatalf("mild overload: limit %v, want %v", l.limit, want)
 	}
-	// Capped (by what the fleet allows this server), it grows to one
-	// step past the cap and no further, and cuts start from the cap, the
+	// Capped (by what the fleet allows this server), it does not grow
+	// past one step above the cap, and cuts start from the cap, the
 	// limit in use.
 	l.SetCap(8)
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // 8.1 + 1.01
-	at = feed(l, at, windowSamples, 200*time.Millisecond, 8) // at most 8 + 1
+	held := l.limit
 	at = feed(l, at, windowSamples, 200*time.Millisecond, 8)
-	if l.Limit() != 9 || l.limit != 9 {
-		t.Fatalf("capped growth: limit %v, want 9", l.limit)
+	if l.limit != held || l.eff() != 8 {
+		t.Fatalf("capped: limit %v (in use %v), want %v held, 8 in use", l.limit, l.eff(), held)
 	}
-	l.SetCap(6)
-	at = feed(l, at, fastSamples, 800*time.Millisecond, 6) // 6 · 0.5
-	if l.Limit() != 3 {
-		t.Fatalf("cut under the cap: limit %d, want 3", l.Limit())
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 8) // 8 · 0.5
+	if l.Limit() != 4 {
+		t.Fatalf("cut under the cap: limit %d, want 4", l.Limit())
 	}
 	l.SetCap(0)
 	// A failed query halves it.
-	l.Update(concurrency.Sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 3, Outcome: spillway.Dropped})
-	if l.Limit() != 1 || l.limit != 1.5 {
-		t.Fatalf("after a failure: limit %v, want 1.5", l.limit)
+	l.Update(concurrency.Sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 4, Outcome: spillway.Dropped})
+	if l.Limit() != 2 {
+		t.Fatalf("after a failure: limit %v, want 2", l.limit)
 	}
 }
 
