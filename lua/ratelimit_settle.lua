@@ -31,14 +31,14 @@
 -- Writes, per item in order (in reverse order for a cancel, so that two
 -- items on one key each find what the other left): the release of what
 -- ended in K..":h" (as every script touching a marked key does; a settle
--- on any key, a cancel never); then, if
+-- on any key, a cancel never); then (a settle) ZADD of the tombstone at
+-- exp, which K..":h"'s TTL already covers while the hold is live; then, if
 -- the hold is live: ZREM of it; TAT' from δ = actual − est (t = now after
 -- the clamp): δ < 0 gives |δ|·T back, TAT' = max(TAT − |δ|·T, t) while TAT
 -- > t; δ > 0 charges TAT' = min(max(TAT, t) + δ·T, t + 2·tau), at most
 -- one burst of debt; the key written with its mark (live holds or TAT' −
--- t > tau) and a PX that outlives both; ZADD of the tombstone at exp and
--- PEXPIRE of K..":h" to the last end. An already settled or expired hold
--- changes nothing else.
+-- t > tau) and a PX that outlives both. An already settled hold changes
+-- nothing else; an expired one takes its tombstone back.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -72,7 +72,13 @@ for i = from, to, step do
     tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
     if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
   end
-  if redis.call('ZREM', hkey, member) == 1 then
+  -- A settle adds the tombstone first: already there, the hold was
+  -- settled (its retry); else removing the hold says whether it was live
+  -- (when not, the tombstone goes again). The set never empties in
+  -- between, so it keeps its TTL, which covers the tombstone (the hold's
+  -- own end). A cancel leaves no tombstone.
+  local fresh = cancel or redis.call('ZADD', hkey, ARGV[b + 6], tomb) == 1
+  if fresh and redis.call('ZREM', hkey, member) == 1 then
     hn = hn - 1
     if hn < 0 then hn = 0 end
     local t = hnow(tat, now, tau, marked)
@@ -100,16 +106,11 @@ for i = from, to, step do
       end
       hwrite(key, nt, t, now, tau, hn, last)
     end
-    if not cancel then
-      redis.call('ZADD', hkey, ARGV[b + 6], tomb)
-      -- the ZREM may have emptied (deleted) the set: the ZADD then made a
-      -- new one, without a TTL; last covers everything in it
-      redis.call('PEXPIRE', hkey, math.floor((last - now + 999) / 1000))
-    end
     reply[i] = 1
-  elseif not cancel and redis.call('ZSCORE', hkey, tomb) then
+  elseif not fresh then
     reply[i] = 2
   else
+    if not cancel then redis.call('ZREM', hkey, tomb) end
     reply[i] = 3
   end
 end

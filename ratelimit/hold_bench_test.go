@@ -37,7 +37,8 @@ func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // three items of one entity (a tiers-like batch: the buckets script
 // against three held items). Rounds of 100 alternate, so that a changing
 // load weighs on both alike. It reports the wall time of each, their
-// ratio and the round trips per reserve+settle:
+// ratio, the round trips per reserve+settle and the server time of the
+// scripts (INFO commandstats) of each:
 //
 //	go test -run '^$' -bench RedisHold -benchtime 20000x ./ratelimit/
 func BenchmarkRedisHold(b *testing.B) {
@@ -80,11 +81,17 @@ func BenchmarkRedisHold(b *testing.B) {
 		plain(keys[0]) // load the scripts
 		hold(keys[0])
 		var wall [2]time.Duration
+		var usec [2]float64
 		var trips int64
 		const round = 100
 		b.ResetTimer()
 		for i := 0; i < b.N; i += round {
 			for v, f := range []func(string){plain, hold} {
+				b.StopTimer()
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
 				before := hook.n.Load()
 				start := time.Now()
 				for j := i; j < i+round && j < b.N; j++ {
@@ -94,6 +101,9 @@ func BenchmarkRedisHold(b *testing.B) {
 				if v == 1 {
 					trips += hook.n.Load() - before
 				}
+				b.StopTimer()
+				usec[v] += scriptUsec(b, c)
+				b.StartTimer()
 			}
 		}
 		nn := float64(b.N)
@@ -101,6 +111,8 @@ func BenchmarkRedisHold(b *testing.B) {
 		b.ReportMetric(float64(wall[1].Nanoseconds())/nn, "reserve+settle-ns/op")
 		b.ReportMetric(float64(wall[1])/float64(wall[0]), "ratio")
 		b.ReportMetric(float64(trips)/nn, "round-trips/hold")
+		b.ReportMetric(usec[0]/nn, "plain-server-µs/op")
+		b.ReportMetric(usec[1]/nn, "reserve+settle-server-µs/op")
 	}
 	b.Run("single", func(b *testing.B) { run(b, 1) })
 	b.Run("three", func(b *testing.B) { run(b, 3) })

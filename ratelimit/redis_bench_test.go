@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-go/spillway"
 )
 
@@ -92,28 +94,6 @@ func BenchmarkRedisScriptCPU(b *testing.B) {
 			return err
 		},
 	}
-	serverUsec := func() float64 {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		var total float64
-		for _, line := range strings.Split(info, "\n") {
-			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-				continue
-			}
-			for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-				if v, ok := strings.CutPrefix(f, "usec="); ok {
-					n, err := strconv.ParseFloat(v, 64)
-					if err != nil {
-						b.Fatal(err)
-					}
-					total += n
-				}
-			}
-		}
-		return total
-	}
 	var usec [3]float64
 	const round = 100
 	for i := 0; i < b.N; i += round {
@@ -126,7 +106,7 @@ func BenchmarkRedisScriptCPU(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			usec[v] += serverUsec()
+			usec[v] += scriptUsec(b, c)
 		}
 	}
 	n := float64(b.N)
@@ -135,4 +115,29 @@ func BenchmarkRedisScriptCPU(b *testing.B) {
 	b.ReportMetric(usec[2]/n, "batch3-server-µs/call")
 	b.ReportMetric(usec[1]/usec[0], "buckets3/single")
 	b.ReportMetric(usec[2]/usec[0], "batch3/single")
+}
+
+// scriptUsec is the server time of the script calls (EVALSHA and EVAL)
+// since the last CONFIG RESETSTAT, from INFO commandstats, in µs.
+func scriptUsec(tb testing.TB, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				total += n
+			}
+		}
+	}
+	return total
 }
