@@ -288,7 +288,11 @@ var blockTitles = map[string]string{
 }
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
-// keeps for Critical and CriticalPlus work.
+// keeps for Critical and CriticalPlus work: none. The learned pool caps
+// itself at the Sheddable allowance, so a reserve of 3% (one slot of 30)
+// held every server's pool below the capacity in every overload phase;
+// the queue's priority order and criticalWait keep Critical work served
+// without it (100% in the runs in docs/loadtest.md).
 const fleetReserve = 0
 
 // fleetInterval is how often each server reports to the fleet shedder.

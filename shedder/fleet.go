@@ -43,7 +43,11 @@ import (
 // refreshed on the same sum exceed a threshold together by less than one
 // unit each (the rounding); with refreshes staggered by up to one
 // interval, by at most the headroom handed out in that interval besides,
-// which is nothing once usage has stood at the threshold for an interval. A server that
+// which is nothing once usage has stood at the threshold for an interval.
+// WithReservations removes that staleness below the lowest threshold: each
+// server reserves its share of the headroom in Redis with its report and
+// uses no more than its reservation and what the others' reports and
+// reservations leave, so the grants never add up past it. A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
@@ -482,8 +486,9 @@ type FleetStats struct {
 	// Local is this server's in-flight cost per priority now.
 	Local [spillway.NumPriorities]int64
 	// Usage is the estimate Admit uses, rounded up: the fleet at the last
-	// refresh plus this server's change since divided by its share (only
-	// this server's own work when Degraded).
+	// refresh plus this server's change since divided by its share (with
+	// WithReservations: plus this server's change and the other servers'
+	// reservations; only this server's own work when Degraded).
 	Usage int64
 	// Share is this server's share of the fleet at the last refresh (see
 	// Fleet), 0 before the first.
