@@ -85,38 +85,19 @@ func (l *Limiter) admitHeld(ctx context.Context, r *spillway.Request, items []ra
 	if l.reserver == nil { // New and Swap refuse such a config; a Limiter built otherwise
 		return spillway.Decision{}, spillway.Noop, l.storeError(rules, fmt.Errorf("tiers: %w: store %T", ratelimit.ErrHoldUnsupported, l.store))
 	}
-	allowed, h, err := l.reserveBatch(ctx, items, rules, out)
+	var h *hold
+	reserve := func(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (allowed bool, err error) {
+		// decideEnforced drops shadow rules in place, so the rules of
+		// the batch it passes are the first len(items).
+		allowed, h, err = l.reserveBatch(ctx, items, rules[:len(items)], out)
+		return allowed, err
+	}
+	allowed, pass, items, rules, out, err := l.decideEnforced(ctx, r, items, rules, out, shadows, reserve)
 	if err != nil {
-		if shadows == len(items) {
-			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
-		}
-		return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
+		return spillway.Decision{}, spillway.Noop, err
 	}
-	for i := range out {
-		out[i].Limiter = rules[i].id
-	}
-	if shadows > 0 {
-		l.reportShadows(ctx, r, rules, out)
-	}
-	if !allowed && shadows > 0 && onlyShadowsDenied(rules, out) {
-		if shadows == len(items) {
-			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
-		}
-		n := 0
-		for i := range items {
-			if !rules[i].shadow {
-				items[n], rules[n] = items[i], rules[i]
-				n++
-			}
-		}
-		items, rules, out = items[:n], rules[:n], out[:n]
-		allowed, h, err = l.reserveBatch(ctx, items, rules, out)
-		if err != nil {
-			return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
-		}
-		for i := range out {
-			out[i].Limiter = rules[i].id
-		}
+	if pass {
+		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
 	d := pick(rules, out, allowed)
 	if d == nil {

@@ -439,40 +439,12 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	if responses > 0 {
 		return l.admitHeld(ctx, r, items, rules, out, shadows)
 	}
-	allowed, err := l.store.Decide(ctx, items, out)
+	allowed, pass, items, rules, out, err := l.decideEnforced(ctx, r, items, rules, out, shadows, l.store.Decide)
 	if err != nil {
-		if shadows == len(items) {
-			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
-		}
-		return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
+		return spillway.Decision{}, spillway.Noop, err
 	}
-	for i := range out {
-		out[i].Limiter = rules[i].id
-	}
-	if shadows > 0 {
-		l.reportShadows(ctx, r, rules, out)
-	}
-	if !allowed && shadows > 0 && onlyShadowsDenied(rules, out) {
-		// Decide the enforced rules alone: a shadow rule must not block
-		// or skip their charge.
-		if shadows == len(items) {
-			return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
-		}
-		n := 0
-		for i := range items {
-			if !rules[i].shadow {
-				items[n], rules[n] = items[i], rules[i]
-				n++
-			}
-		}
-		items, rules, out = items[:n], rules[:n], out[:n]
-		allowed, err = l.store.Decide(ctx, items, out)
-		if err != nil {
-			return spillway.Decision{}, spillway.Noop, l.storeError(rules, err)
-		}
-		for i := range out {
-			out[i].Limiter = rules[i].id
-		}
+	if pass {
+		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
 	d := pick(rules, out, allowed)
 	if d == nil {
@@ -496,6 +468,52 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		}
 	}
 	return res, spillway.Noop, nil
+}
+
+// decideEnforced decides the batch with call and, when only shadow rules
+// denied it, once more with the enforced rules alone, so that a shadow
+// rule never blocks or skips their charge. It names each decision's rule
+// and reports the shadow rules' decisions. pass is true when every rule is
+// a shadow and the batch could not be decided or was denied: the request
+// goes through untouched. The items, rules and decisions returned are the
+// ones the final decision was made on.
+func (l *Limiter) decideEnforced(ctx context.Context, r *spillway.Request, items []ratelimit.Item, rules []*crule, out []spillway.Decision, shadows int,
+	call func(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error),
+) (allowed, pass bool, _ []ratelimit.Item, _ []*crule, _ []spillway.Decision, _ error) {
+	allowed, err := call(ctx, items, out)
+	if err != nil {
+		if shadows == len(items) {
+			return false, true, items, rules, out, nil
+		}
+		return false, false, items, rules, out, l.storeError(rules, err)
+	}
+	for i := range out {
+		out[i].Limiter = rules[i].id
+	}
+	if shadows > 0 {
+		l.reportShadows(ctx, r, rules, out)
+	}
+	if allowed || shadows == 0 || !onlyShadowsDenied(rules, out) {
+		return allowed, false, items, rules, out, nil
+	}
+	if shadows == len(items) {
+		return false, true, items, rules, out, nil
+	}
+	n := 0
+	for i := range items {
+		if !rules[i].shadow {
+			items[n], rules[n] = items[i], rules[i]
+			n++
+		}
+	}
+	items, rules, out = items[:n], rules[:n], out[:n]
+	if allowed, err = call(ctx, items, out); err != nil {
+		return false, false, items, rules, out, l.storeError(rules, err)
+	}
+	for i := range out {
+		out[i].Limiter = rules[i].id
+	}
+	return allowed, false, items, rules, out, nil
 }
 
 func onlyShadowsDenied(rules []*crule, out []spillway.Decision) bool {
