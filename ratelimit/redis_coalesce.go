@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,37 +59,38 @@ type coalescer struct {
 	inflight int
 	queue    []*waiter
 	queued   int // items in queue
-	exp      *expiry
+
+	exp atomic.Pointer[expiry] // the latest shared expiry
 }
 
 // expiry is a channel closed at the end of one millisecond, by one timer:
 // the batches queued with a deadline (DecideBy) in that millisecond all
 // wait on it, so that no timer is made per batch.
 type expiry struct {
-	at time.Time
+	at int64 // Unix ns, a multiple of expiryGrain
 	ch chan struct{}
 }
 
 // expiryGrain is the granularity of the shared deadlines: a deadline is
 // rounded up to the next multiple of it.
-const expiryGrain = time.Millisecond
+const expiryGrain = int64(time.Millisecond)
 
 // expiry returns the channel closed once deadline (rounded up to the next
 // millisecond) has passed. Deadlines arrive almost in order (one budget
-// after their calls), so the latest expiry is nearly always the one. c.mu
-// is held.
+// after their calls), so the latest expiry is nearly always the one; two
+// callers that make a new one at once may each keep their own (a second
+// timer, never a wrong bound).
 func (c *coalescer) expiry(deadline time.Time) <-chan struct{} {
-	at := deadline.Truncate(expiryGrain)
-	if at.Before(deadline) {
-		at = at.Add(expiryGrain)
-	}
-	if e := c.exp; e != nil && e.at.Equal(at) {
+	at := deadline.UnixNano()
+	at += (expiryGrain - at%expiryGrain) % expiryGrain
+	e := c.exp.Load()
+	if e != nil && e.at == at {
 		return e.ch
 	}
-	e := &expiry{at: at, ch: make(chan struct{})}
-	time.AfterFunc(time.Until(at), func() { close(e.ch) })
-	c.exp = e
-	return e.ch
+	n := &expiry{at: at, ch: make(chan struct{})}
+	time.AfterFunc(time.Until(time.Unix(0, at)), func() { close(n.ch) })
+	c.exp.CompareAndSwap(e, n)
+	return n.ch
 }
 
 // waiter is one queued batch: a copy of the caller's items (the caller
@@ -145,10 +147,10 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	}
 	c.queue = append(c.queue, w)
 	c.queued += len(items)
+	c.mu.Unlock()
 	if !deadline.IsZero() {
 		expired = c.expiry(deadline)
 	}
-	c.mu.Unlock()
 
 	var cause error
 	select {

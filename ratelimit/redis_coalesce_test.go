@@ -482,15 +482,22 @@ func TestRedisStoreDecideByHungRedis(t *testing.T) {
 	base := time.Now().Add(300 * time.Millisecond).Truncate(time.Millisecond)
 	deadlines := []time.Time{base.Add(100 * time.Microsecond), base.Add(900 * time.Microsecond), base.Add(50 * time.Millisecond)}
 	var queued []<-chan timedResult
+	// the expiry each batch waits on: its deadline rounded up to the
+	// millisecond (the third's is a whole millisecond already)
+	ats := []time.Time{base.Add(time.Millisecond), base.Add(time.Millisecond), base.Add(50 * time.Millisecond)}
+	var exps []*expiry
 	for i, k := range []string{"c", "d", "e"} {
 		queued = append(queued, decideByAsync(ctx, rs, deadlines[i], it(k)))
 		waitQueued(t, rs, i+1)
+		waitFor(t, "the batch's expiry", func() bool {
+			e := rs.co.exp.Load()
+			return e != nil && e.at == ats[i].UnixNano()
+		})
+		exps = append(exps, rs.co.exp.Load())
 	}
-	rs.co.mu.Lock()
-	if rs.co.exp == nil || !rs.co.exp.at.Equal(base.Add(50*time.Millisecond)) {
-		t.Errorf("latest expiry %+v, want the one of the third deadline, %v (a whole millisecond already)", rs.co.exp, base.Add(50*time.Millisecond))
+	if exps[0] != exps[1] || exps[1] == exps[2] {
+		t.Fatalf("expiries %p %p %p: want the first two shared, the third its own", exps[0], exps[1], exps[2])
 	}
-	rs.co.mu.Unlock()
 	rs.co.release(rs)
 	waitQueued(t, rs, 0)
 	waitInflight(t, rs, 1)
@@ -515,5 +522,17 @@ func TestRedisStoreDecideByHungRedis(t *testing.T) {
 	var out [1]spillway.Decision
 	if ok, err := rs.DecideBy(ctx, time.Now().Add(10*time.Second), []Item{it("f")}, out[:]); err != nil || !ok || out[0].Remaining != 2 {
 		t.Fatalf("after resume: %v %+v %v, want allowed with 2 left", ok, out[0], err)
+	}
+}
+
+// waitFor polls cond until it holds (10s at most).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
