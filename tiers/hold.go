@@ -99,25 +99,9 @@ func (l *Limiter) admitHeld(ctx context.Context, r *spillway.Request, items []ra
 	if pass {
 		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
-	d := pick(rules, out, allowed)
-	if d == nil {
-		if !allowed {
-			return spillway.Decision{}, spillway.Noop, l.storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
-		}
-		d = &spillway.Decision{Allowed: true, Limiter: l.name}
-	} else if !allowed {
-		for i := range rules {
-			if &out[i] == d {
-				rules[i].stats.denied.Add(1)
-			}
-		}
-	}
-	res := *d
-	for i := range out {
-		res.Degraded = res.Degraded || out[i].Degraded
-		if &out[i] == d {
-			res.Window = items[i].Policy.Window()
-		}
+	res, err := l.answer(items, rules, out, allowed)
+	if err != nil {
+		return spillway.Decision{}, spillway.Noop, err
 	}
 	if !allowed || h == nil {
 		return res, spillway.Noop, nil

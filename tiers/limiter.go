@@ -446,28 +446,32 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	if pass {
 		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
 	}
+	res, err := l.answer(items, rules, out, allowed)
+	return res, spillway.Noop, err
+}
+
+// answer is the decision a batch decided into out answers with: the most
+// restrictive enforced rule's (pick), degraded when any decision was, with
+// its rule's window; a denial counts against the rule that denied.
+func (l *Limiter) answer(items []ratelimit.Item, rules []*crule, out []spillway.Decision, allowed bool) (spillway.Decision, error) {
 	d := pick(rules, out, allowed)
 	if d == nil {
 		if !allowed {
-			return spillway.Decision{}, spillway.Noop, l.storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
+			return spillway.Decision{}, l.storeError(rules, errors.New("tiers: store denied a batch without denying an item"))
 		}
-		return spillway.Decision{Allowed: true, Limiter: l.name}, spillway.Noop, nil
-	}
-	if !allowed {
-		for i := range rules {
-			if &out[i] == d {
-				rules[i].stats.denied.Add(1)
-			}
-		}
+		return spillway.Decision{Allowed: true, Limiter: l.name}, nil
 	}
 	res := *d
 	for i := range out {
 		res.Degraded = res.Degraded || out[i].Degraded
 		if &out[i] == d {
 			res.Window = items[i].Policy.Window()
+			if !allowed {
+				rules[i].stats.denied.Add(1)
+			}
 		}
 	}
-	return res, spillway.Noop, nil
+	return res, nil
 }
 
 // decideEnforced decides the batch with call and, when only shadow rules
