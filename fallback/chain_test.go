@@ -19,7 +19,6 @@ import (
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
-	"github.com/spillway-go/spillway/tiers"
 )
 
 // slack is what the product promises beyond the budget: a request's
@@ -90,18 +89,11 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	sent := &sentCounter{}
 	client.AddHook(sent)
 
-	cfg, err := tiers.Parse("rules.yaml", []byte(chainRules))
-	if err != nil {
-		t.Fatal(err)
-	}
 	store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Name: "rate", Health: h})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rate, err := tiers.New(cfg, store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rate := tiersLimiter(t, chainRules, store)
 	cstore, err := concurrency.NewRedisStore(client)
 	if err != nil {
 		t.Fatal(err)

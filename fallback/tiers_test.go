@@ -38,14 +38,7 @@ limits:
 `
 	b := newBed(t)
 	st := b.fallback(t, fallback.Settings{})
-	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := tiers.New(cfg, st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := tiersLimiter(t, yml, st)
 	admit := func(endpoint string) spillway.Decision {
 		t.Helper()
 		r := &spillway.Request{Endpoint: endpoint, Method: "POST", Priority: spillway.Critical}
@@ -81,13 +74,10 @@ limits:
 	}
 
 	// The same rule over the bare Redis store: the error says fail closed.
-	bare, err := tiers.New(cfg, ratelimit.NewRedisStore(b.client))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bare := tiersLimiter(t, yml, ratelimit.NewRedisStore(b.client))
 	r := &spillway.Request{Endpoint: "/login", Priority: spillway.Critical}
 	r.Set(spillway.DimIP, "10.1.2.3")
-	_, _, err = bare.Admit(context.Background(), r)
+	_, _, err := bare.Admit(context.Background(), r)
 	var se *spillway.StoreError
 	if !errors.Is(err, spillway.ErrStoreUnavailable) || !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
 		t.Fatalf("bare store, Redis down: err = %v; want a fail-closed StoreError", err)
@@ -110,14 +100,7 @@ limits:
 `
 	b := newBed(t)
 	st := b.fallback(t, fallback.Settings{})
-	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := tiers.New(cfg, st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := tiersLimiter(t, yml, st)
 	ctx := context.Background()
 	gen := func(cost int64) *spillway.Request {
 		r := &spillway.Request{Endpoint: "/gen", Method: "POST", Priority: spillway.Critical, Cost: cost, Usage: new(spillway.Usage)}
@@ -213,4 +196,18 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 	if _, err := tiers.New(cfg, ok); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// tiersLimiter is a tiers limiter over store from the YAML config yml.
+func tiersLimiter(t testing.TB, yml string, store ratelimit.Store) *tiers.Limiter {
+	t.Helper()
+	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := tiers.New(cfg, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
 }
