@@ -134,8 +134,4 @@ func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
 	if o1.Sub(o0) < 30*time.Millisecond || i1.Sub(i0) != o1.Sub(o0) {
 		t.Fatalf("inner moved %v, outer %v; want both the same, at least 30ms", i1.Sub(i0), o1.Sub(o0))
 	}
-	// Still paused for the whole sleep, the inner budget is not spent.
-	if _, ok := spillway.BudgetDeadline(inner, 0); !ok && time.Now().Before(i1) {
-		t.Fatal("budget reported spent before its end")
-	}
 }
