@@ -315,24 +315,8 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 // deadline can pass before the test has queued every caller, and the test
 // would then check another path.
 func TestRedisStoreCoalescedHungRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	// a client that honours context deadlines, as package fallback asks
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	loadScripts(t, c)
-	rs := NewRedisStore(c, WithCoalescing(1))
-	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
-	it := func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			_ = srv.Resume()
-		}
-	}()
+	rs, it, resume := hungCoalescingStore(t)
 	// A call on the stopped Redis returns at its deadline (go-redis
 	// honours deadlines, not cancellation, once a command is sent). The
 	// socket's deadline and the context's are two runtime timers set to
@@ -381,10 +365,9 @@ func TestRedisStoreCoalescedHungRedis(t *testing.T) {
 			t.Fatalf("queued caller %d: %v, want the error of a sent coalesced call", i, r.err)
 		}
 	}
-	if err := srv.Resume(); err != nil {
+	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
-	resumed = true
 	for _, k := range []string{"e", "f"} {
 		var out [1]spillway.Decision
 		if ok, err := rs.Decide(ctx, []Item{it(k)}, out[:]); err != nil || !ok {
@@ -435,23 +418,8 @@ type timedResult struct {
 // the unsent batch leaves the queue. Batches whose deadlines fall in one
 // millisecond share one expiry.
 func TestRedisStoreDecideByHungRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	loadScripts(t, c)
-	rs := NewRedisStore(c, WithCoalescing(1))
-	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
-	it := func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			_ = srv.Resume()
-		}
-	}()
+	rs, it, resume := hungCoalescingStore(t)
 	isTimeout := func(err error) bool {
 		return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
 	}
@@ -514,10 +482,9 @@ func TestRedisStoreDecideByHungRedis(t *testing.T) {
 			t.Fatalf("sent batch %d: %v %v at %v, want a timeout (a sent coalesced call's context.DeadlineExceeded for the first two), not before %v", i, r.ok, r.err, r.at, deadlines[i])
 		}
 	}
-	if err := srv.Resume(); err != nil {
+	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
-	resumed = true
 	waitInflight(t, rs, 0)
 	var out [1]spillway.Decision
 	if ok, err := rs.DecideBy(ctx, time.Now().Add(10*time.Second), []Item{it("f")}, out[:]); err != nil || !ok || out[0].Remaining != 2 {
@@ -535,4 +502,28 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// hungCoalescingStore is a coalescing RedisStore (WithCoalescing(1)) on a
+// redis-server stopped with SIGSTOP until resume runs (at the latest when
+// the test ends), its client honouring context deadlines as package
+// fallback asks, and a maker of items of a 3-per-1000 s policy.
+func hungCoalescingStore(t *testing.T) (rs *RedisStore, it func(key string) Item, resume func() error) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	loadScripts(t, c)
+	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var err error
+	resume = func() error {
+		once.Do(func() { err = srv.Resume() })
+		return err
+	}
+	t.Cleanup(func() { _ = resume() })
+	return NewRedisStore(c, WithCoalescing(1)), func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }, resume
 }
