@@ -25,14 +25,7 @@ limits:
     fail: closed
 `
 	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
-		cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim, err := tiers.New(cfg, store)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lim := newLimiter(t, yml, store)
 		return contracttest.Instance{
 			Limiter: lim,
 			Deny: func(t *testing.T) {
@@ -75,14 +68,7 @@ limits:
     fail: closed
 `
 	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
-		cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim, err := tiers.New(cfg, store)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lim := newLimiter(t, yml, store)
 		return contracttest.Instance{
 			Limiter: lim,
 			Deny: func(t *testing.T) {
@@ -112,3 +98,17 @@ limits:
 }
 
 var _ spillway.Limiter = (*tiers.Limiter)(nil)
+
+// newLimiter is a Limiter over store from the YAML config yml.
+func newLimiter(t *testing.T, yml string, store ratelimit.Store) *tiers.Limiter {
+	t.Helper()
+	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := tiers.New(cfg, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
