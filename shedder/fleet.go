@@ -71,7 +71,7 @@ import (
 // work stops counting at once.
 type Fleet struct {
 	client   redis.UniversalClient
-	capacity int64
+	capacity atomic.Int64 // SetCapacity may change it at run time
 	thresh   [spillway.NumPriorities]float64 // fractions of capacity
 	o        options
 	keys     []string
@@ -147,7 +147,8 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if o.serverID == "" {
 		o.serverID = defaultServerID()
 	}
-	f := &Fleet{client: client, capacity: capacity, thresh: th, o: o}
+	f := &Fleet{client: client, thresh: th, o: o}
+	f.capacity.Store(capacity)
 	f.keys = []string{
 		keys.Key(o.prefix, "fleet:reports", name),
 		keys.Key(o.prefix, "fleet:expiry", name),
@@ -234,7 +235,7 @@ func (f *Fleet) maybeRefresh(now int64) {
 // limitFor returns the usage limit of priority p and whether this is
 // degraded mode.
 func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded bool) {
-	capacity := float64(f.capacity)
+	capacity := float64(f.capacity.Load())
 	ok := f.lastOK.Load()
 	degraded = ok == 0 || now-ok > int64(f.o.staleAfter)
 	if degraded {
@@ -248,7 +249,29 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 }
 
 // fullLimit is p's limit with the whole fleet's capacity.
-func (f *Fleet) fullLimit(p spillway.Priority) int64 { return f.threshold(p, float64(f.capacity)) }
+func (f *Fleet) fullLimit(p spillway.Priority) int64 {
+	return f.threshold(p, float64(f.capacity.Load()))
+}
+
+// Capacity returns the fleet's capacity now.
+func (f *Fleet) Capacity() int64 { return f.capacity.Load() }
+
+// SetCapacity changes the fleet's capacity from now on: what the shared
+// resource can take has changed (it lost a replica, a neighbour took its
+// CPU, or it reports more room again). Decisions and Allowance use the new
+// capacity at once; the next refresh reserves headroom under it. Work
+// already admitted is not revoked: after a fall the fleet admits nothing
+// of a priority until its usage is under the new threshold. Every server
+// of a fleet should set the same capacity; while they differ, each
+// decides with its own. It returns an error, and changes nothing, for a
+// capacity outside [1, MaxFleetCapacity].
+func (f *Fleet) SetCapacity(capacity int64) error {
+	if capacity <= 0 || capacity > MaxFleetCapacity {
+		return fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
+	}
+	f.capacity.Store(capacity)
+	return nil
+}
 
 // MaxFleetCapacity is the largest capacity NewFleet accepts and the most
 // one server may have in flight at any priority (2^46 units). Reports and
@@ -320,7 +343,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	}
 	round := f.o.rand()
 	if f.o.reserveHead {
-		args = append(args, f.reserveTarget(), f.capacity, strconv.FormatFloat(round, 'f', -1, 64))
+		args = append(args, f.reserveTarget(), f.capacity.Load(), strconv.FormatFloat(round, 'f', -1, 64))
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
 	defer cancel()
@@ -377,7 +400,7 @@ type fleetView struct {
 // by default; 0 if none is finite.
 func (f *Fleet) reserveTarget() int64 {
 	for p := range f.thresh {
-		if t := f.threshold(spillway.Priority(p), float64(f.capacity)); t < MaxFleetCapacity {
+		if t := f.threshold(spillway.Priority(p), float64(f.capacity.Load())); t < MaxFleetCapacity {
 			return t
 		}
 	}
@@ -457,7 +480,7 @@ func (f *Fleet) Allowance(p spillway.Priority) int64 {
 // full use), so a server that joins still gets a part.
 func (f *Fleet) share(v *fleetView) float64 {
 	n := float64(max(v.servers, 1))
-	c := float64(f.capacity)
+	c := float64(f.capacity.Load())
 	return (float64(max(v.sent, 0)) + c/n) / (float64(max(v.sum, 0)) + c)
 }
 

@@ -610,3 +610,62 @@ func TestFleetReservationsBoundStaleness(t *testing.T) {
 		t.Fatalf("without reservations: allowance %d, want 51", s)
 	}
 }
+
+// TestFleetSetCapacity: a capacity lowered at run time holds new work
+// under the new thresholds at once (work in flight is not revoked), one
+// raised again admits up to them after the next refresh, and a capacity
+// out of range is refused without changing anything.
+func TestFleetSetCapacity(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	a := newFleet(t, client, "a", clk, shedder.WithReservations())
+	refresh(t, a, a)
+	dones := runFleet(t, a, []fleetStep{{spillway.Sheddable, 50, true, 0}})
+
+	if err := a.SetCapacity(50); err != nil {
+		t.Fatal(err)
+	}
+	if c := a.Capacity(); c != 50 {
+		t.Fatalf("capacity %d, want 50", c)
+	}
+	// Thresholds are now 40 (Sheddable, SheddablePlus) and 50 (Critical):
+	// the 50 in flight stay, nothing below CriticalPlus is added.
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 1, false, 0},
+		{spillway.Critical, 1, false, 0},
+		{spillway.CriticalPlus, 1, true, 0},
+	})
+	for _, bad := range []int64{0, -1, shedder.MaxFleetCapacity + 1} {
+		if err := a.SetCapacity(bad); err == nil || !strings.Contains(err.Error(), "fleet capacity") {
+			t.Fatalf("SetCapacity(%d): %v, want an error naming the fleet capacity", bad, err)
+		}
+	}
+	if c := a.Capacity(); c != 50 {
+		t.Fatalf("capacity %d after refused changes, want 50", c)
+	}
+	for _, d := range dones {
+		d(spillway.Success)
+	}
+	refresh(t, a, a)
+	if s := a.Stats(); s.Usage != 1 {
+		t.Fatalf("usage %d, want the CriticalPlus 1", s.Usage)
+	}
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 39, true, 0}, // 40 of 40
+		{spillway.Sheddable, 1, false, 0},
+		{spillway.Critical, 10, true, 0}, // 50 of 50
+		{spillway.Critical, 1, false, 0},
+	})
+
+	if err := a.SetCapacity(100); err != nil {
+		t.Fatal(err)
+	}
+	refresh(t, a)
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 30, true, 0}, // 80 of 80
+		{spillway.Sheddable, 1, false, 0},
+		{spillway.Critical, 20, true, 0}, // 100 of 100
+		{spillway.Critical, 1, false, 0},
+	})
+}
