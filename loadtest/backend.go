@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -28,6 +29,67 @@ type Backend struct {
 
 	inflight atomic.Int64
 	rec      *Recorder
+
+	// The utilization gauge (Gauge): integrals over the current window,
+	// updated at every change of the queries in flight or the capacity.
+	gmu       sync.Mutex
+	gStart    time.Time // the current window began
+	gLast     time.Time // integrated up to here
+	gActive   float64   // ∫ n dt, in query-seconds
+	gIdle     float64   // ∫ max(0, C − n) dt
+	published Gauge
+}
+
+// gaugeWindow is how often the database publishes its utilization, as a
+// metrics gauge scraped once a second would.
+const gaugeWindow = time.Second
+
+// Gauge is what the database publishes about its last full window of
+// gaugeWindow: how many queries were running on average, and how many of
+// its workers stood idle on average (a CPU's idle share times its cores).
+// Active + Idle is its capacity when it was never overloaded in the
+// window, more when it was (Active then counts the queries past it).
+type Gauge struct {
+	From, To     time.Time // the window; zero before the first one ended
+	Active, Idle float64
+}
+
+// integrate advances the gauge's integrals to now; call with gmu held.
+func (b *Backend) integrate(now time.Time) {
+	if b.gStart.IsZero() {
+		b.gStart, b.gLast = now, now
+		return
+	}
+	dt := now.Sub(b.gLast).Seconds()
+	n, c := float64(b.inflight.Load()), float64(b.capacity.Load())
+	b.gActive += n * dt
+	b.gIdle += max(0, c-n) * dt
+	b.gLast = now
+	if w := now.Sub(b.gStart); w >= gaugeWindow {
+		b.published = Gauge{From: b.gStart, To: now, Active: b.gActive / w.Seconds(), Idle: b.gIdle / w.Seconds()}
+		b.gStart, b.gActive, b.gIdle = now, 0, 0
+	}
+}
+
+// change applies delta to the queries in flight (and c, when positive, to
+// the capacity) after integrating the gauge up to now; it returns the
+// queries in flight after the change.
+func (b *Backend) change(delta int64, c int64) int64 {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	b.integrate(time.Now())
+	if c > 0 {
+		b.capacity.Store(c)
+	}
+	return b.inflight.Add(delta)
+}
+
+// Gauge returns the database's last published utilization.
+func (b *Backend) Gauge() Gauge {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	b.integrate(time.Now())
+	return b.published
 }
 
 // Errors the backend returns; the API server answers 503 for both.
@@ -38,7 +100,7 @@ var (
 
 // SetCapacity changes the capacity (a lost replica, a noisy neighbour);
 // queries already running keep their service time.
-func (b *Backend) SetCapacity(c int) { b.capacity.Store(int64(max(1, c))) }
+func (b *Backend) SetCapacity(c int) { b.change(0, int64(max(1, c))) }
 
 // Capacity returns the capacity now.
 func (b *Backend) Capacity() int { return int(b.capacity.Load()) }
@@ -50,8 +112,8 @@ func (b *Backend) Inflight() int64 { return b.inflight.Load() }
 // away: a query runs to completion (or to the statement timeout) even when
 // nobody waits for its answer any more.
 func (b *Backend) Query(ctx context.Context) error {
-	n := b.inflight.Add(1)
-	defer b.inflight.Add(-1)
+	n := b.change(1, 0)
+	defer b.change(-1, 0)
 	start := time.Now()
 	if debugDegraded {
 		defer func() {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -451,6 +452,9 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			_ = f.Close(ctx)
 		})
 		add("fleet", f)
+		stop := make(chan struct{})
+		go watchCapacity(env, f, pool, stop)
+		closers = append(closers, func() { close(stop) })
 	}
 	if removed != "ceiling" {
 		// A fleet-wide rate backstop at 1.2× the database's throughput per
@@ -521,6 +525,51 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	}, nil
 }
 
+// capacityPoll is how often each server reads the database's
+// utilization gauge.
+const capacityPoll = 100 * time.Millisecond
+
+// watchCapacity sizes the fleet shedder from the database's utilization
+// gauge until stop closes: at every new reading, the fleet's capacity
+// becomes the queries the database ran on average plus the workers it
+// had idle (its capacity, when it was not overloaded; the queries past it
+// on top, when it was), never more than the capacity the fleet was
+// configured with. It hands the reading to the learned pool, which grows
+// into idle workers at once (learnedPool.resize).
+//
+// Latency alone cannot tell a database that has room for one more query
+// from one that has none: below its capacity every query takes as long,
+// so a learned limit finds the capacity only by passing it. The gauge
+// says where the capacity is without passing it.
+func watchCapacity(env *Env, fleet *shedder.Fleet, pool *learnedPool, stop <-chan struct{}) {
+	if env.DBGauge == nil {
+		return
+	}
+	t := time.NewTicker(capacityPoll)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		g := env.DBGauge()
+		if g.To.IsZero() || g.To.Equal(last) {
+			continue
+		}
+		last = g.To
+		est := int64(math.Floor(g.Active + g.Idle + 1e-6))
+		_ = fleet.SetCapacity(min(int64(env.System.Capacity), max(1, est)))
+		if pool != nil {
+			pool.gauge.Store(&g)
+		}
+		if traceLimits {
+			fmt.Fprintf(os.Stderr, "gauge %s active %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Idle, fleet.Capacity())
+		}
+	}
+}
+
 // tagged names a block's denials after the block, so the summary counts
 // rejections per block (rejected_by_limiter) whatever name the block's
 // own decisions carry.
@@ -553,6 +602,8 @@ type learnedPool struct {
 	// this server for Critical work now: its share of the fleet's
 	// capacity, from the fleet's measured usage.
 	fleet *shedder.Fleet
+	// gauge is the database's last utilization reading (with fleet set).
+	gauge atomic.Pointer[Gauge]
 }
 
 // resize sets the queue's slots to the learned limit, capped by the
@@ -569,6 +620,11 @@ func (p *learnedPool) resize() {
 		}
 		if len(p.starts) > 0 {
 			l.Overdue(time.Now(), maps.Values(p.starts))
+		}
+		// The database reported idle workers in a window that began after
+		// the last cut: take what the fleet allows at once.
+		if g := p.gauge.Load(); p.fleet != nil && g != nil {
+			l.Raise(*g, float64(max(1, allowance)), time.Now())
 		}
 	}
 	limit := min(int64(p.alg.Limit()), allowance)

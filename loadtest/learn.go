@@ -222,6 +222,18 @@ func (l *latencyLimit) set(limit float64, at time.Time) {
 	l.since, l.n, l.sum, l.maxUsed = at, 0, 0, 0
 }
 
+// Raise lifts the limit to to at once when the database's gauge g shows
+// at least one idle worker on average over a window that began after the
+// last cut: there is room a probe would take seconds to find, and nothing
+// since the last overload says otherwise (to is what the fleet shedder
+// allows this server now). A reading from before the cut says nothing.
+func (l *latencyLimit) Raise(g Gauge, to float64, at time.Time) {
+	if g.Idle >= 1 && g.From.After(l.cutAt) && to > l.limit {
+		l.why = "gauge"
+		l.set(to, at)
+	}
+}
+
 // traceLimits prints every change of a learned limit on stderr.
 var traceLimits = os.Getenv("LOADTEST_TRACE") != ""
 

@@ -70,6 +70,9 @@ type Env struct {
 	Servers int
 	System  System
 	Prefix  string // Redis key prefix of this configuration
+	// DBGauge reads the database's utilization gauge (what it publishes
+	// about its last window, as a metrics endpoint would).
+	DBGauge func() Gauge
 }
 
 // ServerChain is one server's limiter and its probes.
@@ -148,6 +151,7 @@ func runConfiguration(ctx context.Context, p Params, env *Env, cfg Configuration
 	env.Redis.Flush()
 	env.Redis.Set(redisHealthy)
 	db := env.System.newBackend(rec)
+	env.DBGauge = db.Gauge
 
 	var (
 		mu      sync.Mutex

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// The database's gauge publishes, once per window, the queries it ran on
+// average and its idle workers on average: Active + Idle is the capacity
+// while it is not overloaded, and counts the queries past it when it is.
+func TestBackendGauge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &Backend{}
+		b.SetCapacity(4) // the first window starts
+		if g := b.Gauge(); !g.To.IsZero() {
+			t.Fatalf("a reading %+v before the first window ended", g)
+		}
+		b.change(2, 0)
+		time.Sleep(gaugeWindow / 2)
+		b.change(3, 0) // 5 in flight, one past the capacity
+		time.Sleep(gaugeWindow / 2)
+		g := b.Gauge()
+		if g.Active != 3.5 || g.Idle != 1 || g.To.Sub(g.From) != gaugeWindow {
+			t.Fatalf("first window %+v, want 3.5 active and 1 idle over %v", g, gaugeWindow)
+		}
+		// The capacity halves with 2 in flight: a full window at 2 of 2.
+		b.change(-3, 0)
+		b.SetCapacity(2)
+		time.Sleep(gaugeWindow / 4)
+		if g2 := b.Gauge(); g2 != g {
+			t.Fatalf("a reading %+v within the window, want the last one %+v", g2, g)
+		}
+		time.Sleep(3 * gaugeWindow / 4)
+		if g = b.Gauge(); g.Active != 2 || g.Idle != 0 {
+			t.Fatalf("second window %+v, want 2 active, none idle", g)
+		}
+		b.change(-2, 0)
+		time.Sleep(gaugeWindow)
+		if g = b.Gauge(); g.Active != 0 || g.Idle != 2 {
+			t.Fatalf("third window %+v, want none active, 2 idle", g)
+		}
+	})
+}
