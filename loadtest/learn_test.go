@@ -141,7 +141,7 @@ func TestLatencyLimitOverdue(t *testing.T) {
 func TestLatencyLimitRaise(t *testing.T) {
 	l := newLatencyLimit(4)
 	at := feed(l, time.Unix(1000, 0), baselineSamples, 200*time.Millisecond, 4) // slow start to 16
-	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)                    // a cut, by half
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)                     // a cut, by half
 	cut := l.cutAt
 	if l.Limit() != 8 || cut.IsZero() {
 		t.Fatalf("limit %d after a collapse (cut at %v)", l.Limit(), cut)

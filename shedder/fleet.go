@@ -71,7 +71,7 @@ import (
 // work stops counting at once.
 type Fleet struct {
 	client   redis.UniversalClient
-	capacity atomic.Int64 // SetCapacity may change it at run time
+	capacity atomic.Int64                    // SetCapacity may change it at run time
 	thresh   [spillway.NumPriorities]float64 // fractions of capacity
 	o        options
 	keys     []string
