@@ -284,7 +284,7 @@ var blockTitles = map[string]string{
 	"concurrency": "per-key concurrent requests (Redis, fallback)",
 	"pool":        "learned local limit (from database latency)",
 	"queue":       "wait in priority order for the learned limit",
-	"fleet":       "fleet usage shedder (Redis, by priority)",
+	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
 }
 
@@ -312,14 +312,17 @@ const fleetTTL = 10 * fleetInterval
 //  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
 //  3. pool: this server's limit on database queries, learned from their
 //     latency (latencyLimit: grows while windows of queries keep their
-//     usual latency, backs off when they do not or fail), capped by what
-//     the fleet shedder allows this server now, and
+//     usual latency, backs off when they do not or fail, and takes at once
+//     the room the database's gauge reports idle), capped by what the
+//     fleet shedder allows this server now, and
 //  4. queue: a request that finds the learned limit used waits up to
 //     queueWait in a shedder.Queue whose slots follow the limit, and a
 //     freed slot goes to the highest priority waiting;
 //  5. fleet: shedder.Fleet over the whole fleet's database work, sized
-//     once for the fleet (the database's pool, 30), shedding the lower
-//     priorities first and deciding on the fleet's measured usage;
+//     once for the fleet (the database's pool, 30) and lowered to the
+//     capacity the database's utilization gauge shows (watchCapacity),
+//     shedding the lower priorities first and deciding on the fleet's
+//     measured usage;
 //  6. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
 //
 // Nothing is sized from the number of servers or from a per-server share
@@ -327,7 +330,8 @@ const fleetTTL = 10 * fleetInterval
 // shedder's capacity, the ceiling) are set once for the fleet, and what a
 // server may do is learned (the pool) or derived at run time from the
 // share of the fleet's work the Fleet measures (the fallbacks of the
-// fleet shedder and the ceiling).
+// fleet shedder and the ceiling) and from the database's gauge (the
+// fleet's capacity now).
 func fullChain(removed string) func(env *Env, server int) (ServerChain, error) {
 	return func(env *Env, server int) (ServerChain, error) { return buildFull(env, server, removed) }
 }
