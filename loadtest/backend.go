@@ -36,6 +36,7 @@ type Backend struct {
 	gStart    time.Time // the current window began
 	gLast     time.Time // integrated up to here
 	gActive   float64   // ∫ n dt, in query-seconds
+	gBusy     float64   // ∫ min(n, C) dt
 	gIdle     float64   // ∫ max(0, C − n) dt
 	published Gauge
 }
@@ -45,13 +46,15 @@ type Backend struct {
 const gaugeWindow = time.Second
 
 // Gauge is what the database publishes about its last full window of
-// gaugeWindow: how many queries were running on average, and how many of
-// its workers stood idle on average (a CPU's idle share times its cores).
-// Active + Idle is its capacity when it was never overloaded in the
-// window, more when it was (Active then counts the queries past it).
+// gaugeWindow, as a host's CPU gauge or a managed database's load chart
+// does: how many queries were running on average (Active, queries waiting
+// for a worker included), and how many of its workers were busy and idle
+// on average (the CPU's busy and idle shares times the cores it has now).
+// Busy + Idle is its capacity, averaged over the window: a second late,
+// and between the old and the new one for a window in which it changed.
 type Gauge struct {
-	From, To     time.Time // the window; zero before the first one ended
-	Active, Idle float64
+	From, To           time.Time // the window; zero before the first one ended
+	Active, Busy, Idle float64
 }
 
 // integrate advances the gauge's integrals to now; call with gmu held.
@@ -63,11 +66,13 @@ func (b *Backend) integrate(now time.Time) {
 	dt := now.Sub(b.gLast).Seconds()
 	n, c := float64(b.inflight.Load()), float64(b.capacity.Load())
 	b.gActive += n * dt
+	b.gBusy += min(n, c) * dt
 	b.gIdle += max(0, c-n) * dt
 	b.gLast = now
 	if w := now.Sub(b.gStart); w >= gaugeWindow {
-		b.published = Gauge{From: b.gStart, To: now, Active: b.gActive / w.Seconds(), Idle: b.gIdle / w.Seconds()}
-		b.gStart, b.gActive, b.gIdle = now, 0, 0
+		sec := w.Seconds()
+		b.published = Gauge{From: b.gStart, To: now, Active: b.gActive / sec, Busy: b.gBusy / sec, Idle: b.gIdle / sec}
+		b.gStart, b.gActive, b.gBusy, b.gIdle = now, 0, 0, 0
 	}
 }
 

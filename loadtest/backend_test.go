@@ -7,8 +7,8 @@ import (
 )
 
 // The database's gauge publishes, once per window, the queries it ran on
-// average and its idle workers on average: Active + Idle is the capacity
-// while it is not overloaded, and counts the queries past it when it is.
+// average and its busy and idle workers on average: Busy + Idle is the
+// capacity, overloaded or not.
 func TestBackendGauge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &Backend{}
@@ -21,8 +21,8 @@ func TestBackendGauge(t *testing.T) {
 		b.change(3, 0) // 5 in flight, one past the capacity
 		time.Sleep(gaugeWindow / 2)
 		g := b.Gauge()
-		if g.Active != 3.5 || g.Idle != 1 || g.To.Sub(g.From) != gaugeWindow {
-			t.Fatalf("first window %+v, want 3.5 active and 1 idle over %v", g, gaugeWindow)
+		if g.Active != 3.5 || g.Busy != 3 || g.Idle != 1 || g.To.Sub(g.From) != gaugeWindow {
+			t.Fatalf("first window %+v, want 3.5 active, 3 busy and 1 idle over %v", g, gaugeWindow)
 		}
 		// The capacity halves with 2 in flight: a full window at 2 of 2.
 		b.change(-3, 0)
@@ -32,13 +32,21 @@ func TestBackendGauge(t *testing.T) {
 			t.Fatalf("a reading %+v within the window, want the last one %+v", g2, g)
 		}
 		time.Sleep(3 * gaugeWindow / 4)
-		if g = b.Gauge(); g.Active != 2 || g.Idle != 0 {
-			t.Fatalf("second window %+v, want 2 active, none idle", g)
+		if g = b.Gauge(); g.Active != 2 || g.Busy != 2 || g.Idle != 0 {
+			t.Fatalf("second window %+v, want 2 active and busy, none idle", g)
 		}
 		b.change(-2, 0)
 		time.Sleep(gaugeWindow)
-		if g = b.Gauge(); g.Active != 0 || g.Idle != 2 {
-			t.Fatalf("third window %+v, want none active, 2 idle", g)
+		if g = b.Gauge(); g.Active != 0 || g.Busy != 0 || g.Idle != 2 {
+			t.Fatalf("third window %+v, want none active or busy, 2 idle", g)
+		}
+		// Overloaded for half a window: 4 of 2 in flight, then 1.
+		b.change(4, 0)
+		time.Sleep(gaugeWindow / 2)
+		b.change(-3, 0)
+		time.Sleep(gaugeWindow / 2)
+		if g = b.Gauge(); g.Active != 2.5 || g.Busy != 1.5 || g.Idle != 0.5 {
+			t.Fatalf("fourth window %+v, want 2.5 active, 1.5 busy, 0.5 idle", g)
 		}
 	})
 }

@@ -535,11 +535,10 @@ const capacityPoll = 100 * time.Millisecond
 
 // watchCapacity sizes the fleet shedder from the database's utilization
 // gauge until stop closes: at every new reading, the fleet's capacity
-// becomes the queries the database ran on average plus the workers it
-// had idle (its capacity, when it was not overloaded; the queries past it
-// on top, when it was), never more than the capacity the fleet was
-// configured with. It hands the reading to the learned pool, which grows
-// into idle workers at once (learnedPool.resize).
+// becomes the database's busy plus idle workers (its capacity, averaged
+// over the last second), never more than the capacity the fleet was
+// configured with. It hands the reading to the learned pool, which takes
+// its share of the idle workers at once (latencyLimit.Raise).
 //
 // Latency alone cannot tell a database that has room for one more query
 // from one that has none: below its capacity every query takes as long,
@@ -563,13 +562,13 @@ func watchCapacity(env *Env, fleet *shedder.Fleet, pool *learnedPool, stop <-cha
 			continue
 		}
 		last = g.To
-		est := int64(math.Floor(g.Active + g.Idle + 1e-6))
+		est := int64(math.Floor(g.Busy + g.Idle + 1e-6))
 		_ = fleet.SetCapacity(min(int64(env.System.Capacity), max(1, est)))
 		if pool != nil {
 			pool.gauge.Store(&g)
 		}
 		if traceLimits {
-			fmt.Fprintf(os.Stderr, "gauge %s active %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Idle, fleet.Capacity())
+			fmt.Fprintf(os.Stderr, "gauge %s active %.1f busy %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle, fleet.Capacity())
 		}
 	}
 }
@@ -626,9 +625,12 @@ func (p *learnedPool) resize() {
 			l.Overdue(time.Now(), maps.Values(p.starts))
 		}
 		// The database reported idle workers in a window that began after
-		// the last cut: take what the fleet allows at once.
-		if g := p.gauge.Load(); p.fleet != nil && g != nil {
-			l.Raise(*g, float64(max(1, allowance)), time.Now())
+		// the last cut: take this server's share of them at once (not
+		// while the fleet shedder is degraded: its share is a guess).
+		if g := p.gauge.Load(); g != nil && p.fleet != nil {
+			if st := p.fleet.Stats(); !st.Degraded {
+				l.Raise(*g, st.Share, float64(max(1, allowance)), time.Now())
+			}
 		}
 	}
 	limit := min(int64(p.alg.Limit()), allowance)

@@ -222,15 +222,20 @@ func (l *latencyLimit) set(limit float64, at time.Time) {
 	l.since, l.n, l.sum, l.maxUsed = at, 0, 0, 0
 }
 
-// Raise lifts the limit to to at once when the database's gauge g shows
-// at least one idle worker on average over a window that began after the
-// last cut: there is room a probe would take seconds to find, and nothing
-// since the last overload says otherwise (to is what the fleet shedder
-// allows this server now). A reading from before the cut says nothing.
-func (l *latencyLimit) Raise(g Gauge, to float64, at time.Time) {
-	if g.Idle >= 1 && g.From.After(l.cutAt) && to > l.limit {
+// Raise grows the limit at once by this server's share of the idle
+// workers the database's gauge g reported, up to to (what the fleet
+// shedder allows this server now), when g shows at least one idle worker
+// on average over a window that began after the last cut: there is room
+// a probe would take seconds to find, and nothing since the last overload
+// says otherwise. A reading from before the cut says nothing. Servers
+// whose shares add up to one add up at most the idle workers reported.
+func (l *latencyLimit) Raise(g Gauge, share, to float64, at time.Time) {
+	if g.Idle < 1 || !g.From.After(l.cutAt) || share <= 0 {
+		return
+	}
+	if next := math.Min(to, l.limit+math.Floor(g.Idle*share+0.5)); next > l.limit {
 		l.why = "gauge"
-		l.set(to, at)
+		l.set(next, at)
 	}
 }
 

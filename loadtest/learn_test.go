@@ -135,9 +135,9 @@ func TestLatencyLimitOverdue(t *testing.T) {
 	}
 }
 
-// Raise lifts the limit to what the fleet allows only on a gauge reading
-// that shows an idle worker and began after the last cut; it never
-// lowers it.
+// Raise grows the limit by this server's share of the idle workers, up
+// to what the fleet allows, only on a gauge reading that shows an idle
+// worker and began after the last cut; it never lowers it.
 func TestLatencyLimitRaise(t *testing.T) {
 	l := newLatencyLimit(4)
 	at := feed(l, time.Unix(1000, 0), baselineSamples, 200*time.Millisecond, 4) // slow start to 16
@@ -148,29 +148,31 @@ func TestLatencyLimitRaise(t *testing.T) {
 	}
 	room := Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 4, Idle: 11}
 	for _, c := range []struct {
-		name string
-		g    Gauge
-		to   float64
-		want int
+		name      string
+		g         Gauge
+		share, to float64
+		want      int
 	}{
-		{"a reading from before the cut", Gauge{From: cut.Add(-time.Second), To: cut, Active: 4, Idle: 11}, 15, 8},
-		{"a reading without an idle worker", Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 14.5, Idle: 0.5}, 15, 8},
-		{"an allowance below the limit", room, 3, 8},
-		{"room, after the cut", room, 15, 15},
-		{"a lower allowance later", room, 9, 15},
+		{"a reading from before the cut", Gauge{From: cut.Add(-time.Second), To: cut, Active: 4, Idle: 11}, 0.5, 30, 8},
+		{"a reading without an idle worker", Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 14.5, Idle: 0.5}, 0.5, 30, 8},
+		{"no share", room, 0, 30, 8},
+		{"an allowance below the limit", room, 0.5, 3, 8},
+		{"half of 11 idle, rounded", room, 0.5, 30, 14},
+		{"the allowance bounds it", room, 0.5, 16, 16},
+		{"a lower allowance later", room, 0.5, 9, 16},
 	} {
-		l.Raise(c.g, c.to, at)
+		l.Raise(c.g, c.share, c.to, at)
 		if l.Limit() != c.want {
 			t.Fatalf("%s: limit %d, want %d", c.name, l.Limit(), c.want)
 		}
 	}
 	// A new cut makes the same reading stale again.
-	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 15)
-	if l.Limit() != 7 {
-		t.Fatalf("limit %d after the second collapse, want 7", l.Limit())
+	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 16)
+	if l.Limit() != 8 {
+		t.Fatalf("limit %d after the second collapse, want 8", l.Limit())
 	}
-	l.Raise(room, 15, at)
-	if l.Limit() != 7 {
+	l.Raise(room, 0.5, 30, at)
+	if l.Limit() != 8 {
 		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
 	}
 }
