@@ -57,9 +57,17 @@
 -- backwards). A key of another type or content reads as a full bucket and
 -- is overwritten. Redis formats a number argument with up to 17
 -- significant digits, so the 16-digit µs TAT' goes through exactly.
+--
+-- Cost: per key, one share of the MGET, one SET, and one PEXPIRETIME only
+-- for a compact key that exists; an absent key (the common case of a
+-- key whose bucket refilled, hence expired) is read as a full bucket
+-- without further work, and the per-item bookkeeping lives in arrays
+-- indexed by item rather than in hashes keyed by the key (the one hash,
+-- pending, is what lets a repeated key see its earlier charges).
+local rcall, floor = redis.call, math.floor
 local now = tonumber(ARGV[1])
 if now == nil then
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   now = t[1] * 1000000 + t[2]
 elseif now < 0 then
   now = 0
@@ -81,34 +89,34 @@ a = a + G + 1
 -- in chunks that unpack fits on Lua's stack
 local cur
 if N <= 1000 then
-  cur = redis.call('MGET', unpack(KEYS))
+  cur = rcall('MGET', unpack(KEYS))
 else
   cur = {}
   for j = 1, N, 1000 do
-    local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, N)))
+    local part = rcall('MGET', unpack(KEYS, j, math.min(j + 999, N)))
     for k = 1, #part do cur[j + k - 1] = part[k] end
   end
 end
 -- pending: key -> TAT charged by an earlier item of this call (of its
--- group, or of an allowed earlier group). A group's charges go straight
--- into pending and the writes; a denied group is undone: pending entries
--- restored from undo, writes cut back to where the group began.
+-- group, or of an allowed earlier group). Per item i that is charged:
+-- nv[i] the value it writes, prev[i] pending's value for its key before
+-- the charge (nil: none), and npx[i] the PX TTL in ms when the value is
+-- not written compact. A denied group is undone by walking its items
+-- back: pending restored from prev, nv cleared (nothing written).
 local pending = {}
-local uk, uv, un = {}, {}, 0 -- undo: key, previous pending value
-local wk, wv, wp, wn = {}, {}, {}, 0 -- writes: key, TAT' (or a marked value), need µs (PX ms)
+local nv, prev, npx = {}, {}, nil
 -- Only for keys whose value is not a plain TAT (marked by holds or a
 -- debt: ratelimit_holds.lua), created on the first: st, sm each key's TAT
 -- and mark as the call found them, after releasing expired holds (kept
 -- whatever the decisions); hl a marked key's {live holds, last end};
--- pmark the mark of a pending TAT, um its undo
+-- pmark the mark of a pending TAT, um (per item) its undo
 local st, sm, hl, pmark, um
 local reply = {now}
 local i = 0
 for g = 1, G do
   local size = sizes[g]
   local ok = true
-  local w0 = wn
-  un = 0
+  local i0 = i
   for _ = 1, size do
     i = i + 1
     local key = KEYS[i]
@@ -121,29 +129,35 @@ for g = 1, G do
     local T, tau = PT[j], Ptau[j]
     local tat, marked = pending[key], pmark and pmark[key]
     if tat == nil then
-      tat, marked = tonumber(cur[i]), false
-      if tat ~= nil then
-        tat = tatof(key, tat)
+      local c = cur[i]
+      marked = false
+      if c == false then
+        tat = 0 -- no state: a full bucket
       else
-        -- not a plain TAT: a marked key, no state or garbage (parsed and
-        -- released once per call, then cached)
-        if st == nil then
-          holdslib()
-          st, sm, hl = {}, {}, {}
-        end
-        tat, marked = st[key], sm[key]
-        if tat == nil then
-          local hn, last
-          tat, marked, hn, last = hparse(cur[i], key)
-          if marked then
-            local hkey = key .. ':h'
-            local t0 = hnow(tat, now, tau, true)
-            local reaped
-            tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-            hl[key] = {hn, last}
-            if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+        tat = tonumber(c)
+        if tat ~= nil then
+          tat = tatof(key, tat)
+        else
+          -- not a plain TAT: a marked key or garbage (parsed and
+          -- released once per call, then cached)
+          if st == nil then
+            holdslib()
+            st, sm, hl = {}, {}, {}
           end
-          st[key], sm[key] = tat, marked
+          tat, marked = st[key], sm[key]
+          if tat == nil then
+            local hn, last
+            tat, marked, hn, last = hparse(c, key)
+            if marked then
+              local hkey = key .. ':h'
+              local t0 = hnow(tat, now, tau, true)
+              local reaped
+              tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
+              hl[key] = {hn, last}
+              if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+            end
+            st[key], sm[key] = tat, marked
+          end
         end
       end
     end
@@ -153,23 +167,24 @@ for g = 1, G do
     if t < tat - slack then t = tat - slack end
     local wait = 0
     if tat > t then wait = tat - t end
-    if n > 0 and wait + n * T <= tau then
-      local need = wait + n * T
-      local px = need -- µs; ms when written (only a client clock's write needs it)
+    local need = wait + n * T
+    if n > 0 and need <= tau then
       local v = t + need
-      un = un + 1
-      uk[un], uv[un] = key, pending[key]
-      if pmark then um[un] = pmark[key] end
+      prev[i] = pending[key]
+      if pmark then um[i] = pmark[key] end
       pending[key] = v
       local h = hl and hl[key]
       if h then
         -- a marked key stays marked while holds are live (hvalue)
         if pmark == nil then pmark, um = {}, {} end
+        if npx == nil then npx = {} end
         pmark[key] = h[1] > 0
-        v, px = hvalue(v, t, now, tau, h[1], h[2]) -- px in ms
+        v, npx[i] = hvalue(v, t, now, tau, h[1], h[2]) -- px in ms
+      elseif not compact then
+        if npx == nil then npx = {} end
+        npx[i] = floor((need + 999) / 1000)
       end
-      wn = wn + 1
-      wk[wn], wv[wn], wp[wn] = key, v, px
+      nv[i] = v
     elseif n > 0 then
       ok = false
     end
@@ -179,20 +194,29 @@ for g = 1, G do
     end
   end
   if not ok then
-    for j = un, 1, -1 do
-      pending[uk[j]] = uv[j]
-      if pmark then pmark[uk[j]] = um[j] end
+    for k = i, i0 + 1, -1 do
+      if nv[k] ~= nil then
+        pending[KEYS[k]] = prev[k]
+        if pmark then pmark[KEYS[k]] = um[k] end
+        nv[k] = nil
+      end
     end
-    wn = w0
   end
 end
 
-for j = 1, wn do
-  if type(wv[j]) == 'number' then
-    -- a plain TAT; wp holds need in µs
-    if compact then tatset(wk[j], wv[j]) else tatset(wk[j], wv[j], math.floor((wp[j] + 999) / 1000)) end
-  else
-    redis.call('SET', wk[j], wv[j], 'PX', wp[j]) -- marked (hvalue)
+-- the writes, in call order (a key charged several times ends with its
+-- last charge, which includes the earlier ones)
+for k = 1, N do
+  local v = nv[k]
+  if v ~= nil then
+    if type(v) ~= 'number' then
+      rcall('SET', KEYS[k], v, 'PX', npx[k]) -- marked (hvalue)
+    elseif compact then
+      local e = floor((v + 999) / 1000) -- tatset, inline
+      rcall('SET', KEYS[k], e * 1000 - v, 'PXAT', e)
+    else
+      rcall('SET', KEYS[k], v, 'PX', npx[k])
+    end
   end
 end
 return reply

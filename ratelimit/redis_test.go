@@ -623,18 +623,27 @@ func TestRedisStoreForeignState(t *testing.T) {
 		it := Item{Scope: "f" + a.String(), Key: "k", Policy: p, Cost: 1}
 		it2 := Item{Scope: "g" + a.String(), Key: "k", Policy: p, Cost: 1}
 		k := redisKey("spillway:", &it)
-		for _, junk := range []func() error{
-			func() error { return c.Set(ctx, k, "garbage", time.Minute).Err() },
-			func() error { return c.HSet(ctx, k, "a", "b").Err() },
-		} {
-			c.Del(ctx, k, redisKey("spillway:", &it2))
-			if err := junk(); err != nil {
-				t.Fatal(err)
-			}
-			for _, items := range [][]Item{{it}, {it, it2}} {
+		// each shape meets the junk: a lone item (the lean script), and
+		// two (the buckets or batch script)
+		for _, items := range [][]Item{{it}, {it, it2}} {
+			for _, junk := range []func() error{
+				func() error { return c.Set(ctx, k, "garbage", time.Minute).Err() },
+				func() error { return c.HSet(ctx, k, "a", "b").Err() },
+			} {
+				c.Del(ctx, k, redisKey("spillway:", &it2))
+				if err := junk(); err != nil {
+					t.Fatal(err)
+				}
 				ok, err := s.Decide(ctx, items, make([]spillway.Decision, len(items)))
 				if err != nil || !ok {
 					t.Fatalf("%v over foreign state: %v %v", a, ok, err)
+				}
+				switch a {
+				case TokenBucket, GCRA, LeakyBucket:
+					// the charge overwrote the foreign key with a TAT
+					if typ, err := c.Type(ctx, k).Result(); err != nil || typ != "string" {
+						t.Fatalf("%v over foreign state: TYPE %q %v after a charge, want string", a, typ, err)
+					}
 				}
 			}
 		}
