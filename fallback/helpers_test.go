@@ -158,14 +158,7 @@ func (s *states) get() []string {
 
 // waitFor polls cond every 10ms for up to 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	redistest.WaitFor(t, what, 10*time.Millisecond, cond)
 }
 
 func TestMain(m *testing.M) {

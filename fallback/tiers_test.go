@@ -9,6 +9,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
+	"github.com/spillway-go/spillway/internal/tierstest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
 )
@@ -200,14 +201,5 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 
 // tiersLimiter is a tiers limiter over store from the YAML config yml.
 func tiersLimiter(t testing.TB, yml string, store ratelimit.Store) *tiers.Limiter {
-	t.Helper()
-	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := tiers.New(cfg, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lim
+	return tierstest.Limiter(t, yml, store)
 }

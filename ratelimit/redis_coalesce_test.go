@@ -494,14 +494,7 @@ func TestRedisStoreDecideByHungRedis(t *testing.T) {
 
 // waitFor polls cond until it holds (10s at most).
 func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	redistest.WaitFor(t, what, time.Millisecond, cond)
 }
 
 // hungCoalescingStore is a coalescing RedisStore (WithCoalescing(1)) on a

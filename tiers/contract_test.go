@@ -6,6 +6,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/contracttest"
+	"github.com/spillway-go/spillway/internal/tierstest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
 )
@@ -101,14 +102,5 @@ var _ spillway.Limiter = (*tiers.Limiter)(nil)
 
 // newLimiter is a Limiter over store from the YAML config yml.
 func newLimiter(t *testing.T, yml string, store ratelimit.Store) *tiers.Limiter {
-	t.Helper()
-	cfg, err := tiers.Parse("limits.yaml", []byte(yml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := tiers.New(cfg, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lim
+	return tierstest.Limiter(t, yml, store)
 }
