@@ -4,6 +4,7 @@
 //
 //	go test -run '^$' -bench Decisions -benchtime 100000x -rounds 3
 //	go test -run '^$' -bench Decisions -benchtime 20000x -rounds 3 -goroutines 1
+//	go test -run '^$' -bench Decisions -benchtime 40000x -rounds 3 -rate 10000 -only tiers_one_rule,tiers_three_rules
 //	go test -run '^$' -bench MemoryPerKey -benchtime 1x
 //
 // Each benchmark starts its own redis-server on a free loopback port
@@ -42,6 +43,7 @@ var (
 	slice      = flag.Int("slice", 2000, "decisions per turn of a contender in BenchmarkRedisDecisions")
 	only       = flag.String("only", "", "comma-separated contenders of BenchmarkRedisDecisions (default: all)")
 	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.WithCoalescing)")
+	rate       = flag.Float64("rate", 0, "BenchmarkRedisDecisions: decisions per second offered by all callers together (open loop; latency counts from each decision's scheduled start); 0: each caller starts its next decision when the last one ends (closed loop)")
 )
 
 // entity names the i-th key's entity, the same for every contender:
@@ -51,7 +53,7 @@ func entity(i int) string { return "user:" + strconv.Itoa(i) }
 // The policy every contender applies: GCRA, 100 per second, burst 100
 // (redis_rate.PerSecond(100)). Over 10k keys nothing is denied at the
 // rates of this machine: the benchmarks measure the check.
-const rate = 100
+const limit = 100
 
 // decider is one contender: it decides the i-th request.
 type decider func(ctx context.Context, i int) (allowed bool, err error)
@@ -101,7 +103,7 @@ var contenders = []string{
 // newContenders returns the contenders, and the fallback.Store of
 // spillway_fallback (its Stats tell whether any decision was local).
 func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback.Store) {
-	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: rate, Period: time.Second}
+	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: limit, Period: time.Second}
 	limiter := func(s ratelimit.Store) *ratelimit.Limiter {
 		l, err := ratelimit.New(s, p) // the default scope
 		if err != nil {
@@ -141,7 +143,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		}
 	}
 	rr := redis_rate.NewLimiter(c)
-	rrLimit := redis_rate.PerSecond(rate)
+	rrLimit := redis_rate.PerSecond(limit)
 	return map[string]decider{
 		"redis_rate": func(ctx context.Context, i int) (bool, error) {
 			r, err := rr.Allow(ctx, entity(i), rrLimit)
@@ -200,7 +202,9 @@ type result struct {
 // that changes during the run — a shared machine — weighs on all of them
 // alike. -rounds repeats the whole (use it rather than -count); each round
 // prints its table and ratios, and the end the median of every ratio.
-// -only runs a comma-separated subset of the contenders.
+// -only runs a comma-separated subset of the contenders. -rate offers the
+// decisions at a fixed rate instead (open loop): every contender then
+// shows the latency of a check at that load rather than its capacity.
 func BenchmarkRedisDecisions(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: *pool})
@@ -304,6 +308,13 @@ func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tal
 					return
 				}
 				t := time.Now()
+				if *rate > 0 {
+					// open loop: decision i starts at its scheduled
+					// time, and a caller that falls behind counts the
+					// wait as latency
+					t = start.Add(time.Duration(float64(i-int64(from)) / *rate * float64(time.Second)))
+					time.Sleep(time.Until(t))
+				}
 				ok, err := decide(ctx, int(i*7919)%*numKeys)
 				lat[g] = append(lat[g], time.Since(t))
 				if err != nil {
@@ -377,13 +388,18 @@ var ratios = []struct {
 	{"fallback-wrapped / bare decisions/s", func(r map[string]result) float64 { return r["spillway_fallback"].dps / r["spillway"].dps }},
 	{"tiers three rules / one rule wall time", func(r map[string]result) float64 { return r["tiers_one_rule"].dps / r["tiers_three_rules"].dps }},
 	{"tiers three rules / one rule mean latency ≤ p99", func(r map[string]result) float64 { return r["tiers_three_rules"].trim / r["tiers_one_rule"].trim }},
+	{"tiers three rules / one rule p50", func(r map[string]result) float64 { return r["tiers_three_rules"].p50 / r["tiers_one_rule"].p50 }},
 	{"redis_rate ×3 / tiers three rules wall time", func(r map[string]result) float64 { return r["tiers_three_rules"].dps / r["redis_rate_x3"].dps }},
 }
 
 // table formats one round.
 func table(names []string, res map[string]result) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each:\n", *goroutines, *numKeys, res[names[0]].n)
+	fmt.Fprintf(&sb, "\n%d goroutines, %d keys, %d decisions each", *goroutines, *numKeys, res[names[0]].n)
+	if *rate > 0 {
+		fmt.Fprintf(&sb, ", open loop at %.0f decisions/s", *rate)
+	}
+	sb.WriteString(":\n")
 	fmt.Fprintf(&sb, "%-24s %12s %9s %9s %11s %13s %12s %9s %8s\n", "contender", "decisions/s", "p50 µs", "p99 µs", "mean≤p99 µs", "script µs/dec", "cpu µs/dec", "dec/call", "allowed")
 	for _, name := range names {
 		r := res[name]
