@@ -198,7 +198,8 @@ type result struct {
 // adds reading, parsing and replying.
 //
 // The contenders take turns in slices of -slice decisions (all
-// -goroutines callers on one contender, then the next), so that a load
+// -goroutines callers on one contender, then the next; each slice begins
+// one contender further along the list), so that a load
 // that changes during the run — a shared machine — weighs on all of them
 // alike. -rounds repeats the whole (use it rather than -count); each round
 // prints its table and ratios, and the end the median of every ratio.
@@ -235,9 +236,12 @@ func BenchmarkRedisDecisions(b *testing.B) {
 		for _, name := range names {
 			acc[name] = &tally{}
 		}
-		for done := 0; done < b.N; done += *slice {
+		for k, done := 0, 0; done < b.N; k, done = k+1, done+*slice {
 			n := min(*slice, b.N-done)
-			for _, name := range names {
+			// each slice starts with the next contender, so that none
+			// always follows the same neighbour (its garbage, its keys)
+			for j := range names {
+				name := names[(k+j)%len(names)]
 				runSlice(b, c, cs[name], done, n, acc[name])
 			}
 		}
