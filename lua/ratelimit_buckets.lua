@@ -46,9 +46,9 @@
 -- changes nothing a later group sees.
 --
 -- Writes: for each item with n > 0 of an allowed group: TAT' = now' +
--- need until it, as ratelimit_token_bucket.lua writes it, in call order
--- (a key charged several times ends with its last charge, which includes
--- the earlier ones).
+-- need until it, as ratelimit_token_bucket.lua writes it, in call order;
+-- a key charged several times is written once, with its last charge,
+-- which includes the earlier ones.
 -- A denied group writes nothing but the release of the expired holds of
 -- a marked key ("<tat>h…", see ratelimit_holds.lua), which is kept; a
 -- marked key's clamp is TAT − 2·tau, and its charges keep the mark while
@@ -58,7 +58,8 @@
 -- is overwritten. Redis formats a number argument with up to 17
 -- significant digits, so the 16-digit µs TAT' goes through exactly.
 --
--- Cost: per key, one share of the MGET, one SET, and one PEXPIRETIME only
+-- Cost: per distinct key, one share of the MGET, one SET (however many
+-- items charge it), and one PEXPIRETIME only
 -- for a compact key that exists; an absent key (the common case of a
 -- key whose bucket refilled, hence expired) is read as a full bucket
 -- without further work, and the per-item bookkeeping lives in arrays
@@ -111,6 +112,9 @@ local nv, prev, npx = {}, {}, nil
 -- whatever the decisions); hl a marked key's {live holds, last end};
 -- pmark the mark of a pending TAT, um (per item) its undo
 local st, sm, hl, pmark, um
+-- rep: some key was charged by two items of the call (a hot key shared
+-- by several callers' requests)
+local rep = false
 local reply = {now}
 local i = 0
 for g = 1, G do
@@ -171,6 +175,7 @@ for g = 1, G do
     if n > 0 and need <= tau then
       local v = t + need
       prev[i] = pending[key]
+      if prev[i] ~= nil then rep = true end
       if pmark then um[i] = pmark[key] end
       pending[key] = v
       local h = hl and hl[key]
@@ -204,16 +209,24 @@ for g = 1, G do
   end
 end
 
--- the writes, in call order (a key charged several times ends with its
--- last charge, which includes the earlier ones). A compact write's two
+-- the writes, in call order, each charged key once: with its last
+-- charge, which includes the earlier ones (last: key -> that item, made
+-- only when a key was charged twice). A compact write's two
 -- numbers go as strings made with '%d': Redis 7.0 would format a number
 -- argument with '%.17g', which costs more than the rest of the SET's
 -- arguments; the keys of one call mostly share their expiry, formatted
 -- once.
 local fmt, elast, estr = string.format, nil, nil
+local last
+if rep then
+  last = {}
+  for k = 1, N do
+    if nv[k] ~= nil then last[KEYS[k]] = k end
+  end
+end
 for k = 1, N do
   local v = nv[k]
-  if v ~= nil then
+  if v ~= nil and (last == nil or last[KEYS[k]] == k) then
     if type(v) ~= 'number' then
       rcall('SET', KEYS[k], v, 'PX', npx[k]) -- marked (hvalue)
     elseif compact then

@@ -433,3 +433,50 @@ func TestRateLimitBucketsPolicyTable(t *testing.T) {
 		t.Fatalf("%d of b, c exist (%v), want none (a peek, and a denied group)", n, err)
 	}
 }
+
+// A key charged by several groups of one call (a hot key shared by the
+// requests of several callers) is written once, with its last charge,
+// which includes the earlier ones; the charges of denied groups are not
+// in it. One SET for four items on the key, two of them in denied groups.
+func TestRateLimitBucketsRepeatedKeyWrittenOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const (
+		T, tau = 100_000_000, 500_000_000 // 100 s, burst 5
+		now    = 1_000_000_000_000
+	)
+	keys := []string{"h", "h", "x", "h", "h", "y"}
+	args := []any{fmt.Sprint(now), 1, T, tau,
+		4, 1, 2, 1, 2, // G = 4
+		1,     // h: cost 1, allowed
+		1,     // h: cost 1 ...
+		-1, 6, // x: cost 6 > burst: the group is denied
+		-1, 2, // h: cost 2, allowed (sees only the first charge)
+		1,     // h: cost 1 ...
+		-1, 6, // y: cost 6 > burst: the group is denied
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{int64(now), int64(0), int64(T), int64(0), int64(T), int64(3 * T), int64(0)}
+	if fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("reply %v, want %v", res, want)
+	}
+	if v, err := c.Get(ctx, "h").Result(); err != nil || v != fmt.Sprint(now+3*T) {
+		t.Fatalf("h = %q (%v), want %d (charged 1, then 2)", v, err, now+3*T)
+	}
+	if ttl, err := c.PTTL(ctx, "h").Result(); err != nil || ttl > 300*time.Second || ttl < 290*time.Second {
+		t.Fatalf("PTTL h = %v (%v), want 300s", ttl, err)
+	}
+	if n, err := c.Exists(ctx, "x", "y").Result(); err != nil || n != 0 {
+		t.Fatalf("%d of x, y exist (%v), want none (denied groups)", n, err)
+	}
+	if calls := commandStats(t, c)["set"][1]; calls != 1 {
+		t.Fatalf("%v SET calls, want 1 (h written once)", calls)
+	}
+}
