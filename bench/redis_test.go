@@ -50,35 +50,31 @@ var (
 // "user:12345" for i = 12345.
 func entity(i int) string { return "user:" + strconv.Itoa(i) }
 
-// The policy every contender applies: GCRA, 100 per second, burst 100
-// (redis_rate.PerSecond(100)). Over 10k keys nothing is denied at the
-// rates of this machine: the benchmarks measure the check.
-const limit = 100
+// The policy every contender applies: GCRA, -limit per second, burst
+// -limit (redis_rate.PerSecond(-limit)); 100 by default. Over 10k keys
+// nothing is then denied at the rates of this machine: the benchmarks
+// measure the check. With few -keys, a -limit high enough to admit
+// everything makes hot keys that several requests of one call share.
+var limit = flag.Int("limit", 100, "BenchmarkRedisDecisions: the policy's limit per second (and burst) of every contender")
 
 // decider is one contender: it decides the i-th request.
 type decider func(ctx context.Context, i int) (allowed bool, err error)
 
-// threeRules limits by ip, user and api_key; oneRule by user alone.
-const (
-	oneRule = `
-limits:
-  - id: user
-    by: user
-    bucket: 100/second
-`
-	threeRules = `
-limits:
-  - id: ip
-    by: ip
-    bucket: 100/second
-  - id: user
-    by: user
-    bucket: 100/second
-  - id: key
-    by: api_key
-    bucket: 100/second
-`
-)
+// rules returns the tiers config of the given dimensions, one rule per
+// dimension at -limit per second: oneRule limits by user, threeRules by
+// ip, user and api_key.
+func rules(dims ...string) string {
+	var sb strings.Builder
+	sb.WriteString("limits:\n")
+	for _, d := range dims {
+		id := d
+		if d == "api_key" {
+			id = "key"
+		}
+		fmt.Fprintf(&sb, "  - id: %s\n    by: %s\n    bucket: %d/second\n", id, d, *limit)
+	}
+	return sb.String()
+}
 
 // requests are the requests of the tiers contenders, one per key, made
 // before the run.
@@ -103,7 +99,7 @@ var contenders = []string{
 // newContenders returns the contenders, and the fallback.Store of
 // spillway_fallback (its Stats tell whether any decision was local).
 func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback.Store) {
-	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: limit, Period: time.Second}
+	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: int64(*limit), Period: time.Second}
 	limiter := func(s ratelimit.Store) *ratelimit.Limiter {
 		l, err := ratelimit.New(s, p) // the default scope
 		if err != nil {
@@ -149,7 +145,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		}
 	}
 	rr := redis_rate.NewLimiter(c)
-	rrLimit := redis_rate.PerSecond(limit)
+	rrLimit := redis_rate.PerSecond(*limit)
 	return map[string]decider{
 		"redis_rate": func(ctx context.Context, i int) (bool, error) {
 			r, err := rr.Allow(ctx, entity(i), rrLimit)
@@ -177,8 +173,8 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		"spillway_coalesce4": allow(limiter(store(ratelimit.WithCoalescing(4)))),
 		"spillway_coalesce8": allow(limiter(store(ratelimit.WithCoalescing(8)))),
 		"spillway_fallback":  allow(limiter(fb)),
-		"tiers_one_rule":     admit(oneRule),
-		"tiers_three_rules":  admit(threeRules),
+		"tiers_one_rule":     admit(rules("user")),
+		"tiers_three_rules":  admit(rules("ip", "user", "api_key")),
 	}, fb
 }
 
