@@ -357,34 +357,15 @@ func runSlice(b *testing.B, c *redis.Client, decide decider, from, n int, t *tal
 }
 
 // commandStats sums, over INFO commandstats, the usec and the calls of the
-// script commands (EVALSHA, EVAL).
+// script commands (EVALSHA, EVAL). Commands a script runs are counted
+// under their own names too and their time is already in the script's:
+// only the scripts' usec is summed (every contender decides through
+// scripts).
 func commandStats(b *testing.B, c *redis.Client) (usec, scriptCalls float64) {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		name, fields, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" || name == "cmdstat_config" {
-			continue
-		}
-		var calls, us float64
-		for _, f := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseFloat(v, 64)
-			case "usec":
-				us, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		// Commands a script runs are counted under their own names too
-		// and their time is already in the script's: only the scripts'
-		// usec is summed (every contender decides through scripts).
-		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
-			usec += us
-			scriptCalls += calls
-		}
+	st := redistest.ReadCommandStats(b, c)
+	for _, name := range []string{"evalsha", "eval"} {
+		usec += st[name].Usec
+		scriptCalls += st[name].Calls
 	}
 	return usec, scriptCalls
 }

@@ -3,8 +3,6 @@ package globalceiling
 import (
 	"context"
 	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,18 +20,7 @@ func commandCalls(t *testing.T, s *redistest.Server, cmd string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(v.(string), "\n") {
-		if !strings.HasPrefix(line, "cmdstat_"+cmd+":") {
-			continue
-		}
-		for _, f := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_"+cmd+":")), ",") {
-			if n, ok := strings.CutPrefix(f, "calls="); ok {
-				x, _ := strconv.ParseInt(n, 10, 64)
-				return x
-			}
-		}
-	}
-	return 0
+	return int64(redistest.CommandStats(v.(string))[cmd].Calls)
 }
 
 // TestClusterThreeServersSpreadAndBound: three servers with their own

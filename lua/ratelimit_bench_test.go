@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -64,7 +63,7 @@ func BenchmarkBucketsScriptPerKey(b *testing.B) {
 				}
 			}
 			var usec [2]float64
-			cmd := map[string][2]float64{} // name -> usec, calls (RateLimitBuckets' calls)
+			cmd := map[string]redistest.CommandStat{} // RateLimitBuckets' calls
 			for i := range b.N {
 				for v, s := range scripts {
 					keys := make([]string, 0, requests*perRequest)
@@ -86,12 +85,12 @@ func BenchmarkBucketsScriptPerKey(b *testing.B) {
 					if err := s.Run(ctx, c, keys, args...).Err(); err != nil {
 						b.Fatal(err)
 					}
-					stats := commandStats(b, c)
-					usec[v] += stats["evalsha"][0]
+					stats := redistest.ReadCommandStats(b, c)
+					usec[v] += stats["evalsha"].Usec
 					if v == 0 {
 						for name, x := range stats {
 							y := cmd[name]
-							cmd[name] = [2]float64{y[0] + x[0], y[1] + x[1]}
+							cmd[name] = redistest.CommandStat{Calls: y.Calls + x.Calls, Usec: y.Usec + x.Usec}
 						}
 					}
 				}
@@ -99,38 +98,11 @@ func BenchmarkBucketsScriptPerKey(b *testing.B) {
 			keys := float64(b.N * requests * perRequest)
 			b.ReportMetric(usec[0]/keys, "script-µs/key")
 			b.ReportMetric(usec[1]/keys, "floor-µs/key")
-			b.ReportMetric(cmd["set"][0]/cmd["set"][1], "SET-µs")
-			b.ReportMetric(cmd["mget"][0]/keys, "MGET-µs/key")
-			if x := cmd["pexpiretime"]; x[1] > 0 {
-				b.ReportMetric(x[0]/x[1], "PEXPIRETIME-µs")
+			b.ReportMetric(cmd["set"].Usec/cmd["set"].Calls, "SET-µs")
+			b.ReportMetric(cmd["mget"].Usec/keys, "MGET-µs/key")
+			if x := cmd["pexpiretime"]; x.Calls > 0 {
+				b.ReportMetric(x.Usec/x.Calls, "PEXPIRETIME-µs")
 			}
 		})
 	}
-}
-
-// commandStats reads INFO commandstats: command name -> {usec, calls}.
-func commandStats(tb testing.TB, c *redis.Client) map[string][2]float64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out := map[string][2]float64{}
-	for _, line := range strings.Split(info, "\r\n") {
-		name, fields, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		var x [2]float64
-		for _, f := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "usec":
-				x[0], _ = strconv.ParseFloat(v, 64)
-			case "calls":
-				x[1], _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		out[strings.TrimPrefix(name, "cmdstat_")] = x
-	}
-	return out
 }

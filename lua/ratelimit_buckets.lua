@@ -211,11 +211,9 @@ end
 
 -- the writes, in call order, each charged key once: with its last
 -- charge, which includes the earlier ones (last: key -> that item, made
--- only when a key was charged twice). A compact write's two
--- numbers go as strings made with '%d': Redis 7.0 would format a number
--- argument with '%.17g', which costs more than the rest of the SET's
--- arguments; the keys of one call mostly share their expiry, formatted
--- once.
+-- only when a key was charged twice). A compact write is tatset's
+-- (ratelimit_holds.lua), inline, with the expiry's string kept: the keys
+-- of one call mostly share their expiry.
 local fmt, elast, estr = string.format, nil, nil
 local last
 if rep then
@@ -227,14 +225,12 @@ end
 for k = 1, N do
   local v = nv[k]
   if v ~= nil and (last == nil or last[KEYS[k]] == k) then
-    if type(v) ~= 'number' then
-      rcall('SET', KEYS[k], v, 'PX', npx[k]) -- marked (hvalue)
-    elseif compact then
+    if compact and type(v) == 'number' then
       local e = floor((v + 999) / 1000) -- tatset, inline
       if e ~= elast then elast, estr = e, fmt('%d', e) end
       rcall('SET', KEYS[k], fmt('%d', e * 1000 - v), 'PXAT', estr)
     else
-      rcall('SET', KEYS[k], v, 'PX', npx[k])
+      rcall('SET', KEYS[k], v, 'PX', npx[k]) -- marked (hvalue), or a client clock's TAT
     end
   end
 end

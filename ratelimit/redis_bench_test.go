@@ -3,13 +3,13 @@ package ratelimit
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
 )
 
 // BenchmarkRedisStore measures one Decide against a local redis-server: a
@@ -120,24 +120,6 @@ func BenchmarkRedisScriptCPU(b *testing.B) {
 // scriptUsec is the server time of the script calls (EVALSHA and EVAL)
 // since the last CONFIG RESETSTAT, from INFO commandstats, in µs.
 func scriptUsec(tb testing.TB, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				n, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					tb.Fatal(err)
-				}
-				total += n
-			}
-		}
-	}
-	return total
+	st := redistest.ReadCommandStats(tb, c)
+	return st["evalsha"].Usec + st["eval"].Usec
 }
