@@ -212,4 +212,3 @@ func (g *gradient2Like) Update(s Sample) {
 	g.limit = math.Min(1000, 0.8*g.limit+0.2*est)
 	g.n, g.sum, g.winStart = 0, 0, s.Start.Add(s.RTT)
 }
-

@@ -362,4 +362,5 @@ func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
 		l.set(l.eff()*0.5, now)
 	}
 }
+
 var _ Algorithm = (*LatencyLimit)(nil)
