@@ -307,7 +307,7 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 	// A cut, then a reading that began after it with 6 idle of 10: the
 	// limit rises at once to what the fleet allows a (half of 10).
 	set(4, 6)
-	refresh(t, b, a, b, a) // twice: after a second without a refresh, the first only rejoins
+	refresh(t, b, a, b, a)                                  // twice: after a second without a refresh, the first only rejoins
 	admitN(t, p, 1, spillway.Critical)[0](spillway.Dropped) // 8 capped at 5, halved: 2.5
 	if s := p.Stats(); s.Limit != 2 || s.Slots != 2 {
 		t.Fatalf("after a failure: %+v, want 2", s)
