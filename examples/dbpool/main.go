@@ -13,8 +13,8 @@
 // holding each server's share of the ceiling, as they do when Redis is
 // down.
 //
-//	go run ./examples/dbpool
-//	go run ./examples/dbpool -redis 127.0.0.1:6379 -mode cached -duration 5s
+//	go -C examples run ./dbpool
+//	go -C examples run ./dbpool -redis 127.0.0.1:6379 -mode cached -duration 5s
 package main
 
 import (
