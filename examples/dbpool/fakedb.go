@@ -26,7 +26,7 @@ type fakeDB struct {
 	capacity atomic.Int64  // workers now
 
 	open, peak, refused, statements atomic.Int64
-	active, peakActive                atomic.Int64 // statements running or waiting for a worker
+	active, peakActive              atomic.Int64 // statements running or waiting for a worker
 
 	gmu       sync.Mutex
 	gStart    time.Time

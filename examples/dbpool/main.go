@@ -101,7 +101,7 @@ type summary struct {
 	degraded, failed   int64
 	peakConns          int64 // connections the database saw at once
 	refusedConns       int64
-	peakActive         int64 // statements running or waiting at the database at once
+	peakActive         int64   // statements running or waiting at the database at once
 	slots              []int64 // each server's pool slots at the end
 	capacities         []int64 // each server's fleet capacity at the end
 }
