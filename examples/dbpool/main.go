@@ -71,14 +71,14 @@ type config struct {
 func main() {
 	var c config
 	flag.StringVar(&c.redisAddr, "redis", "", "Redis address; empty: start redis-server from PATH, or run degraded without Redis")
-	flag.Int64Var(&c.ceiling, "ceiling", 800, "fleet-wide ceiling, statements per second")
+	flag.Int64Var(&c.ceiling, "ceiling", 400, "fleet-wide ceiling, statements per second")
 	flag.StringVar(&c.mode, "mode", "exact", "the ceiling's mode: exact, cached or local_aggregation")
 	flag.IntVar(&c.servers, "servers", 3, "simulated app servers")
 	flag.IntVar(&c.workers, "workers", 16, "request goroutines per server")
 	flag.DurationVar(&c.pause, "pause", 2*time.Millisecond, "pause between a goroutine's requests")
 	flag.IntVar(&c.dbWorkers, "db-workers", 12, "statements the database runs at once at full speed")
 	flag.Int64Var(&c.dbMaxConns, "db-max-conns", 60, "connections the database accepts")
-	flag.DurationVar(&c.service, "service", 20*time.Millisecond, "time per statement on a database worker")
+	flag.DurationVar(&c.service, "service", 50*time.Millisecond, "time per statement on a database worker")
 	flag.DurationVar(&c.duration, "duration", 4*time.Second, "how long to run")
 	flag.DurationVar(&c.halveAt, "halve-at", 2*time.Second, "when the database loses half its workers; 0: never")
 	flag.Parse()

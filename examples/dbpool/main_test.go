@@ -28,8 +28,8 @@ import (
 // only these bounds are asserted.
 func TestRun(t *testing.T) {
 	srv := redistest.Start(t)
-	c := config{redisAddr: srv.Addr, ceiling: 800, mode: "exact", servers: 3, workers: 16, pause: 2 * time.Millisecond,
-		dbWorkers: 12, dbMaxConns: 60, service: 20 * time.Millisecond, duration: 3 * time.Second, halveAt: 1500 * time.Millisecond}
+	c := config{redisAddr: srv.Addr, ceiling: 400, mode: "exact", servers: 3, workers: 16, pause: 2 * time.Millisecond,
+		dbWorkers: 12, dbMaxConns: 60, service: 50 * time.Millisecond, duration: 3 * time.Second, halveAt: 1500 * time.Millisecond}
 	sum, err := run(c)
 	if err != nil {
 		t.Fatal(err)
