@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"context"
@@ -120,9 +120,9 @@ func (b *Backend) Query(ctx context.Context) error {
 	n := b.change(1, 0)
 	defer b.change(-1, 0)
 	start := time.Now()
-	if debugDegraded {
+	if b.rec.Debug.On() {
 		defer func() {
-			degradedCauses.Add("db:busy_us", time.Since(start).Microseconds())
+			b.rec.Debug.Add("db:busy_us", time.Since(start).Microseconds())
 		}()
 	}
 	b.rec.BackendStart(n)

@@ -1,13 +1,12 @@
-package main
+package chains
 
 import (
 	"context"
 	"errors"
-	"expvar"
 	"fmt"
+	"io"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -23,7 +22,43 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
 	"github.com/spillway-go/spillway/tiers"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
+
+// Env is what a configuration builds its servers' chains from.
+type Env struct {
+	Redis   string // the address the fleet dials
+	Servers int
+	System  sim.System
+	Prefix  string // Redis key prefix of this configuration
+	// DBGauge reads the database's utilization gauge (what it publishes
+	// about its last window, as a metrics endpoint would).
+	DBGauge func() sim.Gauge
+	// Workers is how many requests one API server handles at once (its
+	// worker pool), for the worker shedder.
+	Workers int
+	// Debug, when not nil, counts what -debug prints; Trace, when not
+	// nil, receives every change of a learned limit (-trace).
+	Debug *sim.Debug
+	Trace io.Writer
+}
+
+// ServerChain is one server's limiters and its probes.
+type ServerChain struct {
+	Limiter     spillway.Limiter // the database routes'; nil: no limiter
+	Export      spillway.Limiter // the export route's (no database); nil: no limiter
+	BreakerOpen func() bool      // nil: no breaker
+	Close       func()           // nil: nothing to close
+}
+
+// Configuration is one of the systems a scenario compares.
+type Configuration struct {
+	Name    string
+	Title   string
+	Build   func(env *Env, server int) (ServerChain, error)
+	Removed string // ablation: the block the full chain runs without
+}
 
 // rateLimits are the rate tiers every limiting configuration applies, in
 // the tiers config format: one bucket per API key. Well-behaved clients
@@ -42,18 +77,18 @@ func rateTiers(store ratelimit.Store) (spillway.Limiter, error) {
 	return tiers.New(cfg, store)
 }
 
-// configNames are the configurations a scenario compares, in order.
-var configNames = []string{"none", "naive", "static", "full"}
+// Names are the configurations a scenario compares, in order.
+var Names = []string{"none", "naive", "static", "full"}
 
-// configurations returns the systems the scenarios compare: the ones
+// Configurations returns the systems the scenarios compare: the ones
 // named in only (all four when empty), in the order none, naive, static,
 // full.
-func configurations(only []string) []Configuration {
+func Configurations(only []string) []Configuration {
 	all := []Configuration{
 		{Name: "none", Title: "no limiter", Build: buildNone},
 		{Name: "naive", Title: "naive fail-open (limits in Redis, no breaker, no local share, no shedding)", Build: buildNaive},
 		{Name: "static", Title: "static chain (pools of C/N per server, no fleet shedder, no learning)", Build: buildStatic},
-		{Name: "full", Title: "full spillway chain", Build: fullChain("")},
+		{Name: "full", Title: "full spillway chain", Build: Full("")},
 	}
 	if len(only) == 0 {
 		return all
@@ -73,7 +108,7 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 // client keeps go-redis's defaults (3 s read timeout, retries, a pool of 10
 // per CPU), and any Redis error lets the request through.
 func buildNaive(env *Env, _ int) (ServerChain, error) {
-	client := redis.NewClient(&redis.Options{Addr: env.Redis.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: env.Redis})
 	store := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
 	perKey, err := rateTiers(store)
 	if err != nil {
@@ -81,7 +116,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return ServerChain{}, err
 	}
 	// A fleet-wide rate ceiling in front of the database, at its capacity.
-	capRPS := int64(env.System.capacityRPS())
+	capRPS := int64(env.System.CapacityRPS())
 	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.WithScope("db_ceiling"))
 	if err != nil {
 		client.Close()
@@ -96,6 +131,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	})
 	return ServerChain{
 		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"ceiling", ceiling}),
+		Export:  tagged{"rate", perKey},
 		Close:   func() { client.Close() },
 	}, nil
 }
@@ -109,7 +145,7 @@ const fallbackBudget = 250 * time.Millisecond
 // Settings of the full chain's fallback wrappers: a Redis call may take
 // fallbackBudget; five failures in a row open the breaker for a second;
 // three successful probes close it.
-func fallbackSettings(name string, share float64) fallback.Settings {
+func fallbackSettings(env *Env, name string, share float64) fallback.Settings {
 	return fallback.Settings{
 		Name:        name,
 		Budget:      fallbackBudget,
@@ -125,16 +161,10 @@ func fallbackSettings(name string, share float64) fallback.Settings {
 			case errors.Is(e.Cause, context.DeadlineExceeded):
 				cause = "budget"
 			}
-			if debugDegraded {
-				degradedCauses.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
-			}
+			env.Debug.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
 		},
 	}
 }
-
-var debugDegraded = os.Getenv("LOADTEST_DEBUG") != ""
-
-var degradedCauses = expvar.NewMap("degraded_causes")
 
 // queueWait is how long a request may wait for one of its server's
 // database slots: half the backend's mean service time, far under the
@@ -175,7 +205,7 @@ const perKeyConcurrency = 10
 // they could take (threshold 0.9); see docs/loadtest.md.
 func buildStatic(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
-		Addr: env.Redis.Addr(),
+		Addr: env.Redis,
 		// Deadlines come from the fallback's budget (the context); the
 		// client's own timeouts are only a backstop.
 		ContextTimeoutEnabled: true,
@@ -194,7 +224,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
 	// fleet keeps the whole quota while Redis is away.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 1/n))
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 1/n))
 	if err != nil {
 		return fail(err)
 	}
@@ -216,7 +246,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
 	if err != nil {
 		return fail(err)
 	}
@@ -239,7 +269,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	// backstop at 1.2× the backend's throughput per second (10% kept for
 	// Critical work), one round trip per admission (Cached mode). While
 	// Redis is away each server admits 1/N of it from a local bucket.
-	ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+	ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 	ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 		globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 	if err != nil {
@@ -252,7 +282,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 		ceil.Close()
 		return fail(err)
 	}
-	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings("ceiling", 1/n))
+	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings(env, "ceiling", 1/n))
 	if err != nil {
 		ceil.Close()
 		return fail(err)
@@ -260,6 +290,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	return ServerChain{
 		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}, tagged{"pool", pool}, tagged{"ceiling", ceiling}),
+		Export:  spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}),
 		BreakerOpen: func() bool {
 			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
@@ -270,18 +301,23 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	}, nil
 }
 
-// The blocks of the full chain, in chain order; the ablation removes each
+// FullBlocks are the blocks of the full chain, in chain order; the ablation removes each
 // in turn ("queue" is the pool's wait: without it the learned limit turns
 // work away at once). The pool comes before the fleet shedder so that the
 // fleet counts database work, not work waiting for a slot. (The ceiling
 // first, before the pool, turned away work the pool would have queued;
 // between the pool and the fleet it did no better; measured in uneven.)
-var fullBlocks = []string{"rate", "concurrency", "pool", "queue", "fleet", "ceiling"}
+var FullBlocks = []string{"rate", "concurrency", "worker", "pool", "queue", "fleet", "ceiling"}
 
-// blockTitles say what each block is, for the ablation table.
-var blockTitles = map[string]string{
+// exportBlocks are the blocks of the full chain the export route runs
+// (it does not use the database).
+var exportBlocks = []string{"rate", "concurrency", "worker"}
+
+// BlockTitles say what each block is, for the ablation table.
+var BlockTitles = map[string]string{
 	"rate":        "per-key rate tiers (Redis, fallback)",
 	"concurrency": "per-key concurrent requests (Redis, fallback)",
+	"worker":      "worker utilization shedder (this server's workers, by priority)",
 	"pool":        "learned local limit (from database latency)",
 	"queue":       "wait in priority order for the learned limit",
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
@@ -304,7 +340,7 @@ const fleetInterval = 50 * time.Millisecond
 // long after its last report (ten intervals).
 const fleetTTL = 10 * fleetInterval
 
-// fullChain returns the builder of the full spillway chain without the
+// Full returns the builder of the full spillway chain without the
 // block named removed ("" for the whole chain). Cheapest first:
 //
 //  1. rate: per-key rate tiers in Redis, behind a fallback (time budget,
@@ -332,13 +368,13 @@ const fleetTTL = 10 * fleetInterval
 // share of the fleet's work the Fleet measures (the fallbacks of the
 // fleet shedder and the ceiling) and from the database's gauge (the
 // fleet's capacity now).
-func fullChain(removed string) func(env *Env, server int) (ServerChain, error) {
+func Full(removed string) func(env *Env, server int) (ServerChain, error) {
 	return func(env *Env, server int) (ServerChain, error) { return buildFull(env, server, removed) }
 }
 
 func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
-		Addr:                  env.Redis.Addr(),
+		Addr:                  env.Redis,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           time.Second,
 		ReadTimeout:           time.Second,
@@ -362,7 +398,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
-		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0))
+		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 0))
 		if err != nil {
 			return fail(err)
 		}
@@ -386,16 +422,28 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if err != nil {
 			return fail(err)
 		}
-		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
 		if err != nil {
 			return fail(err)
 		}
 		add("concurrency", conc)
 		breakers = append(breakers, func() bool { return conc.State() != fallback.Closed })
 	}
+	if removed != "worker" && env.Workers > 0 {
+		// The server's own workers: a request holds one from its admission
+		// here until it is answered, waiting for a database slot included,
+		// as a server thread does. Sheddable work goes first as they fill
+		// up; a fifth of them is kept for Critical work.
+		w, err := shedder.NewWorker(int64(env.Workers), shedder.WithName("worker"))
+		if err != nil {
+			return fail(err)
+		}
+		add("worker", w)
+	}
 	var pool *learnedPool
 	if removed != "pool" {
 		alg := newLatencyLimit(4)
+		alg.trace = env.Trace
 		if removed == "queue" {
 			a, err := concurrency.NewAdaptive(alg, concurrency.WithAdaptiveName("db_pool"))
 			if err != nil {
@@ -407,6 +455,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			if err != nil {
 				return fail(err)
 			}
+			lp.dbg, lp.trace = env.Debug, env.Trace
 			pool = lp
 			add("pool", lp)
 		}
@@ -424,7 +473,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if pool != nil {
 			pool.fleet = f
 		}
-		if debugDegraded {
+		if env.Debug.On() {
 			stop := make(chan struct{})
 			go func() {
 				t := time.NewTicker(20 * time.Millisecond)
@@ -441,10 +490,10 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 						local += v
 					}
 					if local > 5 {
-						degradedCauses.Add("fleet:usage_sum", st.Usage)
-						degradedCauses.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
-						degradedCauses.Add("fleet:local_sum", local)
-						degradedCauses.Add("fleet:n", 1)
+						env.Debug.Add("fleet:usage_sum", st.Usage)
+						env.Debug.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
+						env.Debug.Add("fleet:local_sum", local)
+						env.Debug.Add("fleet:n", 1)
 					}
 				}
 			}()
@@ -466,7 +515,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		// (Cached mode). While Redis is away each server admits its share
 		// of it, the share of the fleet's work its Fleet measured (a third
 		// each on an even fleet of three), from a local bucket.
-		ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+		ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 		ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 			globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 		if err != nil {
@@ -497,21 +546,25 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			}
 			return d, spillway.Noop, err
 		})
-		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings("ceiling", 1))
+		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings(env, "ceiling", 1))
 		if err != nil {
 			return fail(err)
 		}
 		add("ceiling", ceiling)
 		breakers = append(breakers, func() bool { return ceiling.State() != fallback.Closed })
 	}
-	var chain []spillway.Limiter
-	for _, b := range fullBlocks {
+	var chain, export []spillway.Limiter
+	for _, b := range FullBlocks {
 		if l, ok := blocks[b]; ok {
 			chain = append(chain, l)
+			if slices.Contains(exportBlocks, b) {
+				export = append(export, l)
+			}
 		}
 	}
 	return ServerChain{
 		Limiter: spillway.Chain(chain...),
+		Export:  spillway.Chain(export...),
 		BreakerOpen: func() bool {
 			for _, b := range breakers {
 				if b() {
@@ -567,8 +620,8 @@ func watchCapacity(env *Env, fleet *shedder.Fleet, pool *learnedPool, stop <-cha
 		if pool != nil {
 			pool.gauge.Store(&g)
 		}
-		if traceLimits {
-			fmt.Fprintf(os.Stderr, "gauge %s active %.1f busy %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle, fleet.Capacity())
+		if env.Trace != nil {
+			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle, fleet.Capacity())
 		}
 	}
 }
@@ -606,7 +659,9 @@ type learnedPool struct {
 	// capacity, from the fleet's measured usage.
 	fleet *shedder.Fleet
 	// gauge is the database's last utilization reading (with fleet set).
-	gauge atomic.Pointer[Gauge]
+	gauge atomic.Pointer[sim.Gauge]
+	dbg   *sim.Debug
+	trace io.Writer
 }
 
 // resize sets the queue's slots to the learned limit, capped by the
@@ -634,10 +689,10 @@ func (p *learnedPool) resize() {
 		}
 	}
 	limit := min(int64(p.alg.Limit()), allowance)
-	if traceLimits && time.Since(p.traced) > 100*time.Millisecond {
+	if p.trace != nil && time.Since(p.traced) > 100*time.Millisecond {
 		p.traced = time.Now()
 		st := p.q.Stats()
-		fmt.Fprintf(os.Stderr, "pool %s %p learned %d allowance %d inflight %d waiting %d\n", p.traced.Format("15:04:05.000"), p, p.alg.Limit(), allowance, p.inFlight, st.Waiting)
+		fmt.Fprintf(p.trace, "pool %s %p learned %d allowance %d inflight %d waiting %d\n", p.traced.Format("15:04:05.000"), p, p.alg.Limit(), allowance, p.inFlight, st.Waiting)
 	}
 	p.mu.Unlock()
 	_ = p.q.SetSlots(max(1, limit))
@@ -686,12 +741,10 @@ func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.
 		limit := p.alg.Limit()
 		p.mu.Unlock()
 		p.resize()
-		if debugDegraded {
-			degradedCauses.Add("pool:limit_sum", int64(limit))
-			degradedCauses.Add("pool:limit_n", 1)
-			if o == spillway.Dropped {
-				degradedCauses.Add("pool:drop", 1)
-			}
+		p.dbg.Add("pool:limit_sum", int64(limit))
+		p.dbg.Add("pool:limit_n", 1)
+		if o == spillway.Dropped {
+			p.dbg.Add("pool:drop", 1)
 		}
 		done(o)
 	}), nil

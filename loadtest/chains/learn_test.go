@@ -1,4 +1,4 @@
-package main
+package chains
 
 import (
 	"math"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // feed gives l n samples of rtt, each admitted after the previous one
@@ -146,15 +148,15 @@ func TestLatencyLimitRaise(t *testing.T) {
 	if l.Limit() != 8 || cut.IsZero() {
 		t.Fatalf("limit %d after a collapse (cut at %v)", l.Limit(), cut)
 	}
-	room := Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 4, Idle: 11}
+	room := sim.Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 4, Idle: 11}
 	for _, c := range []struct {
 		name      string
-		g         Gauge
+		g         sim.Gauge
 		share, to float64
 		want      int
 	}{
-		{"a reading from before the cut", Gauge{From: cut.Add(-time.Second), To: cut, Active: 4, Idle: 11}, 0.5, 30, 8},
-		{"a reading without an idle worker", Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 14.5, Idle: 0.5}, 0.5, 30, 8},
+		{"a reading from before the cut", sim.Gauge{From: cut.Add(-time.Second), To: cut, Active: 4, Idle: 11}, 0.5, 30, 8},
+		{"a reading without an idle worker", sim.Gauge{From: cut.Add(time.Millisecond), To: cut.Add(time.Second), Active: 14.5, Idle: 0.5}, 0.5, 30, 8},
 		{"no share", room, 0, 30, 8},
 		{"an allowance below the limit", room, 0.5, 3, 8},
 		{"half of 11 idle, rounded", room, 0.5, 30, 14},

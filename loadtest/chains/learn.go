@@ -1,14 +1,16 @@
-package main
+package chains
 
 import (
 	"fmt"
+	"io"
 	"math"
-	"os"
 	"slices"
 	"time"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // latencyLimit learns how many queries this server may have at the
@@ -43,6 +45,7 @@ import (
 // when nothing is wrong or waits until the database is far past its
 // capacity.
 type latencyLimit struct {
+	trace    io.Writer // every change of the limit (-trace); nil: none
 	limit    float64
 	baseline time.Duration
 	grown    bool // cut at least once: growth is additive from then on
@@ -214,8 +217,8 @@ func (l *latencyLimit) set(limit float64, at time.Time) {
 		l.grown = true
 		l.cutAt, l.nrecent, l.probe = at, 0, minProbe
 	}
-	if traceLimits && int(limit) != int(l.limit) {
-		fmt.Fprintf(os.Stderr, "trace %s %p limit %.1f -> %.1f cap %.0f baseline %v %s\n", at.Format("15:04:05.000"), l, l.limit, limit, l.cap, l.baseline, l.why)
+	if l.trace != nil && int(l.limit) != int(limit) {
+		fmt.Fprintf(l.trace, "trace %s %p limit %.1f -> %.1f cap %.0f baseline %v %s\n", at.Format("15:04:05.000"), l, l.limit, limit, l.cap, l.baseline, l.why)
 	}
 	l.why = ""
 	l.limit = math.Min(maxLimit, math.Max(1, limit))
@@ -229,7 +232,7 @@ func (l *latencyLimit) set(limit float64, at time.Time) {
 // a probe would take seconds to find, and nothing since the last overload
 // says otherwise. A reading from before the cut says nothing. Servers
 // whose shares add up to one add up at most the idle workers reported.
-func (l *latencyLimit) Raise(g Gauge, share, to float64, at time.Time) {
+func (l *latencyLimit) Raise(g sim.Gauge, share, to float64, at time.Time) {
 	if g.Idle < 1 || !g.From.After(l.cutAt) || share <= 0 {
 		return
 	}
@@ -238,9 +241,6 @@ func (l *latencyLimit) Raise(g Gauge, share, to float64, at time.Time) {
 		l.set(next, at)
 	}
 }
-
-// traceLimits prints every change of a learned limit on stderr.
-var traceLimits = os.Getenv("LOADTEST_TRACE") != ""
 
 // Overdue halves the limit in use when queries admitted since the last
 // cut are still in flight past overdueFactor × the baseline,
