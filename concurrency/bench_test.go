@@ -57,13 +57,13 @@ func BenchmarkAcquireRelease(b *testing.B) {
 
 // BenchmarkAdaptive: Admit and Done on an Adaptive with each algorithm.
 func BenchmarkAdaptive(b *testing.B) {
-	for _, name := range []string{"aimd", "gradient"} {
+	for _, name := range []string{"aimd", "latency"} {
 		b.Run(name, func(b *testing.B) {
 			var alg Algorithm
 			if name == "aimd" {
 				alg, _ = NewAIMD(AIMDConfig{Initial: 1000, Max: 1000})
 			} else {
-				alg, _ = NewGradient(GradientConfig{Initial: 1000, Max: 1000})
+				alg, _ = NewLatencyLimit(LatencyConfig{Initial: 1000, Max: 1000})
 			}
 			a, _ := NewAdaptive(alg)
 			r := &spillway.Request{Priority: spillway.Critical}

@@ -77,13 +77,13 @@ type held1 struct {
 	cost    int64
 }
 
-// FuzzGradient feeds arbitrary samples to Gradient and AIMD: they never
-// panic and their limits stay within [Min, Max].
-func FuzzGradient(f *testing.F) {
+// FuzzAlgorithms feeds arbitrary samples to LatencyLimit and AIMD: they
+// never panic and their limits stay within [Min, Max].
+func FuzzAlgorithms(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 200, 5, 0, 9, 250})
 	f.Add([]byte{0, 0, 0, 0, 255, 255, 255, 255, 128})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		g, _ := NewGradient(GradientConfig{Min: 2, Max: 50, WindowSamples: 3, ProbeInterval: time.Second, ProbeSamples: 2})
+		g, _ := NewLatencyLimit(LatencyConfig{Initial: 2, Min: 2, Max: 50, Window: 3})
 		a, _ := NewAIMD(AIMDConfig{Min: 1, Max: 50, Timeout: 100 * time.Millisecond})
 		now := time.Unix(1_800_000_000, 0)
 		for i := 0; i+2 < len(data); i += 3 {
@@ -96,7 +96,7 @@ func FuzzGradient(f *testing.F) {
 			g.Update(s)
 			a.Update(s)
 			if l := g.Limit(); l < 2 || l > 50 {
-				t.Fatalf("gradient limit %d outside [2, 50]", l)
+				t.Fatalf("latency limit %d outside [2, 50]", l)
 			}
 			if l := a.Limit(); l < 1 || l > 50 {
 				t.Fatalf("aimd limit %d outside [1, 50]", l)

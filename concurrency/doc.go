@@ -11,10 +11,15 @@
 // the same semantics for a single process and for tests; one conformance
 // suite runs against both.
 //
-// Adaptive is a local limit on a server's own concurrency (in requests,
-// whatever their cost) that learns from latency and drops: AIMD, or Gradient (a latency-gradient algorithm with
-// slow start and a min-RTT baseline re-measured by periodic probes, so it
-// does not creep upward under steady overload).
+// LatencyLimit learns how much work a server may have in flight at a
+// dependency from the latency of the work it completes (windows of
+// samples against a learned baseline, slow start, gentle probes after a
+// cut, fast cuts on a collapse, failures or overdue work). It is meant to
+// size a shedder.Pool, a queue in priority order whose slots it sets,
+// capped by what the fleet shedder allows the server; it also drives
+// Adaptive, a local limit that turns work away at once. AIMD is the other
+// Algorithm, for work whose latency says nothing about overload (requests
+// of very different sizes): it learns from failures only.
 //
 // The shortest use:
 //

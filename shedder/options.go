@@ -5,10 +5,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/spillway-go/spillway"
 )
 
-// Option configures a Worker or a Fleet. Options that do not apply to a
-// shedder are ignored by it, as documented on each.
+// Option configures a Worker, a Queue, a Pool, a Fleet or a
+// CapacityWatcher. Options that do not apply to one are ignored by it, as
+// documented on each.
 type Option func(*options)
 
 type options struct {
@@ -28,7 +31,14 @@ type options struct {
 
 	// Queue.
 	maxWait time.Duration
+	waits   [4]time.Duration // WithPriorityWait; valid where waitSet
+	waitSet [4]bool
 	depth   int
+
+	badWait bool // WithPriorityWait of a priority out of range
+
+	// Pool.
+	fleet *Fleet
 
 	// Fleet.
 	thresholds  [4]float64 // fractions of capacity; 0 means derive from reserve
@@ -117,12 +127,32 @@ func WithSteps(up, down float64) Option { return func(o *options) { o.stepUp, o.
 
 // WithMaxWait sets how long a request may wait in a Queue for a slot
 // (default 100ms); 0 denies at once when no slot is free. Keep it well
-// under the clients' timeout. Queue only.
+// under the clients' timeout. Queue and Pool.
 func WithMaxWait(d time.Duration) Option { return func(o *options) { o.maxWait = d } }
 
+// WithPriorityWait sets how long a request of priority p may wait in a
+// Queue for a slot, in place of WithMaxWait's for that priority: Critical
+// work, which waits only behind other Critical work, can be given a
+// longer wait than work that is shed first. Queue and Pool.
+func WithPriorityWait(p spillway.Priority, d time.Duration) Option {
+	return func(o *options) {
+		if p >= 0 && int(p) < len(o.waits) {
+			o.waits[p], o.waitSet[p] = d, true
+		} else {
+			o.badWait = true
+		}
+	}
+}
+
 // WithQueueDepth sets how many requests may wait in a Queue at once
-// (default its number of slots). Queue only.
+// (default its number of slots; 64 for a Pool). Queue and Pool.
 func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
+
+// WithFleet caps a Pool's slots at what the fleet shedder f allows this
+// server now (f.Allowance(spillway.Critical)) and gives the Pool this
+// server's share of the fleet (f.Stats().Share) when a capacity reading
+// reports idle capacity. Pool only.
+func WithFleet(f *Fleet) Option { return func(o *options) { o.fleet = f } }
 
 // WithThresholds sets, as fractions of the fleet capacity, the usage at
 // which each priority is shed (default 1−reserve, 1−reserve, 1, +Inf):
@@ -143,7 +173,9 @@ func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 func WithServerID(id string) Option { return func(o *options) { o.serverID = id } }
 
 // WithInterval sets how often a Fleet reports its in-flight counts and
-// refreshes its estimate of the fleet's (default 100ms). Fleet only.
+// refreshes its estimate of the fleet's (default 100ms), and how often a
+// CapacityWatcher polls its gauge (default 100ms). Fleet and
+// CapacityWatcher.
 func WithInterval(d time.Duration) Option { return func(o *options) { o.interval = d } }
 
 // WithTTL sets how long a server's report counts after it was made
@@ -151,8 +183,8 @@ func WithInterval(d time.Duration) Option { return func(o *options) { o.interval
 // after its last report. It must exceed the interval. Fleet only.
 func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
 
-// WithTimeout sets the time budget of one Redis refresh (default 50ms).
-// Fleet only.
+// WithTimeout sets the time budget of one Redis refresh, or of one read
+// of a CapacityWatcher's gauge (default 50ms). Fleet and CapacityWatcher.
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
 // WithStaleAfter sets how old the last successful refresh may be before the

@@ -44,13 +44,14 @@ import (
 // head of the queue is never overtaken by smaller requests behind it, so
 // a large request is not starved.
 //
-// The options that apply are WithName, WithRetryAfter, WithMaxWait and
-// WithQueueDepth; the order of the queue takes the place of a reserve, so
+// The options that apply are WithName, WithRetryAfter, WithMaxWait,
+// WithPriorityWait and WithQueueDepth; the order of the queue takes the place of a reserve, so
 // WithReserve is ignored. A Queue is safe for concurrent use; Admit never
 // returns an error.
 type Queue struct {
 	slots int64
 	o     options
+	waits [spillway.NumPriorities]time.Duration // the maximum wait per priority
 
 	mu      sync.Mutex
 	used    int64
@@ -88,16 +89,34 @@ func NewQueue(slots int64, opts ...Option) (*Queue, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	return newQueue(slots, o)
+}
+
+// newQueue validates the options of a Queue (or a Pool's) and returns it.
+func newQueue(slots int64, o options) (*Queue, error) {
 	if err := o.validateCommon(); err != nil {
 		return nil, err
 	}
 	if o.maxWait < 0 {
 		return nil, fmt.Errorf("shedder: max wait %v is negative", o.maxWait)
 	}
+	if o.badWait {
+		return nil, fmt.Errorf("shedder: priority wait of a priority outside [%v, %v]", spillway.Sheddable, spillway.CriticalPlus)
+	}
+	q := &Queue{slots: slots, o: o}
+	for p := range q.waits {
+		q.waits[p] = o.maxWait
+		if o.waitSet[p] {
+			q.waits[p] = o.waits[p]
+		}
+		if q.waits[p] < 0 {
+			return nil, fmt.Errorf("shedder: priority wait of %v is %v, negative", spillway.Priority(p), q.waits[p])
+		}
+	}
 	if o.depth < 0 {
 		return nil, fmt.Errorf("shedder: queue depth %d is negative", o.depth)
 	}
-	return &Queue{slots: slots, o: o}, nil
+	return q, nil
 }
 
 // Admit decides r, waiting up to the maximum wait for a slot. When
@@ -118,7 +137,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		q.mu.Unlock()
 		return q.allow(c)
 	}
-	if q.o.maxWait == 0 || ctx.Err() != nil || !q.makeRoom(p) {
+	if q.waits[p] == 0 || ctx.Err() != nil || !q.makeRoom(p) {
 		d := q.deny()
 		q.mu.Unlock()
 		q.rejected.Add(1)
@@ -132,7 +151,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	// The wait is local work, not a wait on a shared store: it does not
 	// spend the request's admission budget (spillway.PauseBudget).
 	resume := spillway.PauseBudget(ctx)
-	t := time.NewTimer(q.o.maxWait)
+	t := time.NewTimer(q.waits[p])
 	select {
 	case <-w.ready:
 	case <-t.C:

@@ -1,0 +1,317 @@
+package concurrency
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+func newLatency(t *testing.T, cfg LatencyConfig) *LatencyLimit {
+	t.Helper()
+	l, err := NewLatencyLimit(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// feed gives l n samples of rtt, each admitted after the previous one
+// ended, with inFlight in use, and returns the time after the last.
+func feed(l *LatencyLimit, at time.Time, n int, rtt time.Duration, inFlight int) time.Time {
+	for i := 0; i < n; i++ {
+		l.Update(Sample{Start: at, RTT: rtt, InFlight: inFlight, Outcome: spillway.Success})
+		at = at.Add(rtt + time.Millisecond)
+	}
+	return at
+}
+
+// The learned limit doubles while the dependency keeps its usual latency
+// and the limit is used, cuts at once in proportion when the last few
+// calls take far longer, then probes gently (growing steps while it keeps
+// working, held by a window 1.05–1.2× slower), and falls by a tenth when
+// a window's mean passes 1.2× the baseline.
+func TestLatencyLimit(t *testing.T) {
+	var changes []LatencyChange
+	l := newLatency(t, LatencyConfig{OnChange: func(c LatencyChange) { changes = append(changes, c) }})
+	const window, baselineSamples = 12, 48
+	at := time.Unix(1000, 0)
+	at = feed(l, at, window, 200*time.Millisecond, 4) // a first baseline, 200 ms
+	if l.Baseline() != 200*time.Millisecond || l.Limit() != 4 {
+		t.Fatalf("baseline %v, limit %d; want 200ms, 4", l.Baseline(), l.Limit())
+	}
+	at = feed(l, at, window, 200*time.Millisecond, 2) // half used: doubles
+	at = feed(l, at, window, 200*time.Millisecond, 4)
+	if l.Limit() != 16 {
+		t.Fatalf("slow start: limit %d, want 16", l.Limit())
+	}
+	at = feed(l, at, window, 200*time.Millisecond, 7) // under half used: holds
+	if l.Limit() != 16 || l.bn != baselineSamples {
+		t.Fatalf("limit not in use: %d, want 16 (baseline from %d samples)", l.Limit(), l.bn)
+	}
+	// Two calls 4× slower are not enough (the machine may have paused);
+	// three in a row are, a cut by at most half.
+	at = feed(l, at, 2, 800*time.Millisecond, 16)
+	if l.Limit() != 16 {
+		t.Fatalf("two slow calls: limit %d, want 16", l.Limit())
+	}
+	at = feed(l, at, 1, 800*time.Millisecond, 16)
+	if l.Limit() != 8 || !l.grown {
+		t.Fatalf("after a collapse: limit %d, want 8", l.Limit())
+	}
+	// A call admitted before the cut says nothing: ignored.
+	l.Update(Sample{Start: at.Add(-time.Hour), RTT: time.Hour, InFlight: 16, Outcome: spillway.Dropped})
+	if l.Limit() != 8 {
+		t.Fatalf("an old sample moved the limit to %d", l.Limit())
+	}
+	// Back to normal it probes gently: a 32nd of the limit, doubled
+	// after every window that grew, up to a quarter.
+	for i, want := range []float64{8.25, 8.25 * 17 / 16, 8.25 * 17 / 16 * 9 / 8, 8.25 * 17 / 16 * 9 / 8 * 5 / 4} {
+		at = feed(l, at, window, 200*time.Millisecond, 8)
+		if math.Abs(l.limit-want) > 1e-9 {
+			t.Fatalf("probe %d: limit %v, want %v", i, l.limit, want)
+		}
+	}
+	// A window 1.1× slower: no cut, no growth, and the next probe is
+	// small again.
+	grown := l.limit // 12.33
+	at = feed(l, at, window, 220*time.Millisecond, 12)
+	if l.limit != grown {
+		t.Fatalf("slow window: limit %v, want %v held", l.limit, grown)
+	}
+	at = feed(l, at, window, 200*time.Millisecond, 12)
+	if want := grown * 33 / 32; math.Abs(l.limit-want) > 1e-9 {
+		t.Fatalf("after a slow window: limit %v, want %v", l.limit, want)
+	}
+	// A window 1.3× slower than the baseline, not enough for a cut at
+	// once: a tenth off at its end.
+	at = feed(l, at, window, 260*time.Millisecond, 12)
+	if want := grown * 33 / 32 * 0.9; math.Abs(l.limit-want) > 1e-9 || l.Limit() != 11 {
+		t.Fatalf("mild overload: limit %v, want %v", l.limit, want)
+	}
+	// Capped (by what the fleet allows this server), it does not grow
+	// past one step above the cap, and cuts start from the cap, the
+	// limit in use.
+	l.SetCap(8)
+	held := l.limit
+	at = feed(l, at, window, 200*time.Millisecond, 8)
+	if l.limit != held || l.eff() != 8 {
+		t.Fatalf("capped: limit %v (in use %v), want %v held, 8 in use", l.limit, l.eff(), held)
+	}
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 8) // 8 · 0.5
+	if l.Limit() != 4 {
+		t.Fatalf("cut under the cap: limit %d, want 4", l.Limit())
+	}
+	l.SetCap(0)
+	// A failed call halves it; an Ignored one says nothing.
+	l.Update(Sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 4, Outcome: spillway.Ignored})
+	if l.Limit() != 4 {
+		t.Fatalf("after an ignored sample: limit %v, want 4", l.limit)
+	}
+	l.Learn(at.Add(time.Hour), time.Second, 4, spillway.Dropped)
+	if l.Limit() != 2 {
+		t.Fatalf("after a failure: limit %v, want 2", l.limit)
+	}
+	var got []string
+	for _, c := range changes {
+		got = append(got, c.Cause)
+	}
+	// Growth (slow start, probes that pass an integer) has no cause.
+	want := []string{"", "", "fast", "", "", "window", "fast", "dropped"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("changes %v, want causes %q", changes, want)
+	}
+	if c := changes[6]; c.From != held || c.To != 4 || c.Cap != 8 || c.Baseline != l.Baseline() {
+		t.Fatalf("the capped cut reported %+v", c)
+	}
+}
+
+// Work still in flight past twice the baseline halves the limit before
+// it ends: three of them or more, admitted since the last change.
+func TestLatencyLimitOverdue(t *testing.T) {
+	l := newLatency(t, LatencyConfig{Initial: 20})
+	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 9) // under half used
+	if l.Baseline() != 200*time.Millisecond || l.Limit() != 20 {
+		t.Fatalf("baseline %v, limit %d; want 200ms, 20", l.Baseline(), l.Limit())
+	}
+	now := at.Add(time.Second)
+	// Two overdue, one young: no cut.
+	l.Overdue(now, slices.Values([]time.Time{now.Add(-450 * time.Millisecond), now.Add(-450 * time.Millisecond), now.Add(-100 * time.Millisecond)}))
+	if l.Limit() != 20 {
+		t.Fatalf("two overdue: limit %d, want 20", l.Limit())
+	}
+	old := []time.Time{now.Add(-410 * time.Millisecond), now.Add(-410 * time.Millisecond), now.Add(-140 * time.Millisecond), now.Add(-500 * time.Millisecond)}
+	l.Overdue(now, slices.Values(old))
+	if l.Limit() != 10 {
+		t.Fatalf("three overdue: limit %d, want 10", l.Limit())
+	}
+	// The same work again: admitted before the cut, it says nothing.
+	l.Overdue(now.Add(time.Second), slices.Values(old))
+	if l.Limit() != 10 {
+		t.Fatalf("the same overdue work cut again: limit %d, want 10", l.Limit())
+	}
+	// Before a baseline, nothing is overdue.
+	fresh := newLatency(t, LatencyConfig{Initial: 20})
+	fresh.Overdue(now, slices.Values(old))
+	if fresh.Limit() != 20 {
+		t.Fatalf("no baseline: limit %d, want 20", fresh.Limit())
+	}
+}
+
+// Raise grows the limit by this server's share of the idle capacity, up
+// to what the fleet allows, only on a reading that shows an idle unit and
+// began after the last cut; it never lowers it.
+func TestLatencyLimitRaise(t *testing.T) {
+	l := newLatency(t, LatencyConfig{})
+	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
+	cut := l.cutAt
+	if l.Limit() != 8 || cut.IsZero() {
+		t.Fatalf("limit %d after a collapse (cut at %v)", l.Limit(), cut)
+	}
+	after := cut.Add(time.Millisecond)
+	for _, c := range []struct {
+		name        string
+		idle, share float64
+		to          int64
+		since       time.Time
+		want        int
+	}{
+		{"a reading from before the cut", 11, 0.5, 30, cut.Add(-time.Second), 8},
+		{"a reading without an idle unit", 0.5, 0.5, 30, after, 8},
+		{"NaN idle", math.NaN(), 0.5, 30, after, 8},
+		{"no share", 11, 0, 30, after, 8},
+		{"an allowance below the limit", 11, 0.5, 3, after, 8},
+		{"half of 11 idle, rounded", 11, 0.5, 30, after, 14},
+		{"the allowance bounds it", 11, 0.5, 16, after, 16},
+		{"a lower allowance later", 11, 0.5, 9, after, 16},
+	} {
+		l.Raise(c.idle, c.share, c.to, c.since, at)
+		if l.Limit() != c.want {
+			t.Fatalf("%s: limit %d, want %d", c.name, l.Limit(), c.want)
+		}
+	}
+	// A new cut makes the same reading stale again.
+	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 16)
+	if l.Limit() != 8 {
+		t.Fatalf("limit %d after the second collapse, want 8", l.Limit())
+	}
+	l.Raise(11, 0.5, 30, after, at)
+	if l.Limit() != 8 {
+		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
+	}
+}
+
+// The limit stays within [Min, Max]: slow start stops at Max, and cuts at
+// Min.
+func TestLatencyLimitBounds(t *testing.T) {
+	l := newLatency(t, LatencyConfig{Initial: 4, Min: 3, Max: 20})
+	at := feed(l, time.Unix(1000, 0), 12*6, 10*time.Millisecond, 20)
+	if l.Limit() != 20 {
+		t.Fatalf("slow start: limit %d, want Max 20", l.Limit())
+	}
+	for i := 0; i < 10; i++ {
+		l.Learn(at, time.Second, 20, spillway.Dropped)
+		at = at.Add(2 * time.Second)
+	}
+	if l.Limit() != 3 {
+		t.Fatalf("after ten failures: limit %d, want Min 3", l.Limit())
+	}
+}
+
+func TestLatencyConfigValidation(t *testing.T) {
+	for name, cfg := range map[string]LatencyConfig{
+		"min negative":       {Min: -1},
+		"max below min":      {Min: 5, Max: 4, Initial: 5},
+		"initial below min":  {Min: 5, Initial: 2},
+		"initial above max":  {Max: 10, Initial: 11},
+		"window negative":    {Window: -1},
+		"tolerance at 1.05":  {Tolerance: 1.05},
+		"tolerance below 1":  {Tolerance: 0.5},
+		"tolerance NaN":      {Tolerance: math.NaN()},
+		"tolerance infinite": {Tolerance: math.Inf(1)},
+		"initial negative":   {Initial: -3},
+	} {
+		if _, err := NewLatencyLimit(cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	l := newLatency(t, LatencyConfig{})
+	if l.cfg.Initial != 4 || l.cfg.Min != 1 || l.cfg.Max != 1000 || l.cfg.Window != 12 || l.cfg.Tolerance != 1.2 || l.Limit() != 4 {
+		t.Fatalf("defaults %+v, limit %d", l.cfg, l.Limit())
+	}
+}
+
+// TestLatencyLimitSteadyOverload: a dependency of capacity 20 (the sim:
+// RTT grows in proportion to the work beyond 20) overloaded for 5,000
+// round trips. The limit settles just above the capacity, where a window
+// is 1.05–1.2× slower than the baseline, and never creeps upward; the
+// Gradient2-style baseline in the same scenario climbs past 10 ×
+// capacity.
+func TestLatencyLimitSteadyOverload(t *testing.T) {
+	const capacity = 20
+	l := newLatency(t, LatencyConfig{})
+	s := newSim(t, l, capacity, 10*time.Millisecond)
+	maxIn := func(from, to int) int {
+		m := 0
+		for i := from; i < to; i++ {
+			s.round(math.MaxInt32)
+			m = max(m, l.Limit())
+		}
+		return m
+	}
+	maxIn(0, 1000) // slow start and settling
+	early := maxIn(1000, 2000)
+	maxIn(2000, 4000)
+	late := maxIn(4000, 5000)
+	if early != 23 || late != 23 {
+		t.Fatalf("max limit rounds 1000-2000: %d, rounds 4000-5000: %d; want 23 and 23 (1.15 × capacity)", early, late)
+	}
+
+	ref := &gradient2Like{limit: 20}
+	rs := newSim(t, ref, capacity, 10*time.Millisecond)
+	for i := 0; i < 3000 && ref.Limit() < 10*capacity; i++ {
+		rs.round(math.MaxInt32)
+	}
+	if ref.Limit() < 10*capacity {
+		t.Fatalf("the reference long-average baseline reached only %d; the scenario no longer detects creep", ref.Limit())
+	}
+}
+
+// TestLatencyLimitFollowsSlowerDependency: the dependency's latency
+// triples for good at the same capacity. The limit falls to Min, where a
+// window with one call in flight at a time shows the new latency: it
+// becomes the baseline, and the limit probes back up to the capacity.
+func TestLatencyLimitFollowsSlowerDependency(t *testing.T) {
+	const capacity = 20
+	var causes []string
+	l := newLatency(t, LatencyConfig{OnChange: func(c LatencyChange) {
+		if c.Cause == "rebaseline" {
+			causes = append(causes, c.Cause)
+		}
+	}})
+	s := newSim(t, l, capacity, 10*time.Millisecond)
+	for i := 0; i < 1000; i++ {
+		s.round(math.MaxInt32)
+	}
+	if l.Limit() != 23 || l.Baseline() != 10*time.Millisecond {
+		t.Fatalf("before: limit %d, baseline %v", l.Limit(), l.Baseline())
+	}
+	s.base = 30 * time.Millisecond
+	atMin, back := -1, -1
+	for i := 0; i < 2000 && back < 0; i++ {
+		s.round(math.MaxInt32)
+		if atMin < 0 && l.Limit() == 1 {
+			atMin = i
+		}
+		if atMin >= 0 && l.Limit() >= capacity {
+			back = i
+		}
+	}
+	t.Logf("at Min after %d round trips, back to %d after %d; baseline %v", atMin, capacity, back, l.Baseline())
+	if atMin != 4 || back != 119 || l.Baseline() != 30*time.Millisecond || len(causes) != 1 {
+		t.Fatalf("at Min after %d round trips (want 4), back to the capacity after %d (want 119), baseline %v (want 30ms), %d rebaselines (want 1)", atMin, back, l.Baseline(), len(causes))
+	}
+}

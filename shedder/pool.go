@@ -1,0 +1,206 @@
+package shedder
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"maps"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// Learner is a concurrency limit learned from the work a Pool admits.
+// concurrency.LatencyLimit implements it (this package does not import
+// concurrency, so the interface lives here, where it is used). A Pool
+// calls it under its own lock: it need not be safe for concurrent use.
+type Learner interface {
+	// Limit returns the learned limit, at least 1.
+	Limit() int
+	// Learn records one piece of admitted work that ended with o
+	// (Success or Dropped; the Pool does not pass Ignored): when it was
+	// admitted, how long it held its slot, and the most pieces in flight
+	// from its admission to its end, itself included.
+	Learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome)
+	// SetCap tells the limit the most this server may have in flight now
+	// (what the fleet shedder allows it), 0 for none.
+	SetCap(n int64)
+	// Overdue is given, before each decision, the start times of the
+	// work in flight: work far past its usual latency shows an overload
+	// before it ends.
+	Overdue(now time.Time, starts iter.Seq[time.Time])
+	// Raise is given, before each decision, the last capacity reading
+	// that reported idle capacity: idle units averaged over a window that
+	// began at since, this server's share of them, and to, the most the
+	// limit may be raised to.
+	Raise(idle, share float64, to int64, since, at time.Time)
+}
+
+// Pool is a server's pool of slots for work at a shared dependency (its
+// database connections, say) whose size a Learner learns from the latency
+// and the outcome of the work it admits, capped by what the fleet shedder
+// allows this server (WithFleet), with a short wait in priority order in
+// front of it: a Queue whose slots follow the learned limit. The Queue
+// decides who gets a slot (the highest priority waiting, a short wait),
+// the Learner how many slots there are.
+//
+// Before each decision and after each piece of work ends, the Pool sets
+// the Queue's slots to the learned limit, capped by the fleet's allowance
+// for Critical work (with WithFleet), at least 1. The cap is also given
+// to the Learner (SetCap), so that it does not learn a limit the fleet
+// would not let it use, and so are the start times of the work in flight
+// (Overdue) and the last capacity reading (Observe, from a
+// CapacityWatcher): while a reading that began after the last cut shows
+// idle capacity, the limit rises to what the fleet allows this server (to
+// the limit at the reading plus the idle capacity, without WithFleet;
+// not while the Fleet is degraded, its share is then a guess).
+//
+// done reports how the work ended: Success and Dropped (a timeout, an
+// error of the dependency) teach the Learner, Ignored only frees the slot
+// (use it for work that did not use the dependency, or ended for reasons
+// of its own: a slow handler's time is not the dependency's latency).
+// Put the Pool only in front of work that uses the dependency.
+//
+// Decisions are the Queue's. The options that apply are WithName (default
+// "pool"), WithRetryAfter, WithMaxWait (default 100ms),
+// WithPriorityWait, WithQueueDepth (default 64), WithClock (the RTTs)
+// and WithFleet. A Pool is safe for concurrent use; Admit never returns
+// an error.
+type Pool struct {
+	q     *Queue
+	fleet *Fleet
+	now   func() time.Time
+
+	mu       sync.Mutex
+	l        Learner
+	inFlight int
+	starts   map[uint64]time.Time // start of each piece of work in flight
+	seq      uint64
+
+	reading atomic.Pointer[poolReading] // the last capacity reading (Observe)
+}
+
+// poolReading is a capacity reading and, without a fleet, the most the
+// limit may be raised to on it.
+type poolReading struct {
+	r  Reading
+	to int64
+}
+
+// PoolStats are a Pool's counters and sizes.
+type PoolStats struct {
+	QueueStats
+	Slots     int64 // the Queue's slots now
+	Limit     int   // the learned limit (before the cap)
+	Allowance int64 // what the fleet allows this server (WithFleet), else 0
+}
+
+// NewPool returns a Pool whose slots l learns, starting at l.Limit().
+func NewPool(l Learner, opts ...Option) (*Pool, error) {
+	if l == nil {
+		return nil, fmt.Errorf("shedder: pool learner is nil")
+	}
+	o := defaultOptions("pool")
+	o.depth = 64
+	for _, opt := range opts {
+		opt(&o)
+	}
+	q, err := newQueue(int64(max(1, l.Limit())), o)
+	if err != nil {
+		return nil, err
+	}
+	return &Pool{q: q, fleet: o.fleet, now: o.now, l: l, starts: map[uint64]time.Time{}}, nil
+}
+
+// Admit decides r: it waits in the Queue up to its priority's maximum
+// wait for one of the slots the Learner sets.
+func (p *Pool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	p.resize()
+	d, done, err := p.q.Admit(ctx, r)
+	if err != nil || !d.Allowed {
+		return d, done, err
+	}
+	start := p.now()
+	p.mu.Lock()
+	p.inFlight++
+	used := p.inFlight
+	p.seq++
+	id := p.seq
+	p.starts[id] = start
+	p.mu.Unlock()
+	return d, spillway.Once(func(o spillway.Outcome) {
+		rtt := p.now().Sub(start)
+		p.mu.Lock()
+		used = max(used, p.inFlight)
+		p.inFlight--
+		delete(p.starts, id)
+		if o == spillway.Success || o == spillway.Dropped {
+			p.l.Learn(start, rtt, used, o)
+		}
+		p.mu.Unlock()
+		p.resize()
+		done(o)
+	}), nil
+}
+
+// Observe gives the Pool a capacity reading of the dependency (a
+// CapacityWatcher calls it with every new reading).
+func (p *Pool) Observe(r Reading) {
+	pr := &poolReading{r: r, to: math.MaxInt64}
+	if p.fleet == nil && r.Idle >= 1 && !math.IsInf(r.Idle, 1) {
+		p.mu.Lock()
+		pr.to = int64(p.l.Limit()) + int64(math.Floor(min(r.Idle, 1<<40)+0.5))
+		p.mu.Unlock()
+	}
+	p.reading.Store(pr)
+}
+
+// resize sets the Queue's slots to the learned limit, capped by the
+// fleet's allowance.
+func (p *Pool) resize() {
+	allowance := int64(math.MaxInt64)
+	if p.fleet != nil {
+		allowance = max(1, p.fleet.Allowance(spillway.Critical))
+	}
+	now := p.now()
+	p.mu.Lock()
+	if p.fleet != nil {
+		p.l.SetCap(allowance)
+	}
+	if len(p.starts) > 0 {
+		p.l.Overdue(now, maps.Values(p.starts))
+	}
+	if pr := p.reading.Load(); pr != nil {
+		switch {
+		case p.fleet == nil:
+			p.l.Raise(pr.r.Idle, 1, pr.to, pr.r.Since, now)
+		default:
+			if st := p.fleet.Stats(); !st.Degraded {
+				p.l.Raise(pr.r.Idle, st.Share, allowance, pr.r.Since, now)
+			}
+		}
+	}
+	limit := min(int64(p.l.Limit()), allowance)
+	p.mu.Unlock()
+	_ = p.q.SetSlots(max(1, limit))
+}
+
+// Slots returns the number of slots now.
+func (p *Pool) Slots() int64 { return p.q.Slots() }
+
+// Stats returns the Pool's counters and sizes.
+func (p *Pool) Stats() PoolStats {
+	s := PoolStats{QueueStats: p.q.Stats(), Slots: p.q.Slots()}
+	p.mu.Lock()
+	s.Limit = p.l.Limit()
+	p.mu.Unlock()
+	if p.fleet != nil {
+		s.Allowance = p.fleet.Allowance(spillway.Critical)
+	}
+	return s
+}
+
+var _ spillway.Limiter = (*Pool)(nil)
