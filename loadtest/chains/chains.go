@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -341,26 +338,32 @@ const fleetInterval = 50 * time.Millisecond
 const fleetTTL = 10 * fleetInterval
 
 // Full returns the builder of the full spillway chain without the
-// block named removed ("" for the whole chain). Cheapest first:
+// block named removed ("" for the whole chain), built from the library's
+// blocks only. Cheapest first:
 //
 //  1. rate: per-key rate tiers in Redis, behind a fallback (time budget,
 //     breaker, local share);
 //  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
-//  3. pool: this server's limit on database queries, learned from their
-//     latency (latencyLimit: grows while windows of queries keep their
-//     usual latency, backs off when they do not or fail, and takes at once
-//     the room the database's gauge reports idle), capped by what the
-//     fleet shedder allows this server now, and
-//  4. queue: a request that finds the learned limit used waits up to
-//     queueWait in a shedder.Queue whose slots follow the limit, and a
-//     freed slot goes to the highest priority waiting;
-//  5. fleet: shedder.Fleet over the whole fleet's database work, sized
+//  3. worker: shedder.Worker over this server's own workers, when the
+//     server has a bounded number of them (Env.Workers, the workers
+//     scenario): a request holds its worker from here until it is
+//     answered, its wait for a database slot included;
+//  4. pool: shedder.Pool, this server's limit on database queries, learned
+//     from their latency (concurrency.LatencyLimit: grows while windows of
+//     queries keep their usual latency, backs off when they do not or
+//     fail, and takes at once the room the database's gauge reports
+//     idle), capped by what the fleet shedder allows this server now, and
+//  5. queue: a request that finds the learned limit used waits up to
+//     queueWait (criticalWait for Critical work) for one of its slots, and
+//     a freed slot goes to the highest priority waiting;
+//  6. fleet: shedder.Fleet over the whole fleet's database work, sized
 //     once for the fleet (the database's pool, 30) and lowered to the
-//     capacity the database's utilization gauge shows (watchCapacity),
-//     shedding the lower priorities first and deciding on the fleet's
-//     measured usage;
-//  6. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
+//     capacity the database's utilization gauge shows
+//     (shedder.CapacityWatcher), shedding the lower priorities first and
+//     deciding on the fleet's measured usage;
+//  7. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
 //
+// The export route (no database) runs rate, concurrency and worker only.
 // Nothing is sized from the number of servers or from a per-server share
 // of the database worked out in advance: the fleet-wide numbers (the
 // shedder's capacity, the ceiling) are set once for the fleet, and what a
@@ -440,26 +443,6 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		}
 		add("worker", w)
 	}
-	var pool *learnedPool
-	if removed != "pool" {
-		alg := newLatencyLimit(4)
-		alg.trace = env.Trace
-		if removed == "queue" {
-			a, err := concurrency.NewAdaptive(alg, concurrency.WithAdaptiveName("db_pool"))
-			if err != nil {
-				return fail(err)
-			}
-			add("pool", a)
-		} else {
-			lp, err := newLearnedPool(alg)
-			if err != nil {
-				return fail(err)
-			}
-			lp.dbg, lp.trace = env.Debug, env.Trace
-			pool = lp
-			add("pool", lp)
-		}
-	}
 	var fleet *shedder.Fleet
 	if removed != "fleet" {
 		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
@@ -470,44 +453,51 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			return fail(err)
 		}
 		fleet = f
-		if pool != nil {
-			pool.fleet = f
-		}
-		if env.Debug.On() {
-			stop := make(chan struct{})
-			go func() {
-				t := time.NewTicker(20 * time.Millisecond)
-				defer t.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-t.C:
-					}
-					st := f.Stats()
-					var local int64
-					for _, v := range st.Local {
-						local += v
-					}
-					if local > 5 {
-						env.Debug.Add("fleet:usage_sum", st.Usage)
-						env.Debug.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
-						env.Debug.Add("fleet:local_sum", local)
-						env.Debug.Add("fleet:n", 1)
-					}
-				}
-			}()
-			closers = append(closers, func() { close(stop) })
-		}
 		closers = append(closers, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			_ = f.Close(ctx)
 		})
-		add("fleet", f)
-		stop := make(chan struct{})
-		go watchCapacity(env, f, pool, stop)
-		closers = append(closers, func() { close(stop) })
+	}
+	var pool *shedder.Pool
+	if removed != "pool" {
+		lim, err := concurrency.NewLatencyLimit(concurrency.LatencyConfig{Initial: 4, OnChange: traceLimit(env)})
+		if err != nil {
+			return fail(err)
+		}
+		if removed == "queue" {
+			a, err := concurrency.NewAdaptive(lim, concurrency.WithAdaptiveName("db_pool"))
+			if err != nil {
+				return fail(err)
+			}
+			add("pool", a)
+		} else {
+			opts := []shedder.Option{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
+				shedder.WithPriorityWait(spillway.SheddablePlus, queueWait), shedder.WithPriorityWait(spillway.Sheddable, queueWait),
+				shedder.WithQueueDepth(64)}
+			if fleet != nil {
+				opts = append(opts, shedder.WithFleet(fleet))
+			}
+			p, err := shedder.NewPool(lim, opts...)
+			if err != nil {
+				return fail(err)
+			}
+			pool = p
+			add("pool", p)
+		}
+	}
+	if fleet != nil {
+		add("fleet", fleet)
+		w, err := shedder.NewCapacityWatcher(dbGauge(env), fleet, pool, shedder.WithInterval(capacityPoll))
+		if err != nil {
+			return fail(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { _ = w.Run(ctx) }()
+		closers = append(closers, cancel)
+		if env.Debug.On() {
+			closers = append(closers, debugFleet(ctx, env.Debug, fleet, pool))
+		}
 	}
 	if removed != "ceiling" {
 		// A fleet-wide rate backstop at 1.2× the database's throughput per
@@ -586,49 +576,73 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 // utilization gauge.
 const capacityPoll = 100 * time.Millisecond
 
-// watchCapacity sizes the fleet shedder from the database's utilization
-// gauge until stop closes: at every new reading, the fleet's capacity
-// becomes the database's busy plus idle workers (its capacity, averaged
-// over the last second), never more than the capacity the fleet was
-// configured with. It hands the reading to the learned pool, which takes
-// its share of the idle workers at once (latencyLimit.Raise).
+// dbGauge is the database's utilization gauge as the capacity input of the
+// full chain (shedder.CapacityWatcher): busy and idle workers on average
+// over its last second.
 //
 // Latency alone cannot tell a database that has room for one more query
 // from one that has none: below its capacity every query takes as long,
 // so a learned limit finds the capacity only by passing it. The gauge
 // says where the capacity is without passing it.
-func watchCapacity(env *Env, fleet *shedder.Fleet, pool *learnedPool, stop <-chan struct{}) {
-	if env.DBGauge == nil {
-		return
-	}
-	t := time.NewTicker(capacityPoll)
-	defer t.Stop()
-	var last time.Time
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+func dbGauge(env *Env) shedder.Gauge {
+	return shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
 		g := env.DBGauge()
-		if g.To.IsZero() || g.To.Equal(last) {
-			continue
+		if env.Trace != nil && !g.To.IsZero() {
+			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle)
 		}
-		last = g.To
-		est := int64(math.Floor(g.Busy + g.Idle + 1e-6))
-		_ = fleet.SetCapacity(min(int64(env.System.Capacity), max(1, est)))
-		if pool != nil {
-			pool.gauge.Store(&g)
-		}
-		if env.Trace != nil {
-			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle, fleet.Capacity())
-		}
+		return shedder.Reading{Since: g.From, At: g.To, Busy: g.Busy, Idle: g.Idle}, nil
+	})
+}
+
+// traceLimit prints every change of a learned limit when env.Trace is
+// set (-trace).
+func traceLimit(env *Env) func(concurrency.LatencyChange) {
+	if env.Trace == nil {
+		return nil
 	}
+	return func(c concurrency.LatencyChange) {
+		fmt.Fprintf(env.Trace, "trace %s limit %.1f -> %.1f cap %d baseline %v %s\n", c.At.Format("15:04:05.000"), c.From, c.To, c.Cap, c.Baseline, c.Cause)
+	}
+}
+
+// debugFleet samples, every 20 ms until ctx ends, the fleet shedder's view
+// and the pool's limit into dbg (-debug); it returns a func that stops it.
+func debugFleet(ctx context.Context, dbg *sim.Debug, f *shedder.Fleet, pool *shedder.Pool) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			st := f.Stats()
+			var local int64
+			for _, v := range st.Local {
+				local += v
+			}
+			if local > 5 {
+				dbg.Add("fleet:usage_sum", st.Usage)
+				dbg.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
+				dbg.Add("fleet:local_sum", local)
+				dbg.Add("fleet:n", 1)
+			}
+			if pool != nil {
+				ps := pool.Stats()
+				dbg.Add("pool:limit_sum", int64(ps.Limit))
+				dbg.Add("pool:limit_n", 1)
+			}
+		}
+	}()
+	return cancel
 }
 
 // tagged names a block's denials after the block, so the summary counts
 // rejections per block (rejected_by_limiter) whatever name the block's
-// own decisions carry.
+// own decisions carry. It decides nothing: it hands every request to the
+// block.
 type tagged struct {
 	block string
 	inner spillway.Limiter
@@ -640,112 +654,4 @@ func (t tagged) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		d.Limiter = t.block
 	}
 	return d, done, err
-}
-
-// learnedPool is a shedder.Queue whose number of slots an adaptive
-// algorithm learns from the latency and the outcome of the queries it
-// admits: the queue decides who gets a slot (priority order, a short
-// wait), the algorithm how many slots there are.
-type learnedPool struct {
-	q        *shedder.Queue
-	mu       sync.Mutex
-	alg      concurrency.Algorithm
-	inFlight int
-	starts   map[uint64]time.Time // start of each query in flight
-	seq      uint64
-	traced   time.Time
-	// fleet, when set, caps the slots at what the fleet shedder allows
-	// this server for Critical work now: its share of the fleet's
-	// capacity, from the fleet's measured usage.
-	fleet *shedder.Fleet
-	// gauge is the database's last utilization reading (with fleet set).
-	gauge atomic.Pointer[sim.Gauge]
-	dbg   *sim.Debug
-	trace io.Writer
-}
-
-// resize sets the queue's slots to the learned limit, capped by the
-// fleet's allowance.
-func (p *learnedPool) resize() {
-	allowance := int64(math.MaxInt64)
-	if p.fleet != nil {
-		allowance = p.fleet.Allowance(spillway.SheddablePlus)
-	}
-	p.mu.Lock()
-	if l, ok := p.alg.(*latencyLimit); ok {
-		if p.fleet != nil {
-			l.SetCap(float64(max(1, allowance)))
-		}
-		if len(p.starts) > 0 {
-			l.Overdue(time.Now(), maps.Values(p.starts))
-		}
-		// The database reported idle workers in a window that began after
-		// the last cut: take this server's share of them at once (not
-		// while the fleet shedder is degraded: its share is a guess).
-		if g := p.gauge.Load(); g != nil && p.fleet != nil {
-			if st := p.fleet.Stats(); !st.Degraded {
-				l.Raise(*g, st.Share, float64(max(1, allowance)), time.Now())
-			}
-		}
-	}
-	limit := min(int64(p.alg.Limit()), allowance)
-	if p.trace != nil && time.Since(p.traced) > 100*time.Millisecond {
-		p.traced = time.Now()
-		st := p.q.Stats()
-		fmt.Fprintf(p.trace, "pool %s %p learned %d allowance %d inflight %d waiting %d\n", p.traced.Format("15:04:05.000"), p, p.alg.Limit(), allowance, p.inFlight, st.Waiting)
-	}
-	p.mu.Unlock()
-	_ = p.q.SetSlots(max(1, limit))
-}
-
-func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
-	q, err := shedder.NewQueue(int64(alg.Limit()), shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait), shedder.WithQueueDepth(64))
-	if err != nil {
-		return nil, err
-	}
-	return &learnedPool{q: q, alg: alg, starts: map[uint64]time.Time{}}, nil
-}
-
-func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	p.resize()
-	qctx := ctx
-	if r.Priority < spillway.Critical {
-		// The queue waits up to criticalWait; lower priorities end their
-		// wait sooner through the context (a denial, as a wait that ran
-		// out).
-		var cancel context.CancelFunc
-		qctx, cancel = context.WithTimeout(ctx, queueWait)
-		defer cancel()
-	}
-	d, done, err := p.q.Admit(qctx, r)
-	if err != nil || !d.Allowed {
-		return d, done, err
-	}
-	start := time.Now()
-	p.mu.Lock()
-	p.inFlight++
-	used := p.inFlight
-	p.seq++
-	id := p.seq
-	p.starts[id] = start
-	p.mu.Unlock()
-	return d, spillway.Once(func(o spillway.Outcome) {
-		rtt := time.Since(start)
-		p.mu.Lock()
-		used = max(used, p.inFlight)
-		p.inFlight--
-		delete(p.starts, id)
-		if o == spillway.Success || o == spillway.Dropped {
-			p.alg.Update(concurrency.Sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
-		}
-		limit := p.alg.Limit()
-		p.mu.Unlock()
-		p.resize()
-		p.dbg.Add("pool:limit_sum", int64(limit))
-		p.dbg.Add("pool:limit_n", 1)
-		if o == spillway.Dropped {
-			p.dbg.Add("pool:drop", 1)
-		}
-		done(o)
-	}), nil
 }
