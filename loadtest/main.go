@@ -101,6 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&p.Quiet, "quiet", false, "no progress bar")
 	configs := fs.String("configs", strings.Join(chains.Names, ","), "configurations to compare (comma-separated subset of "+strings.Join(chains.Names, ", ")+")")
 	fs.BoolVar(&p.Ablation, "ablation", false, "also run the full chain without each of its blocks in turn, in every scenario but goodput (adds "+strconv.Itoa(len(chains.FullBlocks))+" runs per scenario)")
+	fs.DurationVar(&p.GaugeWindow, "gauge-window", sim.DefaultGaugeWindow, "how often the simulated database publishes its utilization gauge (the full chain's capacity input)")
 	debug := fs.Bool("debug", os.Getenv("LOADTEST_DEBUG") != "", "print, after the verdict, denials by priority and block, client answers, degraded causes and timings (default from LOADTEST_DEBUG)")
 	trace := fs.Bool("trace", os.Getenv("LOADTEST_TRACE") != "", "print every change of a learned limit on stderr (default from LOADTEST_TRACE)")
 	fs.BoolVar(&p.NoProxy, "no-proxy", os.Getenv("LOADTEST_NO_PROXY") != "", "connect the fleet to Redis directly, not through the fault proxy: the Redis phases then do nothing (default from LOADTEST_NO_PROXY)")

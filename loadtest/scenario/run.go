@@ -29,6 +29,9 @@ type Params struct {
 	// Ablation also runs, in every scenario but goodput, the full chain
 	// without each of its blocks in turn.
 	Ablation bool
+	// GaugeWindow is how often the database publishes its utilization
+	// gauge (0: sim.DefaultGaugeWindow).
+	GaugeWindow time.Duration
 	// Debug, when not nil, counts what -debug prints; Trace, when not
 	// nil, receives every change of a learned limit (-trace); NoProxy
 	// connects the fleet to Redis directly (-no-proxy).

@@ -117,6 +117,9 @@ func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *sim.R
 		return nil, fmt.Errorf("loadtest: unknown scenario %q", name)
 	}
 	sys := sim.SystemFor(p.Scale)
+	if p.GaugeWindow > 0 {
+		sys.GaugeWindow = p.GaugeWindow
+	}
 	cfgs := chains.Configurations(p.Configs)
 	per := durationFor(p, name) / time.Duration(len(cfgs))
 	phases := spec.Phases(per, sys, p.Servers)

@@ -26,6 +26,7 @@ type Backend struct {
 	Thrash           float64
 	MaxConns         int           // connections past which queries fail at once
 	StatementTimeout time.Duration // queries running longer are cancelled (the work is lost)
+	GaugeWindow      time.Duration // how often it publishes its utilization (Gauge)
 
 	inflight atomic.Int64
 	rec      *Recorder
@@ -41,12 +42,12 @@ type Backend struct {
 	published Gauge
 }
 
-// gaugeWindow is how often the database publishes its utilization, as a
-// metrics gauge scraped once a second would.
-const gaugeWindow = time.Second
+// DefaultGaugeWindow is how often the database publishes its utilization
+// by default (System.GaugeWindow).
+const DefaultGaugeWindow = time.Second
 
 // Gauge is what the database publishes about its last full window of
-// gaugeWindow, as a host's CPU gauge or a managed database's load chart
+// GaugeWindow, as a host's CPU gauge or a managed database's load chart
 // does: how many queries were running on average (Active, queries waiting
 // for a worker included), and how many of its workers were busy and idle
 // on average (the CPU's busy and idle shares times the cores it has now).
@@ -69,7 +70,7 @@ func (b *Backend) integrate(now time.Time) {
 	b.gBusy += min(n, c) * dt
 	b.gIdle += max(0, c-n) * dt
 	b.gLast = now
-	if w := now.Sub(b.gStart); w >= gaugeWindow {
+	if w := now.Sub(b.gStart); w >= b.GaugeWindow {
 		sec := w.Seconds()
 		b.published = Gauge{From: b.gStart, To: now, Active: b.gActive / sec, Busy: b.gBusy / sec, Idle: b.gIdle / sec}
 		b.gStart, b.gActive, b.gBusy, b.gIdle = now, 0, 0, 0

@@ -11,6 +11,7 @@ type System struct {
 	Service       time.Duration // backend mean service time
 	ClientTimeout time.Duration // per attempt
 	Baseline      float64       // baseline offered rate, logical req/s
+	GaugeWindow   time.Duration // the database's utilization gauge's window
 }
 
 // SystemFor returns the system at scale (1: a capacity of 30 queries at
@@ -20,6 +21,7 @@ func SystemFor(scale float64) System {
 		Capacity:      30,
 		Service:       200 * time.Millisecond,
 		ClientTimeout: time.Second,
+		GaugeWindow:   DefaultGaugeWindow,
 	}
 	s.Capacity = max(2, int(math.Round(float64(s.Capacity)*scale)))
 	// Baseline: a quarter of the capacity; the spike is 10× that (2.5× the
@@ -38,6 +40,7 @@ func (s System) NewBackend(rec *Recorder) *Backend {
 		Thrash:           1,
 		MaxConns:         s.Capacity * 16,
 		StatementTimeout: 2 * time.Second,
+		GaugeWindow:      s.GaugeWindow,
 		rec:              rec,
 	}
 	b.SetCapacity(s.Capacity)
