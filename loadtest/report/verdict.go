@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-go/spillway/loadtest/chains"
 	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // Report is a run's summary with its verdict; it is written as
@@ -125,6 +126,7 @@ func PrintVerdict(w io.Writer, s *Report) {
 			rows(cn, sc.Configurations[cn])
 		}
 		flush()
+		printExports(w, sc)
 		if len(sc.Ablated) > 0 {
 			fmt.Fprintln(tw, "\nthe full chain without one block (ablation):")
 			fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
@@ -236,5 +238,30 @@ func printAblation(w io.Writer, s *Report) {
 		fmt.Fprintf(w, "blocks whose removal failed no criterion in any scenario run: %s\n", strings.Join(idle, ", "))
 	} else {
 		fmt.Fprintln(w, "every block's removal failed a criterion in at least one scenario")
+	}
+}
+
+// printExports prints, for a scenario with an export route, how many
+// exports each configuration was sent and answered (200 within their
+// client's timeout) per second in the phases that had them; the tables
+// count the database's routes only.
+func printExports(w io.Writer, sc *scenario.ScenarioResult) {
+	var on []sim.Phase
+	for _, ph := range sc.Phases {
+		if ph.ExportRate > 0 {
+			on = append(on, ph)
+		}
+	}
+	if len(on) == 0 {
+		return
+	}
+	for _, ph := range on {
+		fmt.Fprintf(w, "exports in %s (not in the figures above), sent/s and answered/s:", ph.Name)
+		for _, cn := range sc.Order {
+			s := sc.Configurations[cn].Series
+			i, j := s.Window(ph.Start, ph.End())
+			fmt.Fprintf(w, " %s %.0f, %.0f;", cn, sim.Mean(s.Exports, i, j), sim.Mean(s.ExportsOK, i, j))
+		}
+		fmt.Fprintln(w)
 	}
 }

@@ -261,7 +261,11 @@ func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool
 		}
 		done <- r
 	}()
-	t := time.NewTimer(c.timeout)
+	timeout := c.timeout
+	if a.Export {
+		timeout += ExportHold // a report's client knows it takes a while
+	}
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	t0 := time.Now()
 	select {
