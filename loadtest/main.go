@@ -25,9 +25,20 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
-	"time"
+
+	"github.com/spillway-go/spillway/loadtest/chains"
+	"github.com/spillway-go/spillway/loadtest/report"
+	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
+
+// options are the flags: the harness's settings and main's own.
+type options struct {
+	scenario.Params
+	cpuprofile string // write a CPU profile here
+}
 
 func main() {
 	p, err := parseFlags(os.Args[1:], os.Stderr)
@@ -44,40 +55,42 @@ func main() {
 	if p.Quiet {
 		progress = nil
 	}
-	if f := os.Getenv("LOADTEST_CPUPROFILE"); f != "" {
+	if f := p.cpuprofile; f != "" {
 		if out, err := os.Create(f); err == nil {
 			_ = pprof.StartCPUProfile(out)
 			defer pprof.StopCPUProfile()
 		}
 	}
-	sum, err := Run(ctx, p, progress)
+	raiseFileLimit()
+	sum, err := scenario.Run(ctx, p.Params, progress)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	PrintVerdict(os.Stdout, sum)
-	if debugDegraded {
-		fmt.Println(degradedCauses.String())
+	rep := report.Judge(sum)
+	report.PrintVerdict(os.Stdout, rep)
+	if p.Debug.On() {
+		fmt.Print("\n== debug counters ==\n", p.Debug.String())
 	}
 	if p.Out != "" {
-		files, err := WriteOutputs(p.Out, sum)
+		files, err := report.WriteOutputs(p.Out, rep)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		fmt.Printf("\nwrote %s\n", strings.Join(files, ", "))
 	}
-	if !sum.Passed() {
+	if !rep.Passed() {
 		pprof.StopCPUProfile()
 		os.Exit(3)
 	}
 }
 
-func parseFlags(args []string, stderr io.Writer) (Params, error) {
+func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	p := Params{Scale: 1}
-	fs.StringVar(&p.Scenario, "scenario", "cascade", "scenario to run: "+strings.Join(scenarioNames, ", ")+" or all")
+	p := options{Params: scenario.Params{Scale: 1}}
+	fs.StringVar(&p.Scenario, "scenario", "cascade", "scenario to run: "+strings.Join(scenario.ScenarioNames(), ", ")+" or all")
 	fs.DurationVar(&p.Duration, "duration", 0, "total load time of each scenario over all its configurations (0: cascade 90s, goodput 72s, uneven, elastic and capacity_drop 96s each; accuracy replays 8× this in simulated time); every phase scales with it")
 	fs.Uint64Var(&p.Seed, "seed", 1, "seed of the offered schedule: the same seed offers exactly the same load")
 	fs.IntVar(&p.Servers, "servers", 3, "number of API servers in the fleet")
@@ -86,8 +99,13 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	retry := fs.String("retry", "honor", "how well-behaved clients retry: honor (Retry-After, under a retry budget) or naive (at once); abusive clients always retry naively")
 	fs.Float64Var(&p.Scale, "scale", 1, "multiplies the backend capacity and every offered rate (a smaller system for slow machines)")
 	fs.BoolVar(&p.Quiet, "quiet", false, "no progress bar")
-	configs := fs.String("configs", strings.Join(configNames, ","), "configurations to compare (comma-separated subset of "+strings.Join(configNames, ", ")+")")
-	fs.BoolVar(&p.Ablation, "ablation", false, "also run the full chain without each of its blocks in turn, in every scenario but goodput (adds 6 runs per scenario)")
+	configs := fs.String("configs", strings.Join(chains.Names, ","), "configurations to compare (comma-separated subset of "+strings.Join(chains.Names, ", ")+")")
+	fs.BoolVar(&p.Ablation, "ablation", false, "also run the full chain without each of its blocks in turn, in every scenario but goodput (adds "+strconv.Itoa(len(chains.FullBlocks))+" runs per scenario)")
+	fs.DurationVar(&p.GaugeWindow, "gauge-window", sim.DefaultGaugeWindow, "how often the simulated database publishes its utilization gauge (the full chain's capacity input)")
+	debug := fs.Bool("debug", os.Getenv("LOADTEST_DEBUG") != "", "print, after the verdict, denials by priority and block, client answers, degraded causes and timings (default from LOADTEST_DEBUG)")
+	trace := fs.Bool("trace", os.Getenv("LOADTEST_TRACE") != "", "print every change of a learned limit on stderr (default from LOADTEST_TRACE)")
+	fs.BoolVar(&p.NoProxy, "no-proxy", os.Getenv("LOADTEST_NO_PROXY") != "", "connect the fleet to Redis directly, not through the fault proxy: the Redis phases then do nothing (default from LOADTEST_NO_PROXY)")
+	fs.StringVar(&p.cpuprofile, "cpuprofile", os.Getenv("LOADTEST_CPUPROFILE"), "write a CPU profile to this file (default from LOADTEST_CPUPROFILE)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: go run ./loadtest [flags]\n\nExit status: 0 every criterion passed, 3 one failed, 2 bad flags, 1 other errors\n(go run turns any non-zero status into 1 and prints \"exit status N\").\n\nFlags:")
 		fs.PrintDefaults()
@@ -95,17 +113,23 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 	if err := fs.Parse(args); err != nil {
 		return p, err
 	}
+	if *debug {
+		p.Debug = sim.NewDebug()
+	}
+	if *trace {
+		p.Trace = stderr
+	}
 	if fs.NArg() > 0 {
 		return p, fmt.Errorf("loadtest: unexpected argument %q", fs.Arg(0))
 	}
-	if p.Scenario != "all" && !slices.Contains(scenarioNames, p.Scenario) {
-		return p, fmt.Errorf("loadtest: -scenario %q: want %s or all", p.Scenario, strings.Join(scenarioNames, ", "))
+	if p.Scenario != "all" && !slices.Contains(scenario.ScenarioNames(), p.Scenario) {
+		return p, fmt.Errorf("loadtest: -scenario %q: want %s or all", p.Scenario, strings.Join(scenario.ScenarioNames(), ", "))
 	}
 	switch *retry {
 	case "honor":
-		p.Retry = RetryHonor
+		p.Retry = sim.RetryHonor
 	case "naive":
-		p.Retry = RetryNaive
+		p.Retry = sim.RetryNaive
 	default:
 		return p, fmt.Errorf("loadtest: -retry %q: want honor or naive", *retry)
 	}
@@ -113,8 +137,8 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 		switch c = strings.TrimSpace(c); c {
 		case "":
 		default:
-			if !slices.Contains(configNames, c) {
-				return p, fmt.Errorf("loadtest: -configs: unknown configuration %q (want %s)", c, strings.Join(configNames, ", "))
+			if !slices.Contains(chains.Names, c) {
+				return p, fmt.Errorf("loadtest: -configs: unknown configuration %q (want %s)", c, strings.Join(chains.Names, ", "))
 			}
 			p.Configs = append(p.Configs, c)
 		}
@@ -132,15 +156,4 @@ func parseFlags(args []string, stderr io.Writer) (Params, error) {
 		return p, fmt.Errorf("loadtest: -scale %v: want more than 0 and at most 10", p.Scale)
 	}
 	return p, nil
-}
-
-// durationFor returns the scenario's total load time.
-func durationFor(p Params, scenario string) time.Duration {
-	if p.Duration > 0 {
-		return p.Duration
-	}
-	if s, ok := scenarioByName(scenario); ok {
-		return s.Default
-	}
-	return 90 * time.Second
 }

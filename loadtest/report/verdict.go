@@ -1,50 +1,42 @@
-package main
+package report
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
-	"os"
-	"runtime"
-	"runtime/debug"
-	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
+
+	"github.com/spillway-go/spillway/loadtest/chains"
+	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
-// Summary is everything a run measured; it is written as summary.json.
-type Summary struct {
-	Seed      uint64                     `json:"seed"`
-	Servers   int                        `json:"servers"`
-	Retry     string                     `json:"well_behaved_retry"`
-	Redis     string                     `json:"redis"`
-	GoVersion string                     `json:"go_version"`
-	CPUs      int                        `json:"cpus"`
-	Started   time.Time                  `json:"started"`
-	Scenarios map[string]*ScenarioResult `json:"scenarios"`
-	Verdict   []Check                    `json:"verdict"`
+// Report is a run's summary with its verdict; it is written as
+// summary.json.
+type Report struct {
+	*scenario.Summary
+	Verdict []Check `json:"verdict"`
 	// Ablation is, per scenario, the full chain without each block in
 	// turn: removed block → the full chain's criteria that then fail
 	// (empty: none). Only with -ablation.
 	Ablation map[string]map[string][]string `json:"ablation,omitempty"`
-	order    []string
 }
 
-// ScenarioResult is one scenario's outcome.
-type ScenarioResult struct {
-	Name            string                   `json:"name"`
-	DurationSeconds float64                  `json:"duration_s"` // load time per configuration
-	Phases          []Phase                  `json:"phases,omitempty"`
-	Arrivals        int                      `json:"arrivals,omitempty"` // logical requests offered per configuration
-	ScheduleSHA256  string                   `json:"schedule_sha256,omitempty"`
-	Order           []string                 `json:"configuration_order,omitempty"`
-	Configurations  map[string]*ConfigResult `json:"configurations,omitempty"`
-	// Ablated are the full chain's runs without one block (-ablation).
-	Ablated  map[string]*ConfigResult `json:"ablated,omitempty"`
-	scenario Scenario
-	Accuracy *AccuracyResult `json:"accuracy,omitempty"`
+// Judge checks every scenario of sum against its criteria.
+func Judge(sum *scenario.Summary) *Report {
+	r := &Report{Summary: sum}
+	for _, name := range sum.Order {
+		res := sum.Scenarios[name]
+		r.Verdict = append(r.Verdict, checks(res)...)
+		if res.Ablated != nil {
+			if r.Ablation == nil {
+				r.Ablation = map[string]map[string][]string{}
+			}
+			r.Ablation[name] = ablationOf(res)
+		}
+	}
+	return r
 }
 
 // Check is one pass criterion with its measured value.
@@ -66,130 +58,13 @@ type Check struct {
 }
 
 // Passed reports whether every check passed.
-func (s *Summary) Passed() bool {
+func (s *Report) Passed() bool {
 	for _, c := range s.Verdict {
 		if !c.Pass && !c.Expected {
 			return false
 		}
 	}
 	return true
-}
-
-// Run runs the scenarios p selects and checks the criteria.
-func Run(ctx context.Context, p Params, progress io.Writer) (*Summary, error) {
-	raiseFileLimit()
-	// The harness allocates little that lives long; fewer collections
-	// leave more of a small machine to the system under test.
-	defer debug.SetGCPercent(debug.SetGCPercent(400))
-	sum := &Summary{
-		Seed: p.Seed, Servers: p.Servers, Retry: p.Retry.String(),
-		GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Started: time.Now().UTC(),
-		Scenarios: map[string]*ScenarioResult{},
-	}
-	scenarios := []string{p.Scenario}
-	if p.Scenario == "all" {
-		scenarios = scenarioNames
-	}
-	var wall time.Duration
-	for _, sc := range scenarios {
-		if sc != "accuracy" {
-			wall += durationFor(p, sc)
-			if p.Ablation && sc != "goodput" {
-				wall += durationFor(p, sc) / time.Duration(len(configurations(p.Configs))) * time.Duration(len(fullBlocks))
-			}
-		}
-	}
-	prog := NewProgress(progress, wall)
-	defer prog.Close()
-
-	var redisEnv *RedisEnv
-	for _, sc := range scenarios {
-		if sc == "accuracy" {
-			continue
-		}
-		dir, err := os.MkdirTemp("", "spillway-loadtest-")
-		if err != nil {
-			return nil, fmt.Errorf("loadtest: %w", err)
-		}
-		defer os.RemoveAll(dir)
-		redisEnv, err = StartRedis(p.RedisAddr, dir)
-		if err != nil {
-			return nil, err
-		}
-		defer redisEnv.Close()
-		sum.Redis = redisEnv.Kind
-		prog.Log("loadtest: Redis: %s (through a fault proxy on %s)", redisEnv.Kind, redisEnv.Addr())
-		break
-	}
-	for _, sc := range scenarios {
-		var (
-			res *ScenarioResult
-			err error
-		)
-		switch sc {
-		case "accuracy":
-			res = runAccuracy(p, prog)
-		default:
-			res, err = runLoadScenario(ctx, p, sc, redisEnv, prog)
-		}
-		if err != nil {
-			return nil, err
-		}
-		sum.Scenarios[sc] = res
-		sum.order = append(sum.order, sc)
-		sum.Verdict = append(sum.Verdict, checks(res)...)
-		if res.Ablated != nil {
-			if sum.Ablation == nil {
-				sum.Ablation = map[string]map[string][]string{}
-			}
-			sum.Ablation[sc] = ablationOf(res)
-		}
-	}
-	return sum, nil
-}
-
-func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *RedisEnv, prog *Progress) (*ScenarioResult, error) {
-	spec, ok := scenarioByName(name)
-	if !ok {
-		return nil, fmt.Errorf("loadtest: unknown scenario %q", name)
-	}
-	sys := systemFor(p)
-	cfgs := configurations(p.Configs)
-	per := durationFor(p, name) / time.Duration(len(cfgs))
-	phases := spec.Phases(per, sys, p.Servers)
-	pop := DefaultPopulation()
-	sched := BuildSchedule(p.Seed, phases, pop)
-	res := &ScenarioResult{
-		Name: name, DurationSeconds: per.Seconds(), Phases: phases, Arrivals: len(sched),
-		ScheduleSHA256: ScheduleDigest(sched), Configurations: map[string]*ConfigResult{}, scenario: spec,
-	}
-	if p.Ablation && name != "goodput" {
-		for _, b := range fullBlocks {
-			cfgs = append(cfgs, Configuration{Name: "full-" + b, Title: "full chain without " + b + " (" + blockTitles[b] + ")", Build: fullChain(b), removed: b})
-		}
-	}
-	for k, cfg := range cfgs {
-		env := &Env{Redis: redisEnv, Servers: p.Servers, System: sys, Prefix: "lt" + strconv.Itoa(int(time.Now().UnixNano()%1e9)) + ":" + cfg.Name + ":"}
-		label := fmt.Sprintf("%s %d/%d %s", name, k+1, len(cfgs), cfg.Name)
-		r, err := runConfiguration(ctx, p, env, cfg, phases, sched, pop, prog, label)
-		if err != nil {
-			return nil, err
-		}
-		if spec.Recovery != "" {
-			r.setRecovery(r.Series, phases, spec.Before, spec.Recovery, sys)
-		}
-		if cfg.removed != "" {
-			r.Removed = cfg.removed
-			if res.Ablated == nil {
-				res.Ablated = map[string]*ConfigResult{}
-			}
-			res.Ablated[cfg.removed] = r
-			continue
-		}
-		res.Configurations[cfg.Name] = r
-		res.Order = append(res.Order, cfg.Name)
-	}
-	return res, nil
 }
 
 // maxTrustedLagMS is the dispatch lag (p99) past which a run's figures
@@ -201,22 +76,22 @@ const dash = "–"
 
 // PrintVerdict prints each scenario's figures and the verdict, in at most
 // 120 columns.
-func PrintVerdict(w io.Writer, s *Summary) {
+func PrintVerdict(w io.Writer, s *Report) {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	flush := func() {
 		tw.Flush()
 		writeTrimmed(w, &buf)
 	}
-	for _, name := range s.order {
+	for _, name := range s.Order {
 		sc := s.Scenarios[name]
 		fmt.Fprintf(tw, "\n== %s ==\n", name)
 		if sc.Accuracy != nil {
-			printAccuracy(tw, sc.Accuracy)
+			scenario.PrintAccuracy(tw, sc.Accuracy)
 			continue
 		}
-		if sc.scenario.Why != "" {
-			fmt.Fprintf(tw, "%s\n", sc.scenario.Why)
+		if sc.Scenario.Why != "" {
+			fmt.Fprintf(tw, "%s\n", sc.Scenario.Why)
 		}
 		first := sc.Configurations[sc.Order[0]]
 		fmt.Fprintf(tw, "database: capacity %d concurrent (%.0f queries/s); %d servers; %.1f s per configuration;\n",
@@ -226,7 +101,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		fmt.Fprintln(tw, "Critical requests that succeeded) in ms; Crit ok: Critical success after retries; –: does not apply")
 		fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
 		fmt.Fprintln(tw, "\t\t\t(incl. retries)\t\t\t\t\t\t\t")
-		rows := func(cn string, c *ConfigResult) {
+		rows := func(cn string, c *scenario.ConfigResult) {
 			for _, ph := range c.Phases {
 				adm, deg := fmt.Sprintf("%.0f", ph.AdmittedRPS), fmt.Sprintf("%.0f", ph.DegradedRPS)
 				if cn == "none" {
@@ -251,10 +126,11 @@ func PrintVerdict(w io.Writer, s *Summary) {
 			rows(cn, sc.Configurations[cn])
 		}
 		flush()
+		printExports(w, sc)
 		if len(sc.Ablated) > 0 {
 			fmt.Fprintln(tw, "\nthe full chain without one block (ablation):")
 			fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
-			for _, b := range fullBlocks {
+			for _, b := range chains.FullBlocks {
 				if c := sc.Ablated[b]; c != nil {
 					rows("-"+b, c)
 				}
@@ -262,7 +138,7 @@ func PrintVerdict(w io.Writer, s *Summary) {
 		}
 	}
 	flush()
-	for _, name := range s.order {
+	for _, name := range s.Order {
 		sc := s.Scenarios[name]
 		for _, cn := range sc.Order {
 			if lag := sc.Configurations[cn].DispatchLagP99MS; lag > maxTrustedLagMS {
@@ -314,13 +190,13 @@ func writeTrimmed(w io.Writer, buf *bytes.Buffer) {
 // printAblation prints, per scenario and removed block, the full chain's
 // criteria that fail without the block, and names the blocks whose
 // removal fails nothing the full chain passes.
-func printAblation(w io.Writer, s *Summary) {
+func printAblation(w io.Writer, s *Report) {
 	fmt.Fprintln(w, "\n== ablation: the full chain's criteria that fail without each block ==")
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tremoved\tfails without it (beyond what the full chain fails)")
 	matters := map[string]bool{}
-	for _, name := range s.order {
+	for _, name := range s.Order {
 		ab := s.Ablation[name]
 		if ab == nil {
 			continue
@@ -331,7 +207,7 @@ func printAblation(w io.Writer, s *Summary) {
 				base[c.Key] = true
 			}
 		}
-		for _, b := range fullBlocks {
+		for _, b := range chains.FullBlocks {
 			failed, ok := ab[b]
 			if !ok {
 				continue
@@ -353,7 +229,7 @@ func printAblation(w io.Writer, s *Summary) {
 	tw.Flush()
 	writeTrimmed(w, &buf)
 	var idle []string
-	for _, b := range fullBlocks {
+	for _, b := range chains.FullBlocks {
 		if !matters[b] {
 			idle = append(idle, b)
 		}
@@ -362,5 +238,30 @@ func printAblation(w io.Writer, s *Summary) {
 		fmt.Fprintf(w, "blocks whose removal failed no criterion in any scenario run: %s\n", strings.Join(idle, ", "))
 	} else {
 		fmt.Fprintln(w, "every block's removal failed a criterion in at least one scenario")
+	}
+}
+
+// printExports prints, for a scenario with an export route, how many
+// exports each configuration was sent and answered (200 within their
+// client's timeout) per second in the phases that had them; the tables
+// count the database's routes only.
+func printExports(w io.Writer, sc *scenario.ScenarioResult) {
+	var on []sim.Phase
+	for _, ph := range sc.Phases {
+		if ph.ExportRate > 0 {
+			on = append(on, ph)
+		}
+	}
+	if len(on) == 0 {
+		return
+	}
+	for _, ph := range on {
+		fmt.Fprintf(w, "exports in %s (not in the figures above), sent/s and answered/s:", ph.Name)
+		for _, cn := range sc.Order {
+			s := sc.Configurations[cn].Series
+			i, j := s.Window(ph.Start, ph.End())
+			fmt.Fprintf(w, " %s %.0f, %.0f;", cn, sim.Mean(s.Exports, i, j), sim.Mean(s.ExportsOK, i, j))
+		}
+		fmt.Fprintln(w)
 	}
 }

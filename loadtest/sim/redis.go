@@ -1,9 +1,8 @@
-package main
+package sim
 
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -17,9 +16,9 @@ import (
 
 // Redis conditions a phase can put the fault proxy in.
 const (
-	redisHealthy = "healthy"
-	redisSlow    = "slow" // latency past the full chain's time budget
-	redisDown    = "down" // the proxy stalls every byte: a hung Redis
+	RedisHealthy = "healthy"
+	RedisSlow    = "slow" // latency past the full chain's time budget
+	RedisDown    = "down" // the proxy stalls every byte: a hung Redis
 )
 
 // slowLatency is added each way in the "slow" phase: a 2·slowLatency round
@@ -29,8 +28,12 @@ const slowLatency = 300 * time.Millisecond
 
 // RedisEnv is the Redis the fleet talks to, always through the fault proxy.
 type RedisEnv struct {
-	Kind   string // what it is, for the report
-	own    bool   // started by the harness: it may be flushed
+	Kind string // what it is, for the report
+	// Direct connects the fleet to Redis itself instead of through the
+	// proxy (-no-proxy), to tell the proxy's effects from Redis's; the
+	// Redis phases then do nothing.
+	Direct bool
+	own    bool // started by the harness: it may be flushed
 	target string
 	proxy  *faultproxy.Proxy
 	srv    *redistest.Server
@@ -99,23 +102,19 @@ func redisVersion() string {
 
 // Addr is the address the fleet dials: the fault proxy.
 func (e *RedisEnv) Addr() string {
-	if bypassProxy {
+	if e.Direct {
 		return e.target
 	}
 	return e.proxy.Addr()
 }
 
-// bypassProxy (LOADTEST_NO_PROXY=1) connects the fleet to Redis directly,
-// to tell the proxy's effects from Redis's; the Redis phases then do nothing.
-var bypassProxy = os.Getenv("LOADTEST_NO_PROXY") != ""
-
 // Set puts Redis into a condition.
 func (e *RedisEnv) Set(cond string) {
 	switch cond {
-	case redisSlow:
+	case RedisSlow:
 		_ = e.proxy.SetMode(faultproxy.Pass)
 		e.proxy.SetLatency(slowLatency, slowLatency)
-	case redisDown:
+	case RedisDown:
 		e.proxy.SetLatency(0, 0)
 		_ = e.proxy.SetMode(faultproxy.Stall)
 	default:

@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"context"
@@ -26,6 +26,7 @@ type Backend struct {
 	Thrash           float64
 	MaxConns         int           // connections past which queries fail at once
 	StatementTimeout time.Duration // queries running longer are cancelled (the work is lost)
+	GaugeWindow      time.Duration // how often it publishes its utilization (Gauge)
 
 	inflight atomic.Int64
 	rec      *Recorder
@@ -41,16 +42,19 @@ type Backend struct {
 	published Gauge
 }
 
-// gaugeWindow is how often the database publishes its utilization, as a
-// metrics gauge scraped once a second would.
-const gaugeWindow = time.Second
+// DefaultGaugeWindow is how often the database publishes its utilization
+// by default (System.GaugeWindow): four times a second, as a CPU gauge
+// read from the host's cgroup every 250 ms would (shedder.CgroupCPU reads
+// at any rate). A managed database's load chart, once a second, is
+// -gauge-window 1s; see docs/loadtest.md for both.
+const DefaultGaugeWindow = 250 * time.Millisecond
 
 // Gauge is what the database publishes about its last full window of
-// gaugeWindow, as a host's CPU gauge or a managed database's load chart
+// GaugeWindow, as a host's CPU gauge or a managed database's load chart
 // does: how many queries were running on average (Active, queries waiting
 // for a worker included), and how many of its workers were busy and idle
 // on average (the CPU's busy and idle shares times the cores it has now).
-// Busy + Idle is its capacity, averaged over the window: a second late,
+// Busy + Idle is its capacity, averaged over the window: a window late,
 // and between the old and the new one for a window in which it changed.
 type Gauge struct {
 	From, To           time.Time // the window; zero before the first one ended
@@ -69,7 +73,7 @@ func (b *Backend) integrate(now time.Time) {
 	b.gBusy += min(n, c) * dt
 	b.gIdle += max(0, c-n) * dt
 	b.gLast = now
-	if w := now.Sub(b.gStart); w >= gaugeWindow {
+	if w := now.Sub(b.gStart); w >= b.GaugeWindow {
 		sec := w.Seconds()
 		b.published = Gauge{From: b.gStart, To: now, Active: b.gActive / sec, Busy: b.gBusy / sec, Idle: b.gIdle / sec}
 		b.gStart, b.gActive, b.gBusy, b.gIdle = now, 0, 0, 0
@@ -120,9 +124,9 @@ func (b *Backend) Query(ctx context.Context) error {
 	n := b.change(1, 0)
 	defer b.change(-1, 0)
 	start := time.Now()
-	if debugDegraded {
+	if b.rec.Debug.On() {
 		defer func() {
-			degradedCauses.Add("db:busy_us", time.Since(start).Microseconds())
+			b.rec.Debug.Add("db:busy_us", time.Since(start).Microseconds())
 		}()
 	}
 	b.rec.BackendStart(n)

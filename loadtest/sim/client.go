@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"context"
@@ -168,6 +168,12 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 		mode = c.abusive
 	}
 	rng := rand.New(rand.NewPCG(a.Seed, 7))
+	if a.Export {
+		// One try: a report is Sheddable work, not retried.
+		res, timedOut := c.attempt(a, false, rng.Float64())
+		c.rec.Export(res.err == nil && res.status == http.StatusOK && !timedOut)
+		return
+	}
 	budget := &c.budgets[a.Client]
 	budget.earn()
 	start := time.Now()
@@ -219,11 +225,16 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 // background (its answer is discarded): a client that gave up does not
 // stop the work it caused, and the connection stays reusable.
 func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool) {
-	c.rec.Attempt(retry)
 	srv := c.pick(u)
 	method, path := http.MethodGet, "/api/v1/search"
-	if a.Priority >= spillway.Critical {
+	switch {
+	case a.Export:
+		path = ExportPath
+	case a.Priority >= spillway.Critical:
 		method, path = http.MethodPost, "/api/v1/posts"
+	}
+	if !a.Export {
+		c.rec.Attempt(retry)
 	}
 	req, err := http.NewRequest(method, srv+path, nil)
 	if err != nil {
@@ -250,20 +261,24 @@ func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool
 		}
 		done <- r
 	}()
-	t := time.NewTimer(c.timeout)
+	timeout := c.timeout
+	if a.Export {
+		timeout += ExportHold // a report's client knows it takes a while
+	}
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	t0 := time.Now()
 	select {
 	case r := <-done:
-		if debugDegraded {
+		if c.rec.Debug.On() {
 			k := "client:" + strconv.Itoa(r.status)
-			degradedCauses.Add(k+"_n", 1)
-			degradedCauses.Add(k+"_us", time.Since(t0).Microseconds())
+			c.rec.Debug.Add(k+"_n", 1)
+			c.rec.Debug.Add(k+"_us", time.Since(t0).Microseconds())
 		}
 		return r, false
 	case <-t.C:
-		if debugDegraded {
-			degradedCauses.Add("client:timeout_n", 1)
+		if c.rec.Debug.On() {
+			c.rec.Debug.Add("client:timeout_n", 1)
 		}
 		return attemptResult{}, true
 	}

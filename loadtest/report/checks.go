@@ -1,12 +1,15 @@
-package main
+package report
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // checks evaluates a scenario's pass criteria.
-func checks(sc *ScenarioResult) []Check {
+func checks(sc *scenario.ScenarioResult) []Check {
 	switch {
 	case sc.Accuracy != nil:
 		a := sc.Accuracy
@@ -29,18 +32,18 @@ func checks(sc *ScenarioResult) []Check {
 	}
 }
 
-func phase(c *ConfigResult, name string) PhaseResult {
+func phase(c *scenario.ConfigResult, name string) scenario.PhaseResult {
 	for _, p := range c.Phases {
 		if p.Name == name {
 			return p
 		}
 	}
-	return PhaseResult{}
+	return scenario.PhaseResult{}
 }
 
 // collapse reports whether a configuration collapsed in a phase: goodput
 // below half the capacity, or backend p99 beyond 10× its baseline p99.
-func collapse(c *ConfigResult, base PhaseResult, ph PhaseResult) (bool, string) {
+func collapse(c *scenario.ConfigResult, base scenario.PhaseResult, ph scenario.PhaseResult) (bool, string) {
 	capRPS := c.BackendCapacityRPS
 	if ph.Capacity > 0 {
 		capRPS = float64(ph.Capacity) * c.BackendCapacityRPS / float64(c.BackendCapacity)
@@ -54,8 +57,8 @@ func collapse(c *ConfigResult, base PhaseResult, ph PhaseResult) (bool, string) 
 }
 
 // phaseAt returns the phases overlapping [from, to).
-func phasesIn(phases []Phase, from, to float64) []Phase {
-	var out []Phase
+func phasesIn(phases []sim.Phase, from, to float64) []sim.Phase {
+	var out []sim.Phase
 	for _, ph := range phases {
 		if ph.StartSec < to && ph.EndSec > from {
 			out = append(out, ph)
@@ -72,7 +75,7 @@ const dropGrace = 2 * time.Second
 // 105% of the database's capacity at that time (the largest capacity of
 // the phases the bucket overlaps), skipping the buckets that start within
 // dropGrace of a drop in capacity.
-func concurrencyCheck(sc *ScenarioResult, c *ConfigResult) (bool, string) {
+func concurrencyCheck(sc *scenario.ScenarioResult, c *scenario.ConfigResult) (bool, string) {
 	s := c.Series
 	var drops []float64
 	for k := 1; k < len(sc.Phases); k++ {
@@ -119,8 +122,8 @@ func concurrencyCheck(sc *ScenarioResult, c *ConfigResult) (bool, string) {
 
 // chainChecks are the criteria every chain is held to in a load
 // scenario: the full chain's pass criteria.
-func chainChecks(sc *ScenarioResult, c *ConfigResult) []Check {
-	spec := sc.scenario
+func chainChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check {
+	spec := sc.Scenario
 	var out []Check
 	add := func(key, crit, measured string, pass bool) {
 		out = append(out, Check{Scenario: sc.Name, Configuration: c.Name, Criterion: crit, Measured: measured, Pass: pass, Key: key})
@@ -152,9 +155,9 @@ func chainChecks(sc *ScenarioResult, c *ConfigResult) []Check {
 	return out
 }
 
-func cascadeChecks(sc *ScenarioResult) []Check {
+func cascadeChecks(sc *scenario.ScenarioResult) []Check {
 	var out []Check
-	spec := sc.scenario
+	spec := sc.Scenario
 	for _, cn := range []string{"none", "naive"} {
 		c := sc.Configurations[cn]
 		if c == nil || spec.Hurt[cn] == "" {
@@ -188,7 +191,7 @@ func cascadeChecks(sc *ScenarioResult) []Check {
 
 // ablationOf returns, for each block of the full chain, the keys of the
 // full chain's criteria that fail without it.
-func ablationOf(sc *ScenarioResult) map[string][]string {
+func ablationOf(sc *scenario.ScenarioResult) map[string][]string {
 	out := map[string][]string{}
 	for b, c := range sc.Ablated {
 		failed := []string{}
@@ -202,9 +205,9 @@ func ablationOf(sc *ScenarioResult) map[string][]string {
 	return out
 }
 
-func goodputChecks(sc *ScenarioResult) []Check {
+func goodputChecks(sc *scenario.ScenarioResult) []Check {
 	var out []Check
-	top := fmt.Sprintf("%.1fx", goodputLevels[len(goodputLevels)-1])
+	top := fmt.Sprintf("%.1fx", scenario.GoodputLevels[len(scenario.GoodputLevels)-1])
 	if c := sc.Configurations["none"]; c != nil {
 		ph := phase(c, top)
 		out = append(out, Check{Scenario: sc.Name, Configuration: "none", Criterion: "goodput at 4× capacity < 50% of capacity (collapse)",

@@ -1,8 +1,11 @@
-package main
+package scenario
 
 import (
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // Scenario is one load scenario: how its phases split a configuration's
@@ -13,7 +16,7 @@ type Scenario struct {
 	// when -duration is not given.
 	Default time.Duration
 	// Phases splits one configuration's run of length d.
-	Phases func(d time.Duration, sys System, servers int) []Phase
+	Phases func(d time.Duration, sys sim.System, servers int) []sim.Phase
 	// Overload are the phases in which the full chain must keep goodput at
 	// 90% of the database's capacity in that phase.
 	Overload []string
@@ -24,6 +27,9 @@ type Scenario struct {
 	Before, Recovery string
 	// Why says in one line what the scenario breaks.
 	Why string
+	// Workers is how many requests each API server handles at once (0:
+	// as many as arrive).
+	Workers int
 }
 
 // loadScenarios are the scenarios that drive the fleet, in the order
@@ -61,12 +67,24 @@ var loadScenarios = []Scenario{
 		Before:   "spike", Recovery: "restored",
 		Why: "1.5× capacity; the database's capacity halves (30 → 15) for the middle 40%",
 	},
+	{
+		Name: "workers", Default: 96 * time.Second, Phases: workersPhases, Workers: serverWorkers,
+		Overload: []string{"spike", "exports"},
+		Hurt:     map[string]string{"none": "exports", "naive": "exports"},
+		Before:   "spike", Recovery: "after",
+		Why: "1.5× capacity; for the middle 40% slow exports (2 s each, no database) could take every server worker",
+	},
 }
 
 // scenarioNames lists every scenario -scenario accepts.
-var scenarioNames = []string{"cascade", "goodput", "uneven", "elastic", "capacity_drop", "accuracy"}
+var scenarioNames = []string{"cascade", "goodput", "uneven", "elastic", "capacity_drop", "workers", "accuracy"}
 
-func scenarioByName(name string) (Scenario, bool) {
+// ScenarioNames lists every scenario -scenario accepts, in the order
+// -scenario all runs them.
+func ScenarioNames() []string { return slices.Clone(scenarioNames) }
+
+// ByName returns the load scenario called name.
+func ByName(name string) (Scenario, bool) {
 	for _, s := range loadScenarios {
 		if s.Name == name {
 			return s, true
@@ -84,10 +102,11 @@ type phaseSpec struct {
 	capacity float64 // × the database's capacity; 0 means 1
 	servers  int     // live servers; 0 means all
 	hot      float64 // share of the traffic the balancer sends to one server; 0: round robin
+	export   float64 // export requests, × the baseline
 }
 
-func buildPhases(d time.Duration, sys System, servers int, spec []phaseSpec) []Phase {
-	var out []Phase
+func buildPhases(d time.Duration, sys sim.System, servers int, spec []phaseSpec) []sim.Phase {
+	var out []sim.Phase
 	var at time.Duration
 	for k, s := range spec {
 		l := time.Duration(float64(d) * s.frac).Round(time.Millisecond)
@@ -104,10 +123,10 @@ func buildPhases(d time.Duration, sys System, servers int, spec []phaseSpec) []P
 		}
 		redis := s.redis
 		if redis == "" {
-			redis = redisHealthy
+			redis = sim.RedisHealthy
 		}
-		out = append(out, Phase{Name: s.name, Start: at, Length: l, Rate: sys.Baseline * s.mult, Redis: redis,
-			Capacity: max(1, int(float64(sys.Capacity)*capMult+0.5)), Servers: live, HotShare: s.hot,
+		out = append(out, sim.Phase{Name: s.name, Start: at, Length: l, Rate: sys.Baseline * s.mult, Redis: redis,
+			Capacity: max(1, int(float64(sys.Capacity)*capMult+0.5)), Servers: live, HotShare: s.hot, ExportRate: sys.Baseline * s.export,
 			StartSec: at.Seconds(), EndSec: (at + l).Seconds()})
 		at += l
 	}
@@ -117,12 +136,12 @@ func buildPhases(d time.Duration, sys System, servers int, spec []phaseSpec) []P
 // cascadePhases splits one configuration's run of length d into the
 // cascade's phases: baseline → spike to 10× → Redis slow → Redis down →
 // Redis back (the spike lasts to the end, so recovery happens under load).
-func cascadePhases(d time.Duration, sys System, servers int) []Phase {
+func cascadePhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
 	return buildPhases(d, sys, servers, []phaseSpec{
 		{name: "baseline", frac: 0.16, mult: 1},
 		{name: "spike", frac: 0.20, mult: 10},
-		{name: "redis_slow", frac: 0.20, mult: 10, redis: redisSlow},
-		{name: "redis_down", frac: 0.20, mult: 10, redis: redisDown},
+		{name: "redis_slow", frac: 0.20, mult: 10, redis: sim.RedisSlow},
+		{name: "redis_down", frac: 0.20, mult: 10, redis: sim.RedisDown},
 		{name: "recovery", frac: 0.24, mult: 10},
 	})
 }
@@ -136,7 +155,7 @@ const overloadMult = 6
 // unevenPhases: an overload spread evenly, then for the middle 40% the
 // balancer sends 70% of the traffic to one server (the other two share
 // the rest), then even again.
-func unevenPhases(d time.Duration, sys System, servers int) []Phase {
+func unevenPhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
 	return buildPhases(d, sys, servers, []phaseSpec{
 		{name: "baseline", frac: 0.15, mult: 1},
 		{name: "spike", frac: 0.15, mult: overloadMult},
@@ -148,7 +167,7 @@ func unevenPhases(d time.Duration, sys System, servers int) []Phase {
 // elasticPhases: under overload one server dies at 30% of the run (its
 // requests in flight fail, its clients go to the others) and a new one
 // joins at 60%.
-func elasticPhases(d time.Duration, sys System, servers int) []Phase {
+func elasticPhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
 	return buildPhases(d, sys, servers, []phaseSpec{
 		{name: "baseline", frac: 0.15, mult: 1},
 		{name: "spike", frac: 0.15, mult: overloadMult},
@@ -160,7 +179,7 @@ func elasticPhases(d time.Duration, sys System, servers int) []Phase {
 // capacityDropPhases: under overload the database's capacity halves for
 // the middle 40% of the run (a lost replica, a noisy neighbour), then
 // comes back.
-func capacityDropPhases(d time.Duration, sys System, servers int) []Phase {
+func capacityDropPhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
 	return buildPhases(d, sys, servers, []phaseSpec{
 		{name: "baseline", frac: 0.15, mult: 1},
 		{name: "spike", frac: 0.15, mult: overloadMult},
@@ -169,16 +188,49 @@ func capacityDropPhases(d time.Duration, sys System, servers int) []Phase {
 	})
 }
 
-// goodputLevels are the offered loads of the goodput sweep, as multiples
+// serverWorkers is how many requests one API server handles at once in
+// the workers scenario (at scale 1); the other scenarios do not bound
+// their servers' workers.
+const serverWorkers = 40
+
+// exportMult is the export route's offered rate in the workers scenario,
+// × the baseline: 60 requests/s of 2 s each want 120 workers, the whole
+// fleet's (3 × 40), before the database's routes get any.
+const exportMult = 1.6
+
+// workersPhases: an overload spread evenly; then for the middle 40% of
+// the run, on top of it, exports that hold a server worker for 2 s each
+// without touching the database; then the exports stop.
+func workersPhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
+	return buildPhases(d, sys, servers, []phaseSpec{
+		{name: "baseline", frac: 0.15, mult: 1},
+		{name: "spike", frac: 0.15, mult: overloadMult},
+		{name: "exports", frac: 0.40, mult: overloadMult, export: exportMult},
+		{name: "after", frac: 0.30, mult: overloadMult},
+	})
+}
+
+// GoodputLevels are the offered loads of the goodput sweep, as multiples
 // of the backend's capacity.
-var goodputLevels = []float64{0.5, 1, 1.5, 2, 3, 4}
+var GoodputLevels = []float64{0.5, 1, 1.5, 2, 3, 4}
 
 // goodputPhases splits d into one step per level, Redis healthy.
-func goodputPhases(d time.Duration, sys System, servers int) []Phase {
+func goodputPhases(d time.Duration, sys sim.System, servers int) []sim.Phase {
 	var spec []phaseSpec
-	for _, lv := range goodputLevels {
-		spec = append(spec, phaseSpec{name: fmt.Sprintf("%.1fx", lv), frac: 1 / float64(len(goodputLevels)),
-			mult: lv * sys.capacityRPS() / sys.Baseline})
+	for _, lv := range GoodputLevels {
+		spec = append(spec, phaseSpec{name: fmt.Sprintf("%.1fx", lv), frac: 1 / float64(len(GoodputLevels)),
+			mult: lv * sys.CapacityRPS() / sys.Baseline})
 	}
 	return buildPhases(d, sys, servers, spec)
+}
+
+// durationFor returns the scenario's total load time.
+func durationFor(p Params, scenario string) time.Duration {
+	if p.Duration > 0 {
+		return p.Duration
+	}
+	if s, ok := ByName(scenario); ok {
+		return s.Default
+	}
+	return 90 * time.Second
 }

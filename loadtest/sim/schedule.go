@@ -1,10 +1,12 @@
-package main
+package sim
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -21,8 +23,12 @@ type Phase struct {
 	Capacity int           `json:"db_capacity"` // the database's capacity in this phase
 	Servers  int           `json:"servers"`     // live API servers
 	HotShare float64       `json:"hot_share"`   // share of the traffic sent to one server; 0: round robin
-	StartSec float64       `json:"start_s"`
-	EndSec   float64       `json:"end_s"`
+	// ExportRate is the offered rate of the export route (requests per
+	// second, on top of Rate): Sheddable reports from well-behaved
+	// clients, each holding a server worker for ExportHold.
+	ExportRate float64 `json:"export_rps,omitempty"`
+	StartSec   float64 `json:"start_s"`
+	EndSec     float64 `json:"end_s"`
 }
 
 // End returns when the phase ends, from the start of the run.
@@ -36,6 +42,7 @@ type Arrival struct {
 	Abusive  bool
 	Priority spillway.Priority
 	Seed     uint64 // per-request randomness (retry jitter), from the schedule
+	Export   bool   // a request of the export route (Phase.ExportRate)
 }
 
 // Population is the identity mix: many well-behaved clients and a few
@@ -97,6 +104,28 @@ func BuildSchedule(seed uint64, phases []Phase, pop Population) []Arrival {
 			out = append(out, a)
 		}
 	}
+	// The export route's arrivals, from a stream of their own so that the
+	// other requests are the same with or without them.
+	ex := rand.New(rand.NewPCG(seed, 0xe4_9027))
+	var exports []Arrival
+	for _, ph := range phases {
+		if ph.ExportRate <= 0 || ph.Length <= 0 {
+			continue
+		}
+		t, end, mean := float64(ph.Start), float64(ph.End()), float64(time.Second)/ph.ExportRate
+		for {
+			t += ex.ExpFloat64() * mean
+			if t >= end {
+				break
+			}
+			exports = append(exports, Arrival{At: time.Duration(t), Seed: ex.Uint64(), Export: true,
+				Client: ex.IntN(max(1, pop.WellBehaved)), Priority: spillway.Sheddable})
+		}
+	}
+	if len(exports) > 0 {
+		out = append(out, exports...)
+		slices.SortStableFunc(out, func(a, b Arrival) int { return cmp.Compare(a.At, b.At) })
+	}
 	return out
 }
 
@@ -125,10 +154,12 @@ func ScheduleDigest(s []Arrival) string {
 		binary.LittleEndian.PutUint64(b[8:], uint64(a.Client))
 		binary.LittleEndian.PutUint64(b[16:], uint64(a.Priority))
 		binary.LittleEndian.PutUint64(b[24:], a.Seed)
+		b[32] = 0
 		if a.Abusive {
 			b[32] = 1
-		} else {
-			b[32] = 0
+		}
+		if a.Export {
+			b[32] |= 2
 		}
 		h.Write(b[:33])
 	}

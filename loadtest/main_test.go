@@ -10,6 +10,11 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/spillway-go/spillway/loadtest/chains"
+	"github.com/spillway-go/spillway/loadtest/report"
+	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // TestShortRun runs every scenario briefly against a real redis-server (or
@@ -25,8 +30,8 @@ import (
 // queries of a thrashing backend all ending after the last bucket).
 func TestShortRun(t *testing.T) {
 	dir := t.TempDir()
-	base := Params{Duration: 3 * time.Second, Seed: 7, Servers: 2, Retry: RetryHonor, Scale: 0.25, Quiet: true}
-	sum := &Summary{Scenarios: map[string]*ScenarioResult{}, Ablation: map[string]map[string][]string{}}
+	base := scenario.Params{Duration: 3 * time.Second, Seed: 7, Servers: 2, Retry: sim.RetryHonor, Scale: 0.25, Quiet: true}
+	sum := &report.Report{Summary: &scenario.Summary{Scenarios: map[string]*scenario.ScenarioResult{}}, Ablation: map[string]map[string][]string{}}
 	for _, run := range []struct {
 		scenario string
 		configs  []string
@@ -38,6 +43,7 @@ func TestShortRun(t *testing.T) {
 		{"uneven", []string{"static", "full"}, 2 * time.Second, false},  // the balancer's skew
 		{"elastic", []string{"static", "full"}, 2 * time.Second, false}, // a server killed, one started
 		{"capacity_drop", []string{"full"}, time.Second, true},          // the capacity changes; the ablation's runs
+		{"workers", []string{"static", "full"}, 2 * time.Second, false}, // bounded server workers, the export route
 		{"accuracy", nil, 0, false},
 	} {
 		p := base
@@ -45,26 +51,28 @@ func TestShortRun(t *testing.T) {
 		if run.duration > 0 {
 			p.Duration = run.duration
 		}
-		s, err := Run(context.Background(), p, nil)
+		res, err := scenario.Run(context.Background(), p, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		s := report.Judge(res)
 		sum.Redis = max(sum.Redis, s.Redis)
 		sum.Scenarios[run.scenario] = s.Scenarios[run.scenario]
-		sum.order = append(sum.order, run.scenario)
+		sum.Order = append(sum.Order, run.scenario)
 		sum.Verdict = append(sum.Verdict, s.Verdict...)
 		for k, v := range s.Ablation {
 			sum.Ablation[k] = v
 		}
 	}
-	files, err := WriteOutputs(dir, sum)
+	files, err := report.WriteOutputs(dir, sum)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// summary, cascade comparison + 4, goodput curves + 1, uneven and
-	// elastic comparison + 2 each, capacity_drop comparison + 1, report
-	if len(files) != 17 {
-		t.Errorf("wrote %d files, want 17: %v", len(files), files)
+	// summary, cascade comparison + 4, goodput curves + 1, uneven,
+	// elastic and workers comparison + 2 each, capacity_drop comparison +
+	// 1, report
+	if len(files) != 20 {
+		t.Errorf("wrote %d files, want 20: %v", len(files), files)
 	}
 	for _, f := range files {
 		st, err := os.Stat(f)
@@ -99,11 +107,11 @@ func TestShortRun(t *testing.T) {
 	if raw.Redis == "" {
 		t.Error("summary does not say which Redis it used")
 	}
-	wantCap := float64(systemFor(base).Capacity)
+	wantCap := float64(sim.SystemFor(base.Scale).Capacity)
 	fields := []string{"offered", "admitted", "goodput", "backend_peak_concurrency", "backend_capacity", "backend_p99_ms",
 		"rejected_by_reason", "rejected_by_limiter", "degraded_decisions", "recovery_seconds"}
 	for sc, cfgs := range map[string][]string{"cascade": {"none", "naive", "static", "full"}, "goodput": {"full"},
-		"uneven": {"static", "full"}, "elastic": {"static", "full"}, "capacity_drop": {"full"}} {
+		"uneven": {"static", "full"}, "elastic": {"static", "full"}, "capacity_drop": {"full"}, "workers": {"static", "full"}} {
 		s, ok := raw.Scenarios[sc]
 		if !ok {
 			t.Fatalf("summary has no scenario %q", sc)
@@ -148,7 +156,7 @@ func TestShortRun(t *testing.T) {
 				t.Errorf("%s/%s: rejected_by_limiter is %T", sc, cfg, c["rejected_by_limiter"])
 			}
 			for block := range byLimiter {
-				if !slices.Contains(fullBlocks, block) {
+				if !slices.Contains(chains.FullBlocks, block) {
 					t.Errorf("%s/%s: rejected_by_limiter names %q, not a block of the chain", sc, cfg, block)
 				}
 			}
@@ -170,17 +178,17 @@ func TestShortRun(t *testing.T) {
 	}
 	// The ablation ran the full chain without each block in turn.
 	ab := raw.Ablation["capacity_drop"]
-	for _, b := range fullBlocks {
+	for _, b := range chains.FullBlocks {
 		if failed, ok := ab[b]; !ok || failed == nil {
 			t.Errorf("ablation of capacity_drop: no entry for %q: %v", b, ab)
 		}
 	}
-	if len(ab) != len(fullBlocks) {
-		t.Errorf("ablation of capacity_drop has %d entries, want %d: %v", len(ab), len(fullBlocks), ab)
+	if len(ab) != len(chains.FullBlocks) {
+		t.Errorf("ablation of capacity_drop has %d entries, want %d: %v", len(ab), len(chains.FullBlocks), ab)
 	}
 	// What is printed fits in 120 columns.
 	var out strings.Builder
-	PrintVerdict(&out, sum)
+	report.PrintVerdict(&out, sum)
 	for i, line := range strings.Split(out.String(), "\n") {
 		if n := utf8.RuneCountInString(line); n > 120 {
 			t.Errorf("output line %d has %d columns: %q", i, n, line)
@@ -191,15 +199,16 @@ func TestShortRun(t *testing.T) {
 // TestScheduleIsReproducible: the same seed offers exactly the same load;
 // another seed does not.
 func TestScheduleIsReproducible(t *testing.T) {
-	sys := systemFor(Params{Scale: 1})
-	ph := cascadePhases(5*time.Second, sys, 3)
-	a := BuildSchedule(42, ph, DefaultPopulation())
-	b := BuildSchedule(42, ph, DefaultPopulation())
-	c := BuildSchedule(43, ph, DefaultPopulation())
-	if ScheduleDigest(a) != ScheduleDigest(b) {
+	sys := sim.SystemFor(1)
+	sc, _ := scenario.ByName("cascade")
+	ph := sc.Phases(5*time.Second, sys, 3)
+	a := sim.BuildSchedule(42, ph, sim.DefaultPopulation())
+	b := sim.BuildSchedule(42, ph, sim.DefaultPopulation())
+	c := sim.BuildSchedule(43, ph, sim.DefaultPopulation())
+	if sim.ScheduleDigest(a) != sim.ScheduleDigest(b) {
 		t.Fatal("same seed, different schedules")
 	}
-	if ScheduleDigest(a) == ScheduleDigest(c) {
+	if sim.ScheduleDigest(a) == sim.ScheduleDigest(c) {
 		t.Fatal("different seeds, same schedule")
 	}
 	// Poisson arrivals: the count per phase is within 5σ of rate × length.

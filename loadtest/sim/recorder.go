@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"math"
@@ -14,6 +14,9 @@ import (
 // method is safe for concurrent use and cheap (atomics; two short slices
 // under a mutex for the latency percentiles).
 type Recorder struct {
+	// Debug, when not nil, counts what -debug prints (the database, the
+	// clients and the servers add to it).
+	Debug     *Debug
 	start     time.Time
 	width     time.Duration
 	buckets   []bucket
@@ -29,6 +32,8 @@ type bucket struct {
 	degraded     atomic.Int64
 	storeErrors  atomic.Int64 // the chain returned an error (the middleware's fail mode decided)
 	success      atomic.Int64 // attempts answered 200 within the client timeout: goodput
+	exports      atomic.Int64 // export requests sent (not counted as offered)
+	exportsOK    atomic.Int64 // export requests answered 200 within the client's timeout
 	timeouts     atomic.Int64 // attempts the client gave up on
 	backendOK    atomic.Int64
 	backendFail  atomic.Int64
@@ -138,6 +143,16 @@ func (r *Recorder) AttemptResult(ok, timedOut bool) {
 	}
 }
 
+// Export counts an export request and whether it was answered 200 in
+// time; the export route's figures stay out of the database's.
+func (r *Recorder) Export(ok bool) {
+	b := r.b()
+	b.exports.Add(1)
+	if ok {
+		b.exportsOK.Add(1)
+	}
+}
+
 // Critical counts a well-behaved Critical or CriticalPlus logical request
 // that ended (after its retries), with its client-observed latency.
 func (r *Recorder) Critical(ok bool, lat time.Duration) {
@@ -204,6 +219,8 @@ type Series struct {
 	Rejected       map[string][]float64 `json:"rejected_rps"`
 	CriticalOK     []float64            `json:"critical_ok"`
 	CriticalFail   []float64            `json:"critical_fail"`
+	Exports        []float64            `json:"export_rps"`    // export requests sent /s
+	ExportsOK      []float64            `json:"export_ok_rps"` // export requests answered 200 /s
 	backendLat     [][]float32
 	critLat        [][]float32
 	totalsRejected map[string]int64
@@ -228,7 +245,7 @@ func (r *Recorder) Snapshot(n int) *Series {
 		b.mu.Unlock()
 		s.backendLat = append(s.backendLat, bl)
 		s.critLat = append(s.critLat, cl)
-		s.BackendP99 = append(s.BackendP99, percentile(bl, 0.99))
+		s.BackendP99 = append(s.BackendP99, Percentile(bl, 0.99))
 		s.RedisMS = append(s.RedisMS, float64(b.redisMaxUS.Load())/1000)
 		s.RedisDown = append(s.RedisDown, float64(b.redisFail.Load()))
 		s.BreakersOpen = append(s.BreakersOpen, float64(b.breakersOpen.Load()))
@@ -236,6 +253,8 @@ func (r *Recorder) Snapshot(n int) *Series {
 		s.StoreErrors = append(s.StoreErrors, float64(b.storeErrors.Load())/w)
 		s.CriticalOK = append(s.CriticalOK, float64(b.critOK.Load()))
 		s.CriticalFail = append(s.CriticalFail, float64(b.critFail.Load()))
+		s.Exports = append(s.Exports, float64(b.exports.Load())/w)
+		s.ExportsOK = append(s.ExportsOK, float64(b.exportsOK.Load())/w)
 		for reason := range b.rejected {
 			v := b.rejected[reason].Load()
 			name := spillway.Reason(reason).String()
@@ -252,8 +271,8 @@ func (r *Recorder) Snapshot(n int) *Series {
 	return s
 }
 
-// percentile returns the q-quantile of v (nearest rank), 0 for none.
-func percentile(v []float32, q float64) float64 {
+// Percentile returns the q-quantile of v (nearest rank), 0 for none.
+func Percentile(v []float32, q float64) float64 {
 	if len(v) == 0 {
 		return 0
 	}
@@ -264,8 +283,8 @@ func percentile(v []float32, q float64) float64 {
 	return float64(c[i])
 }
 
-// window returns the bucket indexes [i, j) covering [from, to).
-func (s *Series) window(from, to time.Duration) (int, int) {
+// Window returns the bucket indexes [i, j) covering [from, to).
+func (s *Series) Window(from, to time.Duration) (int, int) {
 	w := s.BucketSec
 	i := int(math.Ceil(from.Seconds()/w - 1e-9))
 	j := int(math.Floor(to.Seconds()/w + 1e-9))
@@ -274,8 +293,8 @@ func (s *Series) window(from, to time.Duration) (int, int) {
 	return i, j
 }
 
-// mean returns the mean of xs[i:j].
-func mean(xs []float64, i, j int) float64 {
+// Mean returns the mean of xs[i:j].
+func Mean(xs []float64, i, j int) float64 {
 	if j <= i {
 		return 0
 	}
@@ -286,8 +305,8 @@ func mean(xs []float64, i, j int) float64 {
 	return t / float64(j-i)
 }
 
-// maxOf returns the max of xs[i:j].
-func maxOf(xs []float64, i, j int) float64 {
+// MaxOf returns the max of xs[i:j].
+func MaxOf(xs []float64, i, j int) float64 {
 	m := 0.0
 	for _, x := range xs[i:j] {
 		m = max(m, x)
@@ -295,29 +314,35 @@ func maxOf(xs []float64, i, j int) float64 {
 	return m
 }
 
-// backendP99 returns the p99 of the backend latencies in buckets [i, j).
-func (s *Series) backendP99(i, j int) float64 {
+// BackendP99In returns the p99 of the backend latencies in buckets [i, j).
+func (s *Series) BackendP99In(i, j int) float64 {
 	var all []float32
 	for _, l := range s.backendLat[i:j] {
 		all = append(all, l...)
 	}
-	return percentile(all, 0.99)
+	return Percentile(all, 0.99)
 }
 
-// criticalP99 returns the p99 client latency of Critical successes in [i, j).
-func (s *Series) criticalP99(i, j int) float64 {
+// CriticalP99In returns the p99 client latency of Critical successes in [i, j).
+func (s *Series) CriticalP99In(i, j int) float64 {
 	var all []float32
 	for _, l := range s.critLat[i:j] {
 		all = append(all, l...)
 	}
-	return percentile(all, 0.99)
+	return Percentile(all, 0.99)
 }
 
-// sum returns the sum of xs[i:j] times the bucket width (a rate back into a count).
-func (s *Series) count(xs []float64, i, j int) int64 {
+// Count returns the sum of xs[i:j] times the bucket width (a rate back into a count).
+func (s *Series) Count(xs []float64, i, j int) int64 {
 	var t float64
 	for _, x := range xs[i:j] {
 		t += x
 	}
 	return int64(math.Round(t * s.BucketSec))
 }
+
+// Latencies is the number of buckets with database latencies recorded.
+func (s *Series) Latencies() int { return len(s.backendLat) }
+
+// TotalsRejected returns the denials per reason over the whole series.
+func (s *Series) TotalsRejected() map[string]int64 { return s.totalsRejected }

@@ -1,17 +1,13 @@
-package main
+package chains
 
 import (
 	"context"
 	"errors"
-	"expvar"
 	"fmt"
-	"maps"
+	"io"
 	"math"
-	"os"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,7 +19,43 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
 	"github.com/spillway-go/spillway/tiers"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
+
+// Env is what a configuration builds its servers' chains from.
+type Env struct {
+	Redis   string // the address the fleet dials
+	Servers int
+	System  sim.System
+	Prefix  string // Redis key prefix of this configuration
+	// DBGauge reads the database's utilization gauge (what it publishes
+	// about its last window, as a metrics endpoint would).
+	DBGauge func() sim.Gauge
+	// Workers is how many requests one API server handles at once (its
+	// worker pool), for the worker shedder.
+	Workers int
+	// Debug, when not nil, counts what -debug prints; Trace, when not
+	// nil, receives every change of a learned limit (-trace).
+	Debug *sim.Debug
+	Trace io.Writer
+}
+
+// ServerChain is one server's limiters and its probes.
+type ServerChain struct {
+	Limiter     spillway.Limiter // the database routes'; nil: no limiter
+	Export      spillway.Limiter // the export route's (no database); nil: no limiter
+	BreakerOpen func() bool      // nil: no breaker
+	Close       func()           // nil: nothing to close
+}
+
+// Configuration is one of the systems a scenario compares.
+type Configuration struct {
+	Name    string
+	Title   string
+	Build   func(env *Env, server int) (ServerChain, error)
+	Removed string // ablation: the block the full chain runs without
+}
 
 // rateLimits are the rate tiers every limiting configuration applies, in
 // the tiers config format: one bucket per API key. Well-behaved clients
@@ -42,18 +74,18 @@ func rateTiers(store ratelimit.Store) (spillway.Limiter, error) {
 	return tiers.New(cfg, store)
 }
 
-// configNames are the configurations a scenario compares, in order.
-var configNames = []string{"none", "naive", "static", "full"}
+// Names are the configurations a scenario compares, in order.
+var Names = []string{"none", "naive", "static", "full"}
 
-// configurations returns the systems the scenarios compare: the ones
+// Configurations returns the systems the scenarios compare: the ones
 // named in only (all four when empty), in the order none, naive, static,
 // full.
-func configurations(only []string) []Configuration {
+func Configurations(only []string) []Configuration {
 	all := []Configuration{
 		{Name: "none", Title: "no limiter", Build: buildNone},
 		{Name: "naive", Title: "naive fail-open (limits in Redis, no breaker, no local share, no shedding)", Build: buildNaive},
 		{Name: "static", Title: "static chain (pools of C/N per server, no fleet shedder, no learning)", Build: buildStatic},
-		{Name: "full", Title: "full spillway chain", Build: fullChain("")},
+		{Name: "full", Title: "full spillway chain", Build: Full("")},
 	}
 	if len(only) == 0 {
 		return all
@@ -73,7 +105,7 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 // client keeps go-redis's defaults (3 s read timeout, retries, a pool of 10
 // per CPU), and any Redis error lets the request through.
 func buildNaive(env *Env, _ int) (ServerChain, error) {
-	client := redis.NewClient(&redis.Options{Addr: env.Redis.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: env.Redis})
 	store := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
 	perKey, err := rateTiers(store)
 	if err != nil {
@@ -81,7 +113,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return ServerChain{}, err
 	}
 	// A fleet-wide rate ceiling in front of the database, at its capacity.
-	capRPS := int64(env.System.capacityRPS())
+	capRPS := int64(env.System.CapacityRPS())
 	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.WithScope("db_ceiling"))
 	if err != nil {
 		client.Close()
@@ -96,6 +128,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	})
 	return ServerChain{
 		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"ceiling", ceiling}),
+		Export:  tagged{"rate", perKey},
 		Close:   func() { client.Close() },
 	}, nil
 }
@@ -109,7 +142,7 @@ const fallbackBudget = 250 * time.Millisecond
 // Settings of the full chain's fallback wrappers: a Redis call may take
 // fallbackBudget; five failures in a row open the breaker for a second;
 // three successful probes close it.
-func fallbackSettings(name string, share float64) fallback.Settings {
+func fallbackSettings(env *Env, name string, share float64) fallback.Settings {
 	return fallback.Settings{
 		Name:        name,
 		Budget:      fallbackBudget,
@@ -125,16 +158,10 @@ func fallbackSettings(name string, share float64) fallback.Settings {
 			case errors.Is(e.Cause, context.DeadlineExceeded):
 				cause = "budget"
 			}
-			if debugDegraded {
-				degradedCauses.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
-			}
+			env.Debug.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
 		},
 	}
 }
-
-var debugDegraded = os.Getenv("LOADTEST_DEBUG") != ""
-
-var degradedCauses = expvar.NewMap("degraded_causes")
 
 // queueWait is how long a request may wait for one of its server's
 // database slots: half the backend's mean service time, far under the
@@ -175,7 +202,7 @@ const perKeyConcurrency = 10
 // they could take (threshold 0.9); see docs/loadtest.md.
 func buildStatic(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
-		Addr: env.Redis.Addr(),
+		Addr: env.Redis,
 		// Deadlines come from the fallback's budget (the context); the
 		// client's own timeouts are only a backstop.
 		ContextTimeoutEnabled: true,
@@ -194,7 +221,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
 	// fleet keeps the whole quota while Redis is away.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 1/n))
+	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 1/n))
 	if err != nil {
 		return fail(err)
 	}
@@ -216,7 +243,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
 	if err != nil {
 		return fail(err)
 	}
@@ -239,7 +266,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	// backstop at 1.2× the backend's throughput per second (10% kept for
 	// Critical work), one round trip per admission (Cached mode). While
 	// Redis is away each server admits 1/N of it from a local bucket.
-	ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+	ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 	ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 		globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 	if err != nil {
@@ -252,7 +279,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 		ceil.Close()
 		return fail(err)
 	}
-	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings("ceiling", 1/n))
+	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings(env, "ceiling", 1/n))
 	if err != nil {
 		ceil.Close()
 		return fail(err)
@@ -260,6 +287,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	return ServerChain{
 		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}, tagged{"pool", pool}, tagged{"ceiling", ceiling}),
+		Export:  spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}),
 		BreakerOpen: func() bool {
 			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
 		},
@@ -270,18 +298,23 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	}, nil
 }
 
-// The blocks of the full chain, in chain order; the ablation removes each
+// FullBlocks are the blocks of the full chain, in chain order; the ablation removes each
 // in turn ("queue" is the pool's wait: without it the learned limit turns
 // work away at once). The pool comes before the fleet shedder so that the
 // fleet counts database work, not work waiting for a slot. (The ceiling
 // first, before the pool, turned away work the pool would have queued;
 // between the pool and the fleet it did no better; measured in uneven.)
-var fullBlocks = []string{"rate", "concurrency", "pool", "queue", "fleet", "ceiling"}
+var FullBlocks = []string{"rate", "concurrency", "worker", "pool", "queue", "fleet", "ceiling"}
 
-// blockTitles say what each block is, for the ablation table.
-var blockTitles = map[string]string{
+// exportBlocks are the blocks of the full chain the export route runs
+// (it does not use the database).
+var exportBlocks = []string{"rate", "concurrency", "worker"}
+
+// BlockTitles say what each block is, for the ablation table.
+var BlockTitles = map[string]string{
 	"rate":        "per-key rate tiers (Redis, fallback)",
 	"concurrency": "per-key concurrent requests (Redis, fallback)",
+	"worker":      "worker utilization shedder (this server's workers, by priority)",
 	"pool":        "learned local limit (from database latency)",
 	"queue":       "wait in priority order for the learned limit",
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
@@ -304,27 +337,33 @@ const fleetInterval = 50 * time.Millisecond
 // long after its last report (ten intervals).
 const fleetTTL = 10 * fleetInterval
 
-// fullChain returns the builder of the full spillway chain without the
-// block named removed ("" for the whole chain). Cheapest first:
+// Full returns the builder of the full spillway chain without the
+// block named removed ("" for the whole chain), built from the library's
+// blocks only. Cheapest first:
 //
 //  1. rate: per-key rate tiers in Redis, behind a fallback (time budget,
 //     breaker, local share);
 //  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
-//  3. pool: this server's limit on database queries, learned from their
-//     latency (latencyLimit: grows while windows of queries keep their
-//     usual latency, backs off when they do not or fail, and takes at once
-//     the room the database's gauge reports idle), capped by what the
-//     fleet shedder allows this server now, and
-//  4. queue: a request that finds the learned limit used waits up to
-//     queueWait in a shedder.Queue whose slots follow the limit, and a
-//     freed slot goes to the highest priority waiting;
-//  5. fleet: shedder.Fleet over the whole fleet's database work, sized
+//  3. worker: shedder.Worker over this server's own workers, when the
+//     server has a bounded number of them (Env.Workers, the workers
+//     scenario): a request holds its worker from here until it is
+//     answered, its wait for a database slot included;
+//  4. pool: shedder.Pool, this server's limit on database queries, learned
+//     from their latency (concurrency.LatencyLimit: grows while windows of
+//     queries keep their usual latency, backs off when they do not or
+//     fail, and takes at once the room the database's gauge reports
+//     idle), capped by what the fleet shedder allows this server now, and
+//  5. queue: a request that finds the learned limit used waits up to
+//     queueWait (criticalWait for Critical work) for one of its slots, and
+//     a freed slot goes to the highest priority waiting;
+//  6. fleet: shedder.Fleet over the whole fleet's database work, sized
 //     once for the fleet (the database's pool, 30) and lowered to the
-//     capacity the database's utilization gauge shows (watchCapacity),
-//     shedding the lower priorities first and deciding on the fleet's
-//     measured usage;
-//  6. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
+//     capacity the database's utilization gauge shows
+//     (shedder.CapacityWatcher), shedding the lower priorities first and
+//     deciding on the fleet's measured usage;
+//  7. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
 //
+// The export route (no database) runs rate, concurrency and worker only.
 // Nothing is sized from the number of servers or from a per-server share
 // of the database worked out in advance: the fleet-wide numbers (the
 // shedder's capacity, the ceiling) are set once for the fleet, and what a
@@ -332,13 +371,13 @@ const fleetTTL = 10 * fleetInterval
 // share of the fleet's work the Fleet measures (the fallbacks of the
 // fleet shedder and the ceiling) and from the database's gauge (the
 // fleet's capacity now).
-func fullChain(removed string) func(env *Env, server int) (ServerChain, error) {
+func Full(removed string) func(env *Env, server int) (ServerChain, error) {
 	return func(env *Env, server int) (ServerChain, error) { return buildFull(env, server, removed) }
 }
 
 func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{
-		Addr:                  env.Redis.Addr(),
+		Addr:                  env.Redis,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           time.Second,
 		ReadTimeout:           time.Second,
@@ -362,7 +401,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
-		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings("rate", 0))
+		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 0))
 		if err != nil {
 			return fail(err)
 		}
@@ -386,30 +425,23 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if err != nil {
 			return fail(err)
 		}
-		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings("concurrency", 0.2))
+		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
 		if err != nil {
 			return fail(err)
 		}
 		add("concurrency", conc)
 		breakers = append(breakers, func() bool { return conc.State() != fallback.Closed })
 	}
-	var pool *learnedPool
-	if removed != "pool" {
-		alg := newLatencyLimit(4)
-		if removed == "queue" {
-			a, err := concurrency.NewAdaptive(alg, concurrency.WithAdaptiveName("db_pool"))
-			if err != nil {
-				return fail(err)
-			}
-			add("pool", a)
-		} else {
-			lp, err := newLearnedPool(alg)
-			if err != nil {
-				return fail(err)
-			}
-			pool = lp
-			add("pool", lp)
+	if removed != "worker" && env.Workers > 0 {
+		// The server's own workers: a request holds one from its admission
+		// here until it is answered, waiting for a database slot included,
+		// as a server thread does. Sheddable work goes first as they fill
+		// up; a fifth of them is kept for Critical work.
+		w, err := shedder.NewWorker(int64(env.Workers), shedder.WithName("worker"))
+		if err != nil {
+			return fail(err)
 		}
+		add("worker", w)
 	}
 	var fleet *shedder.Fleet
 	if removed != "fleet" {
@@ -421,44 +453,51 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			return fail(err)
 		}
 		fleet = f
-		if pool != nil {
-			pool.fleet = f
-		}
-		if debugDegraded {
-			stop := make(chan struct{})
-			go func() {
-				t := time.NewTicker(20 * time.Millisecond)
-				defer t.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-t.C:
-					}
-					st := f.Stats()
-					var local int64
-					for _, v := range st.Local {
-						local += v
-					}
-					if local > 5 {
-						degradedCauses.Add("fleet:usage_sum", st.Usage)
-						degradedCauses.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
-						degradedCauses.Add("fleet:local_sum", local)
-						degradedCauses.Add("fleet:n", 1)
-					}
-				}
-			}()
-			closers = append(closers, func() { close(stop) })
-		}
 		closers = append(closers, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			_ = f.Close(ctx)
 		})
-		add("fleet", f)
-		stop := make(chan struct{})
-		go watchCapacity(env, f, pool, stop)
-		closers = append(closers, func() { close(stop) })
+	}
+	var pool *shedder.Pool
+	if removed != "pool" {
+		lim, err := concurrency.NewLatencyLimit(concurrency.LatencyConfig{Initial: 4, OnChange: traceLimit(env)})
+		if err != nil {
+			return fail(err)
+		}
+		if removed == "queue" {
+			a, err := concurrency.NewAdaptive(lim, concurrency.WithAdaptiveName("db_pool"))
+			if err != nil {
+				return fail(err)
+			}
+			add("pool", a)
+		} else {
+			opts := []shedder.Option{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
+				shedder.WithPriorityWait(spillway.SheddablePlus, queueWait), shedder.WithPriorityWait(spillway.Sheddable, queueWait),
+				shedder.WithQueueDepth(64)}
+			if fleet != nil {
+				opts = append(opts, shedder.WithFleet(fleet))
+			}
+			p, err := shedder.NewPool(lim, opts...)
+			if err != nil {
+				return fail(err)
+			}
+			pool = p
+			add("pool", p)
+		}
+	}
+	if fleet != nil {
+		add("fleet", fleet)
+		w, err := shedder.NewCapacityWatcher(dbGauge(env), fleet, pool, shedder.WithInterval(capacityPoll))
+		if err != nil {
+			return fail(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { _ = w.Run(ctx) }()
+		closers = append(closers, cancel)
+		if env.Debug.On() {
+			closers = append(closers, debugFleet(ctx, env.Debug, fleet, pool))
+		}
 	}
 	if removed != "ceiling" {
 		// A fleet-wide rate backstop at 1.2× the database's throughput per
@@ -466,7 +505,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		// (Cached mode). While Redis is away each server admits its share
 		// of it, the share of the fleet's work its Fleet measured (a third
 		// each on an even fleet of three), from a local bucket.
-		ceilingLimit := int64(math.Ceil(1.2 * env.System.capacityRPS()))
+		ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 		ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 			globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 		if err != nil {
@@ -497,21 +536,25 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			}
 			return d, spillway.Noop, err
 		})
-		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings("ceiling", 1))
+		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings(env, "ceiling", 1))
 		if err != nil {
 			return fail(err)
 		}
 		add("ceiling", ceiling)
 		breakers = append(breakers, func() bool { return ceiling.State() != fallback.Closed })
 	}
-	var chain []spillway.Limiter
-	for _, b := range fullBlocks {
+	var chain, export []spillway.Limiter
+	for _, b := range FullBlocks {
 		if l, ok := blocks[b]; ok {
 			chain = append(chain, l)
+			if slices.Contains(exportBlocks, b) {
+				export = append(export, l)
+			}
 		}
 	}
 	return ServerChain{
 		Limiter: spillway.Chain(chain...),
+		Export:  spillway.Chain(export...),
 		BreakerOpen: func() bool {
 			for _, b := range breakers {
 				if b() {
@@ -533,49 +576,73 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 // utilization gauge.
 const capacityPoll = 100 * time.Millisecond
 
-// watchCapacity sizes the fleet shedder from the database's utilization
-// gauge until stop closes: at every new reading, the fleet's capacity
-// becomes the database's busy plus idle workers (its capacity, averaged
-// over the last second), never more than the capacity the fleet was
-// configured with. It hands the reading to the learned pool, which takes
-// its share of the idle workers at once (latencyLimit.Raise).
+// dbGauge is the database's utilization gauge as the capacity input of the
+// full chain (shedder.CapacityWatcher): busy and idle workers on average
+// over its last second.
 //
 // Latency alone cannot tell a database that has room for one more query
 // from one that has none: below its capacity every query takes as long,
 // so a learned limit finds the capacity only by passing it. The gauge
 // says where the capacity is without passing it.
-func watchCapacity(env *Env, fleet *shedder.Fleet, pool *learnedPool, stop <-chan struct{}) {
-	if env.DBGauge == nil {
-		return
-	}
-	t := time.NewTicker(capacityPoll)
-	defer t.Stop()
-	var last time.Time
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+func dbGauge(env *Env) shedder.Gauge {
+	return shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
 		g := env.DBGauge()
-		if g.To.IsZero() || g.To.Equal(last) {
-			continue
+		if env.Trace != nil && !g.To.IsZero() {
+			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle)
 		}
-		last = g.To
-		est := int64(math.Floor(g.Busy + g.Idle + 1e-6))
-		_ = fleet.SetCapacity(min(int64(env.System.Capacity), max(1, est)))
-		if pool != nil {
-			pool.gauge.Store(&g)
-		}
-		if traceLimits {
-			fmt.Fprintf(os.Stderr, "gauge %s active %.1f busy %.1f idle %.1f fleet capacity %d\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle, fleet.Capacity())
-		}
+		return shedder.Reading{Since: g.From, At: g.To, Busy: g.Busy, Idle: g.Idle}, nil
+	})
+}
+
+// traceLimit prints every change of a learned limit when env.Trace is
+// set (-trace).
+func traceLimit(env *Env) func(concurrency.LatencyChange) {
+	if env.Trace == nil {
+		return nil
 	}
+	return func(c concurrency.LatencyChange) {
+		fmt.Fprintf(env.Trace, "trace %s limit %.1f -> %.1f cap %d baseline %v %s\n", c.At.Format("15:04:05.000"), c.From, c.To, c.Cap, c.Baseline, c.Cause)
+	}
+}
+
+// debugFleet samples, every 20 ms until ctx ends, the fleet shedder's view
+// and the pool's limit into dbg (-debug); it returns a func that stops it.
+func debugFleet(ctx context.Context, dbg *sim.Debug, f *shedder.Fleet, pool *shedder.Pool) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			st := f.Stats()
+			var local int64
+			for _, v := range st.Local {
+				local += v
+			}
+			if local > 5 {
+				dbg.Add("fleet:usage_sum", st.Usage)
+				dbg.Add("fleet:fleet_sum", st.Fleet[0]+st.Fleet[1]+st.Fleet[2]+st.Fleet[3])
+				dbg.Add("fleet:local_sum", local)
+				dbg.Add("fleet:n", 1)
+			}
+			if pool != nil {
+				ps := pool.Stats()
+				dbg.Add("pool:limit_sum", int64(ps.Limit))
+				dbg.Add("pool:limit_n", 1)
+			}
+		}
+	}()
+	return cancel
 }
 
 // tagged names a block's denials after the block, so the summary counts
 // rejections per block (rejected_by_limiter) whatever name the block's
-// own decisions carry.
+// own decisions carry. It decides nothing: it hands every request to the
+// block.
 type tagged struct {
 	block string
 	inner spillway.Limiter
@@ -587,112 +654,4 @@ func (t tagged) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		d.Limiter = t.block
 	}
 	return d, done, err
-}
-
-// learnedPool is a shedder.Queue whose number of slots an adaptive
-// algorithm learns from the latency and the outcome of the queries it
-// admits: the queue decides who gets a slot (priority order, a short
-// wait), the algorithm how many slots there are.
-type learnedPool struct {
-	q        *shedder.Queue
-	mu       sync.Mutex
-	alg      concurrency.Algorithm
-	inFlight int
-	starts   map[uint64]time.Time // start of each query in flight
-	seq      uint64
-	traced   time.Time
-	// fleet, when set, caps the slots at what the fleet shedder allows
-	// this server for Critical work now: its share of the fleet's
-	// capacity, from the fleet's measured usage.
-	fleet *shedder.Fleet
-	// gauge is the database's last utilization reading (with fleet set).
-	gauge atomic.Pointer[Gauge]
-}
-
-// resize sets the queue's slots to the learned limit, capped by the
-// fleet's allowance.
-func (p *learnedPool) resize() {
-	allowance := int64(math.MaxInt64)
-	if p.fleet != nil {
-		allowance = p.fleet.Allowance(spillway.SheddablePlus)
-	}
-	p.mu.Lock()
-	if l, ok := p.alg.(*latencyLimit); ok {
-		if p.fleet != nil {
-			l.SetCap(float64(max(1, allowance)))
-		}
-		if len(p.starts) > 0 {
-			l.Overdue(time.Now(), maps.Values(p.starts))
-		}
-		// The database reported idle workers in a window that began after
-		// the last cut: take this server's share of them at once (not
-		// while the fleet shedder is degraded: its share is a guess).
-		if g := p.gauge.Load(); g != nil && p.fleet != nil {
-			if st := p.fleet.Stats(); !st.Degraded {
-				l.Raise(*g, st.Share, float64(max(1, allowance)), time.Now())
-			}
-		}
-	}
-	limit := min(int64(p.alg.Limit()), allowance)
-	if traceLimits && time.Since(p.traced) > 100*time.Millisecond {
-		p.traced = time.Now()
-		st := p.q.Stats()
-		fmt.Fprintf(os.Stderr, "pool %s %p learned %d allowance %d inflight %d waiting %d\n", p.traced.Format("15:04:05.000"), p, p.alg.Limit(), allowance, p.inFlight, st.Waiting)
-	}
-	p.mu.Unlock()
-	_ = p.q.SetSlots(max(1, limit))
-}
-
-func newLearnedPool(alg concurrency.Algorithm) (*learnedPool, error) {
-	q, err := shedder.NewQueue(int64(alg.Limit()), shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait), shedder.WithQueueDepth(64))
-	if err != nil {
-		return nil, err
-	}
-	return &learnedPool{q: q, alg: alg, starts: map[uint64]time.Time{}}, nil
-}
-
-func (p *learnedPool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	p.resize()
-	qctx := ctx
-	if r.Priority < spillway.Critical {
-		// The queue waits up to criticalWait; lower priorities end their
-		// wait sooner through the context (a denial, as a wait that ran
-		// out).
-		var cancel context.CancelFunc
-		qctx, cancel = context.WithTimeout(ctx, queueWait)
-		defer cancel()
-	}
-	d, done, err := p.q.Admit(qctx, r)
-	if err != nil || !d.Allowed {
-		return d, done, err
-	}
-	start := time.Now()
-	p.mu.Lock()
-	p.inFlight++
-	used := p.inFlight
-	p.seq++
-	id := p.seq
-	p.starts[id] = start
-	p.mu.Unlock()
-	return d, spillway.Once(func(o spillway.Outcome) {
-		rtt := time.Since(start)
-		p.mu.Lock()
-		used = max(used, p.inFlight)
-		p.inFlight--
-		delete(p.starts, id)
-		if o == spillway.Success || o == spillway.Dropped {
-			p.alg.Update(concurrency.Sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
-		}
-		limit := p.alg.Limit()
-		p.mu.Unlock()
-		p.resize()
-		if debugDegraded {
-			degradedCauses.Add("pool:limit_sum", int64(limit))
-			degradedCauses.Add("pool:limit_n", 1)
-			if o == spillway.Dropped {
-				degradedCauses.Add("pool:drop", 1)
-			}
-		}
-		done(o)
-	}), nil
 }

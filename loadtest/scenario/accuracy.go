@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway/ratelimit"
+
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 // AccuracyResult is Cloudflare's experiment on a synthetic trace: the same
@@ -225,14 +227,14 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 }
 
 func traceDigest(ev []traceEvent) string {
-	s := make([]Arrival, len(ev))
+	s := make([]sim.Arrival, len(ev))
 	for i, e := range ev {
-		s[i] = Arrival{At: time.Duration(e.at) * time.Microsecond, Client: int(e.src)}
+		s[i] = sim.Arrival{At: time.Duration(e.at) * time.Microsecond, Client: int(e.src)}
 	}
-	return ScheduleDigest(s)
+	return sim.ScheduleDigest(s)
 }
 
-func printAccuracy(w io.Writer, a *AccuracyResult) {
+func PrintAccuracy(w io.Writer, a *AccuracyResult) {
 	fmt.Fprintf(w, "trace: %d requests from %d sources over %.0f s simulated\n(busiest 1%% of sources send %.0f%%); policy %s\n",
 		a.TotalDecisions, a.Sources, a.SimulatedSeconds, a.HeavyTailTopShare*100, a.Policy)
 	fmt.Fprintf(w, "sliding window counter vs exact sliding log: %d wrong of %d\n(%.4f%%; %d false allows, %d false denies); the log denied %d\n",

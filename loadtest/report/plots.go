@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"fmt"
@@ -11,6 +11,9 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/spillway-go/spillway/loadtest/scenario"
+	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
 var (
@@ -38,7 +41,7 @@ func xy(xs, ys []float64) plotter.XYs {
 }
 
 // centers returns the middle of each bucket, where its value belongs.
-func centers(s *Series) []float64 {
+func centers(s *sim.Series) []float64 {
 	out := make([]float64, len(s.T))
 	for i, t := range s.T {
 		out[i] = t + s.BucketSec/2
@@ -63,7 +66,7 @@ func addLine(p *plot.Plot, name string, pts plotter.XYs, c color.Color, width vg
 }
 
 // addPhases draws the phase boundaries; withNames labels them too.
-func addPhases(p *plot.Plot, phases []Phase, top float64, withNames bool) {
+func addPhases(p *plot.Plot, phases []sim.Phase, top float64, withNames bool) {
 	for _, ph := range phases[1:] {
 		addLine(p, "", plotter.XYs{{X: ph.StartSec, Y: 0}, {X: ph.StartSec, Y: top}}, colPhase, vg.Points(1), true)
 	}
@@ -110,7 +113,7 @@ func maxSeries(xs ...[]float64) float64 {
 
 // capacitySteps is the database's capacity over the run (scaled by per),
 // as a step line following the phases.
-func capacitySteps(phases []Phase, per float64) plotter.XYs {
+func capacitySteps(phases []sim.Phase, per float64) plotter.XYs {
 	var pts plotter.XYs
 	for _, ph := range phases {
 		v := float64(ph.Capacity) * per
@@ -134,7 +137,7 @@ func concAxisTop(peak float64, capacity int) (top float64, cut bool) {
 // plotConfiguration draws one configuration's time series as five stacked
 // panels: load, backend concurrency, latencies, degraded decisions and
 // breakers.
-func plotConfiguration(sc *ScenarioResult, c *ConfigResult, path string) error {
+func plotConfiguration(sc *scenario.ScenarioResult, c *scenario.ConfigResult, path string) error {
 	s := c.Series
 	x := centers(s)
 	capRPS := c.BackendCapacityRPS
@@ -205,7 +208,7 @@ func plotConfiguration(sc *ScenarioResult, c *ConfigResult, path string) error {
 
 // plotComparison overlays the configurations' goodput and backend
 // concurrency.
-func plotComparison(sc *ScenarioResult, path string) error {
+func plotComparison(sc *scenario.ScenarioResult, path string) error {
 	good := newPlot(sc.Name+": goodput per configuration", "req/s")
 	conc := newPlot("backend concurrency per configuration", "in flight")
 	var gtop, ctop float64
@@ -244,7 +247,7 @@ func plotComparison(sc *ScenarioResult, path string) error {
 }
 
 // plotGoodputCurves draws goodput and Critical p99 against offered load.
-func plotGoodputCurves(sc *ScenarioResult, path string) error {
+func plotGoodputCurves(sc *scenario.ScenarioResult, path string) error {
 	good := newPlot("goodput vs offered load", "goodput (× capacity)")
 	crit := newPlot("Critical p99 latency vs offered load", "ms")
 	good.X.Label.Text = "offered load (× capacity)"
@@ -253,7 +256,7 @@ func plotGoodputCurves(sc *ScenarioResult, path string) error {
 		c := sc.Configurations[name]
 		var g, l plotter.XYs
 		for k, ph := range c.Phases {
-			lv := goodputLevels[k]
+			lv := scenario.GoodputLevels[k]
 			g = append(g, plotter.XY{X: lv, Y: ph.GoodputRPS / c.BackendCapacityRPS})
 			if ph.CriticalP99MS > 0 { // no point where no Critical request succeeded
 				l = append(l, plotter.XY{X: lv, Y: ph.CriticalP99MS})
@@ -272,7 +275,7 @@ func plotGoodputCurves(sc *ScenarioResult, path string) error {
 			crit.Add(sp)
 		}
 	}
-	addLine(good, "capacity", plotter.XYs{{X: goodputLevels[0], Y: 1}, {X: goodputLevels[len(goodputLevels)-1], Y: 1}}, color.Black, vg.Points(1), true)
+	addLine(good, "capacity", plotter.XYs{{X: scenario.GoodputLevels[0], Y: 1}, {X: scenario.GoodputLevels[len(scenario.GoodputLevels)-1], Y: 1}}, color.Black, vg.Points(1), true)
 	good.Y.Min = 0
 	crit.Y.Min = 0
 	return savePanels(path, []*plot.Plot{good, crit}, 2.8)

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -8,12 +8,14 @@ import (
 	"html/template"
 	"os"
 	"path/filepath"
+
+	"github.com/spillway-go/spillway/loadtest/scenario"
 )
 
 // WriteOutputs writes summary.json, the PNG plots and report.html (which
 // embeds the plots, so it opens offline) into dir and returns the files
 // written.
-func WriteOutputs(dir string, s *Summary) ([]string, error) {
+func WriteOutputs(dir string, s *Report) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("loadtest: -out: %w", err)
 	}
@@ -27,7 +29,7 @@ func WriteOutputs(dir string, s *Summary) ([]string, error) {
 	}
 	files := []string{p}
 	var figs []figure
-	for _, name := range s.order {
+	for _, name := range s.Order {
 		sc := s.Scenarios[name]
 		if sc.Accuracy != nil {
 			continue
@@ -96,7 +98,7 @@ pre{background:#f6f6f6;padding:1em;overflow:auto}
 </body></html>
 `))
 
-func writeHTML(path string, s *Summary, figs []figure) error {
+func writeHTML(path string, s *Report, figs []figure) error {
 	for i := range figs {
 		b, err := os.ReadFile(figs[i].Path)
 		if err != nil {
@@ -104,18 +106,18 @@ func writeHTML(path string, s *Summary, figs []figure) error {
 		}
 		figs[i].Data = template.URL("data:image/png;base64," + base64.StdEncoding.EncodeToString(b))
 	}
-	var scs []*ScenarioResult
+	var scs []*scenario.ScenarioResult
 	var acc bytes.Buffer
-	for _, name := range s.order {
+	for _, name := range s.Order {
 		sc := s.Scenarios[name]
 		scs = append(scs, sc)
 		if sc.Accuracy != nil {
-			printAccuracy(&acc, sc.Accuracy)
+			scenario.PrintAccuracy(&acc, sc.Accuracy)
 		}
 	}
 	data := struct {
-		S            *Summary
-		Scenarios    []*ScenarioResult
+		S            *Report
+		Scenarios    []*scenario.ScenarioResult
 		Figures      []figure
 		AccuracyText string
 	}{S: s, Scenarios: scs, Figures: figs, AccuracyText: acc.String()}
