@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/shedder"
 )
@@ -78,4 +79,25 @@ func benchAdmit(b *testing.B, l spillway.Limiter) {
 			}
 		})
 	})
+}
+
+// Pool.Admit + done, one request at a time (so a slot is always free
+// whatever the limit learned), beside Queue.Admit: the cost of learning
+// (the sample, the Overdue scan, the resize) on top of the queue.
+func BenchmarkPoolAdmit(b *testing.B) {
+	lim, err := concurrency.NewLatencyLimit(concurrency.LatencyConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := shedder.NewPool(lim)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	r := spillway.Request{Priority: spillway.Critical}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, done, _ := p.Admit(ctx, &r)
+		done(spillway.Success)
+	}
 }

@@ -11,6 +11,12 @@
 //     lets a request that finds it full wait briefly for a slot; a freed
 //     slot goes to the highest-priority waiter, so Critical work waits
 //     only for the next slot and no slot idles while work waits.
+//   - Pool is a Queue whose number of slots a limit learned from latency
+//     sets (a Learner: concurrency.LatencyLimit), capped by what the Fleet
+//     allows this server (WithFleet): a server's database pool sized by
+//     what the database shows, not by a guess.
+//   - CapacityWatcher polls a Gauge of the shared dependency (its busy and
+//     idle workers) and sets the Fleet's capacity and the Pool from it.
 //   - Fleet, the fleet usage shedder, protects a whole fleet: every server
 //     reports its in-flight work per priority to Redis about every 100ms
 //     and decides locally against the fleet-wide sum, keeping a fraction of
@@ -23,10 +29,10 @@
 //     (the adapters propagate it downstream, see spillway.ContextWithPriority)
 //     so that services shed the same way as their callers.
 //
-// Worker, Queue and Fleet implement spillway.Limiter. A denial has Reason
+// Worker, Queue, Pool and Fleet implement spillway.Limiter. A denial has Reason
 // spillway.ReasonShed (answered with 503 by the adapters) and a RetryAfter.
-// None waits on the network inside Admit (the Queue waits only for a slot
-// of its own), and Admit never returns an error.
+// None waits on the network inside Admit (the Queue and the Pool wait only
+// for a slot of their own), and Admit never returns an error.
 //
 // The shortest use:
 //
@@ -36,5 +42,6 @@
 //	d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: shedder.ClassifyHTTP(req)})
 //	if d.Allowed { defer done(spillway.Success) }
 //
-// Worker, Queue, Fleet and HTTPClassifier are safe for concurrent use.
+// Worker, Queue, Pool, Fleet, CapacityWatcher and HTTPClassifier are safe
+// for concurrent use.
 package shedder

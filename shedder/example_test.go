@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/shedder"
 )
 
@@ -70,4 +71,68 @@ func ExampleHTTPClassifier_trustHeader() {
 	// Output:
 	// Spillway-Priority: critical
 	// backend classifies it critical
+}
+
+// A database pool whose size is learned from the latency of its queries:
+// it starts at 2 slots, doubles while queries keep their latency and use
+// the slots (slow start), halves when one fails, and hands a freed slot to
+// the highest priority waiting. In a fleet, shedder.WithFleet caps it at
+// what the fleet shedder allows this server, and a CapacityWatcher feeds
+// it the database's utilization gauge.
+func ExamplePool() {
+	now := time.Unix(0, 0)
+	clock := func() time.Time { return now }
+	lim, _ := concurrency.NewLatencyLimit(concurrency.LatencyConfig{Initial: 2})
+	pool, err := shedder.NewPool(lim, shedder.WithName("db_pool"), shedder.WithClock(clock),
+		shedder.WithMaxWait(time.Second),                    // Critical work waits up to 1 s for a slot
+		shedder.WithPriorityWait(spillway.SheddablePlus, 0), // batch work never waits
+		shedder.WithPriorityWait(spillway.Sheddable, 0))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	critical := &spillway.Request{Priority: spillway.Critical}
+	query := func(n int, rtt time.Duration, o spillway.Outcome) {
+		var dones []spillway.Done
+		for i := 0; i < n; i++ {
+			_, done, _ := pool.Admit(ctx, critical)
+			dones = append(dones, done)
+		}
+		now = now.Add(rtt)
+		for _, done := range dones {
+			done(o)
+		}
+	}
+	fmt.Println("slots:", pool.Slots())
+	for i := 0; i < 12; i++ { // 24 queries of 5 ms, two at a time
+		query(2, 5*time.Millisecond, spillway.Success)
+	}
+	fmt.Println("after 24 queries:", pool.Slots())
+	query(1, time.Second, spillway.Dropped) // a query timed out
+	fmt.Println("after a timeout:", pool.Slots())
+
+	// Both slots busy: batch work is turned away, Critical work waits for
+	// the next slot.
+	_, done1, _ := pool.Admit(ctx, critical)
+	_, done2, _ := pool.Admit(ctx, critical)
+	d, _, _ := pool.Admit(ctx, &spillway.Request{Priority: spillway.SheddablePlus})
+	fmt.Println("batch:", d.Allowed, d.Reason, d.RetryAfter)
+	got := make(chan bool)
+	go func() {
+		d, done, _ := pool.Admit(ctx, critical)
+		done(spillway.Ignored)
+		got <- d.Allowed
+	}()
+	for pool.Stats().Waiting == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	done1(spillway.Ignored) // its slot goes to the waiter
+	fmt.Println("critical, after a wait:", <-got)
+	done2(spillway.Ignored)
+	// Output:
+	// slots: 2
+	// after 24 queries: 4
+	// after a timeout: 2
+	// batch: false shed 1s
+	// critical, after a wait: true
 }

@@ -307,7 +307,7 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 	// A cut, then a reading that began after it with 6 idle of 10: the
 	// limit rises at once to what the fleet allows a (half of 10).
 	set(4, 6)
-	refresh(t, b, a, b, a) // twice: after a second without a refresh, the first only rejoins
+	refresh(t, b, a, b, a)                                  // twice: after a second without a refresh, the first only rejoins
 	admitN(t, p, 1, spillway.Critical)[0](spillway.Dropped) // 8 capped at 5, halved: 2.5
 	if s := p.Stats(); s.Limit != 2 || s.Slots != 2 {
 		t.Fatalf("after a failure: %+v, want 2", s)
@@ -386,5 +386,58 @@ func TestCapacityWatcher(t *testing.T) {
 		if err := <-errc; !errors.Is(err, context.Canceled) || polls.Load() != 3 || time.Duration(deadline.Load()) != 30*time.Millisecond || w.Last().Idle != 2 {
 			t.Fatalf("Run: %v after %d polls (deadline %v), last %+v", err, polls.Load(), time.Duration(deadline.Load()), w.Last())
 		}
+	})
+}
+
+// The full chain when the server's own workers are what saturates: a
+// Worker sized to the server's workers before the Pool. A slow handler
+// that does not use the database holds workers, not database slots: the
+// Worker turns work away at once past its caps (SheddablePlus at 80% of
+// the workers, Critical at all of them), and the Pool, which the slow
+// route does not pass (its chain is the Worker alone), learns nothing from
+// the handler's time.
+func TestWorkerBeforePoolWhenWorkersSaturate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, err := shedder.NewWorker(10, shedder.WithRand(func() float64 { return 0.99 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 4}))
+		chain := spillway.Chain(w, p)
+		ctx := context.Background()
+		admitted := map[spillway.Priority]int{}
+		shed := map[spillway.Priority]int{}
+		var dones []spillway.Done
+		// 30 slow requests (each holds a worker for 5 s), 20 SheddablePlus
+		// then 10 Critical, arriving together.
+		for i := 0; i < 30; i++ {
+			pr := spillway.SheddablePlus
+			if i >= 20 {
+				pr = spillway.Critical
+			}
+			d, done, _ := w.Admit(ctx, &spillway.Request{Priority: pr})
+			if d.Allowed {
+				admitted[pr]++
+				dones = append(dones, done)
+			} else if d.Reason == spillway.ReasonShed && d.Limiter == "worker" {
+				shed[pr]++
+			}
+		}
+		if admitted[spillway.SheddablePlus] != 8 || admitted[spillway.Critical] != 2 || shed[spillway.SheddablePlus] != 12 || shed[spillway.Critical] != 8 {
+			t.Fatalf("admitted %v, shed %v; want 8 SheddablePlus and 2 Critical of 10 workers", admitted, shed)
+		}
+		// A database request in the full chain meanwhile: no worker left.
+		if d, _, _ := chain.Admit(ctx, &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Limiter != "worker" {
+			t.Fatalf("database request with every worker busy: %+v", d)
+		}
+		time.Sleep(5 * time.Second)
+		finish(dones, spillway.Success)
+		// Workers free again: it passes both, and the pool still has the
+		// 4 slots it started with.
+		d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+		if !d.Allowed || p.Slots() != 4 || w.InFlight() != 1 {
+			t.Fatalf("after the slow requests: %+v, %d slots, %d workers busy", d, p.Slots(), w.InFlight())
+		}
+		done(spillway.Success)
 	})
 }

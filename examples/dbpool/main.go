@@ -1,20 +1,34 @@
-// Command dbpool shows a global ceiling guarding a database pool: three
-// simulated app servers, each with its own database/sql pool, share one
-// database that takes at most -db-max-conns connections and -service per
-// statement, and one fleet-wide ceiling of -ceiling statements per second
-// in Redis (8 shard keys). Requests over the ceiling are rejected at once
-// with globalceiling.ErrCeilingReached and a RetryAfter, before they touch
-// a pool.
+// Command dbpool shows the chain that guards a shared database pool, the
+// one the load-test harness measures as its "full" chain: three simulated
+// app servers share one database of -db-workers workers (statements
+// beyond them wait, so latency grows past its capacity) that refuses
+// connections past -db-max-conns. Each server admits a statement through
+//
+//  1. a shedder.Pool: its slots for the database, learned from the
+//     statements' latency (concurrency.LatencyLimit), capped by what the
+//     fleet shedder allows this server; a statement that finds them used
+//     waits briefly, and a freed slot goes to the highest priority;
+//  2. a shedder.Fleet: the fleet's statements in flight against the
+//     database's capacity, by priority, counted in Redis;
+//  3. a globalceiling.Ceiling: at most -ceiling statements per second
+//     across the fleet, in Redis;
+//
+// before it asks its database/sql pool for a connection
+// (globalceiling.WrapDB). A shedder.CapacityWatcher reads the database's
+// utilization gauge and sets the fleet's capacity and the pools from it:
+// when the database loses half its workers (-halve-at), the fleet follows.
+// Writes are Critical, reports (SELECTs) SheddablePlus: the reports are
+// shed first.
 //
 // It needs nothing but Go: the database is an in-process database/sql
 // driver (fakedb.go), and Redis is -redis if given, else a redis-server
-// started from PATH on a free loopback port, else none — then the guards
-// run degraded on local token buckets (a ratelimit memory store, local.go)
-// holding each server's share of the ceiling, as they do when Redis is
-// down.
+// started from PATH on a free loopback port, else none — then the fleet
+// shedders and the ceilings run degraded on local shares (each server a
+// third of the capacity, and of the ceiling in a ratelimit memory-store
+// bucket, local.go), as they do when Redis is down.
 //
-//	go run ./examples/dbpool
-//	go run ./examples/dbpool -redis 127.0.0.1:6379 -mode cached -duration 5s
+//	go -C examples run ./dbpool
+//	go -C examples run ./dbpool -redis 127.0.0.1:6379 -mode cached -duration 5s
 package main
 
 import (
@@ -25,6 +39,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,25 +47,42 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/shedder"
 )
 
+// config is what a run is given (the flags).
+type config struct {
+	redisAddr  string
+	ceiling    int64
+	mode       string
+	servers    int
+	workers    int
+	pause      time.Duration
+	dbWorkers  int
+	dbMaxConns int64
+	service    time.Duration
+	duration   time.Duration
+	halveAt    time.Duration
+}
+
 func main() {
-	var (
-		redisAddr  = flag.String("redis", "", "Redis address; empty: start redis-server from PATH, or run degraded without Redis")
-		ceiling    = flag.Int64("ceiling", 600, "fleet-wide ceiling, statements per second")
-		modeName   = flag.String("mode", "exact", "exact, cached or local_aggregation")
-		servers    = flag.Int("servers", 3, "simulated app servers")
-		workers    = flag.Int("workers", 16, "request goroutines per server")
-		pause      = flag.Duration("pause", 10*time.Millisecond, "pause between a worker's requests")
-		poolSize   = flag.Int("pool", 8, "MaxOpenConns of each server's pool")
-		dbMaxConns = flag.Int64("db-max-conns", 30, "connections the database accepts")
-		service    = flag.Duration("service", 5*time.Millisecond, "time per statement")
-		duration   = flag.Duration("duration", 3*time.Second, "how long to run")
-	)
+	var c config
+	flag.StringVar(&c.redisAddr, "redis", "", "Redis address; empty: start redis-server from PATH, or run degraded without Redis")
+	flag.Int64Var(&c.ceiling, "ceiling", 400, "fleet-wide ceiling, statements per second")
+	flag.StringVar(&c.mode, "mode", "exact", "the ceiling's mode: exact, cached or local_aggregation")
+	flag.IntVar(&c.servers, "servers", 3, "simulated app servers")
+	flag.IntVar(&c.workers, "workers", 16, "request goroutines per server")
+	flag.DurationVar(&c.pause, "pause", 2*time.Millisecond, "pause between a goroutine's requests")
+	flag.IntVar(&c.dbWorkers, "db-workers", 12, "statements the database runs at once at full speed")
+	flag.Int64Var(&c.dbMaxConns, "db-max-conns", 60, "connections the database accepts")
+	flag.DurationVar(&c.service, "service", 50*time.Millisecond, "time per statement on a database worker")
+	flag.DurationVar(&c.duration, "duration", 4*time.Second, "how long to run")
+	flag.DurationVar(&c.halveAt, "halve-at", 2*time.Second, "when the database loses half its workers; 0: never")
 	flag.Parse()
-	if _, err := run(*redisAddr, *ceiling, *modeName, *servers, *workers, *pause, *poolSize, *dbMaxConns, *service, *duration); err != nil {
+	if _, err := run(c); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -62,21 +94,138 @@ type summary struct {
 	// fell inside one second of the clock — one window of the ceiling, which
 	// counts windows on the client clock. Calls that straddle a boundary
 	// are counted in straddled instead.
-	bySecond                map[int64]int64
-	straddled               int64
-	admitted, rejected      int64
-	degraded, failed        int64
-	peakConns, refusedConns int64
+	bySecond           map[int64]int64
+	straddled          int64
+	admitted, rejected [spillway.NumPriorities]int64
+	rejectedBy         map[string]int64 // by the block that decided
+	degraded, failed   int64
+	peakConns          int64 // connections the database saw at once
+	refusedConns       int64
+	peakActive         int64   // statements running or waiting at the database at once
+	slots              []int64 // each server's pool slots at the end
+	capacities         []int64 // each server's fleet capacity at the end
 }
 
-func run(redisAddr string, ceiling int64, modeName string, servers, workers int, pause time.Duration,
-	poolSize int, dbMaxConns int64, service, duration time.Duration) (summary, error) {
+// server is one app server's guarded pool.
+type server struct {
+	db      *globalceiling.DB
+	pool    *shedder.Pool
+	fleet   *shedder.Fleet
+	closers []func()
+}
+
+func (s *server) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// newServer builds one server's chain in front of its database/sql pool.
+// With redisAddr empty the fleet shedder and the ceiling see Redis down.
+func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *atomic.Int64) (*server, error) {
+	s := &server{}
+	addr := c.redisAddr
+	if addr == "" {
+		addr = "127.0.0.1:1" // nothing listens: every call fails at once
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 50 * time.Millisecond, WriteTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	s.closers = append(s.closers, func() { rdb.Close() })
+	fail := func(err error) (*server, error) {
+		s.close()
+		return nil, err
+	}
+
+	// 2. The fleet shedder, sized for the database's workers (the watcher
+	// lowers it to what the gauge reports). Without Redis each server
+	// decides on its own third.
+	fleet, err := shedder.NewFleet(rdb, "orders-db", int64(c.dbWorkers),
+		shedder.WithServerID(fmt.Sprintf("app-%d", id)), shedder.WithReservations(),
+		shedder.WithLocalShare(1/float64(c.servers)))
+	if err != nil {
+		return fail(err)
+	}
+	s.closers = append(s.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = fleet.Close(ctx)
+	})
+	s.fleet = fleet
+
+	// 1. The learned pool: Critical statements wait up to 300 ms for a
+	// slot, reports 100 ms.
+	lim, err := concurrency.NewLatencyLimit(concurrency.LatencyConfig{})
+	if err != nil {
+		return fail(err)
+	}
+	pool, err := shedder.NewPool(lim, shedder.WithName("db_pool"), shedder.WithFleet(fleet),
+		shedder.WithMaxWait(300*time.Millisecond),
+		shedder.WithPriorityWait(spillway.SheddablePlus, 100*time.Millisecond),
+		shedder.WithPriorityWait(spillway.Sheddable, 100*time.Millisecond))
+	if err != nil {
+		return fail(err)
+	}
+	s.pool = pool
+
+	// The capacity input: the database's gauge sizes the fleet and the
+	// pool.
+	watcher, err := shedder.NewCapacityWatcher(shedder.GaugeFunc(db.Gauge), fleet, pool)
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = watcher.Run(ctx) }()
+	s.closers = append(s.closers, cancel)
+
+	// 3. The ceiling, and this server's share of it while Redis is away.
+	var ceil spillway.Limiter = spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		return spillway.Decision{}, spillway.Noop, errors.New("no redis")
+	})
+	if c.redisAddr != "" {
+		cl, err := globalceiling.New(rdb, "orders-db", c.ceiling, time.Second, globalceiling.WithMode(mode))
+		if err != nil {
+			return fail(err)
+		}
+		s.closers = append(s.closers, func() { _ = cl.Close() })
+		ceil = cl
+	}
+	local, err := newMemoryShare(max(c.ceiling/int64(c.servers), 1))
+	if err != nil {
+		return fail(err)
+	}
+	ceiling, err := globalceiling.NewGuard(ceil, globalceiling.WithGuardName("ceiling"), globalceiling.WithFallback(local),
+		globalceiling.WithDegradedHandler(func(error) { degraded.Add(1) }))
+	if err != nil {
+		return fail(err)
+	}
+
+	// The chain, in front of the database/sql pool: a statement is
+	// admitted before it asks for a connection, and how it ended
+	// (success, timeout) teaches the learned pool.
+	guard, err := globalceiling.NewGuard(spillway.Chain(pool, fleet, ceiling))
+	if err != nil {
+		return fail(err)
+	}
+	sqlPool := sql.OpenDB(db)
+	sqlPool.SetMaxOpenConns(int(c.dbMaxConns) / c.servers)
+	sqlPool.SetMaxIdleConns(int(c.dbMaxConns) / c.servers)
+	s.closers = append(s.closers, func() { sqlPool.Close() })
+	s.db = globalceiling.WrapDB(sqlPool, guard)
+	s.db.Request = func(_ context.Context, query string) *spillway.Request {
+		if strings.HasPrefix(query, "SELECT") {
+			return &spillway.Request{Priority: spillway.SheddablePlus} // a report
+		}
+		return &spillway.Request{Priority: spillway.Critical}
+	}
+	return s, nil
+}
+
+func run(c config) (summary, error) {
 	var sum summary
-	mode, err := parseMode(modeName)
+	mode, err := parseMode(c.mode)
 	if err != nil {
 		return sum, err
 	}
-	if redisAddr == "" {
+	if c.redisAddr == "" {
 		if _, err := redistest.ServerBinary(); err == nil {
 			dir, err := os.MkdirTemp("", "dbpool-redis")
 			if err != nil {
@@ -88,83 +237,75 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 				return sum, err
 			}
 			defer srv.Stop()
-			redisAddr = srv.Addr
-			fmt.Printf("started redis-server on %s\n", redisAddr)
+			c.redisAddr = srv.Addr
+			fmt.Printf("started redis-server on %s\n", c.redisAddr)
 		} else {
-			fmt.Println("no Redis given and no redis-server on PATH: guards run degraded on local token buckets")
+			fmt.Println("no Redis given and no redis-server on PATH: the fleet shedders and ceilings run degraded on local shares")
+			redis.SetLogger(quiet{}) // not a line per failed dial
 		}
 	}
 
-	db := &fakeDB{maxConns: dbMaxConns, service: service}
+	db := newFakeDB(c.dbMaxConns, c.dbWorkers, c.service)
+	var degraded, failed atomic.Int64
+	var admitted, rejected [spillway.NumPriorities]atomic.Int64
+	var mu sync.Mutex // guards sum.bySecond, sum.straddled, sum.rejectedBy
+	sum.bySecond = map[int64]int64{}
+	sum.rejectedBy = map[string]int64{}
+	var servers []*server
+	defer func() {
+		for _, s := range servers {
+			s.close()
+		}
+	}()
+	for i := range c.servers {
+		s, err := newServer(c, i, db, mode, &degraded)
+		if err != nil {
+			return sum, err
+		}
+		servers = append(servers, s)
+	}
+
 	// Start on a second boundary so that the per-second lines below are
 	// the ceiling's windows.
 	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
-	var admitted, rejected, degraded, failed atomic.Int64
-	var secMu sync.Mutex
-	sum.bySecond = map[int64]int64{}
-	var retryAfter atomic.Int64 // the last RetryAfter seen, ns
-	ctx, cancel := context.WithTimeout(context.Background(), duration+50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), c.duration+50*time.Millisecond)
 	defer cancel()
-
 	var wg sync.WaitGroup
-	for s := 0; s < servers; s++ {
-		// Each server: its own Redis client, ceiling, guard and pool.
-		var lim spillway.Limiter = spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
-			return spillway.Decision{}, spillway.Noop, errors.New("no redis")
-		})
-		if redisAddr != "" {
-			rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ReadTimeout: 50 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
-			defer rdb.Close()
-			c, err := globalceiling.New(rdb, "orders-db", ceiling, time.Second, globalceiling.WithMode(mode))
-			if err != nil {
-				return sum, err
-			}
-			defer c.Close()
-			lim = c
-		}
-		// Degraded mode: this server's share of the ceiling.
-		local, err := newMemoryShare(max(ceiling/int64(servers), 1))
-		if err != nil {
-			return sum, err
-		}
-		guard, err := globalceiling.NewGuard(lim, globalceiling.WithFallback(local),
-			globalceiling.WithDegradedHandler(func(error) { degraded.Add(1) }))
-		if err != nil {
-			return sum, err
-		}
-		pool := sql.OpenDB(db)
-		pool.SetMaxOpenConns(poolSize)
-		pool.SetMaxIdleConns(poolSize)
-		defer pool.Close()
-		gdb := globalceiling.WrapDB(pool, guard)
-
-		for w := 0; w < workers; w++ {
+	for _, s := range servers {
+		for w := range c.workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for ctx.Err() == nil {
+				for i := 0; ctx.Err() == nil; i++ {
+					// Two writes for every report.
+					query, p := "UPDATE orders SET state = 'paid' WHERE id = $1", spillway.Critical
+					if (i+w)%3 == 0 {
+						query, p = "SELECT count(*) FROM orders WHERE id > $1", spillway.SheddablePlus
+					}
 					t0 := time.Now()
-					_, err := gdb.ExecContext(ctx, "UPDATE orders SET state = 'paid' WHERE id = $1", 42)
+					_, err := s.db.ExecContext(ctx, query, 42)
 					var rej *globalceiling.RejectedError
 					switch {
 					case err == nil:
-						admitted.Add(1)
-						secMu.Lock()
+						admitted[p].Add(1)
+						mu.Lock()
 						if s0, s1 := t0.Unix(), time.Now().Unix(); s0 == s1 {
 							sum.bySecond[s0]++
 						} else {
 							sum.straddled++
 						}
-						secMu.Unlock()
+						mu.Unlock()
 					case errors.As(err, &rej):
-						rejected.Add(1)
-						retryAfter.Store(int64(rej.RetryAfter()))
+						rejected[p].Add(1)
+						mu.Lock()
+						sum.rejectedBy[rej.Decision.Limiter]++
+						mu.Unlock()
 					case ctx.Err() != nil:
 					default:
 						failed.Add(1)
 					}
 					select {
-					case <-time.After(pause):
+					case <-time.After(c.pause):
 					case <-ctx.Done():
 					}
 				}
@@ -172,9 +313,22 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 		}
 	}
 
+	total := func() (a, r int64) {
+		for p := range admitted {
+			a += admitted[p].Load()
+			r += rejected[p].Load()
+		}
+		return a, r
+	}
 	start := time.Now()
+	if c.halveAt > 0 {
+		halve := time.AfterFunc(c.halveAt, func() {
+			db.loseWorkers(c.dbWorkers / 2)
+			fmt.Printf("(the database lost %d of its %d workers)\n", c.dbWorkers/2, c.dbWorkers)
+		})
+		defer halve.Stop()
+	}
 	tick := time.NewTicker(time.Second)
-	var mu sync.Mutex
 	tickerDone := make(chan struct{})
 	go func() {
 		defer close(tickerDone)
@@ -185,9 +339,14 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 			case <-ctx.Done():
 				return
 			}
-			a, r := admitted.Load(), rejected.Load()
-			fmt.Printf("window %d  admitted %5d  rejected %5d  db connections now %2d\n",
-				int(time.Since(start).Seconds()+0.5), a-lastA, r-lastR, db.open.Load())
+			a, r := total()
+			var slots []string
+			for _, s := range servers {
+				slots = append(slots, fmt.Sprint(s.pool.Slots()))
+			}
+			fmt.Printf("window %d  admitted %4d  rejected %4d  database: %2d of %2d workers, %2d statements in flight; fleet capacity %2d, pool slots %s\n",
+				int(time.Since(start).Seconds()+0.5), a-lastA, r-lastR, db.capacity.Load(), c.dbWorkers, db.active.Load(),
+				servers[0].fleet.Capacity(), strings.Join(slots, " "))
 			mu.Lock()
 			sum.perWindow = append(sum.perWindow, a-lastA)
 			mu.Unlock()
@@ -198,16 +357,30 @@ func run(redisAddr string, ceiling int64, modeName string, servers, workers int,
 	tick.Stop()
 	<-tickerDone
 	secs := time.Since(start).Seconds()
-	sum.admitted, sum.rejected, sum.degraded, sum.failed = admitted.Load(), rejected.Load(), degraded.Load(), failed.Load()
-	sum.peakConns, sum.refusedConns = db.peak.Load(), db.refused.Load()
-	fmt.Printf("\nmode %s, ceiling %d/s, %d servers × %d workers\n", mode, ceiling, servers, workers)
-	fmt.Printf("admitted %d (%.0f/s), rejected %d (last RetryAfter %v), degraded decisions %d, other errors %d\n",
-		sum.admitted, float64(sum.admitted)/secs, sum.rejected, time.Duration(retryAfter.Load()).Round(time.Millisecond),
-		sum.degraded, sum.failed)
-	fmt.Printf("database: %d statements, peak %d of %d connections, %d connections refused\n",
-		db.statements.Load(), sum.peakConns, db.maxConns, sum.refusedConns)
+	for p := range admitted {
+		sum.admitted[p], sum.rejected[p] = admitted[p].Load(), rejected[p].Load()
+	}
+	sum.degraded, sum.failed = degraded.Load(), failed.Load()
+	sum.peakConns, sum.refusedConns, sum.peakActive = db.peak.Load(), db.refused.Load(), db.peakActive.Load()
+	for _, s := range servers {
+		sum.slots = append(sum.slots, s.pool.Slots())
+		sum.capacities = append(sum.capacities, s.fleet.Capacity())
+	}
+	a, _ := total()
+	fmt.Printf("\nceiling %d/s (%s), %d servers × %d goroutines, database of %d workers\n", c.ceiling, mode, c.servers, c.workers, c.dbWorkers)
+	fmt.Printf("admitted %d (%.0f/s): writes %d, reports %d; rejected: writes %d, reports %d, by block %v\n",
+		a, float64(a)/secs, sum.admitted[spillway.Critical], sum.admitted[spillway.SheddablePlus],
+		sum.rejected[spillway.Critical], sum.rejected[spillway.SheddablePlus], sum.rejectedBy)
+	fmt.Printf("degraded decisions %d, other errors %d\n", sum.degraded, sum.failed)
+	fmt.Printf("database: %d statements, at most %d in flight at once (%d workers), peak %d of %d connections, %d refused\n",
+		db.statements.Load(), sum.peakActive, c.dbWorkers, sum.peakConns, c.dbMaxConns, sum.refusedConns)
 	return sum, nil
 }
+
+// quiet is a go-redis logger that prints nothing.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 func parseMode(s string) (globalceiling.Mode, error) {
 	for _, m := range []globalceiling.Mode{globalceiling.Exact, globalceiling.Cached, globalceiling.LocalAggregation} {

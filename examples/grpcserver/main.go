@@ -6,9 +6,9 @@
 // grpc.health.v1.Health service and server reflection, so grpcurl works
 // without the .proto; health and reflection are never limited.
 //
-//	go run ./examples/grpcserver                        # in-memory
-//	go run ./examples/grpcserver -redis 127.0.0.1:6379
-//	go run ./examples/grpcserver -h                     # flags, limits, metadata
+//	go -C examples run ./grpcserver                        # in-memory
+//	go -C examples run ./grpcserver -redis 127.0.0.1:6379
+//	go -C examples run ./grpcserver -h                     # flags, limits, metadata
 //
 // With grpcurl (go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest):
 //
@@ -108,7 +108,7 @@ func main() {
 	}
 }
 
-const usage = `Usage: go run ./examples/grpcserver [flags]
+const usage = `Usage: go -C examples run ./grpcserver [flags]
 
 A demo gRPC service behind the spillway chain (rate tiers, per-IP
 concurrency, worker shedder; with -redis also the fleet shedder).

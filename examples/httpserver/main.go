@@ -5,9 +5,9 @@
 // wrapped in the fallback, so a stalled Redis degrades to a local share of
 // every limit instead of failing.
 //
-//	go run ./examples/httpserver                        # in-memory
-//	go run ./examples/httpserver -redis 127.0.0.1:6379  # shared state in Redis
-//	go run ./examples/httpserver -h                     # routes, headers, flags
+//	go -C examples run ./httpserver                        # in-memory
+//	go -C examples run ./httpserver -redis 127.0.0.1:6379  # shared state in Redis
+//	go -C examples run ./httpserver -h                     # routes, headers, flags
 //
 // GET /api/v1/report?ms=N works N milliseconds, so concurrent requests pile
 // up: past 10 in flight per client the concurrency limit answers 429, past
@@ -49,8 +49,8 @@ import (
 	"github.com/spillway-go/spillway/tiers"
 )
 
-// defaultLimits is limits.yaml beside this file, so that `go run
-// ./examples/httpserver` works from any directory.
+// defaultLimits is limits.yaml beside this file, embedded so that the
+// program finds it whatever its working directory.
 //
 //go:embed limits.yaml
 var defaultLimits []byte
@@ -78,7 +78,7 @@ func main() {
 	}
 }
 
-const usage = `Usage: go run ./examples/httpserver [flags]
+const usage = `Usage: go -C examples run ./httpserver [flags]
 
 A demo API behind the spillway chain: rate tiers → per-client concurrency →
 worker shedder (with -redis: → fleet shedder → global ceiling).

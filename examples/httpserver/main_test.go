@@ -130,7 +130,14 @@ func smoke(t *testing.T, base string) {
 
 	resp, body = do(t, "GET", base+"/api/v1/report?ms=0", nil)
 	require.Equal(t, 200, resp.StatusCode)
-	require.JSONEq(t, `{"worked_ms":0}`, body)
+	// No work asked for; a loaded machine may still take a millisecond or
+	// a few to answer (the handler measures wall time).
+	var report struct {
+		WorkedMS *int64 `json:"worked_ms"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &report))
+	require.NotNil(t, report.WorkedMS, body)
+	require.True(t, *report.WorkedMS >= 0 && *report.WorkedMS < 100, body)
 	resp, body = do(t, "GET", base+"/api/v1/report?ms=10001", nil)
 	require.Equal(t, 400, resp.StatusCode)
 	require.JSONEq(t, `{"error":"ms=\"10001\": want 0 to 10000"}`, body)

@@ -2,7 +2,7 @@
 // nothing but Go: an in-memory store, a simulated clock so the output is
 // the same on every run, and four of the six algorithms side by side.
 //
-//	go run ./examples/quickstart
+//	go -C examples run ./quickstart
 package main
 
 import (

@@ -2,7 +2,7 @@
 // service of examples/grpcserver. It is committed; regenerate it after
 // editing greeter.proto with
 //
-//	go generate ./examples/grpcserver/...
+//	go -C examples generate ./grpcserver/...
 //
 // which needs protoc (apt-get install protobuf-compiler) and the two Go
 // plugins on PATH:
