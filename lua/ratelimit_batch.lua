@@ -11,12 +11,16 @@
 --          sum to N = #KEYS). Without them the call is one group of N.
 -- then, for item i, 7 values:
 --          alg  0 token bucket, 1 GCRA, 2 fixed window, 3 sliding window
---               log, 4 sliding window counter, 5 leaky bucket
+--               log, 4 sliding window counter, 5 leaky bucket, 6 sliding
+--               window buckets
 --          L    limit; P period in µs; B burst (effective, ≥ 1)
 --          T    emission interval ceil(P/L) in µs
+--               (alg 6: B is N, the sub-windows per period, P a multiple
+--               of N; T is the mode, 1 conservative, 0 interpolated)
 --          n    cost (≥ 0; 0 peeks; ≤ capacity+1 ≤ 2^52+1, exact: Go sends a larger cost as capacity+1)
 --          uid  unique id of this item in this call: the sliding window
---               log's members are uid (n = 1) or uid..":"..j (j = 1..n)
+--               log's members are uid (n = 1) or uid..":"..j (j = 1..n);
+--               alg 6: "1" asks for the counts the item saw (for a refund)
 --
 -- Reply: {now, allowed, then 7 integers per item: ok, remaining, reset,
 --         retry, s1, s2, s3}
@@ -44,6 +48,9 @@
 --   fixed window    string "w:count"       (w = window index)
 --   window counter  string "w:prev:cur"
 --   window log      zset member -> admission time (µs)
+--   bucketed window string "h:c0:c1:…:cN", c[i] the count of sub-window
+--                   h − i, a zero written as nothing ("2800:3:::1:"); a
+--                   value without N+1 counts (another N) reads as empty
 --
 -- Groups are decided in order, each exactly as if it were a call of its
 -- own made after the previous ones: a denied group charges nothing and
@@ -83,6 +90,46 @@ local function drain(p, m, P)
   return floor(((p - m - 1) * P + 1 + p - 1) / p)
 end
 
+-- The bucketed window (alg 6), ratelimit/algorithms.go's bucketsDecide
+-- (bparse: ratelimit_subwindows.lua): bat(c, sh, N, i) is a(i), the count of the
+-- sub-window i before the current one once the state is sh sub-windows
+-- old; bwt is the oldest sub-window's weight, bzero the smallest x ≥ x0
+-- at which that weight is ≤ m.
+local function bat(c, sh, N, i)
+  local j = i - sh
+  if c == nil or j < 0 or j > N then return 0 end
+  return c[j + 1]
+end
+
+local function bwt(c, e, W, cons)
+  if cons then
+    if e < W - 1 then return c end
+    return 0
+  end
+  return floor(c * (W - e) / W)
+end
+
+local function bzero(c, m, x0, W, cons)
+  if bwt(c, x0, W, cons) <= m then return x0 end
+  if cons then return W - 1 end
+  local x = drain(c, m, W)
+  if x < x0 then x = x0 end
+  return x
+end
+
+local function breset(c, sh, N, W, cons, e, add)
+  for i = 0, N do
+    local x = bat(c, sh, N, i)
+    if i == 0 then x = x + add end
+    if x > 0 then
+      local r = (N - i) * W + bzero(x, 0, 0, W, cons) - e
+      if r < 0 then r = 0 end
+      return r
+    end
+  end
+  return 0
+end
+
 local N = #KEYS
 local sizes, first = {N}, 2 -- group sizes; ARGV index of item 1's alg
 if #ARGV ~= 1 + 7 * N then
@@ -98,6 +145,7 @@ local logs = {}    -- key -> {n added, at}
 local writes = {}
 local gp, gl, gw
 local reply = {now, 1}
+local extra = {} -- the counts alg 6 items saw, when asked
 
 -- hl: a marked bucket key's {live holds, last end} (ratelimit_holds.lua),
 -- set at its touches; rewritten: its state after its first touch released
@@ -313,6 +361,55 @@ for g = 1, #sizes do
       end
       if c > 0 then reset = newest + P - t end
       if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
+    elseif alg == 6 then
+      local NB, cons = B, T == 1
+      local W = P / NB
+      local h, c = 0, nil
+      local s = getstr(key)
+      if s ~= nil then h, c = bparse(s, NB) end
+      if c == nil then h = 0 end
+      s1 = h
+      if ARGV[b + 6] == '1' then
+        for j = 0, NB do extra[#extra + 1] = bat(c, 0, NB, j) end
+      end
+      local t = now
+      if t < h * W then t = h * W end -- time went backwards: stay in the sub-window
+      local k = floor(t / W)
+      local e = t - k * W
+      local sh = k - h
+      local full = 0
+      local i0 = sh
+      if i0 < 0 then i0 = 0 end
+      for j = i0, NB - 1 do full = full + bat(c, sh, NB, j) end
+      local est = full + bwt(bat(c, sh, NB, NB), e, W, cons)
+      local add = 0
+      if n > L or est + n > L then
+        rem = L - est
+        if rem < 0 then rem = 0 end
+        if n <= L then
+          local x0, f = e, full
+          for j = 0, NB do
+            local m = L - n - f
+            if m >= 0 then
+              retry = j * W + bzero(bat(c, sh, NB, NB - j), m, x0, W, cons) - e
+              break
+            end
+            f = f - bat(c, sh, NB, NB - 1 - j)
+            x0 = 0
+          end
+        end
+      else
+        ok, rem, add = 1, L - est - n, n
+      end
+      reset = breset(c, sh, NB, W, cons, e, add)
+      if ok == 1 and n > 0 then
+        local nc = {}
+        for j = 0, NB do nc[j + 1] = bat(c, sh, NB, j) end
+        nc[1] = nc[1] + n
+        local v = bformat(k, nc)
+        gp[key] = v
+        gw[#gw + 1] = {0, key, v, ttl(reset)}
+      end
     else
       return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
     end
@@ -358,4 +455,5 @@ for _, w in ipairs(writes) do
     redis.call('PEXPIRE', key, px)
   end
 end
+for _, x in ipairs(extra) do reply[#reply + 1] = x end
 return reply

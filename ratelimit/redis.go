@@ -128,6 +128,8 @@ func redisKey(prefix string, it *Item) string {
 		return keys.Key(prefix, it.Scope, it.Key) + ":swc"
 	case SlidingWindowLog:
 		return keys.Key(prefix, it.Scope, it.Key) + ":swl"
+	case SlidingWindowBuckets:
+		return keys.Key(prefix, it.Scope, it.Key) + ":swb"
 	}
 	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
 }
@@ -436,18 +438,91 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
-	v, err := batchReply(res, len(items))
+	var v []int64
+	if g != nil {
+		v, err = intSlice(res, 2+batchReplyFields*len(items)+windowCounts(items))
+		if err != nil {
+			err = fmt.Errorf("ratelimit: redis: batch script: %w", err)
+		}
+	} else {
+		v, err = batchReply(res, len(items))
+	}
 	if err != nil {
 		return false, 0, err
 	}
 	allowed := s.batchDecisions(items, v[2:], out)
 	if g != nil {
+		counts := v[2+batchReplyFields*len(items):]
 		for i := range items {
 			g.old[i] = [3]int64(v[2+batchReplyFields*i+4 : 2+batchReplyFields*(i+1)])
+			if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
+				// the bucketed window's state before the charge, for a
+				// refund, in the uid's place (see refundArgs)
+				n := int(p.EffectiveBuckets()) + 1
+				g.uids[i] = formatBuckets(g.old[i][0], counts[:n])
+				counts = counts[n:]
+			}
 		}
 		g.now = v[0]
 	}
 	return allowed, v[0], nil
+}
+
+// windowCounts is the number of counts the batch script appends to its
+// reply when asked for the state of items' bucketed windows (batchArgs
+// with uids): Buckets+1 for each.
+func windowCounts(items []Item) int {
+	n := 0
+	for i := range items {
+		if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
+			n += int(p.EffectiveBuckets()) + 1
+		}
+	}
+	return n
+}
+
+// formatBuckets is a bucketed window's value in Redis, "h:c0:…:cN" with
+// the zeros left out (lua/ratelimit_subwindows.lua), or "" when every
+// count is 0 (no state).
+func formatBuckets(h int64, c []int64) string {
+	nonzero := false
+	for _, x := range c {
+		nonzero = nonzero || x > 0
+	}
+	if !nonzero {
+		return ""
+	}
+	b := strconv.AppendInt(make([]byte, 0, 16+4*len(c)), h, 10)
+	for _, x := range c {
+		b = append(b, ':')
+		if x > 0 {
+			b = strconv.AppendInt(b, x, 10)
+		}
+	}
+	return string(b)
+}
+
+// parseBuckets reads what formatBuckets wrote for N sub-windows: h and
+// N+1 counts, or 0, nil ("" or anything else).
+func parseBuckets(s string, N int64) (int64, []int64) {
+	f := strings.Split(s, ":")
+	if int64(len(f)) != N+2 {
+		return 0, nil
+	}
+	h, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, nil
+	}
+	c := make([]int64, N+1)
+	for i, x := range f[1:] {
+		if x == "" {
+			continue
+		}
+		if c[i], err = strconv.ParseInt(x, 10, 64); err != nil {
+			return 0, nil
+		}
+	}
+	return h, c
 }
 
 // batchArgs appends the batch script's ARGV values of items. Each item of
@@ -463,6 +538,19 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 		}
 		if uids != nil {
 			uids[i] = uid
+		}
+		if p.Algorithm == SlidingWindowBuckets {
+			// B and T carry N and the mode; uid "1" asks for the counts
+			// the item saw (a refund's)
+			mode := 0
+			if p.Mode == Conservative {
+				mode = 1
+			}
+			if uids != nil {
+				uid = "1"
+			}
+			args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
+			continue
 		}
 		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}
