@@ -48,9 +48,10 @@
 --   fixed window    string "w:count"       (w = window index)
 --   window counter  string "w:prev:cur"
 --   window log      zset member -> admission time (µs)
---   bucketed window string "h:c0:c1:…:cN", c[i] the count of sub-window
---                   h − i, a zero written as nothing ("2800:3:::1:"); a
---                   value without N+1 counts (another N) reads as empty
+--   bucketed window string: h (the newest sub-window) and c[0..N], c[i]
+--                   the count of sub-window h − i, packed as
+--                   ratelimit_subwindows.lua says; a value of another
+--                   length (another N or limit) reads as empty
 --
 -- Groups are decided in order, each exactly as if it were a call of its
 -- own made after the previous ones: a denied group charges nothing and
@@ -91,14 +92,20 @@ local function drain(p, m, P)
 end
 
 -- The bucketed window (alg 6), ratelimit/algorithms.go's bucketsDecide
--- (bparse: ratelimit_subwindows.lua): bat(c, sh, N, i) is a(i), the count of the
--- sub-window i before the current one once the state is sh sub-windows
--- old; bwt is the oldest sub-window's weight, bzero the smallest x ≥ x0
--- at which that weight is ≤ m.
-local function bat(c, sh, N, i)
-  local j = i - sh
-  if c == nil or j < 0 or j > N then return 0 end
-  return c[j + 1]
+-- (bparse, bformat: ratelimit_subwindows.lua). bshift moves the counts c
+-- (1-based, newest first) sh sub-windows on, in place (a fresh table of
+-- zeros for no state): a[i+1] is then a(i). bwt is the oldest
+-- sub-window's weight, bzero the smallest x ≥ x0 at which that weight is
+-- ≤ m, breset the time from e until every count weighs 0.
+local function bshift(c, sh, N)
+  if c == nil or sh > N then
+    c = {}
+    for i = 1, N + 1 do c[i] = 0 end
+  elseif sh > 0 then
+    for i = N + 1, sh + 1, -1 do c[i] = c[i - sh] end
+    for i = 1, sh do c[i] = 0 end
+  end
+  return c
 end
 
 local function bwt(c, e, W, cons)
@@ -117,12 +124,10 @@ local function bzero(c, m, x0, W, cons)
   return x
 end
 
-local function breset(c, sh, N, W, cons, e, add)
-  for i = 0, N do
-    local x = bat(c, sh, N, i)
-    if i == 0 then x = x + add end
-    if x > 0 then
-      local r = (N - i) * W + bzero(x, 0, 0, W, cons) - e
+local function breset(a, N, W, cons, e)
+  for i = 1, N + 1 do
+    if a[i] > 0 then
+      local r = (N + 1 - i) * W + bzero(a[i], 0, 0, W, cons) - e
       if r < 0 then r = 0 end
       return r
     end
@@ -366,23 +371,20 @@ for g = 1, #sizes do
       local W = P / NB
       local h, c = 0, nil
       local s = getstr(key)
-      if s ~= nil then h, c = bparse(s, NB) end
+      if s ~= nil then h, c = bparse(s, NB, L) end
       if c == nil then h = 0 end
       s1 = h
       if ARGV[b + 6] == '1' then
-        for j = 0, NB do extra[#extra + 1] = bat(c, 0, NB, j) end
+        for j = 1, NB + 1 do extra[#extra + 1] = c and c[j] or 0 end
       end
       local t = now
       if t < h * W then t = h * W end -- time went backwards: stay in the sub-window
       local k = floor(t / W)
       local e = t - k * W
-      local sh = k - h
+      local a = bshift(c, k - h, NB)
       local full = 0
-      local i0 = sh
-      if i0 < 0 then i0 = 0 end
-      for j = i0, NB - 1 do full = full + bat(c, sh, NB, j) end
-      local est = full + bwt(bat(c, sh, NB, NB), e, W, cons)
-      local add = 0
+      for j = 1, NB do full = full + a[j] end
+      local est = full + bwt(a[NB + 1], e, W, cons)
       if n > L or est + n > L then
         rem = L - est
         if rem < 0 then rem = 0 end
@@ -391,22 +393,20 @@ for g = 1, #sizes do
           for j = 0, NB do
             local m = L - n - f
             if m >= 0 then
-              retry = j * W + bzero(bat(c, sh, NB, NB - j), m, x0, W, cons) - e
+              retry = j * W + bzero(a[NB + 1 - j], m, x0, W, cons) - e
               break
             end
-            f = f - bat(c, sh, NB, NB - 1 - j)
+            f = f - a[NB - j]
             x0 = 0
           end
         end
       else
-        ok, rem, add = 1, L - est - n, n
+        ok, rem = 1, L - est - n
+        a[1] = a[1] + n
       end
-      reset = breset(c, sh, NB, W, cons, e, add)
+      reset = breset(a, NB, W, cons, e)
       if ok == 1 and n > 0 then
-        local nc = {}
-        for j = 0, NB do nc[j + 1] = bat(c, sh, NB, j) end
-        nc[1] = nc[1] + n
-        local v = bformat(k, nc)
+        local v = bformat(k, a, NB, L)
         gp[key] = v
         gw[#gw + 1] = {0, key, v, ttl(reset)}
       end

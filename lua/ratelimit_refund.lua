@@ -19,8 +19,9 @@
 --               side recomputes it with algorithms.go from o and the
 --               charge's now)
 --          alg 6 (bucketed window): uid is the value before the charge
---               ("" for none), o1 the sub-window charged, o2 N, w1 the
---               value the charge wrote (ratelimit_subwindows.lua)
+--               ("" for none), o1 the sub-window charged, o2 N, o3 the
+--               limit L, w1 the value the charge wrote
+--               (ratelimit_subwindows.lua)
 --
 -- Reply: the number of items restored exactly to the state before their
 -- charge.
@@ -184,14 +185,15 @@ for i = #KEYS, 1, -1 do
           end
           refunded = refunded + 1
         else
-          local NB = o2
-          local h, c = bparse(s, NB)
+          local NB, L = o2, o3
+          local h, c = bparse(s, NB, L)
           local j = h - o1
           if c ~= nil and j >= 0 and j <= NB and c[j + 1] >= n then
             c[j + 1] = c[j + 1] - n
-            local v, any = bformat(h, c)
+            local any = false
+            for x = 1, NB + 1 do any = any or c[x] > 0 end
             if any then
-              redis.call('SET', key, v, 'KEEPTTL')
+              redis.call('SET', key, bformat(h, c, NB, L), 'KEEPTTL')
             else
               redis.call('DEL', key)
             end

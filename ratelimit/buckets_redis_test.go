@@ -13,7 +13,8 @@ import (
 
 // TestSlidingWindowBucketsState pins the exact state both stores keep for
 // a bucketed window, step by step: the newest sub-window and its counts
-// (the memory store's entry; the Redis value "h:c0:…:cN" and its PTTL).
+// (the memory store's entry; the Redis value, h in 7 bytes and a byte per
+// count for a limit below 256, and its PTTL).
 func TestSlidingWindowBucketsState(t *testing.T) {
 	_, c := redisServer(t)
 	ctx := context.Background()
@@ -33,15 +34,14 @@ func TestSlidingWindowBucketsState(t *testing.T) {
 		allowed bool
 		head    int64
 		counts  []int64
-		value   string
 		ttl     time.Duration
 	}{
-		{0, 3, true, h0, []int64{3, 0, 0, 0, 0}, fmt.Sprintf("%d:3::::", h0), 1250 * time.Millisecond},
-		{ms(500), 2, false, h0, []int64{3, 0, 0, 0, 0}, fmt.Sprintf("%d:3::::", h0), 1250 * time.Millisecond},
-		{ms(500), 1, true, h0 + 2, []int64{1, 0, 3, 0, 0}, fmt.Sprintf("%d:1::3::", h0+2), 1250 * time.Millisecond},
-		{1249999 * time.Microsecond, 1, true, h0 + 4, []int64{1, 0, 1, 0, 3}, fmt.Sprintf("%d:1::1::3", h0+4), time.Second},
-		{ms(1250), 2, true, h0 + 5, []int64{2, 1, 0, 1, 0}, fmt.Sprintf("%d:2:1::1:", h0+5), 1250 * time.Millisecond},
-		{ms(9000), 1, true, h0 + 36, []int64{1, 0, 0, 0, 0}, fmt.Sprintf("%d:1::::", h0+36), 1250 * time.Millisecond},
+		{0, 3, true, h0, []int64{3, 0, 0, 0, 0}, 1250 * time.Millisecond},
+		{ms(500), 2, false, h0, []int64{3, 0, 0, 0, 0}, 1250 * time.Millisecond},
+		{ms(500), 1, true, h0 + 2, []int64{1, 0, 3, 0, 0}, 1250 * time.Millisecond},
+		{1249999 * time.Microsecond, 1, true, h0 + 4, []int64{1, 0, 1, 0, 3}, time.Second},
+		{ms(1250), 2, true, h0 + 5, []int64{2, 1, 0, 1, 0}, 1250 * time.Millisecond},
+		{ms(9000), 1, true, h0 + 36, []int64{1, 0, 0, 0, 0}, 1250 * time.Millisecond},
 	} {
 		clk.Set(rt0.Add(s.at))
 		out := make([]spillway.Decision, 1)
@@ -53,8 +53,10 @@ func TestSlidingWindowBucketsState(t *testing.T) {
 			t.Fatalf("step %d: redis %v %v, memory %v %v; want %v", i, okR, errR, okM, errM, s.allowed)
 		}
 		v, err := c.Get(ctx, key).Result()
-		if err != nil || v != s.value {
-			t.Fatalf("step %d: redis holds %q (%v), want %q", i, v, err, s.value)
+		want := string([]byte{byte(s.head >> 48), byte(s.head >> 40), byte(s.head >> 32), byte(s.head >> 24), byte(s.head >> 16), byte(s.head >> 8), byte(s.head),
+			byte(s.counts[0]), byte(s.counts[1]), byte(s.counts[2]), byte(s.counts[3]), byte(s.counts[4])})
+		if err != nil || v != want {
+			t.Fatalf("step %d: redis holds %x (%v), want %x", i, v, err, want)
 		}
 		if pttl, err := c.PTTL(ctx, key).Result(); err != nil || pttl > s.ttl || pttl < s.ttl-time.Second/2 {
 			t.Fatalf("step %d: PTTL %v (%v), want %v (less the time the test took)", i, pttl, err, s.ttl)
@@ -192,8 +194,9 @@ func TestSlidingWindowBucketsCluster(t *testing.T) {
 		}
 		// refunded exactly: a holds what it held before the denied
 		// batches, b nothing
-		if v, err := c.Get(ctx, redisKey("swb-refund:", &batch[0])).Result(); err != nil || v != fmt.Sprintf("%d:2::::::", rt0.UnixMicro()/10_000_000) {
-			t.Fatalf("a holds %q (%v)", v, err)
+		v, err := c.Get(ctx, redisKey("swb-refund:", &batch[0])).Result()
+		if h, counts := parseBuckets(v, 6, 5); err != nil || h != rt0.UnixMicro()/10_000_000 || !slices.Equal(counts, []int64{2, 0, 0, 0, 0, 0, 0}) {
+			t.Fatalf("a holds %x (%v): %d %v", v, err, h, counts)
 		}
 		if n, err := c.Exists(ctx, redisKey("swb-refund:", &batch[1])).Result(); err != nil || n != 0 {
 			t.Fatalf("b exists: %d %v", n, err)
@@ -206,4 +209,32 @@ func TestSlidingWindowBucketsCluster(t *testing.T) {
 			t.Fatalf("after the clock went back: redis %v %v %+v, memory %v %v %+v; want 1 remaining", okR, errR, out[0], okM, errM, outM[0])
 		}
 	})
+}
+
+// TestSlidingWindowBucketsWidths: a count takes 1, 2, 4 or 7 bytes in
+// Redis by the limit; the script packs what parseBuckets reads, whatever
+// the width.
+func TestSlidingWindowBucketsWidths(t *testing.T) {
+	srv, c := redisServer(t)
+	c.AddHook(&freezeHook{raw: srv.Client(t)}) // the periods are µs: keep the keys
+	ctx := context.Background()
+	clk := newFakeClock(rt0)
+	rs := NewRedisStore(c, WithClock(clk.Now))
+	// (Validate's L ≤ P and L·P ≤ 2^53 keep L below 2^27: 7 bytes are
+	// never used)
+	for _, L := range []int64{255, 256, 65535, 65536, 1 << 26} {
+		p := Policy{Algorithm: SlidingWindowBuckets, Limit: L, Period: time.Duration(2*L) * time.Microsecond, Buckets: 2}
+		it := Item{Scope: fmt.Sprint(L), Key: "k", Policy: p, Cost: L - 1}
+		if ok, err := rs.Decide(ctx, []Item{it}, make([]spillway.Decision, 1)); err != nil || !ok {
+			t.Fatalf("L=%d: %v %v", L, ok, err)
+		}
+		v, err := c.Get(ctx, redisKey("spillway:", &it)).Result()
+		h, counts := parseBuckets(v, 2, L)
+		if err != nil || len(v) != 7+3*bucketsWidth(L) || h != rt0.UnixMicro()/(p.Period.Microseconds()/2) || !slices.Equal(counts, []int64{L - 1, 0, 0}) {
+			t.Fatalf("L=%d: %x (%v) reads %d %v", L, v, err, h, counts)
+		}
+		if got := formatBuckets(h, counts, L); got != v {
+			t.Fatalf("L=%d: formatBuckets %x, the script %x", L, got, v)
+		}
+	}
 }

@@ -459,7 +459,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 				// the bucketed window's state before the charge, for a
 				// refund, in the uid's place (see refundArgs)
 				n := int(p.EffectiveBuckets()) + 1
-				g.uids[i] = formatBuckets(g.old[i][0], counts[:n])
+				g.uids[i] = formatBuckets(g.old[i][0], counts[:n], p.Limit)
 				counts = counts[n:]
 			}
 		}
@@ -481,10 +481,25 @@ func windowCounts(items []Item) int {
 	return n
 }
 
-// formatBuckets is a bucketed window's value in Redis, "h:c0:…:cN" with
-// the zeros left out (lua/ratelimit_subwindows.lua), or "" when every
-// count is 0 (no state).
-func formatBuckets(h int64, c []int64) string {
+// bucketsWidth is the bytes of one count of a bucketed window of limit L
+// in Redis: the smallest of 1, 2, 4 and 7 that holds L (no count exceeds
+// it).
+func bucketsWidth(L int64) int {
+	switch {
+	case L < 1<<8:
+		return 1
+	case L < 1<<16:
+		return 2
+	case L < 1<<32:
+		return 4
+	}
+	return 7
+}
+
+// formatBuckets is a bucketed window's value in Redis, as
+// lua/ratelimit_subwindows.lua packs it: h in 7 bytes, then each count in
+// bucketsWidth(L) bytes, big-endian; "" when every count is 0 (no state).
+func formatBuckets(h int64, c []int64, L int64) string {
 	nonzero := false
 	for _, x := range c {
 		nonzero = nonzero || x > 0
@@ -492,37 +507,39 @@ func formatBuckets(h int64, c []int64) string {
 	if !nonzero {
 		return ""
 	}
-	b := strconv.AppendInt(make([]byte, 0, 16+4*len(c)), h, 10)
-	for _, x := range c {
-		b = append(b, ':')
-		if x > 0 {
-			b = strconv.AppendInt(b, x, 10)
+	w := bucketsWidth(L)
+	b := make([]byte, 0, 7+w*len(c))
+	put := func(x int64, w int) {
+		for i := w - 1; i >= 0; i-- {
+			b = append(b, byte(uint64(x)>>(8*i)))
 		}
+	}
+	put(h, 7)
+	for _, x := range c {
+		put(x, w)
 	}
 	return string(b)
 }
 
-// parseBuckets reads what formatBuckets wrote for N sub-windows: h and
-// N+1 counts, or 0, nil ("" or anything else).
-func parseBuckets(s string, N int64) (int64, []int64) {
-	f := strings.Split(s, ":")
-	if int64(len(f)) != N+2 {
+// parseBuckets reads what formatBuckets wrote for N sub-windows and limit
+// L: h and N+1 counts, or 0, nil (a value of another length).
+func parseBuckets(s string, N, L int64) (int64, []int64) {
+	w := bucketsWidth(L)
+	if int64(len(s)) != 7+int64(w)*(N+1) {
 		return 0, nil
 	}
-	h, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		return 0, nil
+	get := func(s string) int64 {
+		var x uint64
+		for i := 0; i < len(s); i++ {
+			x = x<<8 | uint64(s[i])
+		}
+		return int64(x)
 	}
 	c := make([]int64, N+1)
-	for i, x := range f[1:] {
-		if x == "" {
-			continue
-		}
-		if c[i], err = strconv.ParseInt(x, 10, 64); err != nil {
-			return 0, nil
-		}
+	for i := range c {
+		c[i] = get(s[7+i*w : 7+(i+1)*w])
 	}
-	return h, c
+	return get(s[:7]), c
 }
 
 // batchArgs appends the batch script's ARGV values of items. Each item of

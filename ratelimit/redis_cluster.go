@@ -179,7 +179,7 @@ func refundArgs(args []any, it *Item, uid string, old [3]int64, now int64) []any
 func bucketsRefundArgs(it *Item, old string, now int64) []any {
 	p := it.Policy
 	lim := p.limits()
-	h, c := parseBuckets(old, lim.N)
+	h, c := parseBuckets(old, lim.N, lim.L)
 	_, k := bucketsDecide(h, c, now, lim, it.Cost)
 	if c == nil {
 		c = make([]int64, lim.N+1)
@@ -187,7 +187,7 @@ func bucketsRefundArgs(it *Item, old string, now int64) []any {
 		shiftBuckets(c, k-h)
 	}
 	c[0] += it.Cost
-	return []any{uint8(p.Algorithm), p.EmissionInterval(), it.Cost, old, k, lim.N, 0, formatBuckets(k, c), 0, 0}
+	return []any{uint8(p.Algorithm), p.EmissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
