@@ -30,6 +30,14 @@ func WriteOutputs(dir string, s *Summary) ([]string, error) {
 	for _, name := range s.order {
 		sc := s.Scenarios[name]
 		if sc.Accuracy != nil {
+			if len(sc.Accuracy.Windows) > 0 {
+				f := filepath.Join(dir, "accuracy-error-vs-n.png")
+				if err := plotWindowErrors(sc.Accuracy.Windows, f); err != nil {
+					return files, err
+				}
+				files = append(files, f)
+				figs = append(figs, figure{Scenario: name, Title: "bucketed sliding window: decisions that differ from the exact log against N", Path: f})
+			}
 			continue
 		}
 		cmp := filepath.Join(dir, name+"-comparison.png")
