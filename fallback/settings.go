@@ -251,7 +251,7 @@ func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
 	if p.Burst != 0 {
 		q.Burst = scale(p.Burst, ppm)
 		switch p.Algorithm {
-		case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter:
+		case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowBuckets:
 			q.Burst = q.Limit // windows accept Burst only as 0 or Limit
 		}
 	}

@@ -140,6 +140,12 @@ func randomPolicy(r *rand.Rand) Policy {
 		if r.IntN(2) == 0 {
 			p.Burst = int64(1 + r.IntN(10))
 		}
+	case SlidingWindowBuckets:
+		p.Buckets = []int64{0, 1, 2, 3, 4, 7, 10}[r.IntN(7)]
+		p.Mode = WindowMode(r.IntN(2))
+		N := p.EffectiveBuckets()
+		us := (p.Period.Microseconds() + N - 1) / N * N // a multiple of N, ≥ limit
+		p.Period = time.Duration(us) * time.Microsecond
 	}
 	return p
 }
@@ -541,8 +547,8 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the three bucket algorithms share one key (one layout)
-	if len(ks) != 4 {
-		t.Fatalf("keys %v, want 4 (bucket, fixed, counter, log)", ks)
+	if len(ks) != 5 {
+		t.Fatalf("keys %v, want 5 (bucket, fixed, counter, log, bucketed window)", ks)
 	}
 	for _, k := range ks {
 		ttl, err := c.PTTL(ctx, k).Result()
@@ -552,6 +558,9 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 		limit := 2 * time.Second
 		if strings.HasSuffix(k, ":swc") {
 			limit *= 2 // the current window weighs until the end of the next
+		}
+		if strings.HasSuffix(k, ":swb") {
+			limit += limit / DefaultBuckets // the newest sub-window counts until it is the oldest
 		}
 		if ttl <= 0 || ttl > limit {
 			t.Errorf("PTTL %s = %v, want in (0, %v]", k, ttl, limit)
