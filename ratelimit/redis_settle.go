@@ -40,8 +40,8 @@ import (
 const DefaultSettleQueue = 1 << 14
 
 const (
-	settleLinger      = time.Millisecond      // how long the first queued settle waits for company
-	settleFlushItems  = 256                   // items per flush: a flush starts at once with as many
+	settleLinger      = time.Millisecond       // how long the first queued settle waits for company
+	settleFlushItems  = 256                    // items per flush: a flush starts at once with as many
 	settleCallTimeout = 250 * time.Millisecond // the deadline of one flush's call
 	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
 )
