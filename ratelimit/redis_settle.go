@@ -111,6 +111,7 @@ type settleQueue struct {
 	exited  chan struct{} // closed when it returns
 	closed  bool
 	wake    chan struct{} // cuts the goroutine's linger short (cap 1)
+	arrive  chan struct{} // wakes the idle goroutine: the queue is no longer empty (cap 1)
 	flying  int           // settles taken and not yet answered or put back
 }
 
@@ -118,7 +119,7 @@ func newSettleQueue(max int) *settleQueue {
 	if max <= 0 {
 		max = DefaultSettleQueue
 	}
-	return &settleQueue{max: max, wake: make(chan struct{}, 1)}
+	return &settleQueue{max: max, wake: make(chan struct{}, 1), arrive: make(chan struct{}, 1)}
 }
 
 // settleAsync implements holdSettler: it queues the settle.
@@ -143,10 +144,10 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 	q.q = append(q.q, a)
 	q.items += len(h.items)
 	if q.items >= settleFlushItems {
-		select {
-		case q.wake <- struct{}{}:
-		default:
-		}
+		signal(q.wake)
+	}
+	if len(q.q) == 1 {
+		signal(q.arrive)
 	}
 	if !q.running {
 		q.running = true
@@ -154,6 +155,14 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 		go s.settleLoop(q.exited)
 	}
 	q.mu.Unlock()
+}
+
+// signal sends on ch (cap 1) unless a signal is already pending.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // take removes up to max items' worth of settles (at least one) from the
@@ -209,17 +218,47 @@ func (q *settleQueue) requeue(batch []*asyncSettle, err error) {
 	}
 }
 
+// settleIdle is how long the background goroutine waits for a settle
+// once the queue is empty before it returns (the next settle starts it
+// again): a busy store does not start a goroutine per flush.
+const settleIdle = 100 * time.Millisecond
+
 // settleLoop is the background goroutine: it sends what is queued, a
-// linger after the first settle arrives, until the queue is empty.
+// linger after the first settle arrives, until the queue has stayed empty
+// for settleIdle.
 func (s *RedisStore) settleLoop(exited chan struct{}) {
 	q := s.sq
 	defer close(exited)
+	var idle *time.Timer
 	for {
 		q.mu.Lock()
 		if len(q.q) == 0 {
-			q.running = false
+			if q.closed {
+				q.running = false
+				q.mu.Unlock()
+				return
+			}
 			q.mu.Unlock()
-			return
+			if idle == nil {
+				idle = time.NewTimer(settleIdle)
+			} else {
+				idle.Reset(settleIdle)
+			}
+			select {
+			case <-q.arrive:
+				idle.Stop()
+			case <-q.wake: // Close
+				idle.Stop()
+			case <-idle.C:
+				q.mu.Lock()
+				if len(q.q) == 0 {
+					q.running = false
+					q.mu.Unlock()
+					return
+				}
+				q.mu.Unlock()
+			}
+			continue
 		}
 		hurry := q.closed || q.items >= settleFlushItems
 		q.mu.Unlock()
@@ -419,10 +458,7 @@ func (s *RedisStore) Flush(ctx context.Context) error {
 		if idle {
 			return nil
 		}
-		select {
-		case q.wake <- struct{}{}:
-		default:
-		}
+		signal(q.wake)
 		t := time.NewTimer(100 * time.Microsecond)
 		select {
 		case <-ctx.Done():
@@ -449,10 +485,7 @@ func (s *RedisStore) Close(ctx context.Context) error {
 	q.closed = true
 	running, exited := q.running, q.exited
 	q.mu.Unlock()
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
+	signal(q.wake)
 	if !running {
 		return nil
 	}
