@@ -250,7 +250,7 @@ func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, 
 // SettleEach would have returned (on the store's own goroutine: keep it
 // quick). The memory store settles at once, before returning, and calls
 // then before returning too. A RedisStore queues the settle and sends it
-// with the next of its calls or after at most a millisecond, many settles
+// with the next of its calls or after at most two milliseconds, many settles
 // in one script call per Cluster slot; see docs/ratelimit.md for the
 // bound of its queue, Close, and what happens while Redis cannot be
 // reached (the settle is left to the hold's TTL and then gets an error

@@ -23,7 +23,7 @@ import (
 //
 //   - with the next coalesced call of decisions, in the same pipeline (a
 //     busy store pays no round trip of its own for its settles), or
-//   - from the store's background goroutine, one millisecond after the
+//   - from the store's background goroutine, two milliseconds after the
 //     first settle queued (sooner once settleFlushItems items wait), so
 //     that a quiet store still settles within about a round trip.
 //
@@ -40,7 +40,7 @@ import (
 const DefaultSettleQueue = 1 << 14
 
 const (
-	settleLinger      = time.Millisecond       // how long the first queued settle waits for company
+	settleLinger      = 2 * time.Millisecond   // how long the first queued settle waits for company
 	settleFlushItems  = 256                    // items per flush: a flush starts at once with as many
 	settleCallTimeout = 250 * time.Millisecond // the deadline of one flush's call
 	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
