@@ -1,11 +1,14 @@
 package fallback
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -205,13 +208,21 @@ func (s Settings) withDefaults() (Settings, error) {
 }
 
 // health returns s.Health, or a breaker of its own built from s (after
-// withDefaults).
-func (s Settings) health() *Health {
+// withDefaults): one that probes with a PING on client, when not nil, and
+// counts on it honouring deadlines when it can be made to.
+func (s Settings) health(client redis.UniversalClient) *Health {
 	if s.Health != nil {
 		return s.Health
 	}
-	return newHealth(HealthSettings{Name: s.Name, Failures: s.Failures, OpenTimeout: s.OpenTimeout,
-		Probes: s.Probes, OnStateChange: s.OnStateChange})
+	hs := HealthSettings{Name: s.Name, Failures: s.Failures, OpenTimeout: s.OpenTimeout,
+		Probes: s.Probes, OnStateChange: s.OnStateChange}
+	if client != nil {
+		hs.Probe = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	}
+	hs, _ = hs.withDefaults() // valid: s was
+	h := newHealth(hs)
+	h.direct = client != nil && honourDeadlines(client)
+	return h
 }
 
 // sharePPM converts a share to parts per million, so scaling is exact
