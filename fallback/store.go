@@ -97,6 +97,12 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		st.direct = true // never waits
 	}
 	st.bounded, _ = inner.(ratelimit.BoundedStore)
+	if g, ok := inner.(interface{ SetGate(gate func() bool) }); ok {
+		// The store's calls after admission (settles sent in the
+		// background) go out only while the health is closed.
+		br := st.br
+		g.SetGate(br.closed.Load)
+	}
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
@@ -227,10 +233,11 @@ func (s *Store) decideDetached(ctx context.Context, deadline time.Time, items []
 		allowed, err = s.inner.Decide(ctx, its, res)
 		return err
 	}, nil)
-	if err == nil {
-		copy(out, res)
+	if err != nil {
+		return false, err // allowed is the abandoned call's
 	}
-	return allowed, err
+	copy(out, res)
+	return allowed, nil
 }
 
 // answerFromCache reports whether a cached denial decides the batch; it
