@@ -2,6 +2,7 @@ package fallback_test
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -174,3 +175,74 @@ func BenchmarkOpenBreaker(b *testing.B) {
 		bench(b, st)
 	})
 }
+
+// BenchmarkWrapperThroughput compares, on one real redis-server at 64
+// goroutines over 10,000 keys, decisions through the bare RedisStore with
+// decisions through a fallback.Store over it: "direct", the Store given a
+// Health (NewHealth made its client honour deadlines: calls run on the
+// caller's goroutine), and "detached", the Store given no Health over a
+// client built from bare redis.Options (a goroutine per call, which
+// returns at the budget whatever the client). Each contender has a client
+// and keys of its own; -count alternates them.
+//
+//	go test -run '^$' -bench WrapperThroughput -benchtime 100000x -count 3 ./fallback/
+func BenchmarkWrapperThroughput(b *testing.B) {
+	srv := redistest.Start(b)
+	policy := ratelimit.Policy{Limit: 1_000_000_000, Period: time.Hour}
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "user:" + strconv.Itoa(i)
+	}
+	newClient := func(b *testing.B) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	bench := func(b *testing.B, st ratelimit.Store) {
+		b.ReportAllocs()
+		b.SetParallelism(64 / runtimeProcs())
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			items := []ratelimit.Item{{Scope: "api", Policy: policy, Cost: 1}}
+			out := make([]spillway.Decision, 1)
+			i := 0
+			for pb.Next() {
+				items[0].Key = keys[i%len(keys)]
+				i += 7
+				if _, err := st.Decide(context.Background(), items, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+		if fb, ok := st.(*fallback.Store); ok {
+			b.ReportMetric(float64(fb.Stats().Degraded), "degraded")
+		}
+	}
+	prefix := func(name string) ratelimit.Option { return ratelimit.WithPrefix("bench-" + name + ":") }
+	b.Run("bare", func(b *testing.B) {
+		bench(b, ratelimit.NewRedisStore(newClient(b), prefix("bare")))
+	})
+	b.Run("direct", func(b *testing.B) {
+		c := newClient(b)
+		h, err := fallback.NewHealth(c, fallback.HealthSettings{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(c, prefix("direct")), fallback.Settings{Health: h})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+	b.Run("detached", func(b *testing.B) {
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(newClient(b), prefix("detached")), fallback.Settings{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+}
+
+func runtimeProcs() int { return max(runtime.GOMAXPROCS(0), 1) }

@@ -570,11 +570,14 @@ func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Dur
 // accountedFor reports whether a wrapper of h (or h's probe) is running
 // the call of ctx.
 func (h *Health) accountedFor(ctx context.Context) bool {
-	if p, ok := ctx.Value(probeKey{}).(*Health); ok && p == h {
+	if g, ok := ctx.Value(guardKey{}).(*guardCtx); ok && g.h == h && g.active.Load() {
 		return true
 	}
-	g, ok := ctx.Value(guardKey{}).(*guardCtx)
-	return ok && g.h == h && g.active.Load()
+	if h.closed.Load() {
+		return false // no probe runs while closed
+	}
+	p, ok := ctx.Value(probeKey{}).(*Health)
+	return ok && p == h
 }
 
 // hook gates and counts, on a go-redis client, the commands that no
