@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/redistest"
@@ -246,3 +247,78 @@ func BenchmarkWrapperThroughput(b *testing.B) {
 }
 
 func runtimeProcs() int { return max(runtime.GOMAXPROCS(0), 1) }
+
+// BenchmarkDoneWhileOpen times the done of requests admitted by Redis
+// before it hung (a concurrency slot behind a Limiter and a `cost:
+// response` hold of tiers behind a Store, on one client with its Health),
+// called once the health is open: each is queued or refused without
+// touching Redis. Run with a fixed count (every request is admitted
+// before the timer starts):
+//
+//	go test -run '^$' -bench DoneWhileOpen -benchtime 1000x -count 3 ./fallback/
+func BenchmarkDoneWhileOpen(b *testing.B) {
+	srv := redistest.Start(b)
+	proxy, err := faultproxy.NewProxy(srv.Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proxy.Close()
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	defer c.Close()
+	h, err := fallback.NewHealth(c, fallback.HealthSettings{OpenTimeout: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tstore, err := fallback.NewStore(ratelimit.NewRedisStore(c), fallback.Settings{Health: h})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rate := tiersLimiter(b, anyClientRules, tstore)
+	cstore, err := concurrency.NewRedisStore(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cshared, err := concurrency.New(cstore, 1_000_000, concurrency.WithName("bench-conc"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), nil, fallback.Settings{Health: h})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chain := spillway.Chain(rate, conc)
+	ctx := context.Background()
+	dones := make([]spillway.Done, b.N)
+	for i := range dones {
+		r := genRequest("10.9.0." + strconv.Itoa(i%250))
+		d, done, err := chain.Admit(ctx, r)
+		if err != nil || !d.Allowed || d.Degraded {
+			b.Fatalf("admission %d: %+v %v", i, d, err)
+		}
+		_ = r.Usage.Set(3)
+		dones[i] = done
+	}
+	if err := proxy.SetMode(faultproxy.Stall); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = proxy.SetMode(faultproxy.Pass) }()
+	for h.State() != fallback.Open {
+		_, done, _ := chain.Admit(ctx, genRequest("10.9.1.1"))
+		done(spillway.Success)
+	}
+	received := proxy.Stats().Received
+	lat := make(latencies, 0, b.N)
+	b.ResetTimer()
+	for _, done := range dones {
+		start := time.Now()
+		done(spillway.Success)
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	lat.report(b)
+	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
+	if got := proxy.Stats().Received - received; got != 0 {
+		b.Fatalf("%d bytes sent towards Redis by the dones; want 0", got)
+	}
+	b.ReportMetric(float64(h.Stats().Queued), "queued")
+}
