@@ -370,6 +370,17 @@ func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy
 	return nil
 }
 
+// Flush sends now what the inner store queued to send in the background
+// (the settles of holds, on a Redis store), when it is a flusher (has
+// Flush(ctx) error); otherwise it does nothing. tiers.Limiter.Flush calls
+// it at shutdown. It is not gated by the health: ctx bounds it.
+func (s *Store) Flush(ctx context.Context) error {
+	if f, ok := s.inner.(interface{ Flush(context.Context) error }); ok {
+		return f.Flush(ctx)
+	}
+	return nil
+}
+
 // reconcileBatch is the number of keys peeked in one call.
 const reconcileBatch = 64
 
