@@ -153,7 +153,7 @@ for g = 1, #sizes do
         if reaped then
           local px
           rewritten[key], px, marked = hvalue(tat, t0, now, tau, hn, last)
-          redis.call('SET', key, rewritten[key], 'PX', px)
+          hset(key, rewritten[key], px, hn)
         end
       end
       if marked then hl[key] = {hn, last} end
@@ -187,7 +187,7 @@ for g = 1, #sizes do
             plain = nil
           end
           gp[key] = s
-          gw[#gw + 1] = {0, key, s, px, plain}
+          gw[#gw + 1] = {0, key, s, px, plain, h and h[1]}
         end
       end
 
@@ -335,6 +335,8 @@ local replaced = {} -- log keys of another type already replaced
 for _, w in ipairs(writes) do
   if w[1] == 0 and w[5] then
     tatset(w[2], w[5], w[4]) -- a plain TAT (ratelimit_holds.lua)
+  elseif w[1] == 0 and w[6] then
+    hset(w[2], w[3], w[4], w[6]) -- a marked TAT (hvalue)
   elseif w[1] == 0 then
     redis.call('SET', w[2], w[3], 'PX', w[4])
   else

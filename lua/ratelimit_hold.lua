@@ -35,9 +35,9 @@
 -- (n = 0 included, so that its settle can charge); each key's TAT (TAT' =
 -- now' + wait + n·T for n > 0), marked with its live holds and the latest
 -- end, with a PX that outlives the TAT and its holds; PEXPIRE of K..":h"
--- to that latest end (a key's tombstones may end early when a reservation
--- of a shorter ttl follows one of a longer ttl on a key that was not
--- marked). A denial writes nothing else.
+-- to the same PX, so that it lives as long as K (a key's tombstones may
+-- end early when a reservation of a shorter ttl follows one of a longer
+-- ttl on a key that was not marked). A denial writes nothing else.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -107,9 +107,9 @@ for i = 1, N do
   local k = S[key]
   if k[6] == nil then
     k[6] = true
-    -- marked: the key has live holds now (tau does not matter then)
+    -- marked: the key has live holds now (tau does not matter then);
+    -- K..":h" gets K's TTL (hset)
     hwrite(key, k[1], k[5], now, 0, k[3], k[4])
-    redis.call('PEXPIRE', KEYS[2 * i], math.floor((k[4] - now + 999) / 1000))
   end
 end
 return reply

@@ -32,14 +32,19 @@
 --                   full), even when o is full already: a clock that then
 --                   goes backwards is clamped by it (algorithms.go), so
 --                   forgetting it would give more room than the memory
---                   store does.
+--                   store does. With Redis TIME a plain TAT is written
+--                   compact, as the hot paths write it ("r" PXAT E,
+--                   ratelimit_holds.lua): the very bytes and expiry the
+--                   key had before the charge (a key whose expiry E has
+--                   passed meanwhile ends, as it would have).
 --   A key marked by holds or a debt ("<tat>h…", ratelimit_holds.lua) is
 --   restored the same way but keeps its mark and TTL; otherwise it gets
 --   TAT = max(TAT − n·T, now) while TAT > now.
 --   otherwise (another charge landed in between; never more than n is
 --   given back):
 --     bucket family  TAT -= n·T; the key is deleted when that leaves the
---                    bucket full, else its TTL is reset to TAT - now
+--                    bucket full, else written with its TTL to TAT − now
+--                    (compact with Redis TIME)
 --     fixed window   count -= n if the window is still the charged one
 --     window counter cur -= n in the charged window, or prev -= n once the
 --                    charged window has become the previous one
@@ -100,6 +105,10 @@ for i = #KEYS, 1, -1 do
             redis.call('SET', key, fmt('%d', o1) .. 'h0:0', 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
+          elseif compact then
+            -- as the hot paths wrote it: "r" PXAT E, the very bytes and
+            -- expiry the key had before the charge
+            tatset(key, o1)
           else
             redis.call('SET', key, fmt('%d', o1), 'KEEPTTL')
           end
@@ -109,7 +118,7 @@ for i = #KEYS, 1, -1 do
           if tat <= now then
             redis.call('DEL', key)
           else
-            redis.call('SET', key, fmt('%d', tat), 'PX', floor((tat - now + 999) / 1000))
+            tatset(key, tat, floor((tat - now + 999) / 1000))
           end
         end
       end

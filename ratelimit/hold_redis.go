@@ -49,7 +49,7 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 	if err := validateHold(items); err != nil {
 		return nil, err
 	}
-	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items))}
+	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items)), until: time.Now().Add(ttl)}
 	id := s.holdIDs.next()
 	if len(items) == 0 {
 		h.allowed, h.id = true, id
@@ -211,6 +211,9 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 	if s.err != nil {
 		return s.err
 	}
+	if !s.open() {
+		return fmt.Errorf("ratelimit: redis: settle: %w: %w", ErrNotSent, errGateClosed)
+	}
 	var groups []*group
 	var whole [1]*group
 	if s.sharded == oneServer {
@@ -234,6 +237,21 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 	return eg.Wait()
 }
 
+// settleArgs appends the settle script's ARGV values of item i settled
+// to actual, or, for a cancel, undoing the reserve that saw old (its
+// TAT, the TAT it wrote and its mark; actual is then ignored).
+func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]int64) []any {
+	it := &h.items[i]
+	T := it.Policy.EmissionInterval()
+	var a, exp int64
+	if !cancel {
+		a, exp = settleCost(it, actual), h.exps[i]
+	}
+	member := h.members[i]
+	tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
+	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old[0], old[1], old[2])
+}
+
 // runSettle runs lua/ratelimit_settle.lua for g, writing each item's
 // result to res (indexed like h's items, as actual is). With cancel it
 // undoes g's holds instead (actual is ignored): see reserveGroups.
@@ -252,18 +270,12 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		args[1] = 1
 	}
 	for j := range g.items {
-		it := &g.items[j]
 		i := g.index(j)
-		T := it.Policy.EmissionInterval()
-		var a, exp, old, wrote, mark int64
 		if cancel {
-			old, wrote, mark = g.old[j][0], g.old[j][1], g.old[j][2]
+			args = h.settleArgs(args, i, true, 0, g.old[j])
 		} else {
-			a, exp = settleCost(it, actual[i]), h.exps[i]
+			args = h.settleArgs(args, i, false, actual[i], [3]int64{})
 		}
-		member := h.members[i]
-		tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old, wrote, mark)
 	}
 	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {

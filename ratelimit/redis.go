@@ -59,6 +59,8 @@ type RedisStore struct {
 	idSeq   atomic.Uint64
 	holdIDs holdIDs
 	co      *coalescer // nil: coalescing off
+	sq      *settleQueue
+	gate    atomic.Pointer[func() bool] // SetGate; nil: always call
 }
 
 var _ BoundedStore = (*RedisStore)(nil)
@@ -85,7 +87,7 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 			opt(&o)
 		}
 	}
-	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs()}
+	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs(), sq: newSettleQueue(o.settleQueue)}
 	if o.coalesce > 0 {
 		s.co = &coalescer{max: o.coalesce}
 	}
@@ -110,6 +112,9 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 	s.idBase = base64.RawURLEncoding.EncodeToString(b[:]) + "."
 	return s
 }
+
+// Client returns the client the store sends its commands through.
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 
 // bucketSep separates the scope from the entity's hash tag in the bucket
 // family's keys: ';' since the compact encoding of a TAT (lua/

@@ -308,7 +308,14 @@ func (s *RedisStore) flush(batch []*waiter) {
 		return
 	}
 	calls := s.coalescedCalls(batch)
-	if len(calls) == 1 {
+	// the settles queued meanwhile ride in the same pipeline
+	// (redis_settle.go): no round trip of their own
+	settles := s.sq.takeForCall(s)
+	var scalls []*settleCall
+	if len(settles) > 0 {
+		scalls = s.settleCalls(settles)
+	}
+	if len(calls) == 1 && len(scalls) == 0 {
 		c := calls[0]
 		c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 	} else {
@@ -316,12 +323,23 @@ func (s *RedisStore) flush(batch []*waiter) {
 		for _, c := range calls {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
+		for _, c := range scalls {
+			c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range calls {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
+		for _, c := range scalls {
+			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+			}
+		}
+	}
+	if len(settles) > 0 {
+		s.deliverSettles(ctx, settles, scalls)
 	}
 	for _, c := range calls {
 		if err := c.cmd.Err(); err != nil && strings.Contains(err.Error(), "CROSSSLOT") {
