@@ -208,8 +208,9 @@ func (s Settings) withDefaults() (Settings, error) {
 }
 
 // health returns s.Health, or a breaker of its own built from s (after
-// withDefaults): one that probes with a PING on client, when not nil, and
-// counts on it honouring deadlines when it can be made to.
+// withDefaults): one that probes with a PING on client, when not nil
+// (each within the Budget, at least 100ms), and counts on it honouring
+// deadlines when it can be made to.
 func (s Settings) health(client redis.UniversalClient) *Health {
 	if s.Health != nil {
 		return s.Health
@@ -218,6 +219,7 @@ func (s Settings) health(client redis.UniversalClient) *Health {
 		Probes: s.Probes, OnStateChange: s.OnStateChange}
 	if client != nil {
 		hs.Probe = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+		hs.ProbeTimeout = max(s.Budget, defaultProbeTimeout)
 	}
 	hs, _ = hs.withDefaults() // valid: s was
 	h := newHealth(hs)
