@@ -71,8 +71,9 @@ type Settings struct {
 	// failure and is decided locally. Within a spillway.Chain a call also
 	// ends with the request's budget (spillway.WithBudget), and a call
 	// that finds that budget spent is not made: the decision is local at
-	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. The
-	// Redis client must honour context deadlines: see TuneOptions.
+	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. It
+	// holds whatever the Redis client's socket options: see NewHealth
+	// (and NewStore, for a store that names its client) and MaxAbandoned.
 	Budget time.Duration
 
 	// Health is the breaker shared by every block on the same Redis

@@ -79,6 +79,15 @@ type Stats struct {
 
 // NewStore wraps inner. It returns an error naming the field when s is
 // invalid or inner is nil.
+//
+// When inner names the go-redis client it sends through (a RedisStore's
+// Client), NewStore makes that client honour context deadlines (as
+// NewHealth does) and, given no Health, probes it with a PING; calls to
+// an inner store that names none (other than a MemoryStore, which never
+// waits) run detached, so that the budget holds whatever the store does
+// (see MaxAbandoned). A store that takes a gate (SetGate(func() bool):
+// the Redis store's settles sent off the request path) is handed the
+// health's state: nothing is sent while it is not closed.
 func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if inner == nil {
 		return nil, errors.New("fallback: inner store is nil")
