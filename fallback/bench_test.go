@@ -178,15 +178,20 @@ func BenchmarkOpenBreaker(b *testing.B) {
 }
 
 // BenchmarkWrapperThroughput compares, on one real redis-server at 64
-// goroutines over 10,000 keys, decisions through the bare RedisStore with
-// decisions through a fallback.Store over it: "direct", the Store given a
-// Health (NewHealth made its client honour deadlines: calls run on the
-// caller's goroutine), and "detached", the Store given no Health over a
-// client built from bare redis.Options (a goroutine per call, which
-// returns at the budget whatever the client). Each contender has a client
-// and keys of its own; -count alternates them.
+// goroutines over 10,000 keys, decisions through the bare RedisStore
+// ("bare") with decisions through a fallback.Store over it, every client
+// built from bare redis.Options: "fallback", the Store given no Health
+// (NewStore made the store's client honour deadlines: calls run on the
+// caller's goroutine); "health", the Store given its client's Health (the
+// same, plus the Health's hook on every command); "detached", the Store
+// over a store that does not name its client (a goroutine per call,
+// returning at the budget whatever the store does). Each contender has a
+// client and keys of its own, and a budget of 1 s: a decision the loaded
+// machine delays past 50 ms would be local (and fast) and open the
+// breaker. go test -count runs each contender's rounds
+// one after the other: to alternate them, run the binary several times.
 //
-//	go test -run '^$' -bench WrapperThroughput -benchtime 100000x -count 3 ./fallback/
+//	go test -c -o /tmp/fb.test ./fallback/ && for i in 1 2 3; do /tmp/fb.test -test.run '^$' -test.bench WrapperThroughput -test.benchtime 100000x; done
 func BenchmarkWrapperThroughput(b *testing.B) {
 	srv := redistest.Start(b)
 	policy := ratelimit.Policy{Limit: 1_000_000_000, Period: time.Hour}
@@ -225,26 +230,36 @@ func BenchmarkWrapperThroughput(b *testing.B) {
 	b.Run("bare", func(b *testing.B) {
 		bench(b, ratelimit.NewRedisStore(newClient(b), prefix("bare")))
 	})
-	b.Run("direct", func(b *testing.B) {
+	b.Run("fallback", func(b *testing.B) {
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(newClient(b), prefix("fallback")), fallback.Settings{Budget: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+	b.Run("health", func(b *testing.B) {
 		c := newClient(b)
 		h, err := fallback.NewHealth(c, fallback.HealthSettings{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(c, prefix("direct")), fallback.Settings{Health: h})
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(c, prefix("health")), fallback.Settings{Health: h, Budget: time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
 		bench(b, st)
 	})
 	b.Run("detached", func(b *testing.B) {
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(newClient(b), prefix("detached")), fallback.Settings{})
+		st, err := fallback.NewStore(anonymousStore{ratelimit.NewRedisStore(newClient(b), prefix("detached"))}, fallback.Settings{Budget: time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
 		bench(b, st)
 	})
 }
+
+// anonymousStore is a store that does not name its client.
+type anonymousStore struct{ ratelimit.Store }
 
 func runtimeProcs() int { return max(runtime.GOMAXPROCS(0), 1) }
 
