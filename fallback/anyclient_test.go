@@ -125,9 +125,9 @@ func (m *timed) run(what string, f func()) error {
 	kind := strings.TrimRight(what, "0123456789 ")
 	m.slowest[kind] = max(m.slowest[kind], el)
 	if el > m.bound {
-		// Voided only when the machine's stall can explain the overrun: a
+		// Voided only when the machine's stalls can explain the overrun: a
 		// call seconds late is not a few milliseconds of starvation.
-		if w := m.lag.worst(start, start.Add(el)); w >= starved && el <= m.bound+2*w {
+		if w := m.lag.worst(start, start.Add(el)); w >= starved && el <= m.bound+m.lag.total(start, start.Add(el))+starved {
 			return &errStarved{fmt.Sprintf("%s took %v (bound %v) while a wake-up was %v late", what, el, m.bound, w)}
 		}
 		return fmt.Errorf("%s took %v; want at most budget + %v = %v", what, el, slack, m.bound)
