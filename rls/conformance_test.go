@@ -586,3 +586,33 @@ descriptors:
 	require.Equal(t, `"per-a";q=10;w=3600, "h.b";q=3;w=60`, h["RateLimit-Policy"])
 	require.Regexp(t, `^"per-a";r=9;t=\d+, "h.b";r=2;t=\d+$`, h["RateLimit"])
 }
+
+// TestRedisDown: with the Redis process stopped (SIGSTOP, a hung Redis)
+// every call is still answered, by the breaker's local share: 20% of each
+// limit per server (here 2 of 10), marked in the degraded counter. The
+// reference's calls wait out REDIS_TIMEOUT (10s) instead.
+func TestRedisDown(t *testing.T) {
+	rs := redistest.Start(t)
+	b := backend{"single", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=single", "REDIS_URL=" + rs.Addr}, rs.Client(t)}
+	s := start(t, b, map[string]string{"d.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10}\n"})
+	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 9))
+
+	require.NoError(t, rs.Pause())
+	defer func() { _ = rs.Resume() }()
+	for i, w := range []want{ok(10, DAY, 1), ok(10, DAY, 0), over(10, DAY), over(10, DAY), over(10, DAY), over(10, DAY), over(10, DAY)} {
+		resp := s.call("d", 0, desc("k=down")) // call's deadline: 5s; none may hang
+		require.Equal(t, w.code.String(), resp.Statuses[0].Code.String(), "call %d", i)
+		require.Equal(t, w.remaining, resp.Statuses[0].LimitRemaining, "call %d", i)
+	}
+	require.EqualValues(t, 7, s.metric("spillway_rls_degraded_total"))
+	require.EqualValues(t, 1, s.metric(`spillway_rls_redis_breaker_state{state="open"}`))
+	require.EqualValues(t, 1, s.metric("spillway_rls_redis_breaker_opened_total"))
+
+	// back: Redis decides again, with what it had
+	require.NoError(t, rs.Resume())
+	redistest.WaitFor(t, "the breaker to close", 50*time.Millisecond, func() bool {
+		s.call("d", 0, desc("k=probe"))
+		return s.metric(`spillway_rls_redis_breaker_state{state="closed"}`) == 1
+	})
+	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 8))
+}
