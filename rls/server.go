@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"runtime"
 	"strconv"
@@ -205,6 +206,17 @@ func (srv *Server) Listen() error {
 	mux.HandleFunc("/json", srv.serveJSON)
 	if err := srv.listenHTTP(net.JoinHostPort(s.Host, strconv.Itoa(s.Port)), mux); err != nil {
 		return err
+	}
+	if s.DebugPort != 0 {
+		dm := http.NewServeMux()
+		dm.HandleFunc("/debug/pprof/", pprof.Index)
+		dm.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dm.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if err := srv.listenHTTP(net.JoinHostPort(s.DebugHost, strconv.Itoa(s.DebugPort)), dm); err != nil {
+			return err
+		}
 	}
 	if s.UsePrometheus {
 		pm := http.NewServeMux()
