@@ -247,7 +247,6 @@ func ServerOptions(s Settings) []grpc.ServerOption {
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge: s.GrpcMaxConnectionAge, MaxConnectionAgeGrace: s.GrpcMaxConnectionAgeGrace}),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		grpc.SharedWriteBuffer(true),
 	}
 }
 
