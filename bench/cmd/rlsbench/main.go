@@ -27,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -63,7 +64,7 @@ var (
 	outageWindow = flag.Duration("outage-window", 5*time.Second, "how long callers keep calling while Redis is stopped")
 	callTimeout  = flag.Duration("call-timeout", 35*time.Second, "each call's deadline")
 	budget       = flag.Duration("budget", 50*time.Millisecond, "spillway's budget (SPILLWAY_BUDGET); the outage target is budget + 20 ms")
-	profile      = flag.String("profile", "", "write CPU profiles of spillway's server (cmd/rlsprof: the same rls.Run with net/http/pprof) to PREFIX-<descriptors>.pprof, one per descriptor count, taken in the first round")
+	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (from DEBUG_PORT's /debug/pprof: the reference's own, rlsnop's, and for spillway cmd/rlsprof, the same rls.Run with net/http/pprof)")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -116,6 +117,10 @@ func run() error {
 	}
 	defer rdb.Stop()
 
+	redisPid, err := pidOf(ctx, rdb)
+	if err != nil {
+		return err
+	}
 	srvs := map[string]*server{}
 	for _, name := range names {
 		s, err := start(ctx, name, bins[name], tmp, rdb.Addr, runtimeRoot)
@@ -136,8 +141,10 @@ func run() error {
 		time.Now().UTC().Format(time.RFC3339), *callers, *conns, *keys, *duration, *warmup, loop(), *limit, rdb.Addr)
 	printf("# reference: %s\n", referenceVersion())
 	printf("# load average at start: %s\n", loadavg())
-	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s  %s\n",
-		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "loadavg")
+	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included)\n")
+	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
+	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
+		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "degraded", "cpu µs/call srv/rds/gen", "loadavg")
 
 	results := map[key][]*rlsload.Result{}
 	for r := range *rounds {
@@ -149,9 +156,11 @@ func run() error {
 				}
 				la := loadavg()
 				prof := (<-chan error)(nil)
-				if *profile != "" && name == "spillway" && r == 0 {
-					prof = takeProfile(srvs[name].debugAddr, *warmup+*duration/4, *duration/2, fmt.Sprintf("%s-%d.pprof", *profile, n))
+				if *profile != "" && r == 0 {
+					prof = takeProfile(srvs[name].debugAddr, *warmup+*duration/4, *duration/2, fmt.Sprintf("%s-%s-%d.pprof", *profile, name, n))
 				}
+				cpu0 := cpuTimes(srvs[name].cmd.Process.Pid, redisPid)
+				deg0 := srvs[name].degraded()
 				res, err := rlsload.Run(ctx, rlsload.Config{
 					Target: srvs[name].grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
 					Warmup: *warmup, Duration: *duration, Rate: *rate, CallTimeout: *callTimeout, Seed: uint64(r),
@@ -159,17 +168,24 @@ func run() error {
 				if err != nil {
 					return err
 				}
+				cpu := cpuTimes(srvs[name].cmd.Process.Pid, redisPid).perCall(cpu0, res.Calls, *duration+*warmup, *duration)
 				if prof != nil {
 					if err := <-prof; err != nil {
 						printf("# profile: %v\n", err)
 					}
 				}
+				deg := since(deg0, srvs[name].degraded())
 				results[key{name, n}] = append(results[key{name, n}], res)
-				printf("%-5d %-3d %-10s %10.0f %9s %9s %9s %9s %8d %6d %6d  %s\n",
+				printf("%-5d %-3d %-10s %10.0f %9s %9s %9s %9s %8d %6d %6d %8s %24s  %s\n",
 					r+1, n, name, res.PerSecond(), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Quantile(0.999)), ms(res.Max()),
-					res.OK, res.OverLimit, res.Errors, la)
+					res.OK, res.OverLimit, res.Errors, count(deg), cpu, la)
 				if res.FirstError != "" {
 					printf("#   first error: %s\n", res.FirstError)
+				}
+				if cs, err := commands(ctx, rdb, res.Calls, *duration+*warmup, *duration); err != nil {
+					return err
+				} else if cs != "" {
+					printf("#   redis: %s\n", cs)
 				}
 				if err := srvs[name].alive(); err != nil {
 					return err
@@ -183,12 +199,10 @@ func run() error {
 	if *outage {
 		printf("\n# outage: Redis stopped (SIGSTOP) while %d callers call for %v, one descriptor, each call's deadline %v; target: every call answered within budget %v + 20 ms\n",
 			*callers, *outageWindow, *callTimeout, *budget)
-		printf("%-10s %7s %6s %6s %6s %9s %9s %9s %9s %9s  %s\n",
-			"server", "calls", "ok", "over", "errors", ">bound", "first", "p50", "p99", "max", "after SIGCONT")
+		printf("# (the do-nothing server, which never calls Redis, is the control: its latencies are this machine's queueing under the same load)\n")
+		printf("%-10s %7s %6s %6s %6s %8s %9s %9s %9s %9s %9s  %s\n",
+			"server", "calls", "ok", "over", "errors", "degraded", ">bound", "first", "p50", "p99", "max", "after SIGCONT")
 		for _, name := range names {
-			if name == "nothing" {
-				continue
-			}
 			if err := outageTest(ctx, printf, srvs[name], rdb); err != nil {
 				return err
 			}
@@ -301,6 +315,7 @@ func referenceVersion() string {
 type server struct {
 	name                          string
 	grpcAddr, httpAddr, debugAddr string
+	promAddr                      string // spillway's Prometheus endpoint, for its degraded count
 	cmd                           *exec.Cmd
 	log                           string
 	exited                        chan struct{}
@@ -342,7 +357,8 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 		env = append(env, "REDIS_POOL_SIZE="+strconv.Itoa(*pool))
 	}
 	if name == "spillway" {
-		env = append(env, "SPILLWAY_BUDGET="+budget.String())
+		s.promAddr = addrs[3]
+		env = append(env, "SPILLWAY_BUDGET="+budget.String(), "USE_PROMETHEUS=true", "PROMETHEUS_ADDR="+s.promAddr)
 	}
 	logf, err := os.Create(s.log)
 	if err != nil {
@@ -383,6 +399,47 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 	}
 }
 
+// degraded reads spillway's count of descriptors decided by the local
+// share from its Prometheus endpoint; -1 for the other servers or when it
+// cannot.
+func (s *server) degraded() int64 {
+	if s.promAddr == "" {
+		return -1
+	}
+	resp, err := http.Get("http://" + s.promAddr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "spillway_rls_degraded_total "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
+}
+
+// since is b - a of two counts, -1 when either is unknown.
+func since(a, b int64) int64 {
+	if a < 0 || b < 0 {
+		return -1
+	}
+	return b - a
+}
+
+// count formats a count that is negative when unknown.
+func count(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // alive reports an error when the process has exited.
 func (s *server) alive() error {
 	select {
@@ -412,11 +469,52 @@ func tail(path string) string {
 	return string(b)
 }
 
+// flush empties Redis and resets its command statistics.
 func flush(ctx context.Context, rdb *redistest.Server) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := rdb.Do(ctx, "FLUSHALL")
+	if _, err := rdb.Do(ctx, "FLUSHALL"); err != nil {
+		return err
+	}
+	_, err := rdb.Do(ctx, "CONFIG", "RESETSTAT")
 	return err
+}
+
+// commands summarizes INFO commandstats since the last flush: each
+// command's count per call of the turn (the window's calls scaled to the
+// whole turn) and its µs per command in Redis.
+func commands(ctx context.Context, rdb *redistest.Server, calls int, turn, window time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := rdb.Do(ctx, "INFO", "commandstats")
+	if err != nil {
+		return "", err
+	}
+	stats := redistest.CommandStats(fmt.Sprint(info))
+	n := float64(calls) * float64(turn) / float64(window)
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(stats)) {
+		st := stats[name]
+		if calls == 0 || st.Calls == 0 || strings.HasPrefix(name, "info") || strings.HasPrefix(name, "config") {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.3f/call %.1fµs", name, st.Calls/n, st.Usec/st.Calls))
+	}
+	return strings.Join(parts, ", "), nil
+}
+
+// pidOf reads the redis-server's process id from INFO server.
+func pidOf(ctx context.Context, rdb *redistest.Server) (int, error) {
+	info, err := rdb.Do(ctx, "INFO", "server")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(fmt.Sprint(info)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 // loadavg is the first three fields of /proc/loadavg.
@@ -461,6 +559,49 @@ func takeProfile(debugAddr string, delay, length time.Duration, path string) <-c
 		done <- err
 	}()
 	return done
+}
+
+// cpu is the CPU time (user + system) used so far by the server, the
+// redis-server and this process.
+type cpu struct{ srv, rds, gen time.Duration }
+
+func cpuTimes(srvPid, redisPid int) cpu {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	gen := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return cpu{srv: procCPU(srvPid), rds: procCPU(redisPid), gen: gen}
+}
+
+// perCall formats the CPU time used since c0 per call, the calls of the
+// measured window scaled to the whole turn (warm-up and window).
+func (c cpu) perCall(c0 cpu, calls int, turn, window time.Duration) string {
+	if calls == 0 {
+		return "-"
+	}
+	n := float64(calls) * float64(turn) / float64(window)
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 / n }
+	return fmt.Sprintf("%.0f/%.0f/%.0f", us(c.srv-c0.srv), us(c.rds-c0.rds), us(c.gen-c0.gen))
+}
+
+// procCPU reads utime + stime of a process from /proc (clock ticks of
+// 10 ms), 0 when it cannot.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
@@ -527,7 +668,9 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 	}
 	down := cfg
 	down.Duration = *outageWindow
+	deg0 := s.degraded()
 	res, err := rlsload.Run(ctx, down)
+	deg := since(deg0, s.degraded())
 	if rerr := rdb.Resume(); err == nil {
 		err = rerr
 	}
@@ -550,8 +693,8 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 		}
 	}
 	bound := *budget + 20*time.Millisecond
-	printf("%-10s %7d %6d %6d %6d %9d %9s %9s %9s %9s  %s\n",
-		s.name, res.Calls, res.OK, res.OverLimit, res.Errors, res.Over(bound),
+	printf("%-10s %7d %6d %6d %6d %8s %9d %9s %9s %9s %9s  %s\n",
+		s.name, res.Calls, res.OK, res.OverLimit, res.Errors, count(deg), res.Over(bound),
 		ms(res.First), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Max()), after)
 	if res.FirstError != "" {
 		printf("#   first error: %s\n", res.FirstError)

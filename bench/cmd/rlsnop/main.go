@@ -2,7 +2,8 @@
 // ShouldRateLimit call is answered OK at once. It listens where the
 // reference server would, from the same environment variables: gRPC on
 // GRPC_HOST:GRPC_PORT (default 0.0.0.0:8081) and HTTP /healthcheck on
-// HOST:PORT (default 0.0.0.0:8080). cmd/rlsbench runs it beside the real
+// HOST:PORT (default 0.0.0.0:8080); with DEBUG_PORT set, net/http/pprof on
+// DEBUG_HOST:DEBUG_PORT as the reference serves it. cmd/rlsbench runs it beside the real
 // servers as the ceiling of the machine.
 package main
 
@@ -12,8 +13,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // the profiling endpoints on http.DefaultServeMux, served on DEBUG_PORT
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -49,7 +52,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if w, err := strconv.Atoi(os.Getenv("RLSNOP_STREAM_WORKERS")); err == nil && w > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(uint32(w)))
+	}
+	gs := grpc.NewServer(opts...)
 	rlsload.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -57,6 +64,10 @@ func run() error {
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("OK")) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
+	if port := os.Getenv("DEBUG_PORT"); port != "" {
+		debug := &http.Server{Addr: net.JoinHostPort(env("DEBUG_HOST", "0.0.0.0"), port), ReadHeaderTimeout: 5 * time.Second}
+		go func() { fmt.Fprintln(os.Stderr, "rlsnop: debug listener:", debug.ListenAndServe()) }()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	errs := make(chan error, 2)
