@@ -65,6 +65,7 @@ var (
 	callTimeout  = flag.Duration("call-timeout", 35*time.Second, "each call's deadline")
 	budget       = flag.Duration("budget", 50*time.Millisecond, "spillway's budget (SPILLWAY_BUDGET); the outage target is budget + 20 ms")
 	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (from DEBUG_PORT's /debug/pprof: the reference's own, rlsnop's, and for spillway cmd/rlsprof, the same rls.Run with net/http/pprof)")
+	spillwaySrc  = flag.String("spillway-src", "..", "the checkout of spillway whose cmd/spillway-ratelimit is measured (to compare two versions)")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -288,7 +289,7 @@ func build(ctx context.Context, dir string, names []string) (map[string]string, 
 			if *profile != "" {
 				args = []string{"build", "-o", bin, "./cmd/rlsprof"}
 			} else {
-				args = []string{"build", "-C", "..", "-o", bin, "./cmd/spillway-ratelimit"}
+				args = []string{"build", "-C", *spillwaySrc, "-o", bin, "./cmd/spillway-ratelimit"}
 			}
 		}
 		fmt.Fprintf(os.Stderr, "rlsbench: go %s\n", strings.Join(args, " "))
