@@ -6,6 +6,7 @@
 package rlsload
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Config struct {
 	Rate        float64       // calls/s offered by all callers together (open loop); 0: closed loop
 	CallTimeout time.Duration // each call's deadline (default 35s)
 	Seed        uint64        // seeds the callers' key choices
+	// Slow, when positive, makes the result list the calls slower than it
+	// (Result.Slow), with when they started.
+	Slow time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -87,6 +91,14 @@ type Result struct {
 	Latencies []time.Duration
 	// First is the slowest of the callers' first calls in the window.
 	First time.Duration
+	// Slow are the calls slower than Config.Slow, by start.
+	Slow []Call
+}
+
+// Call is one call: when it started after the window began, and how long
+// it took.
+type Call struct {
+	Start, Latency time.Duration
 }
 
 // PerSecond is the calls per second of the window.
@@ -175,6 +187,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	type tally struct {
 		lat            []time.Duration
+		slow           []Call
 		ok, over, errs int
 		firstErr       string
 		first          time.Duration
@@ -215,6 +228,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 					continue
 				}
 				t.lat = append(t.lat, lat)
+				if cfg.Slow > 0 && lat > cfg.Slow {
+					t.slow = append(t.slow, Call{Start: begin.Sub(from), Latency: lat})
+				}
 				if !t.seenFirst {
 					t.seenFirst, t.first = true, lat
 				}
@@ -246,6 +262,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := range tallies {
 		t := &tallies[i]
 		r.Latencies = append(r.Latencies, t.lat...)
+		r.Slow = append(r.Slow, t.slow...)
 		r.OK += t.ok
 		r.OverLimit += t.over
 		r.Errors += t.errs
@@ -256,5 +273,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	r.Calls = len(r.Latencies)
 	slices.Sort(r.Latencies)
+	slices.SortFunc(r.Slow, func(a, b Call) int { return cmp.Compare(a.Start, b.Start) })
 	return r, nil
 }

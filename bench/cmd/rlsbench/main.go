@@ -66,6 +66,8 @@ var (
 	budget       = flag.Duration("budget", 50*time.Millisecond, "spillway's budget (SPILLWAY_BUDGET); the outage target is budget + 20 ms")
 	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (from DEBUG_PORT's /debug/pprof: the reference's own, rlsnop's, and for spillway cmd/rlsprof, the same rls.Run with net/http/pprof)")
 	spillwaySrc  = flag.String("spillway-src", "..", "the checkout of spillway whose cmd/spillway-ratelimit is measured (to compare two versions)")
+	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
+	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -142,7 +144,7 @@ func run() error {
 		time.Now().UTC().Format(time.RFC3339), *callers, *conns, *keys, *duration, *warmup, loop(), *limit, rdb.Addr)
 	printf("# reference: %s\n", referenceVersion())
 	printf("# load average at start: %s\n", loadavg())
-	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included)\n")
+	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included, and what the server did after it until it and Redis were idle)\n")
 	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
 	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
 		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "degraded", "cpu µs/call srv/rds/gen", "loadavg")
@@ -169,6 +171,10 @@ func run() error {
 				if err != nil {
 					return err
 				}
+				// work the turn left behind (spillway's reconciliation of
+				// degraded decisions) ends before the CPU is read and the
+				// next turn starts
+				settle(ctx, srvs[name].cmd.Process.Pid, redisPid)
 				cpu := cpuTimes(srvs[name].cmd.Process.Pid, redisPid).perCall(cpu0, res.Calls, *duration+*warmup, *duration)
 				if prof != nil {
 					if err := <-prof; err != nil {
@@ -204,7 +210,7 @@ func run() error {
 		printf("%-10s %7s %6s %6s %6s %8s %9s %9s %9s %9s %9s  %s\n",
 			"server", "calls", "ok", "over", "errors", "degraded", ">bound", "first", "p50", "p99", "max", "after SIGCONT")
 		for _, name := range names {
-			if err := outageTest(ctx, printf, srvs[name], rdb); err != nil {
+			if err := outageTest(ctx, printf, srvs[name], rdb, redisPid); err != nil {
 				return err
 			}
 		}
@@ -357,9 +363,13 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 	if *pool > 0 {
 		env = append(env, "REDIS_POOL_SIZE="+strconv.Itoa(*pool))
 	}
-	if name == "spillway" {
+	switch name {
+	case "spillway":
 		s.promAddr = addrs[3]
 		env = append(env, "SPILLWAY_BUDGET="+budget.String(), "USE_PROMETHEUS=true", "PROMETHEUS_ADDR="+s.promAddr)
+		env = append(env, extraEnv(*spillwayEnv)...)
+	case "reference":
+		env = append(env, extraEnv(*refEnv)...)
 	}
 	logf, err := os.Create(s.log)
 	if err != nil {
@@ -425,6 +435,38 @@ func (s *server) degraded() int64 {
 	return -1
 }
 
+// slowByStart counts slow calls by their start: the first 100 ms, the
+// rest of the first second, then each second.
+func slowByStart(calls []rlsload.Call) string {
+	type bucket struct {
+		name string
+		end  time.Duration
+		n    int
+		max  time.Duration
+	}
+	bs := []*bucket{{name: "0–0.1s", end: 100 * time.Millisecond}, {name: "0.1–1s", end: time.Second}}
+	for _, c := range calls {
+		for c.Start >= bs[len(bs)-1].end {
+			last := bs[len(bs)-1].end
+			bs = append(bs, &bucket{name: fmt.Sprintf("%g–%gs", last.Seconds(), last.Seconds()+1), end: last + time.Second})
+		}
+		for _, b := range bs {
+			if c.Start < b.end {
+				b.n++
+				b.max = max(b.max, c.Latency)
+				break
+			}
+		}
+	}
+	var parts []string
+	for _, b := range bs {
+		if b.n > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d (max %s)", b.name, b.n, ms(b.max)))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 // since is b - a of two counts, -1 when either is unknown.
 func since(a, b int64) int64 {
 	if a < 0 || b < 0 {
@@ -439,6 +481,17 @@ func count(n int64) string {
 		return "-"
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// extraEnv splits a comma-separated list of NAME=value.
+func extraEnv(list string) []string {
+	var env []string
+	for kv := range strings.SplitSeq(list, ",") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // alive reports an error when the process has exited.
@@ -562,6 +615,22 @@ func takeProfile(debugAddr string, delay, length time.Duration, path string) <-c
 	return done
 }
 
+// settle waits until the server and redis-server are idle (together at
+// most one 10 ms clock tick of CPU in 300 ms), at most 10 s.
+func settle(ctx context.Context, srvPid, redisPid int) {
+	for range 33 {
+		c0 := procCPU(srvPid) + procCPU(redisPid)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+		if procCPU(srvPid)+procCPU(redisPid)-c0 <= 10*time.Millisecond {
+			return
+		}
+	}
+}
+
 // cpu is the CPU time (user + system) used so far by the server, the
 // redis-server and this process.
 type cpu struct{ srv, rds, gen time.Duration }
@@ -654,10 +723,11 @@ func minMax(rs []*rlsload.Result, f func(*rlsload.Result) float64) (lo, hi float
 // (SIGSTOP), keeps the callers calling for -outage-window, waits for every
 // call started to end (each within -call-timeout), resumes Redis and checks
 // that the server answers again.
-func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb *redistest.Server) error {
+func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb *redistest.Server, redisPid int) error {
 	if err := flush(ctx, rdb); err != nil {
 		return err
 	}
+	settle(ctx, s.cmd.Process.Pid, redisPid)
 	cfg := rlsload.Config{Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: 1, CallTimeout: *callTimeout, Seed: 99}
 	warm := cfg
 	warm.Duration = time.Second
@@ -669,6 +739,8 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 	}
 	down := cfg
 	down.Duration = *outageWindow
+	bound := *budget + 20*time.Millisecond
+	down.Slow = bound
 	deg0 := s.degraded()
 	res, err := rlsload.Run(ctx, down)
 	deg := since(deg0, s.degraded())
@@ -693,12 +765,14 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 			break
 		}
 	}
-	bound := *budget + 20*time.Millisecond
 	printf("%-10s %7d %6d %6d %6d %8s %9d %9s %9s %9s %9s  %s\n",
 		s.name, res.Calls, res.OK, res.OverLimit, res.Errors, count(deg), res.Over(bound),
 		ms(res.First), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Max()), after)
 	if res.FirstError != "" {
 		printf("#   first error: %s\n", res.FirstError)
+	}
+	if len(res.Slow) > 0 {
+		printf("#   calls over %v by when they started (after SIGSTOP): %s\n", bound, slowByStart(res.Slow))
 	}
 	return s.alive()
 }
