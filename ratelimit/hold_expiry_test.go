@@ -36,12 +36,11 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Hour}
 	const ttl = 400 * time.Millisecond
 	type run struct {
-		l        *Limiter
-		expired  map[string]*Hold // the hold of 80 left to expire, per key
-		other    *Hold            // the settle key's live hold of 10
-		c        redis.UniversalClient
-		rawKey   func(key string) string
-		observed []string // what each step saw, compared across stores
+		l       *Limiter
+		expired map[string]*Hold // the hold of 80 left to expire, per key
+		other   *Hold            // the settle key's live hold of 10
+		c       redis.UniversalClient
+		rawKey  func(key string) string
 	}
 	runs := make([]*run, len(stores))
 	keys := []string{"decision", "peek", "reserve", "settle"}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -98,28 +100,51 @@ type asyncSettle struct {
 	actual []int64
 	res    []SettleResult // what the calls so far answered (0: not yet)
 	then   func([]SettleResult, error)
+	next   *asyncSettle // in settleQueue.in
 }
 
-// settleQueue is a RedisStore's queue of settles.
+// settleQueue is a RedisStore's queue of settles. SettleAsync pushes onto
+// a lock-free stack (in), so that a done never waits on a lock that a
+// descheduled goroutine holds; the senders move it, in order, to q under
+// mu.
 type settleQueue struct {
-	max int // items
+	max int64 // items
 
-	mu      sync.Mutex
-	q       []*asyncSettle
-	items   int
-	running bool          // the background goroutine runs
-	exited  chan struct{} // closed when it returns
-	closed  bool
-	wake    chan struct{} // cuts the goroutine's linger short (cap 1)
-	arrive  chan struct{} // wakes the idle goroutine: the queue is no longer empty (cap 1)
-	flying  int           // settles taken and not yet answered or put back
+	in      atomic.Pointer[asyncSettle] // pushed by SettleAsync, newest first
+	items   atomic.Int64                // items queued, in in and q
+	closed  atomic.Bool
+	running atomic.Bool                   // the background goroutine runs
+	exited  atomic.Pointer[chan struct{}] // closed when it returns
+	wake    chan struct{}                 // cuts the goroutine's linger short (cap 1)
+	arrive  chan struct{}                 // wakes the idle goroutine: the queue is no longer empty (cap 1)
+
+	mu     sync.Mutex // the senders' side
+	q      []*asyncSettle
+	flying int // settles taken and not yet answered or put back
 }
 
 func newSettleQueue(max int) *settleQueue {
 	if max <= 0 {
 		max = DefaultSettleQueue
 	}
-	return &settleQueue{max: max, wake: make(chan struct{}, 1), arrive: make(chan struct{}, 1)}
+	return &settleQueue{max: int64(max), wake: make(chan struct{}, 1), arrive: make(chan struct{}, 1)}
+}
+
+// collect moves what SettleAsync pushed to the end of q, oldest first.
+// q.mu is held.
+func (q *settleQueue) collect() {
+	top := q.in.Swap(nil)
+	if top == nil {
+		return
+	}
+	n := len(q.q)
+	for a := top; a != nil; {
+		next := a.next
+		a.next = nil
+		q.q = append(q.q, a)
+		a = next
+	}
+	slices.Reverse(q.q[n:])
 }
 
 // settleAsync implements holdSettler: it queues the settle.
@@ -129,32 +154,43 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 		return
 	}
 	q := s.sq
-	a := &asyncSettle{h: h, actual: actual, res: make([]SettleResult, len(h.items)), then: then}
-	q.mu.Lock()
-	switch {
-	case q.closed:
-		q.mu.Unlock()
+	if q.closed.Load() {
 		then(nil, fmt.Errorf("ratelimit: redis: store closed: %w", ErrNotSent))
 		return
-	case q.items+len(h.items) > q.max:
-		q.mu.Unlock()
+	}
+	n := int64(len(h.items))
+	after := q.items.Add(n)
+	if after > q.max {
+		q.items.Add(-n)
 		then(nil, fmt.Errorf("ratelimit: redis: %d settle items queued, the bound: %w", q.max, ErrNotSent))
 		return
 	}
-	q.q = append(q.q, a)
-	q.items += len(h.items)
-	if q.items >= settleFlushItems {
+	a := &asyncSettle{h: h, actual: actual, res: make([]SettleResult, len(h.items)), then: then}
+	for {
+		old := q.in.Load()
+		a.next = old
+		if q.in.CompareAndSwap(old, a) {
+			if old == nil {
+				signal(q.arrive)
+			}
+			break
+		}
+	}
+	if after >= settleFlushItems && after-n < settleFlushItems {
 		signal(q.wake)
 	}
-	if len(q.q) == 1 {
-		signal(q.arrive)
+	s.startSettleLoop()
+}
+
+// startSettleLoop starts the background goroutine unless it runs.
+func (s *RedisStore) startSettleLoop() {
+	q := s.sq
+	if q.running.Load() || !q.running.CompareAndSwap(false, true) {
+		return
 	}
-	if !q.running {
-		q.running = true
-		q.exited = make(chan struct{})
-		go s.settleLoop(q.exited)
-	}
-	q.mu.Unlock()
+	ch := make(chan struct{})
+	q.exited.Store(&ch)
+	go s.settleLoop(ch)
 }
 
 // signal sends on ch (cap 1) unless a signal is already pending.
@@ -168,6 +204,7 @@ func signal(ch chan struct{}) {
 // take removes up to max items' worth of settles (at least one) from the
 // head of the queue. q.mu is held.
 func (q *settleQueue) take(max int) []*asyncSettle {
+	q.collect()
 	n, items := 0, 0
 	for n < len(q.q) && (n == 0 || items+len(q.q[n].h.items) <= max) {
 		items += len(q.q[n].h.items)
@@ -179,15 +216,19 @@ func (q *settleQueue) take(max int) []*asyncSettle {
 	rest := copy(q.q, q.q[n:])
 	clear(q.q[rest:])
 	q.q = q.q[:rest]
-	q.items -= items
+	q.items.Add(-int64(items))
 	return batch
 }
 
 // takeForCall takes what a coalesced call of decisions can carry along:
 // nothing when the queue is empty or the gate is closed.
 func (q *settleQueue) takeForCall(s *RedisStore) []*asyncSettle {
+	if q.in.Load() == nil && q.items.Load() == 0 {
+		return nil // lock-free: the common case of a busy store without holds
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.collect()
 	if len(q.q) == 0 || !s.open() {
 		return nil
 	}
@@ -201,12 +242,12 @@ func (q *settleQueue) requeue(batch []*asyncSettle, err error) {
 	var back, dropped []*asyncSettle
 	q.mu.Lock()
 	q.flying -= len(batch)
-	room := q.max - q.items
+	room := q.max - q.items.Load()
 	for _, a := range batch {
-		if !q.closed && now.Before(a.h.until) && len(a.h.items) <= room {
+		if n := int64(len(a.h.items)); !q.closed.Load() && now.Before(a.h.until) && n <= room {
 			back = append(back, a)
-			room -= len(a.h.items)
-			q.items += len(a.h.items)
+			room -= n
+			q.items.Add(n)
 		} else {
 			dropped = append(dropped, a)
 		}
@@ -230,13 +271,23 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 	q := s.sq
 	defer close(exited)
 	var idle *time.Timer
+	// stop returns whether the goroutine may return: nothing is queued
+	// (what a SettleAsync pushes after this check starts a goroutine of
+	// its own, or this one again).
+	stop := func() bool {
+		q.running.Store(false)
+		return q.in.Load() == nil || !q.running.CompareAndSwap(false, true)
+	}
 	for {
 		q.mu.Lock()
+		q.collect()
 		if len(q.q) == 0 {
-			if q.closed {
-				q.running = false
+			if q.closed.Load() {
 				q.mu.Unlock()
-				return
+				if stop() {
+					return
+				}
+				continue
 			}
 			q.mu.Unlock()
 			if idle == nil {
@@ -251,16 +302,16 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 				idle.Stop()
 			case <-idle.C:
 				q.mu.Lock()
-				if len(q.q) == 0 {
-					q.running = false
-					q.mu.Unlock()
+				q.collect()
+				empty := len(q.q) == 0
+				q.mu.Unlock()
+				if empty && stop() {
 					return
 				}
-				q.mu.Unlock()
 			}
 			continue
 		}
-		hurry := q.closed || q.items >= settleFlushItems
+		hurry := q.closed.Load() || q.items.Load() >= settleFlushItems
 		q.mu.Unlock()
 		if !hurry {
 			t := time.NewTimer(settleLinger)
@@ -271,6 +322,7 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 			}
 		}
 		q.mu.Lock()
+		q.collect()
 		if len(q.q) == 0 { // a coalesced call took them meanwhile
 			q.mu.Unlock()
 			continue
@@ -453,6 +505,7 @@ func (s *RedisStore) Flush(ctx context.Context) error {
 	q := s.sq
 	for {
 		q.mu.Lock()
+		q.collect()
 		idle := len(q.q) == 0 && q.flying == 0
 		q.mu.Unlock()
 		if idle {
@@ -481,23 +534,34 @@ func (s *RedisStore) Close(ctx context.Context) error {
 		return nil
 	}
 	q := s.sq
-	q.mu.Lock()
-	q.closed = true
-	running, exited := q.running, q.exited
-	q.mu.Unlock()
+	q.closed.Store(true)
 	signal(q.wake)
-	if !running {
-		return nil
+	exited := q.exited.Load()
+	if exited == nil {
+		return nil // never started: nothing was queued
 	}
 	select {
-	case <-exited:
-		return nil
+	case <-*exited:
+		if q.in.Load() == nil { // else a SettleAsync that raced Close started another
+			return nil
+		}
+		s.startSettleLoop()
+		if e := q.exited.Load(); e != exited {
+			select {
+			case <-*e:
+				return nil
+			case <-ctx.Done():
+			}
+		}
 	case <-ctx.Done():
 	}
 	q.mu.Lock()
+	q.collect()
 	left := q.q
 	q.q = nil
-	q.items = 0
+	for _, a := range left {
+		q.items.Add(-int64(len(a.h.items)))
+	}
 	q.mu.Unlock()
 	for _, a := range left {
 		a.then(nil, fmt.Errorf("ratelimit: redis: store closed before the settle was sent: %w", ErrNotSent))
