@@ -24,7 +24,12 @@ var ErrAbandoned = errors.New("fallback: too many calls still running past their
 // (go-redis ignores them unless ContextTimeoutEnabled) and reports whether
 // it could: false for a client type it does not know (a wrapper).
 func honourDeadlines(client redis.UniversalClient) bool {
-	enable := func(c *redis.Client) { c.Options().ContextTimeoutEnabled = true }
+	// Written only when false: a tuned client's options are left untouched.
+	enable := func(c *redis.Client) {
+		if o := c.Options(); !o.ContextTimeoutEnabled {
+			o.ContextTimeoutEnabled = true
+		}
+	}
 	switch c := client.(type) {
 	case *redis.Client: // NewClient and NewFailoverClient
 		enable(c)
@@ -32,10 +37,14 @@ func honourDeadlines(client redis.UniversalClient) bool {
 		// The nodes copy the option when they are created: the ones to
 		// come through OnNewNode, the cluster's own calls through its
 		// options. Nodes are created at the first command.
-		c.Options().ContextTimeoutEnabled = true
+		if o := c.Options(); !o.ContextTimeoutEnabled {
+			o.ContextTimeoutEnabled = true
+		}
 		c.OnNewNode(enable)
 	case *redis.Ring:
-		c.Options().ContextTimeoutEnabled = true
+		if o := c.Options(); !o.ContextTimeoutEnabled {
+			o.ContextTimeoutEnabled = true
+		}
 		c.OnNewNode(enable)
 		// The shards exist already (NewRing makes them): no command is sent.
 		_ = c.ForEachShard(context.Background(), func(_ context.Context, s *redis.Client) error {

@@ -94,12 +94,13 @@ type HealthSettings struct {
 	// whichever blocks made them (default 5).
 	Failures uint32
 
-	// OpenTimeout is how long the health stays open before it lets probes
-	// through (default 1s). It is also the RetryAfter of fail-closed
-	// denials of the blocks that share it.
+	// OpenTimeout is how long the health stays open before it probes
+	// (default 1s; up to 1.2× that, jittered). It is also the RetryAfter of
+	// fail-closed denials of the blocks that share it.
 	OpenTimeout time.Duration
 
-	// Probes is how many calls the half-open health lets through; as many
+	// Probes is how many probes the half-open health sends in a row (or,
+	// without a probe, how many user calls it lets through); as many
 	// consecutive successes close it (default 3).
 	Probes uint32
 

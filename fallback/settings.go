@@ -88,14 +88,15 @@ type Settings struct {
 	// (default 5). Only without Health.
 	Failures uint32
 
-	// OpenTimeout is how long the breaker stays open before it lets probes
-	// through (default 1s). It is also the RetryAfter of fail-closed
-	// denials.
+	// OpenTimeout is how long the breaker stays open before it probes
+	// (default 1s; up to 1.2× that, jittered). It is also the RetryAfter
+	// of fail-closed denials. Only without Health.
 	OpenTimeout time.Duration
 
-	// Probes is how many calls the half-open breaker lets through; as many
-	// consecutive successes close it (default 3). Recovery is gradual: the
-	// rest of the traffic stays local until then.
+	// Probes is how many probes the half-open breaker sends in a row (a
+	// PING on the store's client; without one, how many user calls it
+	// lets through); as many consecutive successes close it (default 3).
+	// Only without Health.
 	Probes uint32
 
 	// Share is the fraction of every policy's quota a server admits on its
