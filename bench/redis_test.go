@@ -175,7 +175,23 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		"spillway_fallback":  allow(limiter(fb)),
 		"tiers_one_rule":     admit(rules("user")),
 		"tiers_three_rules":  admit(rules("ip", "user", "api_key")),
+		// the windows, for -only: -limit per second
+		"window_counter":              allow(window(b, store(), ratelimit.SlidingWindowCounter, 0, 0)),
+		"window_buckets":              allow(window(b, store(), ratelimit.SlidingWindowBuckets, 0, ratelimit.Interpolated)),
+		"window_buckets_conservative": allow(window(b, store(), ratelimit.SlidingWindowBuckets, 0, ratelimit.Conservative)),
+		"window_buckets_50":           allow(window(b, store(), ratelimit.SlidingWindowBuckets, 50, ratelimit.Interpolated)),
+		"window_log":                  allow(window(b, store(), ratelimit.SlidingWindowLog, 0, 0)),
 	}, fb
+}
+
+// window returns a limiter of algorithm a (with its buckets and mode) at
+// -limit per second, with the default scope.
+func window(b *testing.B, s ratelimit.Store, a ratelimit.Algorithm, buckets int64, mode ratelimit.WindowMode) *ratelimit.Limiter {
+	l, err := ratelimit.New(s, ratelimit.Policy{Algorithm: a, Limit: int64(*limit), Period: time.Second, Buckets: buckets, Mode: mode})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
 }
 
 // result is one contender's run.
@@ -384,6 +400,12 @@ var ratios = []struct {
 	{"tiers three rules / one rule mean latency ≤ p99", func(r map[string]result) float64 { return r["tiers_three_rules"].trim / r["tiers_one_rule"].trim }},
 	{"tiers three rules / one rule p50", func(r map[string]result) float64 { return r["tiers_three_rules"].p50 / r["tiers_one_rule"].p50 }},
 	{"redis_rate ×3 / tiers three rules wall time", func(r map[string]result) float64 { return r["tiers_three_rules"].dps / r["redis_rate_x3"].dps }},
+	{"window buckets / counter decisions/s", func(r map[string]result) float64 { return r["window_buckets"].dps / r["window_counter"].dps }},
+	{"window buckets conservative / counter decisions/s", func(r map[string]result) float64 {
+		return r["window_buckets_conservative"].dps / r["window_counter"].dps
+	}},
+	{"window buckets N=50 / counter decisions/s", func(r map[string]result) float64 { return r["window_buckets_50"].dps / r["window_counter"].dps }},
+	{"window log / counter decisions/s", func(r map[string]result) float64 { return r["window_log"].dps / r["window_counter"].dps }},
 }
 
 // table formats one round.
@@ -455,6 +477,48 @@ func serverCPU(b *testing.B, c *redis.Client) float64 {
 	return sum
 }
 
+// fill calls allow(0) … allow(n-1) from -goroutines callers.
+func fill(b *testing.B, n int, allow func(i int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range *goroutines {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				if err := allow(int(i)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// memWindow is the limiter of a window contender of
+// BenchmarkRedisMemoryPerKey: 100 per minute.
+func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter {
+	p := ratelimit.Policy{Limit: 100, Period: time.Minute}
+	switch name {
+	case "window_counter":
+		p.Algorithm = ratelimit.SlidingWindowCounter
+	case "window_buckets":
+		p.Algorithm = ratelimit.SlidingWindowBuckets
+	case "window_buckets_60":
+		p.Algorithm, p.Buckets = ratelimit.SlidingWindowBuckets, 60
+	case "window_log":
+		p.Algorithm = ratelimit.SlidingWindowLog
+	}
+	l, err := ratelimit.New(s, p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
+}
+
 // usedMemory reads used_memory from INFO memory.
 func usedMemory(b *testing.B, c *redis.Client) int64 {
 	info, err := c.Info(context.Background(), "memory").Result()
@@ -492,9 +556,22 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 //     encoding under that key class;
 //   - bare_set_12: SET "{user:12345}" <µs integer> PX, the 12-byte key
 //     alone (a 16-byte slot);
-//   - redis_rate: go-redis/redis_rate v10 ("rate:user:12345").
+//   - redis_rate: go-redis/redis_rate v10 ("rate:user:12345");
+//   - window_counter, window_buckets (the default 10 sub-windows),
+//     window_buckets_60, window_log: the windows at 100 per minute with the
+//     default scope ("spillway:<digest>:{user:12345}:swc"), one admission
+//     per key; window_*_busy: the state of a source at its limit, written
+//     on a client clock: the counter 50 in each of two windows, the
+//     bucketed windows an admission of 100/(N+1) units in each of their
+//     N+1 sub-windows. -only picks names (default: all).
 func BenchmarkRedisMemoryPerKey(b *testing.B) {
-	for _, name := range []string{"spillway_default_scope", "bare_set", "bare_set_shared", "bare_set_12", "redis_rate"} {
+	names := []string{"spillway_default_scope", "bare_set", "bare_set_shared", "bare_set_12", "redis_rate",
+		"window_counter", "window_buckets", "window_buckets_60", "window_log",
+		"window_counter_busy", "window_buckets_busy"}
+	if *only != "" {
+		names = strings.Split(*only, ",")
+	}
+	for _, name := range names {
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
 				srv := redistest.Start(b)
@@ -511,6 +588,31 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 						b.Fatal(err)
 					}
 					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+				case "window_counter", "window_buckets", "window_buckets_60", "window_log":
+					l := memWindow(b, name, ratelimit.NewRedisStore(c))
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
+					var now atomic.Int64
+					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
+					l := memWindow(b, strings.TrimSuffix(name, "_busy"), ratelimit.NewRedisStore(c, ratelimit.WithClock(func() time.Time { return time.UnixMicro(now.Load()) })))
+					p := l.Policy()
+					steps, cost := int64(2), int64(50) // the counter: two windows
+					if p.Algorithm == ratelimit.SlidingWindowBuckets {
+						steps = p.EffectiveBuckets() + 1
+						cost = p.Limit / steps
+					}
+					step := p.Period.Microseconds() / (steps - 1)
+					allow = func(i int) error {
+						d, err := l.AllowN(ctx, entity(i), cost)
+						if err == nil && !d.Allowed {
+							err = fmt.Errorf("%s: %s denied at its limit: %+v", name, entity(i), d)
+						}
+						return err
+					}
+					for range steps - 1 { // every sub-window but the last
+						fill(b, n, allow)
+						now.Add(step)
+					}
 				case "redis_rate":
 					rr := redis_rate.NewLimiter(c)
 					lim := redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}
@@ -537,23 +639,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					}
 				}
 				if allow != nil {
-					var next atomic.Int64
-					var wg sync.WaitGroup
-					for range *goroutines {
-						wg.Go(func() {
-							for {
-								i := next.Add(1) - 1
-								if i >= int64(n) {
-									return
-								}
-								if err := allow(int(i)); err != nil {
-									b.Error(err)
-									return
-								}
-							}
-						})
-					}
-					wg.Wait()
+					fill(b, n, allow)
 				}
 				if got := c.DBSize(ctx).Val(); got != int64(n) {
 					b.Fatalf("DBSIZE = %d, want %d", got, n)

@@ -2,6 +2,7 @@ package fallback_test
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/redistest"
@@ -173,4 +175,165 @@ func BenchmarkOpenBreaker(b *testing.B) {
 		}
 		bench(b, st)
 	})
+}
+
+// BenchmarkWrapperThroughput compares, on one real redis-server at 64
+// goroutines over 10,000 keys, decisions through the bare RedisStore
+// ("bare") with decisions through a fallback.Store over it, every client
+// built from bare redis.Options: "fallback", the Store given no Health
+// (NewStore made the store's client honour deadlines: calls run on the
+// caller's goroutine); "health", the Store given its client's Health (the
+// same, plus the Health's hook on every command); "detached", the Store
+// over a store that does not name its client (a goroutine per call,
+// returning at the budget whatever the store does). Each contender has a
+// client and keys of its own, and a budget of 1 s: a decision the loaded
+// machine delays past 50 ms would be local (and fast) and open the
+// breaker. go test -count runs each contender's rounds
+// one after the other: to alternate them, run the binary several times.
+//
+//	go test -c -o /tmp/fb.test ./fallback/ && for i in 1 2 3; do /tmp/fb.test -test.run '^$' -test.bench WrapperThroughput -test.benchtime 100000x; done
+func BenchmarkWrapperThroughput(b *testing.B) {
+	srv := redistest.Start(b)
+	policy := ratelimit.Policy{Limit: 1_000_000_000, Period: time.Hour}
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "user:" + strconv.Itoa(i)
+	}
+	newClient := func(b *testing.B) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	bench := func(b *testing.B, st ratelimit.Store) {
+		b.ReportAllocs()
+		b.SetParallelism(64 / runtimeProcs())
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			items := []ratelimit.Item{{Scope: "api", Policy: policy, Cost: 1}}
+			out := make([]spillway.Decision, 1)
+			i := 0
+			for pb.Next() {
+				items[0].Key = keys[i%len(keys)]
+				i += 7
+				if _, err := st.Decide(context.Background(), items, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+		if fb, ok := st.(*fallback.Store); ok {
+			b.ReportMetric(float64(fb.Stats().Degraded), "degraded")
+		}
+	}
+	prefix := func(name string) ratelimit.Option { return ratelimit.WithPrefix("bench-" + name + ":") }
+	b.Run("bare", func(b *testing.B) {
+		bench(b, ratelimit.NewRedisStore(newClient(b), prefix("bare")))
+	})
+	b.Run("fallback", func(b *testing.B) {
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(newClient(b), prefix("fallback")), fallback.Settings{Budget: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+	b.Run("health", func(b *testing.B) {
+		c := newClient(b)
+		h, err := fallback.NewHealth(c, fallback.HealthSettings{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, err := fallback.NewStore(ratelimit.NewRedisStore(c, prefix("health")), fallback.Settings{Health: h, Budget: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+	b.Run("detached", func(b *testing.B) {
+		st, err := fallback.NewStore(anonymousStore{ratelimit.NewRedisStore(newClient(b), prefix("detached"))}, fallback.Settings{Budget: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bench(b, st)
+	})
+}
+
+// anonymousStore is a store that does not name its client.
+type anonymousStore struct{ ratelimit.Store }
+
+func runtimeProcs() int { return max(runtime.GOMAXPROCS(0), 1) }
+
+// BenchmarkDoneWhileOpen times the done of requests admitted by Redis
+// before it hung (a concurrency slot behind a Limiter and a `cost:
+// response` hold of tiers behind a Store, on one client with its Health),
+// called once the health is open: each is queued or refused without
+// touching Redis. Run with a fixed count (every request is admitted
+// before the timer starts):
+//
+//	go test -run '^$' -bench DoneWhileOpen -benchtime 1000x -count 3 ./fallback/
+func BenchmarkDoneWhileOpen(b *testing.B) {
+	srv := redistest.Start(b)
+	proxy, err := faultproxy.NewProxy(srv.Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proxy.Close()
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	defer c.Close()
+	h, err := fallback.NewHealth(c, fallback.HealthSettings{OpenTimeout: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tstore, err := fallback.NewStore(ratelimit.NewRedisStore(c), fallback.Settings{Health: h})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rate := tiersLimiter(b, anyClientRules, tstore)
+	cstore, err := concurrency.NewRedisStore(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cshared, err := concurrency.New(cstore, 1_000_000, concurrency.WithName("bench-conc"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), nil, fallback.Settings{Health: h})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chain := spillway.Chain(rate, conc)
+	ctx := context.Background()
+	dones := make([]spillway.Done, b.N)
+	for i := range dones {
+		r := genRequest("10.9.0." + strconv.Itoa(i%250))
+		d, done, err := chain.Admit(ctx, r)
+		if err != nil || !d.Allowed || d.Degraded {
+			b.Fatalf("admission %d: %+v %v", i, d, err)
+		}
+		_ = r.Usage.Set(3)
+		dones[i] = done
+	}
+	if err := proxy.SetMode(faultproxy.Stall); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = proxy.SetMode(faultproxy.Pass) }()
+	for h.State() != fallback.Open {
+		_, done, _ := chain.Admit(ctx, genRequest("10.9.1.1"))
+		done(spillway.Success)
+	}
+	received := proxy.Stats().Received
+	lat := make(latencies, 0, b.N)
+	b.ResetTimer()
+	for _, done := range dones {
+		start := time.Now()
+		done(spillway.Success)
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	lat.report(b)
+	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
+	if got := proxy.Stats().Received - received; got != 0 {
+		b.Fatalf("%d bytes sent towards Redis by the dones; want 0", got)
+	}
+	b.ReportMetric(float64(h.Stats().Queued), "queued")
 }

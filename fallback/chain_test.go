@@ -215,6 +215,20 @@ func startLagMonitor() *lagMonitor {
 
 func (m *lagMonitor) close() { close(m.stop); <-m.done }
 
+// total returns the sum of the late wake-ups seen that ended within
+// [from, to+1ms]: about how long the process did not run meanwhile.
+func (m *lagMonitor) total(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum time.Duration
+	for _, k := range m.wakes {
+		if !k.at.Before(from) && !k.at.After(to.Add(time.Millisecond)) {
+			sum += k.late
+		}
+	}
+	return sum
+}
+
 // worst returns the latest wake-up seen that ended within [from, to+1ms].
 func (m *lagMonitor) worst(from, to time.Time) time.Duration {
 	m.mu.Lock()

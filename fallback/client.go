@@ -6,11 +6,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Recommended go-redis settings for a client behind a fallback. go-redis's
+// Optional go-redis settings for a client behind a fallback. go-redis's
 // defaults are built for patience (5s dials retried 5 times 100ms apart, 3s
 // reads, a pool wait of ReadTimeout + 1s, three command retries with
-// backoff), and by default it ignores context deadlines for socket I/O, so
-// a budget of milliseconds would not hold.
+// backoff), and by default it ignores context deadlines for socket I/O.
+// The budget holds without them (NewHealth turns ContextTimeoutEnabled on);
+// they shorten the backstops: what a call without a deadline waits, and
+// how long an abandoned call holds its connection.
 const (
 	// ClientDialTimeout bounds a new connection.
 	ClientDialTimeout = 250 * time.Millisecond

@@ -6,12 +6,18 @@
 // ratelimit.Store, so ratelimit.Limiter and tiers use it transparently.
 // NewLimiter wraps any spillway.Limiter whose backend may fail. Both add:
 //
-//   - a time budget per call (default 50ms): a slow Redis costs at most the
-//     budget (the client must honour context deadlines: TuneOptions);
+//   - a time budget per call (default 50ms), the fallback's own deadline
+//     whatever the client's socket options: a slow or hung Redis costs at
+//     most the budget (NewHealth makes the client honour context
+//     deadlines; calls whose client cannot be reached run detached, see
+//     MaxAbandoned);
 //   - a circuit breaker (sony/gobreaker, two-step) that opens after K
 //     consecutive failures (default 5), so that while Redis is down no
-//     request waits on it, and closes again after Probes successful
-//     half-open probes; the caller's own cancellation is not a failure;
+//     request waits on it; the health's own probe (a PING about once a
+//     second, off the request path) closes it again after Probes
+//     successes; the caller's own cancellation is not a failure;
+//   - after admission: while the breaker is open a Limiter's releases are
+//     queued (bounded) for when Redis is back, never sent;
 //   - a local share: while the breaker is open and on any failed call,
 //     decisions come from a local memory store with every policy scaled to
 //     Share of its quota (default 20%), marked Degraded; N servers admit at
@@ -29,9 +35,10 @@
 //
 // Shortest use:
 //
-//	opt := &redis.Options{Addr: "localhost:6379"}
-//	fallback.TuneOptions(opt)
-//	store, err := fallback.NewStore(ratelimit.NewRedisStore(redis.NewClient(opt)), fallback.Settings{})
+//	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	health, err := fallback.NewHealth(client, fallback.HealthSettings{})
+//	if err != nil { … }
+//	store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Health: health})
 //	if err != nil { … }
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second})
 //

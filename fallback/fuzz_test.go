@@ -78,6 +78,7 @@ var fuzzScopes = []struct {
 	{"fw", ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 30, Period: time.Minute}},
 	{"swc", ratelimit.Policy{Algorithm: ratelimit.SlidingWindowCounter, Limit: 25, Period: time.Minute}},
 	{"swlog", ratelimit.Policy{Algorithm: ratelimit.SlidingWindowLog, Limit: 12, Period: time.Minute}},
+	{"swb", ratelimit.Policy{Algorithm: ratelimit.SlidingWindowBuckets, Limit: 24, Period: time.Minute, Buckets: 6, Mode: ratelimit.Conservative}},
 	{"login", ratelimit.Policy{Limit: 10, Period: time.Minute}},
 }
 
@@ -354,7 +355,9 @@ func (r *fuzzRun) localBound(p ratelimit.Policy) int64 {
 	q := fallback.ScalePolicy(p, r.share)
 	span := r.hw - r.tmin
 	switch q.Algorithm {
-	case ratelimit.FixedWindow, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog:
+	case ratelimit.FixedWindow, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowBuckets:
+		// (a conservative bucketed window, as fuzzScopes has: never more
+		// than Limit in any window of one Period)
 		P := q.Period.Microseconds()
 		return q.Limit * (r.hw/P - r.tmin/P + 1)
 	}

@@ -19,9 +19,20 @@ import (
 // the same Redis client shares it. K consecutive failures seen by any of
 // them open it for all; while it is open nothing is sent to that Redis —
 // no admission, no release, no background report, sync or reconcile — and
-// every block decides locally at once; after OpenTimeout up to Probes calls
-// (whichever block makes them) test the Redis, and as many consecutive
-// successes close it for all.
+// every block decides locally at once. Whether the Redis is back is found
+// by the health's own probe (a PING, see HealthSettings.Probe), off the
+// request path: about every OpenTimeout (jittered), Probes probes in a row,
+// and as many consecutive successes close it for all. No user request is
+// ever a probe, so none waits on a Redis the health has found hung. (A
+// Health with no probe — NewHealth(nil, …) without HealthSettings.Probe, or
+// the breaker of its own of a Store or Limiter given no Health that cannot
+// reach a client — lets up to Probes user calls through after OpenTimeout
+// instead.)
+//
+// While the health is not closed, a Limiter queues the releases (its inner
+// limiter's done) of requests it admitted before, up to
+// HealthSettings.MaxQueued per Health, and runs them once it closes; see
+// docs/fallback.md.
 //
 // Create one per client with NewHealth(client, …): it attaches itself to
 // the client (a go-redis hook), so every command sent through that client
@@ -54,6 +65,20 @@ type Health struct {
 
 	successes, failures, rejected, opened atomic.Int64
 	lastErr                               atomic.Pointer[errBox]
+
+	// probe is the health's own check (nil: user calls probe, half-open).
+	probe   func(ctx context.Context) error
+	probing atomic.Bool // a probe loop runs
+	probes  atomic.Int64
+	probeOK atomic.Int64
+
+	// direct: the Redis client behind this health honours context
+	// deadlines (NewHealth made it so): calls are made on the caller's
+	// goroutine. Otherwise they run detached (see detach).
+	direct    bool
+	abandoned atomic.Int64 // detached calls still running past their caller's deadline
+
+	after afterQueue // post-admission calls queued while not closed
 }
 
 type errBox struct{ err error }
@@ -81,7 +106,31 @@ type HealthSettings struct {
 	// OnStateChange is called when the health changes state, with the
 	// breaker's lock held: it must not call back into the Health.
 	OnStateChange func(name string, from, to State)
+
+	// Probe is the health's own check of the Redis while it is open: run
+	// off the request path, OpenTimeout to 1.2 × OpenTimeout after the
+	// health opened (or after the last failed probe), Probes times in a
+	// row; as many successes close the health. A nil error or an error
+	// reply of the server's own (redis.Error, redis.Nil) is a success.
+	// Default for NewHealth(client, …): a PING on the client, which the
+	// health's hook lets through. With no client and no Probe, half-open
+	// user calls are the probes.
+	Probe func(ctx context.Context) error
+
+	// ProbeTimeout bounds one probe (default 100ms).
+	ProbeTimeout time.Duration
+
+	// MaxQueued bounds the post-admission calls (a Limiter's releases)
+	// queued while the health is not closed, to run once it closes
+	// (default 4096; negative: none is queued, each is left to its TTL).
+	// A release that finds the queue full is left to its TTL.
+	MaxQueued int
 }
+
+const (
+	defaultProbeTimeout = 100 * time.Millisecond
+	defaultMaxQueued    = 4096
+)
 
 func (s HealthSettings) withDefaults() (HealthSettings, error) {
 	if s.Name == "" {
@@ -99,6 +148,15 @@ func (s HealthSettings) withDefaults() (HealthSettings, error) {
 	if s.Probes == 0 {
 		s.Probes = defaultProbes
 	}
+	switch {
+	case s.ProbeTimeout < 0:
+		return s, fmt.Errorf("fallback: probe timeout %v must not be negative", s.ProbeTimeout)
+	case s.ProbeTimeout == 0:
+		s.ProbeTimeout = defaultProbeTimeout
+	}
+	if s.MaxQueued == 0 {
+		s.MaxQueued = defaultMaxQueued
+	}
 	return s, nil
 }
 
@@ -115,6 +173,18 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // client returns an error; use HealthOf to find the first. A nil client
 // returns a Health attached to nothing, for stores that are not go-redis
 // clients: only the Stores and Limiters given it count their calls.
+//
+// NewHealth also makes the client honour context deadlines
+// (ContextTimeoutEnabled, on a *redis.Client, a failover client, a
+// *redis.ClusterClient and its nodes, a *redis.Ring and its shards), so
+// that every call's deadline — a Store's or Limiter's budget, a
+// concurrency release's timeout — ends it whatever the client's dial, read
+// and write timeouts: a client built from bare redis.Options{Addr} needs
+// nothing else (TuneOptions only shortens the backstops). Call it before
+// the client carries traffic: it writes the client's options. A client of
+// another type (a wrapper) cannot be changed: the Stores and Limiters
+// given this Health then run each call detached (on a goroutine of its
+// own, returning at the budget; see docs/fallback.md).
 //
 // What counts: a reply (redis.Nil and error replies such as NOSCRIPT
 // included) is a success — the server answered; a timeout, a refused or
@@ -134,14 +204,19 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	if err != nil {
 		return nil, err
 	}
-	h := newHealth(s)
 	if client == nil {
-		return h, nil
+		return newHealth(s), nil
 	}
+	direct := honourDeadlines(client)
+	if s.Probe == nil {
+		s.Probe = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+	}
+	h := newHealth(s)
 	if _, dup := healths.LoadOrStore(client, h); dup {
 		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it (HealthOf) instead of creating a second", HealthOf(client).set.Name)
 	}
 	h.attached = true
+	h.direct = direct
 	client.AddHook(hook{h})
 	return h, nil
 }
@@ -158,7 +233,8 @@ func HealthOf(client redis.UniversalClient) *Health {
 }
 
 func newHealth(s HealthSettings) *Health {
-	h := &Health{set: s}
+	h := &Health{set: s, probe: s.Probe}
+	h.after.max = s.MaxQueued
 	h.since.Store(time.Now().UnixNano())
 	k := s.Failures
 	st := gobreaker.Settings{
@@ -179,6 +255,12 @@ func newHealth(s HealthSettings) *Health {
 		}
 		h.closed.Store(to == gobreaker.StateClosed)
 		h.since.Store(now.UnixNano())
+		switch {
+		case to == gobreaker.StateOpen && h.probe != nil && h.probing.CompareAndSwap(false, true):
+			go h.probeLoop()
+		case to == gobreaker.StateClosed:
+			h.after.drain(h)
+		}
 		if hookFn != nil {
 			hookFn(name, stateOf(from), stateOf(to))
 		}
@@ -205,6 +287,11 @@ type HealthStats struct {
 	Rejected            int64     // calls refused without reaching the Redis (open, or half-open with its probes taken)
 	Opened              int64     // times the health opened
 	LastError           error     // the latest failure, nil before the first
+	Probes              int64     // probes the health sent (its own, off the request path)
+	ProbesOK            int64     // of which answered
+	Queued              int       // post-admission calls queued for when the health closes
+	QueueDropped        int64     // post-admission calls left to their TTL: the queue was full, or they failed after it closed
+	Abandoned           int64     // detached calls still running past their caller's deadline
 }
 
 // Stats returns a snapshot of the counters and the state.
@@ -218,7 +305,11 @@ func (h *Health) Stats() HealthStats {
 		Failures:            h.failures.Load(),
 		Rejected:            h.rejected.Load(),
 		Opened:              h.opened.Load(),
+		Probes:              h.probes.Load(),
+		ProbesOK:            h.probeOK.Load(),
+		Abandoned:           h.abandoned.Load(),
 	}
+	st.Queued, st.QueueDropped = h.after.stats()
 	if b := h.lastErr.Load(); b != nil {
 		st.LastError = b.err
 	}
@@ -246,12 +337,17 @@ func (h *Health) state() State { return stateOf(h.cb.State()) }
 // returns a nil done, and settle tells gobreaker what it needs to know.
 // Pass what it returns to settle, never call it directly.
 func (h *Health) allow() (func(error), error) {
-	if u := h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+	if h.closed.Load() {
+		return nil, nil
+	}
+	if h.probe != nil {
+		// Open or half-open: the probe loop alone tests the Redis.
 		h.rejected.Add(1)
 		return nil, ErrOpen
 	}
-	if h.closed.Load() {
-		return nil, nil
+	if u := h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+		h.rejected.Add(1)
+		return nil, ErrOpen
 	}
 	done, err := h.cb.Allow()
 	if err != nil {
@@ -351,11 +447,13 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 
 // call runs f as one call of a wrapper (a Store or Limiter given this
 // Health), within own from now or the end of the request's budget
-// (spillway.BudgetDeadline), whichever is sooner. It returns
+// (spillway.BudgetDeadline), whichever is sooner: on the caller's
+// goroutine when direct (the client honours the deadline), else detached
+// (abandoned, if it runs past the deadline, to abandoned). It returns
 // spillway.ErrBudgetSpent, with nothing taken from the breaker, when the
 // budget is spent, ErrOpen when the breaker refuses, and f's error
 // classified as finish does.
-func (h *Health) call(ctx context.Context, own time.Duration, f func(ctx context.Context) error) error {
+func (h *Health) call(ctx context.Context, own time.Duration, direct bool, f func(ctx context.Context) error, abandoned func(error)) error {
 	deadline, ok := spillway.BudgetDeadline(ctx, own)
 	if !ok {
 		return spillway.ErrBudgetSpent
@@ -365,7 +463,11 @@ func (h *Health) call(ctx context.Context, own time.Duration, f func(ctx context
 		return err
 	}
 	sc := h.guard(ctx, deadline, own)
-	err = f(sc.ctx)
+	if direct {
+		err = f(sc.ctx)
+	} else {
+		err = h.detach(sc.ctx, deadline, f, abandoned)
+	}
 	sc.end()
 	return h.finish(ctx, done, err, sc)
 }
@@ -465,10 +567,17 @@ func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Dur
 	return sc
 }
 
-// accountedFor reports whether a wrapper of h is running the call of ctx.
+// accountedFor reports whether a wrapper of h (or h's probe) is running
+// the call of ctx.
 func (h *Health) accountedFor(ctx context.Context) bool {
-	g, ok := ctx.Value(guardKey{}).(*guardCtx)
-	return ok && g.h == h && g.active.Load()
+	if g, ok := ctx.Value(guardKey{}).(*guardCtx); ok && g.h == h && g.active.Load() {
+		return true
+	}
+	if h.closed.Load() {
+		return false // no probe runs while closed
+	}
+	p, ok := ctx.Value(probeKey{}).(*Health)
+	return ok && p == h
 }
 
 // hook gates and counts, on a go-redis client, the commands that no
@@ -480,7 +589,7 @@ type hook struct{ h *Health }
 // to a sick Redis is traffic too.
 func (k hook) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if u := k.h.openUntil.Load(); u != 0 && time.Now().UnixNano() <= u {
+		if k.h.refusesDial(ctx) {
 			k.h.rejected.Add(1)
 			return nil, ErrOpen
 		}

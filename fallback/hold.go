@@ -3,6 +3,7 @@ package fallback
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spillway-go/spillway"
@@ -65,7 +66,11 @@ func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Du
 	done, err := s.br.allow()
 	if err == nil {
 		sc := s.br.guard(ctx, deadline, s.set.Budget)
-		h, err = inner.Reserve(sc.ctx, items, ttl)
+		if s.direct {
+			h, err = inner.Reserve(sc.ctx, items, ttl)
+		} else {
+			h, err = s.reserveDetached(sc.ctx, deadline, inner, items, ttl)
+		}
 		sc.end()
 		err = s.br.finish(ctx, done, err, sc)
 	}
@@ -77,6 +82,29 @@ func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Du
 		return nil, err
 	}
 	return s.reserveLocal(ctx, local, items, ttl, err)
+}
+
+// reserveDetached is inner.Reserve run detached (Health.detach), on a
+// copy of items. A hold made after its caller gave up is given back (settled
+// at 0) by the goroutine that made it.
+func (s *Store) reserveDetached(ctx context.Context, deadline time.Time, inner ratelimit.Reserver, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
+	its := slices.Clone(items)
+	var h *ratelimit.Hold
+	err := s.br.detach(ctx, deadline, func(ctx context.Context) error {
+		var err error
+		h, err = inner.Reserve(ctx, its, ttl)
+		return err
+	}, func(err error) {
+		if err == nil && h.Allowed() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.set.Budget)
+			defer cancel()
+			_, _ = h.Settle(ctx, 0)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // reserveLocal holds items on the local share, or denies them when one is

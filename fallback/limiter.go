@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spillway-go/spillway"
 )
@@ -46,7 +47,7 @@ func NewLimiter(inner, local spillway.Limiter, s Settings) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{inner: inner, local: local, set: s, br: s.health()}, nil
+	return &Limiter{inner: inner, local: local, set: s, br: s.health(nil)}, nil
 }
 
 // State returns the breaker's state (its Health's, when shared).
@@ -65,21 +66,51 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		d    spillway.Decision
 		done spillway.Done
 	)
-	err := l.br.call(ctx, l.set.Budget, func(ctx context.Context) error {
+	err := l.br.call(ctx, l.set.Budget, l.br.direct, func(ctx context.Context) error {
 		var err error
 		d, done, err = l.inner.Admit(ctx, r)
 		return err
+	}, func(err error) {
+		// Abandoned: the caller was decided locally; give back what the
+		// late admission took.
+		if err == nil && d.Allowed && done != nil {
+			done(spillway.Ignored)
+		}
 	})
 	if err == nil {
 		if done == nil {
-			done = spillway.Noop
+			return d, spillway.Noop, nil
 		}
-		return d, done, nil
+		return d, l.release(done), nil
 	}
 	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return spillway.Decision{}, spillway.Noop, err
 	}
 	return l.degrade(ctx, r, err)
+}
+
+// release wraps the inner limiter's done (a release on the backend): it
+// never waits on a backend the health has given up on. While the health
+// is not closed, the release is queued (HealthSettings.MaxQueued per
+// Health) and runs once the health closes, or, when the queue is full,
+// left to the inner limiter's TTL; while it is closed, it runs at once —
+// detached when the client does not honour deadlines, so that done
+// returns within the budget whatever the client.
+func (l *Limiter) release(done spillway.Done) spillway.Done {
+	return spillway.Once(func(o spillway.Outcome) {
+		if !l.br.closed.Load() {
+			l.br.after.add(func() { done(o) })
+			return
+		}
+		if l.br.direct {
+			done(o)
+			return
+		}
+		_ = l.br.detach(context.Background(), time.Now().Add(l.set.Budget), func(context.Context) error {
+			done(o)
+			return nil
+		}, nil)
+	})
 }
 
 func (l *Limiter) degrade(ctx context.Context, r *spillway.Request, cause error) (spillway.Decision, spillway.Done, error) {

@@ -1,11 +1,14 @@
 package fallback
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -68,8 +71,9 @@ type Settings struct {
 	// failure and is decided locally. Within a spillway.Chain a call also
 	// ends with the request's budget (spillway.WithBudget), and a call
 	// that finds that budget spent is not made: the decision is local at
-	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. The
-	// Redis client must honour context deadlines: see TuneOptions.
+	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. It
+	// holds whatever the Redis client's socket options: see NewHealth
+	// (and NewStore, for a store that names its client) and MaxAbandoned.
 	Budget time.Duration
 
 	// Health is the breaker shared by every block on the same Redis
@@ -205,13 +209,23 @@ func (s Settings) withDefaults() (Settings, error) {
 }
 
 // health returns s.Health, or a breaker of its own built from s (after
-// withDefaults).
-func (s Settings) health() *Health {
+// withDefaults): one that probes with a PING on client, when not nil
+// (each within the Budget, at least 100ms), and counts on it honouring
+// deadlines when it can be made to.
+func (s Settings) health(client redis.UniversalClient) *Health {
 	if s.Health != nil {
 		return s.Health
 	}
-	return newHealth(HealthSettings{Name: s.Name, Failures: s.Failures, OpenTimeout: s.OpenTimeout,
-		Probes: s.Probes, OnStateChange: s.OnStateChange})
+	hs := HealthSettings{Name: s.Name, Failures: s.Failures, OpenTimeout: s.OpenTimeout,
+		Probes: s.Probes, OnStateChange: s.OnStateChange}
+	if client != nil {
+		hs.Probe = func(ctx context.Context) error { return client.Ping(ctx).Err() }
+		hs.ProbeTimeout = max(s.Budget, defaultProbeTimeout)
+	}
+	hs, _ = hs.withDefaults() // valid: s was
+	h := newHealth(hs)
+	h.direct = client != nil && honourDeadlines(client)
+	return h
 }
 
 // sharePPM converts a share to parts per million, so scaling is exact
@@ -251,7 +265,7 @@ func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
 	if p.Burst != 0 {
 		q.Burst = scale(p.Burst, ppm)
 		switch p.Algorithm {
-		case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter:
+		case ratelimit.FixedWindow, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowBuckets:
 			q.Burst = q.Limit // windows accept Burst only as 0 or Limit
 		}
 	}

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -49,6 +53,11 @@ type Store struct {
 	cache   *denyCache // nil when disabled
 	ledger  *ledger    // nil when disabled
 
+	// direct: the inner store's calls end at their context's deadline (a
+	// RedisStore whose client NewHealth or NewStore made honour deadlines,
+	// a MemoryStore); otherwise each call runs detached (Health.detach).
+	direct bool
+
 	reconciling atomic.Bool
 	stats       storeStats
 }
@@ -70,6 +79,15 @@ type Stats struct {
 
 // NewStore wraps inner. It returns an error naming the field when s is
 // invalid or inner is nil.
+//
+// When inner names the go-redis client it sends through (a RedisStore's
+// Client), NewStore makes that client honour context deadlines (as
+// NewHealth does) and, given no Health, probes it with a PING; calls to
+// an inner store that names none (other than a MemoryStore, which never
+// waits) run detached, so that the budget holds whatever the store does
+// (see MaxAbandoned). A store that takes a gate (SetGate(func() bool):
+// the Redis store's settles sent off the request path) is handed the
+// health's state: nothing is sent while it is not closed.
 func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if inner == nil {
 		return nil, errors.New("fallback: inner store is nil")
@@ -78,8 +96,22 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health()}
+	client := clientOf(inner)
+	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health(client)}
+	st.direct = st.br.direct
+	if client != nil {
+		st.direct = honourDeadlines(client)
+	}
+	if _, mem := inner.(*ratelimit.MemoryStore); mem {
+		st.direct = true // never waits
+	}
 	st.bounded, _ = inner.(ratelimit.BoundedStore)
+	if g, ok := inner.(interface{ SetGate(gate func() bool) }); ok {
+		// The store's calls after admission (settles sent in the
+		// background) go out only while the health is closed.
+		br := st.br
+		g.SetGate(br.closed.Load)
+	}
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
@@ -111,6 +143,15 @@ func (s *Store) Stats() Stats {
 		st.Skipped = s.ledger.skipped.Load()
 	}
 	return st
+}
+
+// clientOf returns the go-redis client of a store that says which it
+// sends its commands through (ratelimit.RedisStore), or nil.
+func clientOf(inner ratelimit.Store) redis.UniversalClient {
+	if c, ok := inner.(interface{ Client() redis.UniversalClient }); ok {
+		return c.Client()
+	}
+	return nil
 }
 
 func (s *Store) now() int64 { return s.set.Clock().UnixMicro() }
@@ -154,10 +195,13 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	var allowed bool
 	done, err := s.br.allow()
 	if err == nil {
-		sc := s.br.guardWith(ctx, deadline, s.set.Budget, s.bounded == nil)
-		if s.bounded != nil {
+		sc := s.br.guardWith(ctx, deadline, s.set.Budget, s.bounded == nil || !s.direct)
+		switch {
+		case !s.direct:
+			allowed, err = s.decideDetached(sc.ctx, deadline, items, out)
+		case s.bounded != nil:
 			allowed, err = s.bounded.DecideBy(sc.ctx, deadline, items, out)
-		} else {
+		default:
 			allowed, err = s.inner.Decide(sc.ctx, items, out)
 		}
 		sc.end()
@@ -185,6 +229,24 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		return false, err
 	}
 	return s.decideLocal(ctx, items, out, err)
+}
+
+// decideDetached is inner.Decide run detached (Health.detach), on copies
+// of items and out: the caller may return, and reuse them, before it ends.
+func (s *Store) decideDetached(ctx context.Context, deadline time.Time, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	its := slices.Clone(items)
+	res := make([]spillway.Decision, len(items))
+	var allowed bool
+	err := s.br.detach(ctx, deadline, func(ctx context.Context) error {
+		var err error
+		allowed, err = s.inner.Decide(ctx, its, res)
+		return err
+	}, nil)
+	if err != nil {
+		return false, err // allowed is the abandoned call's
+	}
+	copy(out, res)
+	return allowed, nil
 }
 
 // answerFromCache reports whether a cached denial decides the batch; it
@@ -310,9 +372,20 @@ func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy
 	if s.cache != nil {
 		s.cache.remove(itemKey{scope, key, p})
 	}
-	err := s.br.call(ctx, s.set.Budget, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) })
+	err := s.br.call(ctx, s.set.Budget, s.direct, func(ctx context.Context) error { return s.inner.Reset(ctx, scope, key, p) }, nil)
 	if err != nil {
 		return fmt.Errorf("fallback: reset: %w", err)
+	}
+	return nil
+}
+
+// Flush sends now what the inner store queued to send in the background
+// (the settles of holds, on a Redis store), when it is a flusher (has
+// Flush(ctx) error); otherwise it does nothing. tiers.Limiter.Flush calls
+// it at shutdown. It is not gated by the health: ctx bounds it.
+func (s *Store) Flush(ctx context.Context) error {
+	if f, ok := s.inner.(interface{ Flush(context.Context) error }); ok {
+		return f.Flush(ctx)
 	}
 	return nil
 }

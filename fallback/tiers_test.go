@@ -128,6 +128,11 @@ limits:
 		t.Fatal(err)
 	}
 	done(spillway.Success)
+	// The settle is sent off the request path: Flush (through the Store)
+	// sends it now.
+	if err := lim.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if got := redisLeft(); got != 550 {
 		t.Fatalf("Redis after the settle: %d left, want 550", got)
 	}

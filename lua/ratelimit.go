@@ -24,11 +24,13 @@ var (
 	ratelimitHoldSrc string
 	//go:embed ratelimit_settle.lua
 	ratelimitSettleSrc string
+	//go:embed ratelimit_subwindows.lua
+	ratelimitSubwindowsSrc string
 )
 
 // RateLimitBatch decides N (key, policy, cost) items of every algorithm all
 // or nothing in one call (ratelimit_batch.lua).
-var RateLimitBatch = redis.NewScript(ratelimitHoldsSrc + ratelimitBatchSrc)
+var RateLimitBatch = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitBatchSrc)
 
 // RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
 // the lean common path (ratelimit_token_bucket.lua).
@@ -44,7 +46,7 @@ var RateLimitBuckets = redis.NewScript(ratelimitHoldsSrc + ratelimitBucketsSrc)
 // for the Redis Cluster (Ring) path where one slot group was charged and
 // another denied: it restores the state from before the charge when the
 // key still holds what the charge wrote (ratelimit_refund.lua).
-var RateLimitRefund = redis.NewScript(ratelimitHoldsSrc + ratelimitRefundSrc)
+var RateLimitRefund = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitRefundSrc)
 
 // RateLimitHold reserves N bucket-family items all or nothing and holds
 // their estimates under one hold id (ratelimit_hold.lua).

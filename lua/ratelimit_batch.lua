@@ -11,12 +11,16 @@
 --          sum to N = #KEYS). Without them the call is one group of N.
 -- then, for item i, 7 values:
 --          alg  0 token bucket, 1 GCRA, 2 fixed window, 3 sliding window
---               log, 4 sliding window counter, 5 leaky bucket
+--               log, 4 sliding window counter, 5 leaky bucket, 6 sliding
+--               window buckets
 --          L    limit; P period in µs; B burst (effective, ≥ 1)
 --          T    emission interval ceil(P/L) in µs
+--               (alg 6: B is N, the sub-windows per period, P a multiple
+--               of N; T is the mode, 1 conservative, 0 interpolated)
 --          n    cost (≥ 0; 0 peeks; ≤ capacity+1 ≤ 2^52+1, exact: Go sends a larger cost as capacity+1)
 --          uid  unique id of this item in this call: the sliding window
---               log's members are uid (n = 1) or uid..":"..j (j = 1..n)
+--               log's members are uid (n = 1) or uid..":"..j (j = 1..n);
+--               alg 6: "1" asks for the counts the item saw (for a refund)
 --
 -- Reply: {now, allowed, then 7 integers per item: ok, remaining, reset,
 --         retry, s1, s2, s3}
@@ -44,6 +48,10 @@
 --   fixed window    string "w:count"       (w = window index)
 --   window counter  string "w:prev:cur"
 --   window log      zset member -> admission time (µs)
+--   bucketed window string: h (the newest sub-window) and c[0..N], c[i]
+--                   the count of sub-window h − i, packed as
+--                   ratelimit_subwindows.lua says; a value of another
+--                   length (another N or limit) reads as empty
 --
 -- Groups are decided in order, each exactly as if it were a call of its
 -- own made after the previous ones: a denied group charges nothing and
@@ -83,6 +91,50 @@ local function drain(p, m, P)
   return floor(((p - m - 1) * P + 1 + p - 1) / p)
 end
 
+-- The bucketed window (alg 6), ratelimit/algorithms.go's bucketsDecide
+-- (bparse, bformat: ratelimit_subwindows.lua). bshift moves the counts c
+-- (1-based, newest first) sh sub-windows on, in place (a fresh table of
+-- zeros for no state): a[i+1] is then a(i). bwt is the oldest
+-- sub-window's weight, bzero the smallest x ≥ x0 at which that weight is
+-- ≤ m, breset the time from e until every count weighs 0.
+local function bshift(c, sh, N)
+  if c == nil or sh > N then
+    c = {}
+    for i = 1, N + 1 do c[i] = 0 end
+  elseif sh > 0 then
+    for i = N + 1, sh + 1, -1 do c[i] = c[i - sh] end
+    for i = 1, sh do c[i] = 0 end
+  end
+  return c
+end
+
+local function bwt(c, e, W, cons)
+  if cons then
+    if e < W - 1 then return c end
+    return 0
+  end
+  return floor(c * (W - e) / W)
+end
+
+local function bzero(c, m, x0, W, cons)
+  if bwt(c, x0, W, cons) <= m then return x0 end
+  if cons then return W - 1 end
+  local x = drain(c, m, W)
+  if x < x0 then x = x0 end
+  return x
+end
+
+local function breset(a, N, W, cons, e)
+  for i = 1, N + 1 do
+    if a[i] > 0 then
+      local r = (N + 1 - i) * W + bzero(a[i], 0, 0, W, cons) - e
+      if r < 0 then r = 0 end
+      return r
+    end
+  end
+  return 0
+end
+
 local N = #KEYS
 local sizes, first = {N}, 2 -- group sizes; ARGV index of item 1's alg
 if #ARGV ~= 1 + 7 * N then
@@ -98,6 +150,7 @@ local logs = {}    -- key -> {n added, at}
 local writes = {}
 local gp, gl, gw
 local reply = {now, 1}
+local extra = {} -- the counts alg 6 items saw, when asked
 
 -- hl: a marked bucket key's {live holds, last end} (ratelimit_holds.lua),
 -- set at its touches; rewritten: its state after its first touch released
@@ -153,7 +206,7 @@ for g = 1, #sizes do
         if reaped then
           local px
           rewritten[key], px, marked = hvalue(tat, t0, now, tau, hn, last)
-          redis.call('SET', key, rewritten[key], 'PX', px)
+          hset(key, rewritten[key], px, hn)
         end
       end
       if marked then hl[key] = {hn, last} end
@@ -187,7 +240,7 @@ for g = 1, #sizes do
             plain = nil
           end
           gp[key] = s
-          gw[#gw + 1] = {0, key, s, px, plain}
+          gw[#gw + 1] = {0, key, s, px, plain, h and h[1]}
         end
       end
 
@@ -313,6 +366,50 @@ for g = 1, #sizes do
       end
       if c > 0 then reset = newest + P - t end
       if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
+    elseif alg == 6 then
+      local NB, cons = B, T == 1
+      local W = P / NB
+      local h, c = 0, nil
+      local s = getstr(key)
+      if s ~= nil then h, c = bparse(s, NB, L) end
+      if c == nil then h = 0 end
+      s1 = h
+      if ARGV[b + 6] == '1' then
+        for j = 1, NB + 1 do extra[#extra + 1] = c and c[j] or 0 end
+      end
+      local t = now
+      if t < h * W then t = h * W end -- time went backwards: stay in the sub-window
+      local k = floor(t / W)
+      local e = t - k * W
+      local a = bshift(c, k - h, NB)
+      local full = 0
+      for j = 1, NB do full = full + a[j] end
+      local est = full + bwt(a[NB + 1], e, W, cons)
+      if n > L or est + n > L then
+        rem = L - est
+        if rem < 0 then rem = 0 end
+        if n <= L then
+          local x0, f = e, full
+          for j = 0, NB do
+            local m = L - n - f
+            if m >= 0 then
+              retry = j * W + bzero(a[NB + 1 - j], m, x0, W, cons) - e
+              break
+            end
+            f = f - a[NB - j]
+            x0 = 0
+          end
+        end
+      else
+        ok, rem = 1, L - est - n
+        a[1] = a[1] + n
+      end
+      reset = breset(a, NB, W, cons, e)
+      if ok == 1 and n > 0 then
+        local v = bformat(k, a, NB, L)
+        gp[key] = v
+        gw[#gw + 1] = {0, key, v, ttl(reset)}
+      end
     else
       return redis.error_reply('ERR unknown algorithm ' .. tostring(ARGV[b]))
     end
@@ -335,6 +432,8 @@ local replaced = {} -- log keys of another type already replaced
 for _, w in ipairs(writes) do
   if w[1] == 0 and w[5] then
     tatset(w[2], w[5], w[4]) -- a plain TAT (ratelimit_holds.lua)
+  elseif w[1] == 0 and w[6] then
+    hset(w[2], w[3], w[4], w[6]) -- a marked TAT (hvalue)
   elseif w[1] == 0 then
     redis.call('SET', w[2], w[3], 'PX', w[4])
   else
@@ -358,4 +457,5 @@ for _, w in ipairs(writes) do
     redis.call('PEXPIRE', key, px)
   end
 end
+for _, x in ipairs(extra) do reply[#reply + 1] = x end
 return reply

@@ -230,7 +230,12 @@ for k = 1, N do
       if e ~= elast then elast, estr = e, fmt('%d', e) end
       rcall('SET', KEYS[k], fmt('%d', e * 1000 - v), 'PXAT', estr)
     else
-      rcall('SET', KEYS[k], v, 'PX', npx[k]) -- marked (hvalue), or a client clock's TAT
+      local h = hl and hl[KEYS[k]]
+      if h then
+        hset(KEYS[k], v, npx[k], h[1]) -- marked (hvalue)
+      else
+        rcall('SET', KEYS[k], v, 'PX', npx[k]) -- a client clock's TAT
+      end
     end
   end
 end

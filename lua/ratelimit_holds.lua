@@ -55,7 +55,7 @@ end
 -- holdslib() defines the helpers below on its first call (a script that
 -- never meets a marked key creates one closure, not five); call it before
 -- using them.
-local hparse, hnow, hreap, hvalue, hwrite
+local hparse, hnow, hreap, hvalue, hset, hwrite
 local function holdslib()
 if hparse ~= nil then return end
 
@@ -119,9 +119,20 @@ function hvalue(tat, t, now, tau, n, last)
   return v, px, marked
 end
 
-function hwrite(key, tat, t, now, tau, n, last) -- SET of hvalue; returns the mark
-  local v, px, marked = hvalue(tat, t, now, tau, n, last)
+-- writes v (hvalue's) to key with its TTL px; while n holds are live,
+-- K..":h" gets the same TTL, so that it lives exactly as long as K: a
+-- hold that expires unsettled is then still there for the next touch to
+-- give back (a K..":h" that ended first would leave K counting it until K
+-- itself ends). Without live holds K..":h" keeps the TTL it has, which
+-- covers its tombstones.
+function hset(key, v, px, n)
   redis.call('SET', key, v, 'PX', px)
+  if n > 0 then redis.call('PEXPIRE', key .. ':h', px) end
+end
+
+function hwrite(key, tat, t, now, tau, n, last) -- hset of hvalue; returns the mark
+  local v, px, marked = hvalue(tat, t, now, tau, n, last)
+  hset(key, v, px, n)
   return marked
 end
 end

@@ -8,7 +8,7 @@
 -- ARGV[2 + 10(i-1) .. 11 + 10(i-1)], for item i:
 --          alg  as sent to the charging script (0 token bucket, 1 GCRA,
 --               2 fixed window, 3 sliding window log, 4 sliding window
---               counter, 5 leaky bucket)
+--               counter, 5 leaky bucket, 6 sliding window buckets)
 --          T    the emission interval in µs; n the cost; uid the log's id
 --               as sent
 --          o1 o2 o3  the state the item saw before its charge, as the
@@ -18,6 +18,10 @@
 --          w1 w2 w3  the state the charge wrote, in the same form (the Go
 --               side recomputes it with algorithms.go from o and the
 --               charge's now)
+--          alg 6 (bucketed window): uid is the value before the charge
+--               ("" for none), o1 the sub-window charged, o2 N, o3 the
+--               limit L, w1 the value the charge wrote
+--               (ratelimit_subwindows.lua)
 --
 -- Reply: the number of items restored exactly to the state before their
 -- charge.
@@ -32,17 +36,27 @@
 --                   full), even when o is full already: a clock that then
 --                   goes backwards is clamped by it (algorithms.go), so
 --                   forgetting it would give more room than the memory
---                   store does.
+--                   store does. With Redis TIME a plain TAT is written
+--                   compact, as the hot paths write it ("r" PXAT E,
+--                   ratelimit_holds.lua): the very bytes and expiry the
+--                   key had before the charge (a key whose expiry E has
+--                   passed meanwhile ends, as it would have).
 --   A key marked by holds or a debt ("<tat>h…", ratelimit_holds.lua) is
 --   restored the same way but keeps its mark and TTL; otherwise it gets
 --   TAT = max(TAT − n·T, now) while TAT > now.
 --   otherwise (another charge landed in between; never more than n is
 --   given back):
 --     bucket family  TAT -= n·T; the key is deleted when that leaves the
---                    bucket full, else its TTL is reset to TAT - now
+--                    bucket full, else written with its TTL to TAT − now
+--                    (compact with Redis TIME)
 --     fixed window   count -= n if the window is still the charged one
 --     window counter cur -= n in the charged window, or prev -= n once the
 --                    charged window has become the previous one
+--   bucketed window  the value before the charge (deleted when none),
+--                    keeping the TTL, when the key still holds what the
+--                    charge wrote; else n off the charged sub-window's count
+--                    while the key still has it (deleted when all counts
+--                    are 0)
 --   window log       ZREM of the members the charge added (exact)
 -- A missing key (expired, reset) is left missing.
 local floor = math.floor
@@ -100,6 +114,10 @@ for i = #KEYS, 1, -1 do
             redis.call('SET', key, fmt('%d', o1) .. 'h0:0', 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
+          elseif compact then
+            -- as the hot paths wrote it: "r" PXAT E, the very bytes and
+            -- expiry the key had before the charge
+            tatset(key, o1)
           else
             redis.call('SET', key, fmt('%d', o1), 'KEEPTTL')
           end
@@ -109,7 +127,7 @@ for i = #KEYS, 1, -1 do
           if tat <= now then
             redis.call('DEL', key)
           else
-            redis.call('SET', key, fmt('%d', tat), 'PX', floor((tat - now + 999) / 1000))
+            tatset(key, tat, floor((tat - now + 999) / 1000))
           end
         end
       end
@@ -160,6 +178,33 @@ for i = #KEYS, 1, -1 do
               redis.call('DEL', key)
             else
               redis.call('SET', key, fmt('%d:%d:%d', ks, ps, cs), 'KEEPTTL')
+            end
+          end
+        end
+      end
+    elseif alg == 6 then
+      local s = redis.pcall('GET', key)
+      if type(s) == 'string' then
+        local old, wrote = ARGV[b + 3], ARGV[b + 7]
+        if s == wrote then
+          if old == '' then
+            redis.call('DEL', key)
+          else
+            redis.call('SET', key, old, 'KEEPTTL')
+          end
+          refunded = refunded + 1
+        else
+          local NB, L = o2, o3
+          local h, c = bparse(s, NB, L)
+          local j = h - o1
+          if c ~= nil and j >= 0 and j <= NB and c[j + 1] >= n then
+            c[j + 1] = c[j + 1] - n
+            local any = false
+            for x = 1, NB + 1 do any = any or c[x] > 0 end
+            if any then
+              redis.call('SET', key, bformat(h, c, NB, L), 'KEEPTTL')
+            else
+              redis.call('DEL', key)
             end
           end
         end

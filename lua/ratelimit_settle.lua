@@ -90,7 +90,7 @@ for i = from, to, step do
         v = ARGV[b + 7]
         if ARGV[b + 9] == '1' then v = v .. string.format('h0:%d', last) end
       end
-      redis.call('SET', key, v, 'PX', px)
+      hset(key, v, px, hn)
     else
       local nt = tat
       if actual < est then

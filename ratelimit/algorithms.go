@@ -43,12 +43,20 @@ type limits struct {
 	L, P, B  int64 // Limit, Period in µs, EffectiveBurst
 	T, tau   int64 // EmissionInterval, B·T
 	capacity int64 // Policy.Capacity
+	N, W     int64 // SlidingWindowBuckets: sub-windows per Period, their width P/N in µs
+	interp   bool  // SlidingWindowBuckets: Interpolated mode
 }
 
 func (p Policy) limits() limits {
 	T := p.EmissionInterval()
 	B := p.EffectiveBurst()
-	return limits{L: p.Limit, P: p.Period.Microseconds(), B: B, T: T, tau: satMul(B, T), capacity: p.Capacity()}
+	l := limits{L: p.Limit, P: p.Period.Microseconds(), B: B, T: T, tau: satMul(B, T), capacity: p.Capacity()}
+	if p.Algorithm == SlidingWindowBuckets {
+		l.N = p.EffectiveBuckets()
+		l.W = max(l.P/l.N, 1)
+		l.interp = p.Mode == Interpolated
+	}
+	return l
 }
 
 // outcome is one algorithm's verdict, in µs; decision() turns it into the
@@ -405,4 +413,154 @@ func satMul(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return math.MinInt64
+}
+
+// ---------------------------------------------------------------------------
+// SlidingWindowBuckets: the Period cut into N sub-windows of W = P/N µs,
+// sub-window j = [j·W, (j+1)·W). State: the index h of the newest stored
+// sub-window and counts c[0..N], c[i] the count of sub-window h − i
+// (newest first; no state: h = 0, no counts; counts of another length,
+// written under another N, read as no state).
+//
+//	now'      = max(now, h·W)       // time backwards: stay in the stored sub-window
+//	k         = floor(now' / W); e = now' − k·W       (0 ≤ e < W)
+//	a(i)      = c[i − (k − h)], 0 outside [0, N]      // the counts shifted to k
+//	full      = a(0) + … + a(N−1)   // sub-windows k−N+1 … k: inside (now' − P, now']
+//	old       = a(N)                // sub-window k−N: overlaps the window's start
+//	wt(c, e)  = c if e < W − 1, else 0                // Conservative: any overlap counts whole
+//	          = floor(c·(W − e) / W)                  // Interpolated: weighed by its overlap
+//	est       = full + wt(old, e)
+//	allowed  ⇔ est + n ≤ L         (then c' = a with a(0) + n, h' = k; written when n > 0)
+//	remaining = L − est'            (est' with the charge when allowed; ≥ 0)
+//
+// Sub-window k−N's entries are those at times ≤ (k−N+1)·W − 1, inside the
+// window iff > now' − P = (k−N)·W + e: some can be iff e < W − 1. So
+// Conservative's estimate is never below the exact count of what it
+// admitted in (now' − P, now'], and it never lets a window hold more than
+// L. Interpolated's window holds at most L + ⌈old·e/W⌉.
+//
+// zero(c, x0) is the smallest x ≥ x0 in a sub-window with wt(c, x) ≤ m,
+// for m ≥ 0: x0 if wt(c, x0) ≤ m; else W − 1 (Conservative) or
+// max(x0, drain(c, m, W)) (Interpolated).
+//
+//	retry = min over j = 0 … N of j·W + x_j − e, where after j sub-windows
+//	        full_j = a(0) + … + a(N−1−j), old_j = a(N−j), m_j = L − n − full_j,
+//	        and x_j = zero(old_j, j = 0 ? e : 0) taken at the first j with
+//	        m_j ≥ 0 (at j = N, full_N = 0: n ≤ L always fits)
+//	reset = (N − i)·W + zero(a(i), 0 with m = 0) − e, for the newest i with
+//	        a(i) > 0 (the charge included), clamped at 0; 0 with no count
+// ---------------------------------------------------------------------------
+
+// bucketsView is the counts c of a state seen s sub-windows after its
+// newest (a(i) = c[i − s]), with add more in a(0): the charge.
+type bucketsView struct {
+	c   []int64
+	s   int64
+	add int64
+}
+
+func (v *bucketsView) at(i int64) int64 {
+	var x int64
+	if j := i - v.s; j >= 0 && j < int64(len(v.c)) {
+		x = v.c[j]
+	}
+	if i == 0 {
+		x += v.add
+	}
+	return x
+}
+
+// weight is wt(c, e) of the policy's mode.
+func (p *limits) weight(c, e int64) int64 {
+	if p.interp {
+		return satMul(c, p.W-e) / p.W
+	}
+	if e < p.W-1 {
+		return c
+	}
+	return 0
+}
+
+// zeroAt is the smallest x ≥ x0 (0 ≤ x0 < W) with wt(c, x) ≤ m (m ≥ 0).
+func (p *limits) zeroAt(c, m, x0 int64) int64 {
+	if p.weight(c, x0) <= m {
+		return x0
+	}
+	if p.interp {
+		return max(x0, drain(c, m, p.W))
+	}
+	return p.W - 1
+}
+
+// bucketsDecide decides n against the state (h, c) at now. It returns the
+// index k of the sub-window now falls in; when the request is allowed
+// with n > 0, the caller writes h' = k and c' = the counts shifted by
+// k − h (shiftBuckets) with n added to c'[0].
+func bucketsDecide(h int64, c []int64, now int64, p limits, n int64) (o outcome, k int64) {
+	if now < 0 {
+		now = 0
+	}
+	N, W, L := p.N, p.W, p.L
+	if int64(len(c)) != N+1 {
+		h, c = 0, nil
+	}
+	if lo := satMul(h, W); now < lo {
+		now = lo
+	}
+	k = now / W
+	e := now - k*W
+	v := bucketsView{c: c, s: k - h}
+	var full int64
+	for i := max(v.s, 0); i < N; i++ {
+		full = satAdd(full, v.at(i))
+	}
+	est := satAdd(full, p.weight(v.at(N), e))
+	if n > L {
+		return outcome{exceeds: true, remaining: max(L-est, 0), reset: p.bucketsReset(&v, e)}, k
+	}
+	if satAdd(est, n) > L {
+		return outcome{remaining: max(L-est, 0), reset: p.bucketsReset(&v, e), retry: p.bucketsRetry(&v, e, full, n)}, k
+	}
+	o = outcome{allowed: true, remaining: L - est - n}
+	v.add = n
+	o.reset = p.bucketsReset(&v, e)
+	return o, k
+}
+
+// bucketsReset is the time from e until the estimate of v is 0.
+func (p *limits) bucketsReset(v *bucketsView, e int64) int64 {
+	for i := int64(0); i <= p.N; i++ {
+		if c := v.at(i); c > 0 {
+			return max(0, (p.N-i)*p.W+p.zeroAt(c, 0, 0)-e)
+		}
+	}
+	return 0
+}
+
+// bucketsRetry is the time from e until n fits in v, whose N newest
+// counts sum to full (n ≤ L).
+func (p *limits) bucketsRetry(v *bucketsView, e, full, n int64) int64 {
+	x0 := e
+	for j := int64(0); j <= p.N; j++ {
+		if m := p.L - n - full; m >= 0 {
+			return j*p.W + p.zeroAt(v.at(p.N-j), m, x0) - e
+		}
+		full -= v.at(p.N - 1 - j)
+		x0 = 0
+	}
+	return 0 // unreachable: full_N = 0 and n ≤ L
+}
+
+// shiftBuckets moves the counts c (newest first) s sub-windows on, in
+// place: c[i] = old c[i − s], 0 where there is none.
+func shiftBuckets(c []int64, s int64) {
+	if s <= 0 {
+		return
+	}
+	if s >= int64(len(c)) {
+		clear(c)
+		return
+	}
+	copy(c[s:], c[:int64(len(c))-s])
+	clear(c[:s])
 }

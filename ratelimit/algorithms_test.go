@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,12 +17,15 @@ type sim struct {
 	fixed   fixedState
 	counter counterState
 	log     []int64
+	head    int64   // SlidingWindowBuckets: newest sub-window
+	buckets []int64 // SlidingWindowBuckets: counts, newest first
 }
 
 // decide runs the algorithm on the current state without committing.
 func (s *sim) decide(now, n int64) outcome {
 	c := *s
 	c.log = slices.Clone(s.log)
+	c.buckets = slices.Clone(s.buckets)
 	return c.apply(now, n)
 }
 
@@ -33,6 +37,18 @@ func (s *sim) apply(now, n int64) outcome {
 		o, s.fixed = fixedDecide(s.fixed, now, s.p.limits(), n)
 	case SlidingWindowCounter:
 		o, s.counter = counterDecide(s.counter, now, s.p.limits(), n)
+	case SlidingWindowBuckets:
+		var k int64
+		lim := s.p.limits()
+		o, k = bucketsDecide(s.head, s.buckets, now, lim, n)
+		if o.allowed && n > 0 {
+			if int64(len(s.buckets)) != lim.N+1 {
+				s.buckets = make([]int64, lim.N+1)
+			}
+			shiftBuckets(s.buckets, k-s.head)
+			s.buckets[0] += n
+			s.head = k
+		}
 	case SlidingWindowLog:
 		var trim int
 		var at int64
@@ -57,6 +73,8 @@ func (s *sim) state() any {
 		return s.counter
 	case SlidingWindowLog:
 		return slices.Clone(s.log)
+	case SlidingWindowBuckets:
+		return fmt.Sprint(s.head, s.buckets)
 	}
 	return s.tat
 }
@@ -69,6 +87,8 @@ func maxReset(p Policy) int64 {
 		return P
 	case SlidingWindowCounter:
 		return 2 * P
+	case SlidingWindowBuckets:
+		return P + P/p.EffectiveBuckets()
 	}
 	return p.EffectiveBurst() * p.EmissionInterval()
 }
@@ -188,6 +208,12 @@ func checkAlgorithm(t *testing.T, p Policy, seed uint64, steps int) {
 			if s.counter.cur > p.Limit || s.counter.prev > p.Limit {
 				fail("counter state %+v above limit", s.counter)
 			}
+		case SlidingWindowBuckets:
+			for _, c := range s.buckets {
+				if c < 0 || c > p.Limit {
+					fail("bucket counts %v out of [0, limit]", s.buckets)
+				}
+			}
 		case SlidingWindowLog:
 			if int64(len(s.log)) > p.Limit || !slices.IsSorted(s.log) {
 				fail("log %v: longer than the limit or unsorted", s.log)
@@ -242,6 +268,22 @@ func checkAdmitted(t *testing.T, p Policy, hist []admitted) {
 				t.Fatalf("policy %v: %d admitted within one period from %d", p, sum, hist[i].t)
 			}
 		}
+	case SlidingWindowBuckets:
+		// Conservative: never more than L in any window (t−P, t];
+		// Interpolated: at most L + the oldest sub-window's count ≤ 2L.
+		bound := L
+		if p.Mode == Interpolated {
+			bound = 2 * L
+		}
+		for i := range hist {
+			var sum int64
+			for j := i; j < len(hist) && hist[j].t < hist[i].t+P; j++ {
+				sum += hist[j].n
+			}
+			if sum > bound {
+				t.Fatalf("policy %v: %d admitted within one period from %d", p, sum, hist[i].t)
+			}
+		}
 	case SlidingWindowLog:
 		for i := range hist {
 			var sum int64
@@ -275,6 +317,16 @@ func randomTestPolicy(algo uint8, limit uint8, periodUS uint32, burst uint8) Pol
 	switch a {
 	case TokenBucket, GCRA, LeakyBucket:
 		p.Burst = int64(burst % 30)
+	case SlidingWindowBuckets:
+		// N in 1..13 (and 0: the default), P a multiple of N, mode from
+		// the burst's top bit
+		N := int64(burst % 14)
+		p.Buckets = N
+		if burst&0x80 != 0 {
+			p.Mode = Conservative
+		}
+		N = p.EffectiveBuckets()
+		p.Period = time.Duration(max((P+N-1)/N*N, N)) * time.Microsecond
 	}
 	return p
 }

@@ -207,7 +207,8 @@ func Benchmark10kKeys(b *testing.B) {
 
 // BenchmarkMemoryPerKey reports the heap held per key (metric "B/key")
 // after 100,000 distinct keys of 16 bytes each, per algorithm (the log
-// holds one entry per admitted unit: one here).
+// holds one entry per admitted unit: one here; the bucketed window its
+// default 10 sub-windows, 11 counts).
 //
 //	go test -run '^$' -bench MemoryPerKey -benchtime=1x ./ratelimit
 func BenchmarkMemoryPerKey(b *testing.B) {
@@ -217,7 +218,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		keys[i] = fmt.Sprintf("user-%011d", i) // 16 bytes
 	}
 	ctx := context.Background()
-	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowCounter, SlidingWindowLog, SlidingWindowBuckets} {
 		b.Run(a.String(), func(b *testing.B) {
 			for range b.N {
 				var before, after runtime.MemStats

@@ -1,5 +1,5 @@
 // Package ratelimit limits the request rate of keys (IPs, users, API keys)
-// with one of six algorithms over a Store: a sharded in-process
+// with one of seven algorithms over a Store: a sharded in-process
 // MemoryStore, or a RedisStore shared by a fleet.
 //
 // The shortest use:
@@ -20,8 +20,10 @@
 // microseconds, the same formulas in Go (algorithms.go) and in the Redis
 // scripts. TokenBucket, GCRA and LeakyBucket keep one integer per key (the
 // theoretical arrival time); FixedWindow a window and a count;
-// SlidingWindowCounter a window and two counts; SlidingWindowLog one
-// timestamp per admitted unit.
+// SlidingWindowCounter a window and two counts; SlidingWindowBuckets a
+// sub-window index and Buckets+1 counts (a sliding window in N sub-windows,
+// conservative or interpolated); SlidingWindowLog one timestamp per
+// admitted unit.
 //
 // # Decisions
 //

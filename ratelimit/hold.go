@@ -96,7 +96,16 @@ type Reserver interface {
 // holdSettler is what a Hold calls to settle: the store that made it.
 type holdSettler interface {
 	settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error
+	// settleAsync settles in the background and calls then (never nil)
+	// once with the results or the error; actual is the Hold's own copy.
+	settleAsync(h *Hold, actual []int64, then func([]SettleResult, error))
 }
+
+// ErrNotSent is wrapped by the error a settle handed to a store's
+// background path (Hold.SettleAsync) reports when the store did not send
+// it: the queue was full, the store was closed, or Redis could not be
+// reached before the hold's TTL. The hold is then left to its TTL.
+var ErrNotSent = errors.New("ratelimit: settle not sent; the hold is left to its TTL")
 
 // SettleResult says what a Settle did.
 type SettleResult uint8
@@ -137,6 +146,7 @@ type Hold struct {
 	members []string // Redis: each item's hold member, "<id>/<i>=<estimate>"
 	dec     []spillway.Decision
 	allowed bool
+	until   time.Time // the client's estimate of the end of the TTL (RedisStore)
 
 	mu      sync.Mutex
 	settled bool
@@ -225,13 +235,7 @@ func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, 
 		return res, nil
 	}
 	if h.settled {
-		for i, r := range h.results {
-			res[i] = r
-			if r == SettleApplied {
-				res[i] = SettleAlreadySettled
-			}
-		}
-		return res, nil
+		return h.again(), nil
 	}
 	if err := h.store.settle(ctx, h, actual, res); err != nil {
 		return nil, err
@@ -239,6 +243,75 @@ func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, 
 	h.settled = true
 	h.results = res
 	return res, nil
+}
+
+// SettleAsync is SettleEach handed to the store's background path: it
+// returns at once, and then, when given, is called once with what
+// SettleEach would have returned (on the store's own goroutine: keep it
+// quick). The memory store settles at once, before returning, and calls
+// then before returning too. A RedisStore queues the settle and sends it
+// with the next of its calls or after at most two milliseconds, many settles
+// in one script call per Cluster slot; see docs/ratelimit.md for the
+// bound of its queue, Close, and what happens while Redis cannot be
+// reached (the settle is left to the hold's TTL and then gets an error
+// wrapping ErrNotSent). The error returned is only that of bad input
+// (ErrNotHeld, a length that is not the number of items, a negative
+// cost), which calls nothing. A Hold settles once: a SettleAsync after a
+// settle, or a settle after SettleAsync, changes nothing and reports
+// SettleAlreadySettled for every item whose first settle is still on its
+// way or was applied.
+func (h *Hold) SettleAsync(actual []int64, then func([]SettleResult, error)) error {
+	if !h.allowed {
+		return ErrNotHeld
+	}
+	if len(actual) != len(h.items) {
+		return fmt.Errorf("ratelimit: settle: %d actual costs for %d items", len(actual), len(h.items))
+	}
+	for i, a := range actual {
+		if a < 0 {
+			return wrapf(fmt.Errorf("%w: actual cost %d is negative", ErrInvalidCost, a), "settle: item %d", i)
+		}
+	}
+	if then == nil {
+		then = func([]SettleResult, error) {}
+	}
+	h.mu.Lock()
+	if h.settled || len(h.items) == 0 {
+		res := h.again()
+		h.settled = true
+		h.mu.Unlock()
+		then(res, nil)
+		return nil
+	}
+	h.settled = true // the results arrive with then
+	h.mu.Unlock()
+	a := make([]int64, len(actual))
+	copy(a, actual)
+	h.store.settleAsync(h, a, func(res []SettleResult, err error) {
+		h.mu.Lock()
+		if err == nil {
+			h.results = res
+		} else {
+			h.settled = false // a synchronous retry may try again (safe: see SettleEach)
+		}
+		h.mu.Unlock()
+		then(res, err)
+	})
+	return nil
+}
+
+// again is what a settle of a Hold already settled reports (h.mu held):
+// SettleAlreadySettled for an item the first applied or whose first
+// settle is still on its way, SettleExpired for one it found expired.
+func (h *Hold) again() []SettleResult {
+	res := make([]SettleResult, len(h.items))
+	for i := range res {
+		res[i] = SettleAlreadySettled
+		if i < len(h.results) && h.results[i] == SettleExpired {
+			res[i] = SettleExpired
+		}
+	}
+	return res
 }
 
 // worst is the summary of per-item results: SettleApplied only if every

@@ -100,7 +100,7 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 		}
 	}
 	var held []pair
-	var reserves, allowed, applied, already, expired, coalescedRounds int
+	var reserves, allowed, applied, already, expired, coalescedRounds, coalescedHolds int
 	for step := 0; step < steps; step++ {
 		switch x := r.IntN(20); {
 		case x < 10:
@@ -172,6 +172,56 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 					expired++
 				}
 			}
+		case op < 13 && r.IntN(2) == 0: // reservations coalesced into one call, as the coalescer sends them
+			round := [][]Item{randomItems(), randomItems()}
+			if r.IntN(2) == 0 {
+				round = append(round, randomItems())
+			}
+			ttl := ttls[r.IntN(len(ttls))]
+			ttlUS, _, _ := holdTTLOf(ttl)
+			ws := make([]*waiter, len(round))
+			hs := make([]*Hold, len(round))
+			ids := make([]string, len(round))
+			ok := true
+			for b, items := range round {
+				hs[b], ids[b] = rs.newHold(items, ttl)
+				ws[b] = &waiter{ctx: ctx, done: make(chan struct{}, 1)}
+				ok = ok && ws[b].prepareHold(rs, hs[b], ttlUS)
+			}
+			if !ok {
+				continue
+			}
+			coalescedHolds++
+			rs.flush(ws)
+			for b, items := range round {
+				w := ws[b]
+				<-w.done
+				if w.err != nil {
+					t.Fatalf("step %d: coalesced reserve %d: %v", step, b, w.err)
+				}
+				hR := hs[b]
+				if w.allowed {
+					hR.allowed, hR.id = true, ids[b]
+				}
+				hM, err := ms.Reserve(ctx, items, ttl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reserves++
+				logf("step %d at %v: coalesced reserve %d %+v ttl %v -> %v %+v (memory %v) id %s", step, at, b, items, ttl, hR.Allowed(), hR.Decisions(), hM.Allowed(), hR.ID())
+				if hR.Allowed() != hM.Allowed() {
+					t.Fatalf("step %d at %v: coalesced reserve %d %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, b, items, hR.Allowed(), hM.Allowed(), hR.Decisions(), hM.Decisions())
+				}
+				for i := range items {
+					if hR.Decisions()[i] != hM.Decisions()[i] {
+						t.Fatalf("step %d at %v: coalesced reserve %d item %d (%+v):\n redis  %+v\n memory %+v", step, at, b, i, items[i], hR.Decisions()[i], hM.Decisions()[i])
+					}
+				}
+				if hR.Allowed() {
+					allowed++
+					held = append(held, pair{hR, hM})
+				}
+			}
 		case op < 13 && len(held) > 0: // dropped: the process died
 			j := r.IntN(len(held))
 			logf("step %d: drop %s", step, held[j].r.ID())
@@ -234,8 +284,8 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			}
 		}
 	}
-	t.Logf("%d reserves, %d allowed; settled items: %d applied, %d already settled, %d expired; %d coalesced rounds", reserves, allowed, applied, already, expired, coalescedRounds)
-	if allowed == 0 || allowed == reserves || applied == 0 || already == 0 || expired == 0 {
+	t.Logf("%d reserves, %d allowed; settled items: %d applied, %d already settled, %d expired; %d coalesced rounds, %d of reservations", reserves, allowed, applied, already, expired, coalescedRounds, coalescedHolds)
+	if allowed == 0 || allowed == reserves || applied == 0 || already == 0 || expired == 0 || coalescedHolds == 0 {
 		t.Fatalf("the sequence missed a case: %d reserves, %d allowed, %d applied, %d already settled, %d expired", reserves, allowed, applied, already, expired)
 	}
 }

@@ -264,6 +264,13 @@ func (s *MemoryStore) settle(ctx context.Context, h *Hold, actual []int64, res [
 	return nil
 }
 
+// settleAsync implements holdSettler: the memory store settles at once.
+func (s *MemoryStore) settleAsync(h *Hold, actual []int64, then func([]SettleResult, error)) {
+	res := make([]SettleResult, len(h.items))
+	err := s.settle(context.Background(), h, actual, res)
+	then(res, err)
+}
+
 func (s *MemoryStore) settleOne(it *Item, member string, actual, now int64) SettleResult {
 	k := s.prepare(it.Scope, it.Key, it.Policy.Algorithm)
 	sh := &s.shards[k.shard]

@@ -20,11 +20,13 @@ import (
 // slot.
 //
 // Reserve and settle run their own scripts (lua/ratelimit_hold.lua,
-// lua/ratelimit_settle.lua), one call per Cluster slot group, and are not
-// coalesced: a coalesced call is one script over many callers' plain
-// batches, and carrying holds there would put their bookkeeping (two more
-// keys per item, the hold id) on every plain decision; a reserve is
-// already one round trip, a settle another.
+// lua/ratelimit_settle.lua), one call per Cluster slot group, so that the
+// plain decisions never carry the holds' bookkeeping (two more keys per
+// item, the hold id). Both ride on the coalesced calls all the same: the
+// reservations queued while a call is in flight go out as one hold script
+// call per slot (each reservation one group, all or nothing) in the
+// pipeline of the decisions queued with them, and the settles of
+// Hold.SettleAsync join that pipeline too (redis_settle.go).
 
 // holdKeys returns the keys of a bucket-family item: K and K+":h".
 func holdKeys(prefix string, it *Item) (k, h string) {
@@ -49,43 +51,16 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 	if err := validateHold(items); err != nil {
 		return nil, err
 	}
-	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items))}
-	id := s.holdIDs.next()
+	h, id := s.newHold(items, ttl)
 	if len(items) == 0 {
 		h.allowed, h.id = true, id
 		return h, nil
 	}
-	// the keys and members of every item, built once for reserve and settle
-	h.rkeys = make([]string, 2*len(items))
-	h.members = make([]string, len(items))
-	for i := range h.items {
-		h.rkeys[2*i], h.rkeys[2*i+1] = holdKeys(s.prefix, &h.items[i])
-		h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
-	}
-	var groups []*group
-	var whole [1]*group
-	if s.sharded == oneServer {
-		whole[0] = &group{items: h.items, out: h.dec}
-		groups = whole[:]
+	var allowed bool
+	if s.co != nil && len(items) <= maxCoalesceItems {
+		allowed, err = s.co.reserve(ctx, s, h, ttlUS)
 	} else {
-		groups = s.split(items, s.sharded)
-	}
-	allowed, err := s.reserveGroups(ctx, h, ttlUS, groups)
-	if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
-		// a Cluster in disguise: nothing ran; one call per slot
-		groups = s.split(items, bySlot)
-		allowed, err = s.reserveGroups(ctx, h, ttlUS, groups)
-	}
-	if err != nil {
-		return nil, err
-	}
-	h.exps = make([]int64, len(items))
-	for _, g := range groups {
-		for j := range g.items {
-			i := g.index(j)
-			h.dec[i] = g.out[j]
-			h.exps[i] = g.now + ttlUS
-		}
+		allowed, err = s.reserveDirect(ctx, h, ttlUS)
 	}
 	if err != nil {
 		return nil, err
@@ -94,6 +69,126 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 		h.allowed, h.id = true, id
 	}
 	return h, nil
+}
+
+// newHold makes the Hold of a reservation of valid items for ttl, not yet
+// decided, and its id (h.id is set once it is allowed): the keys and
+// members of every item, built once for reserve and settle.
+func (s *RedisStore) newHold(items []Item, ttl time.Duration) (*Hold, string) {
+	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items)), until: time.Now().Add(ttl)}
+	id := s.holdIDs.next()
+	h.rkeys = make([]string, 2*len(items))
+	h.members = make([]string, len(items))
+	for i := range h.items {
+		h.rkeys[2*i], h.rkeys[2*i+1] = holdKeys(s.prefix, &h.items[i])
+		h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+	}
+	return h, id
+}
+
+// reserveDirect decides and holds h's items with calls of its own: one
+// hold script per slot group, filling h's decisions and release times.
+func (s *RedisStore) reserveDirect(ctx context.Context, h *Hold, ttlUS int64) (bool, error) {
+	var groups []*group
+	var whole [1]*group
+	if s.sharded == oneServer {
+		whole[0] = &group{items: h.items, out: h.dec}
+		groups = whole[:]
+	} else {
+		groups = s.split(h.items, s.sharded)
+	}
+	allowed, err := s.reserveGroups(ctx, h, ttlUS, groups)
+	if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
+		// a Cluster in disguise: nothing ran; one call per slot
+		groups = s.split(h.items, bySlot)
+		allowed, err = s.reserveGroups(ctx, h, ttlUS, groups)
+	}
+	if err != nil {
+		return false, err
+	}
+	h.exps = make([]int64, len(h.items))
+	for _, g := range groups {
+		for j := range g.items {
+			i := g.index(j)
+			h.dec[i] = g.out[j]
+			h.exps[i] = g.now + ttlUS
+		}
+	}
+	return allowed, nil
+}
+
+// holdArgs is the hold script's ARGV for the reservations of ws (one
+// group each).
+func holdArgs(now string, ws []*waiter) []any {
+	n := 0
+	for _, w := range ws {
+		n += len(w.items)
+	}
+	args := make([]any, 0, 2+2*len(ws)+holdFields*n)
+	args = append(args, now, len(ws))
+	for _, w := range ws {
+		args = append(args, len(w.items), w.ttl)
+	}
+	for _, w := range ws {
+		h := w.hold
+		for i := range h.items {
+			it := &h.items[i]
+			T := it.Policy.EmissionInterval()
+			args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[i])
+		}
+	}
+	return args
+}
+
+// deliverHolds reads a coalesced hold call's reply into each reservation
+// of ws: its decisions, release times and whether it was allowed.
+func deliverHolds(ws []*waiter, res any) error {
+	n := 0
+	for _, w := range ws {
+		n += len(w.items)
+	}
+	G := len(ws)
+	v, err := intSlice(res, 1+G+4*n)
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: hold script: %w", err)
+	}
+	at := 1 + G
+	for g, w := range ws {
+		h := w.hold
+		allowed, err := holdOutcomes(h.items, v[at:at+len(h.items)], at, v[1+g], h.dec)
+		if err != nil {
+			return err
+		}
+		h.exps = make([]int64, len(h.items))
+		for i := range h.exps {
+			h.exps[i] = v[0] + w.ttl
+		}
+		w.allowed = allowed
+		at += len(h.items)
+	}
+	return nil
+}
+
+// holdOutcomes writes the decisions of a reservation's items from their
+// waits (reply values first, first+1, …) to out and reports whether every
+// item had room, which must agree with the script's flag ok.
+func holdOutcomes(items []Item, waits []int64, first int, ok int64, out []spillway.Decision) (bool, error) {
+	allowed := true
+	for j := range items {
+		it := &items[j]
+		lim := it.Policy.limits()
+		wait := waits[j]
+		if wait < 0 || wait > 2*lim.tau {
+			return false, fmt.Errorf("ratelimit: redis: hold script: unexpected reply value %d = %d, want an integer in [0, %d]", first+j, wait, 2*lim.tau)
+		}
+		o := waitOutcome(wait, &lim, it.Cost)
+		out[j] = o.decisionCap(it.Scope, lim.capacity)
+		allowed = allowed && o.allowed
+	}
+	if allowed != (ok == 1) {
+		return false, fmt.Errorf("ratelimit: redis: hold script: replied allowed = %d, but the waits say %v", ok, allowed)
+	}
+	return allowed, nil
 }
 
 // index is the position of g's j-th item in the caller's batch (a group
@@ -168,8 +263,8 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 			keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
 		}
 	}
-	args := make([]any, 2, 2+holdFields*n)
-	args[0], args[1] = s.nowArg(), ttlUS
+	args := make([]any, 4, 4+holdFields*n)
+	args[0], args[1], args[2], args[3] = s.nowArg(), 1, n, ttlUS // one group
 	for j := range g.items {
 		it := &g.items[j]
 		T := it.Policy.EmissionInterval()
@@ -183,23 +278,14 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}
-	allowed := true
-	for j := range g.items {
-		it := &g.items[j]
-		lim := it.Policy.limits()
-		wait := v[2+j]
-		if wait < 0 || wait > 2*lim.tau {
-			return false, fmt.Errorf("ratelimit: redis: hold script: unexpected reply value %d = %d, want an integer in [0, %d]", 2+j, wait, 2*lim.tau)
-		}
-		o := waitOutcome(wait, &lim, it.Cost)
-		g.out[j] = o.decisionCap(it.Scope, lim.capacity)
-		allowed = allowed && o.allowed
-		if g.old != nil { // kept for a cancel (several groups)
+	allowed, err := holdOutcomes(g.items, v[2:2+n], 2, v[1], g.out)
+	if err != nil {
+		return false, err
+	}
+	if g.old != nil { // kept for a cancel (several groups)
+		for j := range g.items {
 			g.old[j] = [3]int64{v[2+n+j], v[2+2*n+j], v[2+3*n+j]}
 		}
-	}
-	if allowed != (v[1] == 1) {
-		return false, fmt.Errorf("ratelimit: redis: hold script: replied allowed = %d, but the waits say %v", v[1], allowed)
 	}
 	g.now = v[0]
 	return allowed, nil
@@ -210,6 +296,9 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
 	if s.err != nil {
 		return s.err
+	}
+	if !s.open() {
+		return fmt.Errorf("ratelimit: redis: settle: %w: %w", ErrNotSent, errGateClosed)
 	}
 	var groups []*group
 	var whole [1]*group
@@ -234,6 +323,21 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 	return eg.Wait()
 }
 
+// settleArgs appends the settle script's ARGV values of item i settled
+// to actual, or, for a cancel, undoing the reserve that saw old (its
+// TAT, the TAT it wrote and its mark; actual is then ignored).
+func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]int64) []any {
+	it := &h.items[i]
+	T := it.Policy.EmissionInterval()
+	var a, exp int64
+	if !cancel {
+		a, exp = settleCost(it, actual), h.exps[i]
+	}
+	member := h.members[i]
+	tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
+	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old[0], old[1], old[2])
+}
+
 // runSettle runs lua/ratelimit_settle.lua for g, writing each item's
 // result to res (indexed like h's items, as actual is). With cancel it
 // undoes g's holds instead (actual is ignored): see reserveGroups.
@@ -252,18 +356,12 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		args[1] = 1
 	}
 	for j := range g.items {
-		it := &g.items[j]
 		i := g.index(j)
-		T := it.Policy.EmissionInterval()
-		var a, exp, old, wrote, mark int64
 		if cancel {
-			old, wrote, mark = g.old[j][0], g.old[j][1], g.old[j][2]
+			args = h.settleArgs(args, i, true, 0, g.old[j])
 		} else {
-			a, exp = settleCost(it, actual[i]), h.exps[i]
+			args = h.settleArgs(args, i, false, actual[i], [3]int64{})
 		}
-		member := h.members[i]
-		tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old, wrote, mark)
 	}
 	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {

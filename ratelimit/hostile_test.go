@@ -313,6 +313,10 @@ func FuzzRedisVsMemory(f *testing.F) {
 		{2, 2, MaxSpanMicros, 0, 1, 1, 1 << 62},
 		{0, math.MaxInt64, 1e6, 0, 1, 1, 1},
 		{1, 7, 60e6, math.MaxInt64, 1, 1, 1},
+		{6, 10, 3600e6, 0, 9, 2, 11},     // sliding window buckets, default N, interpolated
+		{6, 7, 60e6, 1<<8 | 60, 3, 5, 8}, // N = 60, conservative
+		{6, 3, 1e6 + 1, 0, 1, 1, 1},      // a period not a multiple of N: both reject it
+		{6, 1e6, MaxSpanMicros, 1000, e53, 1, 1 << 40},
 	}
 	for _, s := range seeds {
 		f.Add(s.alg, s.limit, s.periodUS, s.burst, s.w, s.c1, s.c2)
@@ -326,6 +330,10 @@ func FuzzRedisVsMemory(f *testing.F) {
 		}
 		if p.Algorithm == SlidingWindowLog && p.Limit > 1000 {
 			return // one sorted-set member per unit: keep a run fast
+		}
+		if p.Algorithm == SlidingWindowBuckets {
+			// burst, which a window ignores, picks N (low byte) and the mode
+			p.Buckets, p.Mode, p.Burst = burst&0xff, WindowMode(burst>>8&0xff), 0
 		}
 		ctx := context.Background()
 		prefix := fmt.Sprintf("fz%d:", run.Add(1))

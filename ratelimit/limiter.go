@@ -167,7 +167,7 @@ func (l *Limiter) Schedule(ctx context.Context, key string) (Slot, error) {
 // millisecond longer.
 func (l *Limiter) ScheduleN(ctx context.Context, key string, n int64) (Slot, error) {
 	switch l.policy.Algorithm {
-	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
 		return Slot{}, fmt.Errorf("%w: %s", ErrNoSmoothing, l.policy.Algorithm)
 	}
 	d, err := l.AllowN(ctx, key, n)

@@ -66,6 +66,7 @@ const (
 	layoutFixed
 	layoutCounter
 	layoutLog
+	layoutBuckets
 )
 
 func layoutOf(a Algorithm) layout {
@@ -76,14 +77,17 @@ func layoutOf(a Algorithm) layout {
 		return layoutCounter
 	case SlidingWindowLog:
 		return layoutLog
+	case SlidingWindowBuckets:
+		return layoutBuckets
 	}
 	return layoutBucket
 }
 
 // entry is one key's state. The fields a, b, c hold the fixed-size states:
 // bucket a = TAT; fixed window (a, b) = (window, count); sliding window
-// counter (a, b, c) = (window, prev, cur). The sliding window log lives
-// apart (log), so the common entry stays at 96 bytes.
+// counter (a, b, c) = (window, prev, cur); bucketed window a = the newest
+// sub-window, its counts in log.ts. The sliding window log lives apart
+// (log), so the common entry stays at 96 bytes.
 type entry struct {
 	next    *entry // chain of entries whose hashes collide
 	hash    uint64
@@ -98,8 +102,9 @@ type entry struct {
 }
 
 // windowLog is an entry's side state: the SlidingWindowLog's timestamps
-// ts[start:], ascending; or, for the bucket family, its holds (hold.go),
-// which keeps the common entry at 96 bytes.
+// ts[start:], ascending; SlidingWindowBuckets' Buckets+1 counts in ts,
+// newest first; or, for the bucket family, its holds (hold.go), which
+// keeps the common entry at 96 bytes.
 type windowLog struct {
 	ts    []int64
 	start int
@@ -301,6 +306,8 @@ type undo struct {
 	a, b, c  int64
 	full     int64
 	appended int
+	counts   []int64 // a bucketed window's counts before the write
+	recount  bool    // counts holds them
 }
 
 // apply decides one item against e (nil: no state) and, when allowed with
@@ -346,6 +353,35 @@ func (sh *shard) apply(o *outcome, e *entry, k *lookup, p *limits, n, now int64,
 		if next != st {
 			e = sh.prepareWrite(e, k, now, u)
 			e.a, e.b, e.c = next.window, next.prev, next.cur
+			e.full = satAdd(max(now, 0), o.reset)
+		}
+	case layoutBuckets:
+		var h int64
+		var c []int64
+		if e != nil && e.log != nil {
+			h, c = e.a, e.log.ts
+		}
+		var head int64
+		*o, head = bucketsDecide(h, c, now, *p, n)
+		if o.allowed && n > 0 {
+			e = sh.prepareWrite(e, k, now, u)
+			if e.log == nil {
+				e.log = &windowLog{}
+			}
+			l := e.log
+			if u != nil && !u.recount {
+				u.counts, u.recount = l.ts, true
+			}
+			if int64(len(l.ts)) != p.N+1 {
+				l.ts = make([]int64, p.N+1) // none, or written under another N: no state
+			} else {
+				if u != nil { // a batch may roll back: write a copy
+					l.ts = append([]int64(nil), l.ts...)
+				}
+				shiftBuckets(l.ts, head-e.a)
+			}
+			l.ts[0] += n
+			e.a = head
 			e.full = satAdd(max(now, 0), o.reset)
 		}
 	case layoutLog:
@@ -506,6 +542,9 @@ func (s *MemoryStore) Decide(ctx context.Context, items []Item, out []spillway.D
 		if u.appended > 0 {
 			l := u.e.log
 			l.ts = l.ts[:len(l.ts)-u.appended]
+		}
+		if u.recount {
+			u.e.log.ts = u.counts
 		}
 	}
 	for j := len(locked) - 1; j >= 0; j-- {

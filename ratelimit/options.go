@@ -13,6 +13,8 @@ type storeOptions struct {
 	shards  int
 	// coalesce: calls in flight before the Redis store coalesces; 0: off
 	coalesce int
+	// settleQueue: the bound of the Redis store's queue of settles, in items; 0: the default
+	settleQueue int
 }
 
 func defaultStoreOptions() storeOptions {

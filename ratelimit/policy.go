@@ -35,6 +35,17 @@ import (
 //     start of the current window. Allowed iff est + n ≤ L. RetryAfter and
 //     ResetAfter are the exact times the estimate allows the request and
 //     reaches 0 (see algorithms.go).
+//   - SlidingWindowBuckets: the Period cut into N = Buckets sub-windows of
+//     W = P/N µs, aligned on multiples of W; one count per sub-window for
+//     the current one and the N before it (N+1 counts). At now, in
+//     sub-window k with e = now − k·W elapsed, the N newest counts lie in
+//     the window (now − P, now]; the oldest, sub-window k−N, overlaps its
+//     start. Conservative counts it whole while it overlaps (e < W − 1),
+//     so it never admits more than the exact log would in any window;
+//     Interpolated weighs it by its overlap, floor(c·(W − e)/W), as the
+//     counter does (N = 1 interpolated is the counter). Allowed iff
+//     estimate + n ≤ L. RetryAfter and ResetAfter are the exact times the
+//     estimate allows the request and reaches 0 (see algorithms.go).
 //
 // A cost above what the policy can ever admit (n > B for the bucket family,
 // n > L for the windows) is denied with spillway.ReasonCostExceedsLimit and
@@ -42,7 +53,8 @@ import (
 // writes nothing, reports Remaining. A denial changes no state. Time going
 // backwards never gives more room than if no time had passed: the bucket
 // family clamps now to TAT − τ, the fixed window and the counter to the
-// start of the stored window, the log to its newest entry. Durations are
+// start of the stored window (sub-window for SlidingWindowBuckets), the
+// log to its newest entry. Durations are
 // computed in µs and reported rounded up to whole milliseconds. The exact
 // arithmetic, shared by both stores, is ratelimit/algorithms.go.
 type Algorithm uint8
@@ -54,10 +66,11 @@ const (
 	SlidingWindowLog
 	SlidingWindowCounter
 	LeakyBucket
+	SlidingWindowBuckets
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{"token_bucket", "gcra", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket"}
+var algorithmNames = [numAlgorithms]string{"token_bucket", "gcra", "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket", "sliding_window_buckets"}
 
 // String returns the snake_case name used in configs ("token_bucket").
 func (a Algorithm) String() string {
@@ -67,6 +80,10 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
+// AlgorithmNames lists the names ParseAlgorithm accepts, comma-separated,
+// for error messages.
+const AlgorithmNames = "token_bucket, gcra, fixed_window, sliding_window_log, sliding_window_counter, leaky_bucket, sliding_window_buckets"
+
 // ParseAlgorithm parses the name returned by String.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for i, n := range algorithmNames {
@@ -74,7 +91,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(i), nil
 		}
 	}
-	return 0, fmt.Errorf("ratelimit: unknown algorithm %q (want one of token_bucket, gcra, fixed_window, sliding_window_log, sliding_window_counter, leaky_bucket)", s)
+	return 0, fmt.Errorf("ratelimit: unknown algorithm %q (want one of %s)", s, AlgorithmNames)
 }
 
 // Policy is a rate: Limit requests per Period, with a Burst capacity for the
@@ -84,6 +101,68 @@ type Policy struct {
 	Limit     int64         // requests per Period; must be > 0
 	Period    time.Duration // must be ≥ 1µs and a whole number of µs... see Validate
 	Burst     int64         // capacity for TokenBucket, GCRA, LeakyBucket; 0 means Limit; ignored (must be 0 or Limit) by the windows
+	// Buckets is SlidingWindowBuckets' number of sub-windows per Period,
+	// N; 0 means DefaultBuckets. Period must be a whole multiple of N µs.
+	// Other algorithms: must be 0.
+	Buckets int64
+	// Mode is how SlidingWindowBuckets counts the oldest sub-window; the
+	// zero value is Interpolated. Other algorithms: must be the zero value.
+	Mode WindowMode
+}
+
+// WindowMode says how SlidingWindowBuckets counts its oldest sub-window,
+// the one that straddles the start of the window (see Algorithm).
+type WindowMode uint8
+
+const (
+	// Interpolated weighs the oldest sub-window's count by its overlap with
+	// the window. Closest to the exact log on average; it can admit more
+	// than Limit within one Period: at most Limit plus the oldest
+	// sub-window's count times the elapsed share of the current one (see
+	// docs/ratelimit.md for the bound and the measured error).
+	Interpolated WindowMode = iota
+	// Conservative counts the oldest sub-window whole while it overlaps
+	// the window: it never admits more than Limit in any window of one
+	// Period (never more than the exact sliding log would), and may deny
+	// up to about Limit/Buckets too early.
+	Conservative
+	numModes
+)
+
+var modeNames = [numModes]string{"interpolated", "conservative"}
+
+// String returns the name used in configs ("interpolated").
+func (m WindowMode) String() string {
+	if m < numModes {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseWindowMode parses the name returned by String.
+func ParseWindowMode(s string) (WindowMode, error) {
+	for i, n := range modeNames {
+		if n == s {
+			return WindowMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown window mode %q (want interpolated or conservative)", s)
+}
+
+// DefaultBuckets is SlidingWindowBuckets' number of sub-windows when
+// Policy.Buckets is 0.
+const DefaultBuckets = 10
+
+// MaxBuckets is the largest Policy.Buckets that Validate accepts: a key's
+// state is Buckets+1 counts.
+const MaxBuckets = 1000
+
+// EffectiveBuckets returns Buckets, or DefaultBuckets when it is 0.
+func (p Policy) EffectiveBuckets() int64 {
+	if p.Buckets == 0 {
+		return DefaultBuckets
+	}
+	return p.Buckets
 }
 
 // MaxSpanMicros is the largest Burst·T (bucket family) and the longest
@@ -125,6 +204,9 @@ func (p Policy) Validate() error {
 	if p.Burst < 0 {
 		return fmt.Errorf("%w: burst %d must not be negative", ErrInvalidPolicy, p.Burst)
 	}
+	if p.Algorithm != SlidingWindowBuckets && (p.Buckets != 0 || p.Mode != 0) {
+		return fmt.Errorf("%w: buckets %d and mode %s are for sliding_window_buckets only, not %s", ErrInvalidPolicy, p.Buckets, p.Mode, p.Algorithm)
+	}
 	periodUS := p.Period.Microseconds()
 	if periodUS > MaxSpanMicros {
 		return fmt.Errorf("%w: period %v exceeds 2^52 µs (MaxSpanMicros, about 142 years)", ErrInvalidPolicy, p.Period)
@@ -132,8 +214,19 @@ func (p Policy) Validate() error {
 	if periodUS < p.Limit {
 		return fmt.Errorf("%w: limit %d per %v is more than one per microsecond", ErrInvalidPolicy, p.Limit, p.Period)
 	}
+	if p.Algorithm == SlidingWindowBuckets {
+		if p.Mode >= numModes {
+			return fmt.Errorf("%w: unknown mode %d (want interpolated or conservative)", ErrInvalidPolicy, uint8(p.Mode))
+		}
+		if p.Buckets < 0 || p.Buckets > MaxBuckets {
+			return fmt.Errorf("%w: buckets %d must be in [1, %d] (0: the default %d)", ErrInvalidPolicy, p.Buckets, MaxBuckets, DefaultBuckets)
+		}
+		if N := p.EffectiveBuckets(); periodUS%N != 0 {
+			return fmt.Errorf("%w: period %v is not a whole multiple of %d buckets (in µs)", ErrInvalidPolicy, p.Period, N)
+		}
+	}
 	switch p.Algorithm {
-	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
 		if p.Burst != 0 && p.Burst != p.Limit {
 			return fmt.Errorf("%w: burst %d is not supported by %s (windows admit Limit per Period; leave burst 0)", ErrInvalidPolicy, p.Burst, p.Algorithm)
 		}
@@ -161,7 +254,7 @@ func (p Policy) EffectiveBurst() int64 {
 // for the windows.
 func (p Policy) Capacity() int64 {
 	switch p.Algorithm {
-	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
 		return p.Limit
 	}
 	return p.EffectiveBurst()
@@ -173,11 +266,15 @@ func (p Policy) EmissionInterval() int64 {
 	return (periodUS + p.Limit - 1) / p.Limit
 }
 
-// String formats p as "token_bucket 100/1s burst 50".
+// String formats p as "token_bucket 100/1s burst 50" (a bucketed window:
+// "sliding_window_buckets 100/1m0s buckets 10 interpolated").
 func (p Policy) String() string {
 	s := fmt.Sprintf("%s %d/%v", p.Algorithm, p.Limit, p.Period)
 	if p.Burst != 0 {
 		s += fmt.Sprintf(" burst %d", p.Burst)
+	}
+	if p.Algorithm == SlidingWindowBuckets {
+		s += fmt.Sprintf(" buckets %d %s", p.EffectiveBuckets(), p.Mode)
 	}
 	return s
 }

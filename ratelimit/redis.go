@@ -59,6 +59,8 @@ type RedisStore struct {
 	idSeq   atomic.Uint64
 	holdIDs holdIDs
 	co      *coalescer // nil: coalescing off
+	sq      *settleQueue
+	gate    atomic.Pointer[func() bool] // SetGate; nil: always call
 }
 
 var _ BoundedStore = (*RedisStore)(nil)
@@ -85,7 +87,7 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 			opt(&o)
 		}
 	}
-	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs()}
+	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs(), sq: newSettleQueue(o.settleQueue)}
 	if o.coalesce > 0 {
 		s.co = &coalescer{max: o.coalesce}
 	}
@@ -111,6 +113,9 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 	return s
 }
 
+// Client returns the client the store sends its commands through.
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
+
 // bucketSep separates the scope from the entity's hash tag in the bucket
 // family's keys: ';' since the compact encoding of a TAT (lua/
 // ratelimit_holds.lua), which the versions before it read as a full
@@ -128,6 +133,8 @@ func redisKey(prefix string, it *Item) string {
 		return keys.Key(prefix, it.Scope, it.Key) + ":swc"
 	case SlidingWindowLog:
 		return keys.Key(prefix, it.Scope, it.Key) + ":swl"
+	case SlidingWindowBuckets:
+		return keys.Key(prefix, it.Scope, it.Key) + ":swb"
 	}
 	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
 }
@@ -436,18 +443,108 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
-	v, err := batchReply(res, len(items))
+	var v []int64
+	if g != nil {
+		v, err = intSlice(res, 2+batchReplyFields*len(items)+windowCounts(items))
+		if err != nil {
+			err = fmt.Errorf("ratelimit: redis: batch script: %w", err)
+		}
+	} else {
+		v, err = batchReply(res, len(items))
+	}
 	if err != nil {
 		return false, 0, err
 	}
 	allowed := s.batchDecisions(items, v[2:], out)
 	if g != nil {
+		counts := v[2+batchReplyFields*len(items):]
 		for i := range items {
 			g.old[i] = [3]int64(v[2+batchReplyFields*i+4 : 2+batchReplyFields*(i+1)])
+			if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
+				// the bucketed window's state before the charge, for a
+				// refund, in the uid's place (see refundArgs)
+				n := int(p.EffectiveBuckets()) + 1
+				g.uids[i] = formatBuckets(g.old[i][0], counts[:n], p.Limit)
+				counts = counts[n:]
+			}
 		}
 		g.now = v[0]
 	}
 	return allowed, v[0], nil
+}
+
+// windowCounts is the number of counts the batch script appends to its
+// reply when asked for the state of items' bucketed windows (batchArgs
+// with uids): Buckets+1 for each.
+func windowCounts(items []Item) int {
+	n := 0
+	for i := range items {
+		if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
+			n += int(p.EffectiveBuckets()) + 1
+		}
+	}
+	return n
+}
+
+// bucketsWidth is the bytes of one count of a bucketed window of limit L
+// in Redis: the smallest of 1, 2, 4 and 7 that holds L (no count exceeds
+// it).
+func bucketsWidth(L int64) int {
+	switch {
+	case L < 1<<8:
+		return 1
+	case L < 1<<16:
+		return 2
+	case L < 1<<32:
+		return 4
+	}
+	return 7
+}
+
+// formatBuckets is a bucketed window's value in Redis, as
+// lua/ratelimit_subwindows.lua packs it: h in 7 bytes, then each count in
+// bucketsWidth(L) bytes, big-endian; "" when every count is 0 (no state).
+func formatBuckets(h int64, c []int64, L int64) string {
+	nonzero := false
+	for _, x := range c {
+		nonzero = nonzero || x > 0
+	}
+	if !nonzero {
+		return ""
+	}
+	w := bucketsWidth(L)
+	b := make([]byte, 0, 7+w*len(c))
+	put := func(x int64, w int) {
+		for i := w - 1; i >= 0; i-- {
+			b = append(b, byte(uint64(x)>>(8*i)))
+		}
+	}
+	put(h, 7)
+	for _, x := range c {
+		put(x, w)
+	}
+	return string(b)
+}
+
+// parseBuckets reads what formatBuckets wrote for N sub-windows and limit
+// L: h and N+1 counts, or 0, nil (a value of another length).
+func parseBuckets(s string, N, L int64) (int64, []int64) {
+	w := bucketsWidth(L)
+	if int64(len(s)) != 7+int64(w)*(N+1) {
+		return 0, nil
+	}
+	get := func(s string) int64 {
+		var x uint64
+		for i := 0; i < len(s); i++ {
+			x = x<<8 | uint64(s[i])
+		}
+		return int64(x)
+	}
+	c := make([]int64, N+1)
+	for i := range c {
+		c[i] = get(s[7+i*w : 7+(i+1)*w])
+	}
+	return get(s[:7]), c
 }
 
 // batchArgs appends the batch script's ARGV values of items. Each item of
@@ -463,6 +560,19 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 		}
 		if uids != nil {
 			uids[i] = uid
+		}
+		if p.Algorithm == SlidingWindowBuckets {
+			// B and T carry N and the mode; uid "1" asks for the counts
+			// the item saw (a refund's)
+			mode := 0
+			if p.Mode == Conservative {
+				mode = 1
+			}
+			if uids != nil {
+				uid = "1"
+			}
+			args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
+			continue
 		}
 		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}

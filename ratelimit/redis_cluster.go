@@ -166,8 +166,28 @@ func refundArgs(args []any, it *Item, uid string, old [3]int64, now int64) []any
 	case SlidingWindowCounter:
 		_, st := counterDecide(counterState{old[0], old[1], old[2]}, now, lim, it.Cost)
 		wrote = [3]int64{st.window, st.prev, st.cur}
+	case SlidingWindowBuckets:
+		return append(args, bucketsRefundArgs(it, uid, now)...)
 	}
 	return append(args, uint8(p.Algorithm), p.EmissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
+}
+
+// bucketsRefundArgs is the refund script's ARGV for a bucketed window's
+// item whose state before the charge was old (runBatch put its value in
+// the uid's place): the value before, the sub-window charged, N, and the
+// value the charge wrote, recomputed with algorithms.go.
+func bucketsRefundArgs(it *Item, old string, now int64) []any {
+	p := it.Policy
+	lim := p.limits()
+	h, c := parseBuckets(old, lim.N, lim.L)
+	_, k := bucketsDecide(h, c, now, lim, it.Cost)
+	if c == nil {
+		c = make([]int64, lim.N+1)
+	} else {
+		shiftBuckets(c, k-h)
+	}
+	c[0] += it.Cost
+	return []any{uint8(p.Algorithm), p.EmissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its

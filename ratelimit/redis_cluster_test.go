@@ -187,6 +187,43 @@ func TestRedisStoreCluster(t *testing.T) {
 		})
 	}
 
+	// With Redis TIME the hot paths write a TAT compact ("r" PXAT E); a
+	// refund of a denied cross-slot batch leaves each key byte for byte
+	// as it was, expiry included, and deletes a key that had no state.
+	t.Run("refund-byte-for-byte", func(t *testing.T) {
+		c := cl.Client(t)
+		prefix := "refund-bytes:"
+		s := NewRedisStore(c, WithPrefix(prefix))
+		p := Policy{Limit: 5, Period: time.Minute} // T = 12 s
+		a := Item{Scope: "p", Key: "a", Policy: p, Cost: 2}
+		b := Item{Scope: "p", Key: "b", Policy: p, Cost: 1}
+		z := Item{Scope: "z", Key: "z", Policy: p, Cost: 6} // above the capacity: always denied
+		out := make([]spillway.Decision, 3)
+		if ok, err := s.Decide(ctx, []Item{a}, out); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		ka, kb := redisKey(prefix, &a), redisKey(prefix, &b)
+		if slot(ka) == slot(redisKey(prefix, &z)) || slot(kb) == slot(redisKey(prefix, &z)) {
+			t.Fatal("test keys share a slot with z; change the entity names")
+		}
+		before := rawState(t, c, ka)
+		if v := before[0].(string); len(v) > 3 {
+			t.Fatalf("a holds %q, want the compact form (at most 3 digits)", v)
+		}
+		for round := 0; round < 3; round++ {
+			ok, err := s.Decide(ctx, []Item{a, b, z}, out)
+			if err != nil || ok || !out[0].Allowed || !out[1].Allowed {
+				t.Fatalf("round %d: %v %v %+v, want denied by z alone", round, ok, err, out)
+			}
+			if after := rawState(t, c, ka); after[0] != before[0] || after[1] != before[1] {
+				t.Fatalf("round %d: a after the refund: %q PXAT %v, want %q PXAT %v", round, after[0], after[1], before[0], before[1])
+			}
+			if n, err := c.Exists(ctx, kb).Result(); err != nil || n != 0 {
+				t.Fatalf("round %d: b exists (%d, %v) after the refund, want no state", round, n, err)
+			}
+		}
+	})
+
 	t.Run("refund-after-error", func(t *testing.T) {
 		c := cl.Client(t, func(o *redis.ClusterOptions) {
 			o.ReadTimeout = 200 * time.Millisecond

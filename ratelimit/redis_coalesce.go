@@ -103,6 +103,8 @@ type waiter struct {
 	slot     int    // bySlot: the batch's slot
 	tag      string // byTag: the batch's hash tag
 	buckets  bool   // every item is of the bucket family
+	hold     *Hold  // a reservation (Reserve): keys are its pairs K, K..":h"
+	ttl      int64  // the reservation's hold ttl in µs
 	res      []spillway.Decision
 	allowed  bool
 	err      error
@@ -151,13 +153,19 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	if !deadline.IsZero() {
 		expired = c.expiry(deadline)
 	}
+	return c.await(ctx, w, expired, out)
+}
 
+// await waits for the result of w, queued, and copies its decisions to
+// out (a reservation's go to its Hold). When ctx ends or expired is
+// closed first, w leaves the queue if it is still there (never sent).
+func (c *coalescer) await(ctx context.Context, w *waiter, expired <-chan struct{}, out []spillway.Decision) (bool, error) {
 	var cause error
 	select {
 	case <-w.done:
 		allowed, err := w.allowed, w.err
 		copy(out, w.res)
-		w.ctx, w.err = nil, nil
+		w.ctx, w.err, w.hold = nil, nil, nil
 		waiterPool.Put(w)
 		return allowed, err
 	case <-ctx.Done():
@@ -169,9 +177,9 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	for i, q := range c.queue {
 		if q == w {
 			c.queue = append(c.queue[:i], c.queue[i+1:]...)
-			c.queued -= len(items)
+			c.queued -= len(w.items)
 			c.mu.Unlock()
-			w.ctx = nil
+			w.ctx, w.hold = nil, nil
 			waiterPool.Put(w)
 			return false, fmt.Errorf("ratelimit: redis: not sent: %w", cause)
 		}
@@ -181,15 +189,57 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	return false, fmt.Errorf("ratelimit: redis: coalesced call: %w", cause)
 }
 
-// prepare copies items into w with their keys and reports whether they
-// share one slot (one hash tag on a Ring), as a coalesced call needs.
-func (w *waiter) prepare(s *RedisStore, items []Item) bool {
-	w.items = append(w.items[:0], items...)
-	w.keys = w.keys[:0]
-	w.buckets = bucketsOnly(items)
-	for i := range items {
-		w.keys = append(w.keys, redisKey(s.prefix, &items[i]))
+// reserve is decide for a reservation: h (its keys and members made) is
+// decided and held for ttlUS µs, alone when fewer than max calls are in
+// flight, else in the next coalesced call (one hold script call per slot
+// for every reservation queued meanwhile, in the pipeline of the
+// decisions').
+func (c *coalescer) reserve(ctx context.Context, s *RedisStore, h *Hold, ttlUS int64) (bool, error) {
+	c.mu.Lock()
+	if c.inflight < c.max && len(c.queue) == 0 {
+		c.inflight++
+		c.mu.Unlock()
+		allowed, err := s.reserveDirect(ctx, h, ttlUS)
+		c.release(s)
+		return allowed, err
 	}
+	c.mu.Unlock()
+	w := waiterPool.Get().(*waiter)
+	if !w.prepareHold(s, h, ttlUS) {
+		waiterPool.Put(w)
+		return s.reserveDirect(ctx, h, ttlUS) // several slots: not coalesced
+	}
+	w.ctx = ctx
+	c.mu.Lock()
+	if c.inflight < c.max && len(c.queue) == 0 {
+		c.inflight++
+		c.mu.Unlock()
+		w.ctx, w.hold = nil, nil
+		waiterPool.Put(w)
+		allowed, err := s.reserveDirect(ctx, h, ttlUS)
+		c.release(s)
+		return allowed, err
+	}
+	c.queue = append(c.queue, w)
+	c.queued += len(w.items)
+	c.mu.Unlock()
+	return c.await(ctx, w, nil, nil)
+}
+
+// prepareHold is prepare for a reservation: its items (copied), its key
+// pairs, and whether they share one slot (hash tag).
+func (w *waiter) prepareHold(s *RedisStore, h *Hold, ttlUS int64) bool {
+	w.hold, w.ttl = h, ttlUS
+	w.items = append(w.items[:0], h.items...)
+	w.keys = append(w.keys[:0], h.rkeys...)
+	w.buckets = false
+	w.res = w.res[:0]
+	return w.sameShard(s)
+}
+
+// sameShard reports whether w's keys share one slot (one hash tag on a
+// Ring), recording it.
+func (w *waiter) sameShard(s *RedisStore) bool {
 	switch s.sharded {
 	case bySlot:
 		w.slot = slot(w.keys[0])
@@ -205,6 +255,32 @@ func (w *waiter) prepare(s *RedisStore, items []Item) bool {
 				return false
 			}
 		}
+	}
+	return true
+}
+
+// direct decides w with calls of its own.
+func (w *waiter) direct(ctx context.Context, s *RedisStore, by sharding) (bool, error) {
+	if w.hold != nil {
+		return s.reserveDirect(ctx, w.hold, w.ttl)
+	}
+	if by != s.sharded {
+		return s.decideGroups(ctx, w.items, w.res, by)
+	}
+	return s.decide(ctx, w.items, w.res)
+}
+
+// prepare copies items into w with their keys and reports whether they
+// share one slot (one hash tag on a Ring), as a coalesced call needs.
+func (w *waiter) prepare(s *RedisStore, items []Item) bool {
+	w.items = append(w.items[:0], items...)
+	w.keys = w.keys[:0]
+	w.buckets = bucketsOnly(items)
+	for i := range items {
+		w.keys = append(w.keys, redisKey(s.prefix, &items[i]))
+	}
+	if !w.sameShard(s) {
+		return false
 	}
 	if cap(w.res) < len(items) {
 		w.res = make([]spillway.Decision, len(items))
@@ -287,6 +363,7 @@ func callContext(batch []*waiter) (context.Context, context.CancelFunc) {
 // is of the bucket family, else with the batch script.
 type coalescedCall struct {
 	ws      []*waiter
+	hold    bool // reservations: the hold script
 	buckets bool
 	keys    []string
 	args    []any
@@ -303,12 +380,19 @@ func (s *RedisStore) flush(batch []*waiter) {
 	defer cancel()
 	if len(batch) == 1 {
 		w := batch[0]
-		w.allowed, w.err = s.decide(ctx, w.items, w.res)
+		w.allowed, w.err = w.direct(ctx, s, s.sharded)
 		w.done <- struct{}{}
 		return
 	}
 	calls := s.coalescedCalls(batch)
-	if len(calls) == 1 {
+	// the settles queued meanwhile ride in the same pipeline
+	// (redis_settle.go): no round trip of their own
+	settles := s.sq.takeForCall(s)
+	var scalls []*settleCall
+	if len(settles) > 0 {
+		scalls = s.settleCalls(settles)
+	}
+	if len(calls) == 1 && len(scalls) == 0 {
 		c := calls[0]
 		c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 	} else {
@@ -316,12 +400,23 @@ func (s *RedisStore) flush(batch []*waiter) {
 		for _, c := range calls {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
+		for _, c := range scalls {
+			c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range calls {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
+		for _, c := range scalls {
+			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+			}
+		}
+	}
+	if len(settles) > 0 {
+		s.deliverSettles(ctx, settles, scalls)
 	}
 	for _, c := range calls {
 		if err := c.cmd.Err(); err != nil && strings.Contains(err.Error(), "CROSSSLOT") {
@@ -330,7 +425,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 			var wg sync.WaitGroup
 			for _, w := range c.ws {
 				wg.Go(func() {
-					w.allowed, w.err = s.decideGroups(ctx, w.items, w.res, bySlot)
+					w.allowed, w.err = w.direct(ctx, s, bySlot)
 					w.done <- struct{}{}
 				})
 			}
@@ -349,13 +444,16 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 		var c *coalescedCall
 		for _, d := range calls {
 			h := d.ws[0]
+			if d.hold != (w.hold != nil) {
+				continue
+			}
 			if s.sharded == oneServer || (s.sharded == bySlot && h.slot == w.slot) || (s.sharded == byTag && h.tag == w.tag) {
 				c = d
 				break
 			}
 		}
 		if c == nil {
-			c = &coalescedCall{buckets: true}
+			c = &coalescedCall{buckets: w.hold == nil, hold: w.hold != nil}
 			calls = append(calls, c)
 		}
 		c.ws = append(c.ws, w)
@@ -369,6 +467,10 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 		c.keys = make([]string, 0, n)
 		for _, w := range c.ws {
 			c.keys = append(c.keys, w.keys...)
+		}
+		if c.hold {
+			c.args = holdArgs(s.nowArg(), c.ws)
+			continue
 		}
 		if c.buckets {
 			var b bucketsArgs
@@ -394,6 +496,9 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 }
 
 func (c *coalescedCall) script() *redis.Script {
+	if c.hold {
+		return lua.RateLimitHold
+	}
 	if c.buckets {
 		return lua.RateLimitBuckets
 	}
@@ -413,9 +518,19 @@ func (c *coalescedCall) deliver(s *RedisStore) {
 		}
 	}
 	res, err := c.cmd.Result()
+	if err == nil && c.hold {
+		err = deliverHolds(c.ws, res)
+		if err != nil {
+			fail(err)
+		}
+		return
+	}
 	if err != nil {
 		name := "batch"
-		if c.buckets {
+		switch {
+		case c.hold:
+			name = "hold"
+		case c.buckets:
 			name = "buckets"
 		}
 		fail(fmt.Errorf("ratelimit: redis: %s script: %w", name, err))

@@ -140,6 +140,12 @@ func randomPolicy(r *rand.Rand) Policy {
 		if r.IntN(2) == 0 {
 			p.Burst = int64(1 + r.IntN(10))
 		}
+	case SlidingWindowBuckets:
+		p.Buckets = []int64{0, 1, 2, 3, 4, 7, 10}[r.IntN(7)]
+		p.Mode = WindowMode(r.IntN(2))
+		N := p.EffectiveBuckets()
+		us := (p.Period.Microseconds() + N - 1) / N * N // a multiple of N, ≥ limit
+		p.Period = time.Duration(us) * time.Microsecond
 	}
 	return p
 }
@@ -335,7 +341,7 @@ func decideRound(ctx context.Context, s *RedisStore, round [][]Item) ([][]spillw
 }
 
 // freezeHook runs every script call in MULTI … EXEC followed by PTTL and
-// PERSIST of its keys. Redis expires keys in real time, which the fake
+// PERSIST of its keys (and PERSIST of each key's K..":h"). Redis expires keys in real time, which the fake
 // clock of a differential test does not follow; removing the TTLs
 // atomically with the write keeps the states for the fake clock to judge,
 // and the PTTLs read in the same transaction are checked against the
@@ -391,6 +397,9 @@ func (h *freezeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if ttls[k] == nil {
 				ttls[k] = pipe.PTTL(ctx, k)
 				pipe.Persist(ctx, k)
+				// a bucket key's holds, which a script touching a
+				// marked key derives without naming them in KEYS
+				pipe.Persist(ctx, k+":h")
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -541,8 +550,8 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the three bucket algorithms share one key (one layout)
-	if len(ks) != 4 {
-		t.Fatalf("keys %v, want 4 (bucket, fixed, counter, log)", ks)
+	if len(ks) != 5 {
+		t.Fatalf("keys %v, want 5 (bucket, fixed, counter, log, bucketed window)", ks)
 	}
 	for _, k := range ks {
 		ttl, err := c.PTTL(ctx, k).Result()
@@ -552,6 +561,9 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 		limit := 2 * time.Second
 		if strings.HasSuffix(k, ":swc") {
 			limit *= 2 // the current window weighs until the end of the next
+		}
+		if strings.HasSuffix(k, ":swb") {
+			limit += limit / DefaultBuckets // the newest sub-window counts until it is the oldest
 		}
 		if ttl <= 0 || ttl > limit {
 			t.Errorf("PTTL %s = %v, want in (0, %v]", k, ttl, limit)

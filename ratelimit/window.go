@@ -3,7 +3,8 @@ package ratelimit
 import "time"
 
 // Window is the time p takes to grant its Capacity from empty: Period for
-// the windows (FixedWindow, SlidingWindowLog, SlidingWindowCounter), and
+// the windows (FixedWindow, SlidingWindowLog, SlidingWindowCounter,
+// SlidingWindowBuckets), and
 // Capacity emission intervals for the bucket family (token bucket, GCRA,
 // leaky bucket): 60 s for 5/minute, 12 s for 1000/minute burst 200. It is
 // the Window of the decisions that Limiter and tiers return, and the w= of
@@ -13,7 +14,7 @@ func (p Policy) Window() time.Duration {
 		return 0
 	}
 	switch p.Algorithm {
-	case FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
 		return p.Period
 	}
 	// Validate bounds Burst × EmissionInterval by 2^52 µs: no overflow.

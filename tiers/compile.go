@@ -56,6 +56,9 @@ type planned struct {
 func scopeOf(id string, p ratelimit.Policy) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%d/%d/%d", p.Algorithm, p.Limit, int64(p.Period), p.Burst)
+	if p.Algorithm == ratelimit.SlidingWindowBuckets {
+		fmt.Fprintf(h, "/%d", p.EffectiveBuckets()) // the mode reads the same counts
+	}
 	return fmt.Sprintf("%s@%012x", id, h.Sum64()>>16)
 }
 
@@ -195,7 +198,7 @@ func compile(c *Config) (*compiled, error) {
 		}
 
 		if hasBucket {
-			cr.policy = r.Bucket.Policy(r.Algorithm)
+			cr.policy = r.policy(r.Bucket)
 			if err := cr.policy.Validate(); err != nil {
 				return nil, c.errAt(r.Line, where(fmt.Sprintf("bucket %q", r.Bucket)), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 			}
@@ -227,7 +230,7 @@ func compile(c *Config) (*compiled, error) {
 					cr.perPlan[name] = planned{unlimited: true}
 					continue
 				}
-				p := b.Policy(r.Algorithm)
+				p := r.policy(b)
 				if err := p.Validate(); err != nil {
 					return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 				}

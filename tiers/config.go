@@ -26,6 +26,13 @@ func (b Bucket) Policy(a ratelimit.Algorithm) ratelimit.Policy {
 	return ratelimit.Policy{Algorithm: a, Limit: b.Limit, Period: b.Period, Burst: b.Burst}
 }
 
+// policy returns the ratelimit policy of the rule at rate b.
+func (r *Rule) policy(b Bucket) ratelimit.Policy {
+	p := b.Policy(r.Algorithm)
+	p.Buckets, p.Mode = r.Buckets, r.Mode
+	return p
+}
+
 // String formats b the way ParseBucket reads it ("1000/minute, burst 200").
 func (b Bucket) String() string {
 	if b.Unlimited {
@@ -195,6 +202,12 @@ type Rule struct {
 	By []string
 	// Algorithm counts the rule; the zero value is token_bucket.
 	Algorithm ratelimit.Algorithm
+	// Buckets and Mode configure a sliding_window_buckets rule: its
+	// sub-windows per period (0: ratelimit.DefaultBuckets) and how it
+	// counts the oldest one (the zero value: interpolated). Other
+	// algorithms leave them zero. See ratelimit.Policy.
+	Buckets int64
+	Mode    ratelimit.WindowMode
 	// Bucket is the rate. Exactly one of Bucket and Plan is set.
 	Bucket Bucket
 	// Plan names the plan entry this rule takes its rate from: the bucket

@@ -186,12 +186,11 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 }
 
 // cancel gives back a hold whose batch was denied after it was made: a
-// settle of every item to 0 refunds exactly what it held. If the store
-// does not answer, the hold is released at its TTL.
+// settle of every item to 0, off the request path (SettleAsync), refunds
+// exactly what it held. If the store does not answer, the hold is
+// released at its TTL.
 func (l *Limiter) cancel(h *ratelimit.Hold) {
-	ctx, stop := context.WithTimeout(context.Background(), l.settleTimeout)
-	defer stop()
-	_, _ = h.Settle(ctx, 0)
+	_ = h.SettleAsync(make([]int64, len(h.Decisions())), nil)
 }
 
 // hold is what reserveBatch held: the Hold, its items (copies) and their
@@ -367,11 +366,21 @@ func (hs *held) done(o spillway.Outcome) {
 		}
 		actual = append(actual, a)
 	}
-	ctx, stop := context.WithTimeout(context.Background(), hs.l.settleTimeout)
-	defer stop()
-	res, err := hs.h.SettleEach(ctx, actual)
+	// The settle leaves the request path: the store sends it in the
+	// background (ratelimit.Hold.SettleAsync) and then reports. steps no
+	// longer touch extra (settled is set), so then may read it.
+	charged = append([]int64(nil), charged...)
+	err := hs.h.SettleAsync(actual, func(res []ratelimit.SettleResult, err error) { hs.settled2(res, err, charged) })
+	if err != nil { // bad input cannot happen here (Admit built the hold); the TTL releases it
+		hs.settled2(nil, err, charged)
+	}
+}
+
+// settled2 is what follows a settle, on the store's background path:
+// the recharge of expired cost: request items and the observer.
+func (hs *held) settled2(res []ratelimit.SettleResult, err error, charged []int64) {
 	if err == nil {
-		hs.rechargeExpired(ctx, res)
+		hs.rechargeExpired(res)
 	}
 	obs := hs.l.observer
 	if obs == nil {
@@ -397,15 +406,47 @@ func (hs *held) done(o spillway.Outcome) {
 // TTL): their cost belongs to the admission, not to the work, so it is
 // charged after the fact when there is room (a key that has none is not
 // charged; nothing else is touched).
-func (hs *held) rechargeExpired(ctx context.Context, res []ratelimit.SettleResult) {
+func (hs *held) rechargeExpired(res []ratelimit.SettleResult) {
 	var again []ratelimit.Item
 	for i, r := range res {
 		if r == ratelimit.SettleExpired && !hs.rules[i].response {
 			again = append(again, hs.items[i])
 		}
 	}
-	for i := range again {
-		var out [1]spillway.Decision
-		_, _ = hs.l.store.Decide(ctx, again[i:i+1], out[:])
+	if len(again) == 0 {
+		return
+	}
+	// off the store's background path, which must not wait on a call
+	hs.l.recharges.Go(func() {
+		ctx, stop := context.WithTimeout(context.Background(), hs.l.settleTimeout)
+		defer stop()
+		for i := range again {
+			var out [1]spillway.Decision
+			_, _ = hs.l.store.Decide(ctx, again[i:i+1], out[:])
+		}
+	})
+}
+
+// Flush waits until the settles of the requests whose done has run so
+// far reached the store and were answered, or ctx ends (it then returns
+// ctx.Err()). done hands a settle to the store's background path and
+// returns (ratelimit.Hold.SettleAsync): a store with a Flush method
+// (ratelimit.RedisStore, ratelimit.Flusher) is flushed; what followed the
+// settles (see WithHoldObserver) is waited for. Call it before reading a
+// key's state right after a request, or at shutdown (then close the
+// store: ratelimit.RedisStore.Close).
+func (l *Limiter) Flush(ctx context.Context) error {
+	if f, ok := l.store.(ratelimit.Flusher); ok {
+		if err := f.Flush(ctx); err != nil {
+			return fmt.Errorf("tiers: flush: %w", err)
+		}
+	}
+	idle := make(chan struct{})
+	go func() { l.recharges.Wait(); close(idle) }()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("tiers: flush: %w", ctx.Err())
 	}
 }

@@ -151,7 +151,9 @@ func TestResponseCost(t *testing.T) {
 				t.Fatal(err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			done(spillway.Success) // once only
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 570, "calls": 999})
 			if got, want := obs.take(), []string{"held tokens 100", "settled tokens 30 applied"}; !slices.Equal(got, want) {
 				t.Fatalf("observer: %q, want %q", got, want)
@@ -159,10 +161,12 @@ func TestResponseCost(t *testing.T) {
 
 			// Nothing reported: the estimate stands.
 			admitOK(t, l, metered(key), allowed("tokens", 600, 470, 130*tok))(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 470, "calls": 998})
 			// Nothing reported and Ignored (a later block denied): the
 			// tokens are given back, the call stays counted.
 			admitOK(t, l, metered(key), allowed("tokens", 600, 370, 230*tok))(spillway.Ignored)
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 470, "calls": 997})
 			// Reported and Ignored (the client left mid-way): charged.
 			r = metered(key)
@@ -171,6 +175,7 @@ func TestResponseCost(t *testing.T) {
 				t.Fatal(err)
 			}
 			done(spillway.Ignored)
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 70, "calls": 996})
 			obs.take()
 
@@ -180,6 +185,7 @@ func TestResponseCost(t *testing.T) {
 				t.Fatal(err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			if want := (spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "tokens", Limit: 600, Remaining: 70, ResetAfter: 530 * tok, RetryAfter: 30 * tok, Window: time.Minute}); d != want {
 				t.Fatalf("denial:\n got %+v\nwant %+v", d, want)
 			}
@@ -202,6 +208,7 @@ func TestResponseCost(t *testing.T) {
 				t.Fatalf("Set(300) = %v, want a refusal, retry in 28 s (230 of debt, an estimate of 50)", err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 0, "calls": 946})
 			// The next request needs the debt (230) and its estimate (100)
 			// back: 33 s.
@@ -218,6 +225,7 @@ func TestResponseCost(t *testing.T) {
 			}
 			clk.advance(time.Millisecond)
 			admitOK(t, l, metered(key), allowed("tokens", 600, 0, 600*tok))(spillway.Success)
+			flushT(t, l)
 			if got, want := obs.take(), []string{"held tokens 50", "settled tokens 300 applied", "held tokens 100", "settled tokens 100 applied"}; !slices.Equal(got, want) {
 				t.Fatalf("observer: %q, want %q", got, want)
 			}
@@ -245,6 +253,7 @@ func TestResponseCostSteps(t *testing.T) {
 			}
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 150, "calls": 999})
 			done(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 150, "calls": 999})
 
 			// 150 left; the stream holds 100.
@@ -274,6 +283,7 @@ func TestResponseCostSteps(t *testing.T) {
 			}
 			wantLeft(t, l, store, key, map[string]int64{"tokens": 30, "calls": 998}) // the refused step charged nothing yet
 			done(spillway.Success)
+			flushT(t, l)
 			// Settled at 180: the refused 60 as debt (30 beyond the burst).
 			// The refusal's RetryAfter is what the next request sees.
 			d, _, err := l.Admit(context.Background(), metered(key))
@@ -321,6 +331,7 @@ func TestResponseCostStepsEdges(t *testing.T) {
 				t.Fatalf("refusal %+v", d)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			// Reported 750, 600 charged: 150 of debt.
 			d, _, _ := l.Admit(context.Background(), metered("k3"))
 			if d.Allowed || d.RetryAfter != 250*tok || d.ResetAfter != 750*tok {
@@ -338,6 +349,7 @@ func TestResponseCostStepsEdges(t *testing.T) {
 				t.Fatal(err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, "k4", map[string]int64{"tokens": 400, "calls": 999})
 		})
 	}
@@ -358,6 +370,7 @@ func TestResponseCostHostile(t *testing.T) {
 			r.Cost = math.MaxInt64
 			d, done, err := l.Admit(context.Background(), r)
 			done(spillway.Success)
+			flushT(t, l)
 			if err != nil || d.Allowed || d.Reason != spillway.ReasonCostExceedsLimit || d.Limiter != "tokens" {
 				t.Fatalf("MaxInt64 estimate: %+v %v", d, err)
 			}
@@ -385,12 +398,14 @@ func TestResponseCostHostile(t *testing.T) {
 				t.Fatalf("Add(MaxInt64) again = %v", err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			d, _, _ = l.Admit(context.Background(), metered("h2"))
 			if d.Allowed || d.RetryAfter != 700*tok || d.ResetAfter != 1200*tok {
 				t.Fatalf("after MaxInt64: %+v (want the debt at its bound, one burst)", d)
 			}
 			clk.advance(700 * tok)
 			admitOK(t, l, metered("h2"), allowed("tokens", 600, 0, 600*tok))(spillway.Success)
+			flushT(t, l)
 			if got := obs.take(); len(got) != 4 || got[1] != fmt.Sprintf("settled tokens %d applied", int64(math.MaxInt64)) {
 				t.Fatalf("observer: %q", got)
 			}
@@ -421,6 +436,7 @@ func TestResponseCostSettleAfterTTL(t *testing.T) {
 			}
 			wantLeft(t, l, store, "t1", map[string]int64{"tokens": 580, "calls": 1000})
 			done(spillway.Success)
+			flushT(t, l)
 			// Only the steps' 70 stay; the call is charged again.
 			wantLeft(t, l, store, "t1", map[string]int64{"tokens": 580, "calls": 999})
 			if got, want := obs.take(), []string{"held tokens 100", "settled tokens 70 expired"}; !slices.Equal(got, want) {
@@ -455,11 +471,14 @@ limits:
 			l := mustLimiter(t, yml, store)
 			left := func(want map[string]int64) { t.Helper(); wantLeft(t, l, store, "w1", want) }
 			admitOK(t, l, metered("w1"), allowed("daily", 2, 1, 6400*time.Second))(spillway.Success)
+			flushT(t, l)
 			admitOK(t, l, metered("w1"), allowed("daily", 2, 0, 6400*time.Second))(spillway.Success)
+			flushT(t, l)
 			left(map[string]int64{"tokens": 5800, "daily": 0})
 			// The window denies after the hold was made: given back.
 			d, done, err := l.Admit(context.Background(), metered("w1"))
 			done(spillway.Success)
+			flushT(t, l)
 			want := spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "daily", Limit: 2, ResetAfter: 6400 * time.Second, RetryAfter: 6400 * time.Second, Window: 24 * time.Hour}
 			if err != nil || d != want {
 				t.Fatalf("window denial: %+v %v, want %+v", d, err, want)
@@ -513,6 +532,7 @@ limits:
 				t.Fatal(err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, "s1", map[string]int64{"tokens": 400, "dark": 0})
 			// dark would deny: the request is held on tokens alone.
 			r = metered("s1")
@@ -521,6 +541,7 @@ limits:
 				t.Fatal(err)
 			}
 			done(spillway.Success)
+			flushT(t, l)
 			wantLeft(t, l, store, "s1", map[string]int64{"tokens": 390, "dark": 0})
 			if want := []string{"dark true 50", "dark false 0"}; !slices.Equal(shadowed, want) {
 				t.Fatalf("shadow hook: %q, want %q", shadowed, want)
@@ -627,6 +648,7 @@ limits:
 			}
 			wg.Wait()
 			done(spillway.Success)
+			flushT(t, l)
 			if got := peek(t, l, store, metered("c1"))["tokens"]; got != 60000-1600 {
 				t.Fatalf("after 8×20 steps of 10: %d left, want %d", got, 60000-1600)
 			}

@@ -80,6 +80,9 @@ func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.Univer
 				r.Set(spillway.DimUser, "ann")
 				d, done, err := l.Admit(ctx, r)
 				done(spillway.Success)
+				if ferr := l.Flush(ctx); ferr != nil { // the settle, sent in the background
+					return false, nil, ferr
+				}
 				return d.Allowed, []spillway.Decision{d}, err
 			},
 			State: state,

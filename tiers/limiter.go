@@ -64,6 +64,7 @@ type Limiter struct {
 	holdTTL       time.Duration
 	settleTimeout time.Duration
 	observer      HoldObserver
+	recharges     sync.WaitGroup // the recharges after settles (hold.go) under way
 }
 
 var _ spillway.Limiter = (*Limiter)(nil)

@@ -80,8 +80,20 @@ func run(t *testing.T, l *Limiter, steps []step) {
 
 // peek returns what every rule that matches r has left, by rule id,
 // without charging anything.
+// flushT waits for the settles of the requests done so far (sent in the
+// background) to reach the store.
+func flushT(t *testing.T, l *Limiter) {
+	t.Helper()
+	if err := l.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func peek(t *testing.T, l *Limiter, store ratelimit.Store, r *spillway.Request) map[string]int64 {
 	t.Helper()
+	if err := l.Flush(context.Background()); err != nil { // the settles of done, sent in the background
+		t.Fatal(err)
+	}
 	ms, err := l.Matches(context.Background(), r)
 	if err != nil {
 		t.Fatal(err)

@@ -232,7 +232,7 @@ func (p *parser) limits(c *Config, n *yaml.Node) error {
 	return nil
 }
 
-var ruleFields = "id, name, endpoint, method, by, bucket, algorithm, fail, shadow, plan, cost, estimate"
+var ruleFields = "id, name, endpoint, method, by, bucket, algorithm, buckets, mode, fail, shadow, plan, cost, estimate"
 
 func (p *parser) rule(n *yaml.Node) (Rule, error) {
 	r := Rule{Line: n.Line}
@@ -245,6 +245,7 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 		algoNode   *yaml.Node
 		costNode   *yaml.Node
 		estNode    *yaml.Node
+		winNode    *yaml.Node // buckets or mode, the later one
 		idField    string
 	)
 	err := p.mapping(n, "rule", func(key string, k, v *yaml.Node) error {
@@ -329,9 +330,34 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			}
 			a, err := ratelimit.ParseAlgorithm(s)
 			if err != nil {
-				return p.errf(v, fmt.Sprintf("algorithm %q", s), "unknown (want one of token_bucket, gcra, fixed_window, sliding_window_log, sliding_window_counter, leaky_bucket)")
+				return p.errf(v, fmt.Sprintf("algorithm %q", s), "unknown (want one of %s)", ratelimit.AlgorithmNames)
 			}
 			r.Algorithm, algoNode = a, v
+		case "buckets":
+			n, err := p.count(v, key)
+			if err != nil {
+				return err
+			}
+			if n < 1 || n > ratelimit.MaxBuckets {
+				return p.errf(v, fmt.Sprintf("buckets %d", n), "want 1 to %d sub-windows per period", ratelimit.MaxBuckets)
+			}
+			r.Buckets = n
+			if winNode == nil || v.Line > winNode.Line {
+				winNode = v
+			}
+		case "mode":
+			s, err := p.str(v, key)
+			if err != nil {
+				return err
+			}
+			m, err := ratelimit.ParseWindowMode(s)
+			if err != nil {
+				return p.errf(v, fmt.Sprintf("mode %q", s), "want interpolated (the default) or conservative")
+			}
+			r.Mode = m
+			if winNode == nil || v.Line > winNode.Line {
+				winNode = v
+			}
 		case "fail":
 			s, err := p.str(v, key)
 			if err != nil {
@@ -396,14 +422,20 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 	if haveBucket && r.Plan != "" {
 		return r, p.errf(bucketNode, "bucket", "contradicts plan: %s (a rule takes its rate from one of them)", r.Plan)
 	}
+	if winNode != nil && r.Algorithm != ratelimit.SlidingWindowBuckets {
+		return r, p.errf(winNode, winNode.Value, "buckets and mode are for algorithm: sliding_window_buckets, not %s", r.Algorithm)
+	}
 	if !haveBucket && r.Plan == "" {
 		return r, p.errf(n, "", "rule: missing bucket (e.g. bucket: 10/minute) or plan")
 	}
 	if haveBucket {
-		if err := r.Bucket.Policy(r.Algorithm).Validate(); err != nil {
+		if err := r.policy(r.Bucket).Validate(); err != nil {
 			at, field := bucketNode, fmt.Sprintf("bucket %q", bucketNode.Value)
 			if algoNode != nil && algoNode.Line > at.Line {
 				at = algoNode
+			}
+			if winNode != nil && winNode.Line > at.Line {
+				at = winNode
 			}
 			return r, p.errf(at, field, "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 		}
@@ -423,7 +455,7 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 	case estNode == nil:
 		return r, p.errf(costNode, "cost: response", "missing estimate (the units held at admission, e.g. estimate: 250)")
 	case r.Estimate < 1 || haveBucket:
-		if msg, span := checkEstimate(r.Bucket.Policy(r.Algorithm), r.Estimate); msg != "" {
+		if msg, span := checkEstimate(r.policy(r.Bucket), r.Estimate); msg != "" {
 			at, field := estNode, ""
 			if haveBucket && (span || bucketNode.Line > at.Line) {
 				at, field = bucketNode, fmt.Sprintf("bucket %q", bucketNode.Value)

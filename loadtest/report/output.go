@@ -32,6 +32,14 @@ func WriteOutputs(dir string, s *Report) ([]string, error) {
 	for _, name := range s.Order {
 		sc := s.Scenarios[name]
 		if sc.Accuracy != nil {
+			if len(sc.Accuracy.Windows) > 0 {
+				f := filepath.Join(dir, "accuracy-error-vs-n.png")
+				if err := plotWindowErrors(sc.Accuracy.Windows, f); err != nil {
+					return files, err
+				}
+				files = append(files, f)
+				figs = append(figs, figure{Scenario: name, Title: "bucketed sliding window: decisions that differ from the exact log against N", Path: f})
+			}
 			continue
 		}
 		cmp := filepath.Join(dir, name+"-comparison.png")

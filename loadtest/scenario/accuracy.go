@@ -3,12 +3,17 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"image/color"
 	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/spillway-go/spillway/ratelimit"
 
@@ -44,6 +49,11 @@ type AccuracyResult struct {
 	ScheduleSHA256          string  `json:"schedule_sha256"`
 	WrongSharePerMillion    float64 `json:"wrong_per_million"`
 	CloudflareReportedWrong string  `json:"cloudflare_reported"`
+	// Windows: the sliding window counter and the bucketed sliding
+	// window against the exact log on Poisson populations (see
+	// windowAccuracy).
+	Windows       []WindowAccuracy `json:"windows,omitempty"`
+	WindowsPolicy string           `json:"windows_policy,omitempty"`
 }
 
 type traceEvent struct {
@@ -222,6 +232,9 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 	r.BoundaryDemoLimit = accuracyLimit
 	r.BoundaryDemoFixed = demo(fw)
 	r.BoundaryDemoCounter = demo(swc)
+	prog.Log("loadtest: accuracy: the windows on Poisson populations (%d contenders)", len(windowContenders()))
+	r.Windows = windowAccuracy(p.Seed, windowSources, windowLength)
+	r.WindowsPolicy = fmt.Sprintf("%d per %v per source, %d sources per population, %v simulated", windowLimit, windowPeriod, windowSources, windowLength)
 	prog.Log("loadtest: accuracy: %d decisions replayed in %.1fs", len(ev), time.Since(start).Seconds())
 	return &ScenarioResult{Name: "accuracy", DurationSeconds: length.Seconds(), Accuracy: r}
 }
@@ -244,4 +257,266 @@ func PrintAccuracy(w io.Writer, a *AccuracyResult) {
 		accuracyPeriod, a.OvershootFixedWindow, a.OvershootSlidingCount, a.OvershootSlidingLog)
 	fmt.Fprintf(w, "boundary demo (%d requests 1 ms before a window boundary, %d 1 ms after): fixed window admitted %d, sliding counter %d\n",
 		a.BoundaryDemoLimit, a.BoundaryDemoLimit, a.BoundaryDemoFixed, a.BoundaryDemoCounter)
+	if len(a.Windows) > 0 {
+		fmt.Fprintf(w, "\nsliding windows against the exact log; %s:\n", a.WindowsPolicy)
+		printWindowAccuracy(w, a.Windows)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The bucketed sliding window against the exact log. Self-contained: the
+// populations, the replay and the tally are the functions below; the
+// scenario calls windowAccuracy, the report printWindowAccuracy and
+// plotWindowErrors.
+// ---------------------------------------------------------------------------
+
+// The windows' policy: 100 per minute per source, as in the issue that
+// asked for the bucketed window.
+const (
+	windowLimit   = int64(100)
+	windowPeriod  = time.Minute
+	windowSources = 100
+	windowLength  = 30 * time.Minute
+)
+
+// windowPopulations are the rates of the sources, as a multiple of the
+// limit: each source draws its rate uniformly in [lo, hi] and sends Poisson
+// arrivals at it.
+var windowPopulations = []struct {
+	name   string
+	lo, hi float64
+}{
+	{"0.5x", 0.5, 0.5},
+	{"0.8-1.2x", 0.8, 1.2},
+	{"2-5x", 2, 5},
+}
+
+// WindowAccuracy is one contender's decisions on one population, judged
+// two ways against the exact sliding log:
+//
+//   - against an exact log fed the same requests (each keeps its own
+//     admissions, as two deployments would): Differ is the share of
+//     requests the two decide differently, WrongAllowed the share the
+//     contender allowed and the log denied, WrongDenied the reverse;
+//   - against the exact count of what the contender itself admitted:
+//     OverAdmit is the share it allowed although that put more than the
+//     limit in the last period, UnderAdmit the share it denied although
+//     the request fitted. A conservative window's OverAdmit is 0.
+type WindowAccuracy struct {
+	Population   string  `json:"population"`
+	Contender    string  `json:"contender"`
+	Buckets      int64   `json:"buckets,omitempty"`
+	Mode         string  `json:"mode,omitempty"`
+	Decisions    int64   `json:"decisions"`
+	Differ       float64 `json:"differ"`
+	WrongAllowed float64 `json:"wrongly_allowed"`
+	WrongDenied  float64 `json:"wrongly_denied"`
+	OverAdmit    float64 `json:"over_admit"`
+	UnderAdmit   float64 `json:"under_admit"`
+}
+
+// windowContenders are the policies compared with the exact log: the
+// counter and the bucketed window at N = 4, 10, 20, 60, 200 and 1000 in
+// both modes (the last two show what N it takes to come within 1% of the
+// log on sources near their limit).
+func windowContenders() []ratelimit.Policy {
+	cs := []ratelimit.Policy{{Algorithm: ratelimit.SlidingWindowCounter}}
+	for _, n := range []int64{4, 10, 20, 60, 200, 1000} {
+		for _, m := range []ratelimit.WindowMode{ratelimit.Interpolated, ratelimit.Conservative} {
+			cs = append(cs, ratelimit.Policy{Algorithm: ratelimit.SlidingWindowBuckets, Buckets: n, Mode: m})
+		}
+	}
+	for i := range cs {
+		cs[i].Limit, cs[i].Period = windowLimit, windowPeriod
+	}
+	return cs
+}
+
+// windowAccuracy replays every population on the exact log and every
+// contender and tallies their errors, population by population.
+func windowAccuracy(seed uint64, sources int, length time.Duration) []WindowAccuracy {
+	var out []WindowAccuracy
+	for i, pop := range windowPopulations {
+		ev := poissonSources(seed+uint64(i)*7919, sources, pop.lo, pop.hi, windowLimit, windowPeriod, length)
+		rows := compareWindows(ev, sources, windowContenders())
+		for j := range rows {
+			rows[j].Population = pop.name
+		}
+		out = append(out, rows...)
+	}
+	return out
+}
+
+// poissonSources draws the requests of sources sending Poisson arrivals,
+// each at a rate drawn uniformly in [lo, hi] × limit per period, over
+// length, in time order.
+func poissonSources(seed uint64, sources int, lo, hi float64, limit int64, period, length time.Duration) []traceEvent {
+	rng := rand.New(rand.NewPCG(seed, 0x5a5a))
+	end := float64(length.Microseconds())
+	var ev []traceEvent
+	for s := range sources {
+		perUS := (lo + (hi-lo)*rng.Float64()) * float64(limit) / float64(period.Microseconds())
+		for t := rng.ExpFloat64() / perUS; t < end; t += rng.ExpFloat64() / perUS {
+			ev = append(ev, traceEvent{at: int64(t), src: int32(s)})
+		}
+	}
+	slices.SortFunc(ev, func(a, b traceEvent) int {
+		if a.at != b.at {
+			if a.at < b.at {
+				return -1
+			}
+			return 1
+		}
+		return int(a.src - b.src)
+	})
+	return ev
+}
+
+// compareWindows decides ev (cost 1 each, in order) on an exact sliding
+// log and on each contender, every one on its own memory store with a
+// clock at the request's time, and tallies each contender's errors (see
+// WindowAccuracy). The contenders share the log's Limit and Period.
+func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy) []WindowAccuracy {
+	var now int64
+	clock := func() time.Time { return time.UnixMicro(1_700_000_000_000_000 + now) }
+	mk := func(p ratelimit.Policy) *ratelimit.Limiter {
+		l, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(clock)), p)
+		if err != nil {
+			panic(err) // the contenders are constant, valid policies
+		}
+		return l
+	}
+	limit, period := contenders[0].Limit, contenders[0].Period.Microseconds()
+	exact := mk(ratelimit.Policy{Algorithm: ratelimit.SlidingWindowLog, Limit: limit, Period: contenders[0].Period})
+	type tally struct {
+		l                                *ratelimit.Limiter
+		admitted                         [][]int64 // per source, the times it admitted in the last period
+		differ, allow, deny, over, under int64
+	}
+	ts := make([]*tally, len(contenders))
+	for i, p := range contenders {
+		ts[i] = &tally{l: mk(p), admitted: make([][]int64, sources)}
+	}
+	keys := make([]string, sources)
+	for i := range keys {
+		keys[i] = "src-" + strconv.Itoa(i)
+	}
+	ctx := context.Background()
+	for _, e := range ev {
+		now = e.at
+		k := keys[e.src]
+		dl, _ := exact.Allow(ctx, k)
+		for _, t := range ts {
+			d, _ := t.l.Allow(ctx, k)
+			if d.Allowed != dl.Allowed {
+				t.differ++
+				if d.Allowed {
+					t.allow++
+				} else {
+					t.deny++
+				}
+			}
+			q := t.admitted[e.src]
+			i := 0
+			for i < len(q) && q[i] <= e.at-period {
+				i++
+			}
+			q = q[i:]
+			fits := int64(len(q)) < limit
+			switch {
+			case d.Allowed && !fits:
+				t.over++
+			case !d.Allowed && fits:
+				t.under++
+			}
+			if d.Allowed {
+				q = append(q, e.at)
+			}
+			t.admitted[e.src] = q
+		}
+	}
+	n := float64(max(len(ev), 1))
+	out := make([]WindowAccuracy, len(contenders))
+	for i, p := range contenders {
+		t := ts[i]
+		w := WindowAccuracy{Contender: "counter", Decisions: int64(len(ev)),
+			Differ: float64(t.differ) / n, WrongAllowed: float64(t.allow) / n, WrongDenied: float64(t.deny) / n,
+			OverAdmit: float64(t.over) / n, UnderAdmit: float64(t.under) / n}
+		if p.Algorithm == ratelimit.SlidingWindowBuckets {
+			w.Contender, w.Buckets, w.Mode = "buckets", p.EffectiveBuckets(), p.Mode.String()
+		}
+		out[i] = w
+	}
+	return out
+}
+
+// printWindowAccuracy prints the rows as a table, in percent.
+func printWindowAccuracy(w io.Writer, rows []WindowAccuracy) {
+	fmt.Fprintf(w, "%-9s %-28s %10s %9s %9s %9s %9s %9s\n", "sources", "contender", "decisions", "differ", "wr.allow", "wr.deny", "over", "under")
+	for _, r := range rows {
+		name := "sliding_window_counter"
+		if r.Contender == "buckets" {
+			name = fmt.Sprintf("buckets N=%d %s", r.Buckets, r.Mode)
+		}
+		fmt.Fprintf(w, "%-9s %-28s %10d %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%%\n", r.Population, name, r.Decisions,
+			100*r.Differ, 100*r.WrongAllowed, 100*r.WrongDenied, 100*r.OverAdmit, 100*r.UnderAdmit)
+	}
+	fmt.Fprintln(w, "differ, wr.allow, wr.deny: against an exact log fed the same requests; over, under: against the exact count of what the contender admitted")
+}
+
+// plotWindowErrors plots, for each population, the share of decisions
+// that differ from the exact log against N, one line per mode, the
+// counter as a dashed level.
+func plotWindowErrors(rows []WindowAccuracy, path string) error {
+	var ps []*plot.Plot
+	for _, pop := range windowPopulations {
+		p := plot.New()
+		p.Title.Text = "decisions that differ from the exact log, sources at " + pop.name + " the limit"
+		p.Title.TextStyle.Font.Size = vg.Points(10)
+		p.X.Label.Text = "N (sub-windows per period, log scale)"
+		p.Y.Label.Text = "% of decisions"
+		p.X.Scale = plot.LogScale{}
+		var ticks []plot.Tick
+		for _, r := range rows {
+			if r.Population == pop.name && r.Contender == "buckets" && r.Mode == "interpolated" {
+				ticks = append(ticks, plot.Tick{Value: float64(r.Buckets), Label: strconv.FormatInt(r.Buckets, 10)})
+			}
+		}
+		p.X.Tick.Marker = plot.ConstantTicks(ticks)
+		p.Legend.Top = true
+		p.Add(plotter.NewGrid())
+		lines := map[string]plotter.XYs{}
+		var counter float64
+		for _, r := range rows {
+			if r.Population != pop.name {
+				continue
+			}
+			if r.Contender == "counter" {
+				counter = 100 * r.Differ
+				continue
+			}
+			lines[r.Mode] = append(lines[r.Mode], plotter.XY{X: float64(r.Buckets), Y: 100 * r.Differ})
+		}
+		for i, mode := range []string{"interpolated", "conservative"} {
+			l, pts, err := plotter.NewLinePoints(lines[mode])
+			if err != nil {
+				return fmt.Errorf("loadtest: plot: %w", err)
+			}
+			c := []color.Color{colAdmitted, colCapacity}[i]
+			l.Color, pts.Color = c, c
+			p.Add(l, pts)
+			p.Legend.Add("buckets, "+mode, l, pts)
+		}
+		if xs := lines["interpolated"]; len(xs) > 0 {
+			l, err := plotter.NewLine(plotter.XYs{{X: xs[0].X, Y: counter}, {X: xs[len(xs)-1].X, Y: counter}})
+			if err == nil {
+				l.Color, l.Dashes = colOffered, []vg.Length{vg.Points(4), vg.Points(3)}
+				p.Add(l)
+				p.Legend.Add("sliding window counter", l)
+			}
+		}
+		p.Y.Min = 0
+		ps = append(ps, p)
+	}
+	return savePanels(path, ps, 3)
 }

@@ -1,0 +1,506 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/lua"
+)
+
+// Settles off the request path (Hold.SettleAsync on a RedisStore).
+//
+// A settle decides nothing a client sees, so it need not make the request
+// wait for a round trip. SettleAsync puts it in the store's queue and
+// returns; the store sends what is queued in one settle script call per
+// Cluster slot (one in all on a single server), in one pipeline:
+//
+//   - with the next coalesced call of decisions, in the same pipeline (a
+//     busy store pays no round trip of its own for its settles), or
+//   - from the store's background goroutine, two milliseconds after the
+//     first settle queued (sooner once settleFlushItems items wait), so
+//     that a quiet store still settles within about a round trip.
+//
+// The queue is bounded (WithSettleQueue, in items): a settle that finds it
+// full is not queued, and its hold is left to its TTL. A call that fails
+// (a timeout, a refused connection, a breaker that refuses the command)
+// puts its settles back at the head of the queue, while their holds live
+// and the queue has room; the goroutine then waits settleRetry before it
+// sends again. A retried settle is safe: the script settles each hold id
+// at most once. Close flushes the queue within a deadline.
+
+// DefaultSettleQueue is the number of settle items (one per item of a
+// Hold) a RedisStore queues at most (see WithSettleQueue).
+const DefaultSettleQueue = 1 << 14
+
+const (
+	settleLinger      = 2 * time.Millisecond   // how long the first queued settle waits for company
+	settleFlushItems  = 256                    // items per flush: a flush starts at once with as many
+	settleCallTimeout = 250 * time.Millisecond // the deadline of one flush's call
+	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
+)
+
+// WithSettleQueue bounds the queue of a RedisStore's settles on their way
+// to Redis (Hold.SettleAsync) to n items (default DefaultSettleQueue; n ≤
+// 0 means the default). A queued item costs about 200 bytes besides its
+// Hold, which the queue keeps alive: 16384 items, about 3 MiB. Ignored by
+// the memory store.
+func WithSettleQueue(n int) Option { return func(o *storeOptions) { o.settleQueue = n } }
+
+// Gated is a store whose calls after admission (a RedisStore's settles)
+// can be kept off a backend that a circuit breaker found unavailable.
+// fallback.NewStore installs its breaker's state on the store it wraps.
+type Gated interface {
+	// SetGate installs gate, asked before each call after admission:
+	// false means do not call the backend now. A nil gate always calls.
+	SetGate(gate func() bool)
+}
+
+var _ Gated = (*RedisStore)(nil)
+
+// Flusher is a store whose settles may still be on their way after
+// Hold.SettleAsync returned (RedisStore): Flush waits until they are
+// answered. A store that wraps another (fallback.Store) forwards it.
+type Flusher interface {
+	Flush(ctx context.Context) error
+}
+
+var _ Flusher = (*RedisStore)(nil)
+
+// SetGate implements Gated. While gate returns false, the store's
+// background path sends no settle (they wait in the queue while their
+// holds live, else are left to their TTL) and a synchronous Settle
+// returns an error wrapping ErrNotSent at once. gate must be quick and
+// safe for concurrent use.
+func (s *RedisStore) SetGate(gate func() bool) {
+	if gate == nil {
+		s.gate.Store(nil)
+		return
+	}
+	s.gate.Store(&gate)
+}
+
+// open reports whether the gate lets the store call Redis.
+func (s *RedisStore) open() bool {
+	g := s.gate.Load()
+	return g == nil || (*g)()
+}
+
+// asyncSettle is one Hold's settle in the queue.
+type asyncSettle struct {
+	h      *Hold
+	actual []int64
+	res    []SettleResult // what the calls so far answered (0: not yet)
+	then   func([]SettleResult, error)
+}
+
+// settleQueue is a RedisStore's queue of settles.
+type settleQueue struct {
+	max int // items
+
+	mu      sync.Mutex
+	q       []*asyncSettle
+	items   int
+	running bool          // the background goroutine runs
+	exited  chan struct{} // closed when it returns
+	closed  bool
+	wake    chan struct{} // cuts the goroutine's linger short (cap 1)
+	arrive  chan struct{} // wakes the idle goroutine: the queue is no longer empty (cap 1)
+	flying  int           // settles taken and not yet answered or put back
+}
+
+func newSettleQueue(max int) *settleQueue {
+	if max <= 0 {
+		max = DefaultSettleQueue
+	}
+	return &settleQueue{max: max, wake: make(chan struct{}, 1), arrive: make(chan struct{}, 1)}
+}
+
+// settleAsync implements holdSettler: it queues the settle.
+func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResult, error)) {
+	if s.err != nil {
+		then(nil, s.err)
+		return
+	}
+	q := s.sq
+	a := &asyncSettle{h: h, actual: actual, res: make([]SettleResult, len(h.items)), then: then}
+	q.mu.Lock()
+	switch {
+	case q.closed:
+		q.mu.Unlock()
+		then(nil, fmt.Errorf("ratelimit: redis: store closed: %w", ErrNotSent))
+		return
+	case q.items+len(h.items) > q.max:
+		q.mu.Unlock()
+		then(nil, fmt.Errorf("ratelimit: redis: %d settle items queued, the bound: %w", q.max, ErrNotSent))
+		return
+	}
+	q.q = append(q.q, a)
+	q.items += len(h.items)
+	if q.items >= settleFlushItems {
+		signal(q.wake)
+	}
+	if len(q.q) == 1 {
+		signal(q.arrive)
+	}
+	if !q.running {
+		q.running = true
+		q.exited = make(chan struct{})
+		go s.settleLoop(q.exited)
+	}
+	q.mu.Unlock()
+}
+
+// signal sends on ch (cap 1) unless a signal is already pending.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// take removes up to max items' worth of settles (at least one) from the
+// head of the queue. q.mu is held.
+func (q *settleQueue) take(max int) []*asyncSettle {
+	n, items := 0, 0
+	for n < len(q.q) && (n == 0 || items+len(q.q[n].h.items) <= max) {
+		items += len(q.q[n].h.items)
+		n++
+	}
+	q.flying += n
+	batch := make([]*asyncSettle, n)
+	copy(batch, q.q)
+	rest := copy(q.q, q.q[n:])
+	clear(q.q[rest:])
+	q.q = q.q[:rest]
+	q.items -= items
+	return batch
+}
+
+// takeForCall takes what a coalesced call of decisions can carry along:
+// nothing when the queue is empty or the gate is closed.
+func (q *settleQueue) takeForCall(s *RedisStore) []*asyncSettle {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.q) == 0 || !s.open() {
+		return nil
+	}
+	return q.take(settleFlushItems)
+}
+
+// requeue puts back, at the head, the settles of a failed call whose
+// holds still live and for which there is room; the others end with err.
+func (q *settleQueue) requeue(batch []*asyncSettle, err error) {
+	now := time.Now()
+	var back, dropped []*asyncSettle
+	q.mu.Lock()
+	q.flying -= len(batch)
+	room := q.max - q.items
+	for _, a := range batch {
+		if !q.closed && now.Before(a.h.until) && len(a.h.items) <= room {
+			back = append(back, a)
+			room -= len(a.h.items)
+			q.items += len(a.h.items)
+		} else {
+			dropped = append(dropped, a)
+		}
+	}
+	q.q = append(back, q.q...)
+	q.mu.Unlock()
+	for _, a := range dropped {
+		a.then(nil, fmt.Errorf("%w: %w", ErrNotSent, err))
+	}
+}
+
+// settleIdle is how long the background goroutine waits for a settle
+// once the queue is empty before it returns (the next settle starts it
+// again): a busy store does not start a goroutine per flush.
+const settleIdle = 100 * time.Millisecond
+
+// settleLoop is the background goroutine: it sends what is queued, a
+// linger after the first settle arrives, until the queue has stayed empty
+// for settleIdle.
+func (s *RedisStore) settleLoop(exited chan struct{}) {
+	q := s.sq
+	defer close(exited)
+	var idle *time.Timer
+	for {
+		q.mu.Lock()
+		if len(q.q) == 0 {
+			if q.closed {
+				q.running = false
+				q.mu.Unlock()
+				return
+			}
+			q.mu.Unlock()
+			if idle == nil {
+				idle = time.NewTimer(settleIdle)
+			} else {
+				idle.Reset(settleIdle)
+			}
+			select {
+			case <-q.arrive:
+				idle.Stop()
+			case <-q.wake: // Close
+				idle.Stop()
+			case <-idle.C:
+				q.mu.Lock()
+				if len(q.q) == 0 {
+					q.running = false
+					q.mu.Unlock()
+					return
+				}
+				q.mu.Unlock()
+			}
+			continue
+		}
+		hurry := q.closed || q.items >= settleFlushItems
+		q.mu.Unlock()
+		if !hurry {
+			t := time.NewTimer(settleLinger)
+			select {
+			case <-t.C:
+			case <-q.wake:
+				t.Stop()
+			}
+		}
+		q.mu.Lock()
+		if len(q.q) == 0 { // a coalesced call took them meanwhile
+			q.mu.Unlock()
+			continue
+		}
+		batch := q.take(settleFlushItems)
+		q.mu.Unlock()
+		if !s.open() {
+			q.requeue(batch, errGateClosed)
+			time.Sleep(settleRetry)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), settleCallTimeout)
+		calls := s.settleCalls(batch)
+		if len(calls) == 1 {
+			c := calls[0]
+			c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+		} else {
+			pipe := s.client.Pipeline()
+			for _, c := range calls {
+				c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+			}
+			_, _ = pipe.Exec(ctx)
+			for _, c := range calls {
+				if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+					c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+				}
+			}
+		}
+		failed := s.deliverSettles(ctx, batch, calls)
+		cancel()
+		if failed {
+			time.Sleep(settleRetry)
+		}
+	}
+}
+
+// errGateClosed is the cause of a settle not sent because the store's
+// gate (SetGate) refused the call.
+var errGateClosed = errors.New("ratelimit: redis: the store's gate refused the call (breaker open)")
+
+// settleCall is one settle script call of a flush: the items of one slot
+// (one hash tag on a Ring), in queue order.
+type settleCall struct {
+	shard int    // slot
+	tag   string // byTag
+	refs  []settleRef
+	keys  []string
+	args  []any
+	cmd   *redis.Cmd
+}
+
+// settleRef is item i of a queued settle.
+type settleRef struct {
+	a *asyncSettle
+	i int
+}
+
+// settleCalls groups the unanswered items of batch by slot (tag).
+func (s *RedisStore) settleCalls(batch []*asyncSettle) []*settleCall {
+	var calls []*settleCall
+	now := s.nowArg()
+	for _, a := range batch {
+		h := a.h
+		for i := range h.items {
+			if a.res[i] != 0 {
+				continue // answered by an earlier call
+			}
+			k := h.rkeys[2*i]
+			var c *settleCall
+			sl, tag := 0, ""
+			switch s.sharded {
+			case bySlot:
+				sl = slot(k)
+			case byTag:
+				tag = keys.Tag(k)
+			}
+			for _, d := range calls {
+				if d.shard == sl && d.tag == tag {
+					c = d
+					break
+				}
+			}
+			if c == nil {
+				c = &settleCall{shard: sl, tag: tag, args: []any{now, 0}}
+				calls = append(calls, c)
+			}
+			c.refs = append(c.refs, settleRef{a, i})
+			c.keys = append(c.keys, k, h.rkeys[2*i+1])
+			c.args = h.settleArgs(c.args, i, false, a.actual[i], [3]int64{})
+		}
+	}
+	return calls
+}
+
+// deliverSettles reads the replies of calls into the settles of batch and
+// tells each settle whose items are all answered; the others go back to
+// the queue (or end with the error). It reports whether a call failed.
+func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, calls []*settleCall) bool {
+	var firstErr error
+	for _, c := range calls {
+		err := c.cmd.Err()
+		if err != nil && s.sharded == oneServer && strings.Contains(err.Error(), "CROSSSLOT") {
+			// a Cluster in disguise: each item on its own (nothing ran)
+			for _, r := range c.refs {
+				h := r.a.h
+				v, e := lua.RateLimitSettle.Run(ctx, s.client, h.rkeys[2*r.i:2*r.i+2], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
+				if e == nil {
+					e = r.a.answer(r.i, v)
+				}
+				if e != nil && firstErr == nil {
+					firstErr = e
+				}
+			}
+			continue
+		}
+		if err == nil {
+			var v []int64
+			if v, err = intSlice(c.cmd.Val(), len(c.refs)); err == nil {
+				for j, r := range c.refs {
+					if x := v[j]; x < int64(SettleApplied) || x > int64(SettleExpired) {
+						err = fmt.Errorf("unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+						break
+					}
+					r.a.res[r.i] = SettleResult(v[j])
+				}
+			}
+		}
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("ratelimit: redis: settle script: %w", err)
+		}
+	}
+	var failed []*asyncSettle
+	for _, a := range batch {
+		if a.answered() {
+			a.then(a.res, nil)
+		} else {
+			failed = append(failed, a)
+		}
+	}
+	q := s.sq
+	q.mu.Lock()
+	q.flying -= len(batch) - len(failed)
+	q.mu.Unlock()
+	if len(failed) > 0 {
+		q.requeue(failed, firstErr)
+	}
+	return firstErr != nil
+}
+
+// answer records item i's reply v (one integer in a one-item array).
+func (a *asyncSettle) answer(i int, v any) error {
+	r, err := intSlice(v, 1)
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
+	}
+	if r[0] < int64(SettleApplied) || r[0] > int64(SettleExpired) {
+		return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value 0 = %d, want 1, 2 or 3", r[0])
+	}
+	a.res[i] = SettleResult(r[0])
+	return nil
+}
+
+func (a *asyncSettle) answered() bool {
+	for _, r := range a.res {
+		if r == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Flush sends the settles queued so far (Hold.SettleAsync) at once and
+// waits until none is queued or on its way, or ctx ends (then it returns
+// ctx.Err()). A settle its call could not send is put back while its hold
+// lives, so Flush returns only once that settle was answered or dropped.
+func (s *RedisStore) Flush(ctx context.Context) error {
+	if s.err != nil {
+		return nil
+	}
+	q := s.sq
+	for {
+		q.mu.Lock()
+		idle := len(q.q) == 0 && q.flying == 0
+		q.mu.Unlock()
+		if idle {
+			return nil
+		}
+		signal(q.wake)
+		t := time.NewTimer(100 * time.Microsecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Close sends the settles still queued (Hold.SettleAsync) and waits until
+// they are answered or ctx ends; what is still queued then is left to its
+// holds' TTL (their then gets an error wrapping ErrNotSent). After Close,
+// SettleAsync no longer queues (its then gets ErrNotSent); decisions,
+// reservations and synchronous settles still work: Close does not close
+// the client, which belongs to the caller. It returns ctx.Err() when ctx
+// ended first.
+func (s *RedisStore) Close(ctx context.Context) error {
+	if s.err != nil {
+		return nil
+	}
+	q := s.sq
+	q.mu.Lock()
+	q.closed = true
+	running, exited := q.running, q.exited
+	q.mu.Unlock()
+	signal(q.wake)
+	if !running {
+		return nil
+	}
+	select {
+	case <-exited:
+		return nil
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	left := q.q
+	q.q = nil
+	q.items = 0
+	q.mu.Unlock()
+	for _, a := range left {
+		a.then(nil, fmt.Errorf("ratelimit: redis: store closed before the settle was sent: %w", ErrNotSent))
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,202 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/redistest"
+)
+
+// settleResult is what a SettleAsync's then received.
+type settleResult struct {
+	res []SettleResult
+	err error
+}
+
+func settleAsync(t *testing.T, h *Hold, actual ...int64) <-chan settleResult {
+	t.Helper()
+	ch := make(chan settleResult, 1)
+	if err := h.SettleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
+		t.Fatalf("SettleAsync: %v", err)
+	}
+	return ch
+}
+
+// TestRedisSettleAsync: settles handed to the background path land on a
+// redis-server and on the 3×3 Cluster (one hold over several slots
+// included), with the results SettleEach would give; many concurrent
+// ones ride on the coalesced calls of decisions; a second settle reports
+// already settled; bad input is refused before anything is queued.
+func TestRedisSettleAsync(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	ctx := context.Background()
+	p := Policy{Limit: 100, Period: time.Hour} // nothing refills within the test
+	for _, tc := range []struct {
+		name string
+		c    redis.UniversalClient
+	}{{"redis", srv.Client(t)}, {"cluster", cl.Client(t)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewRedisStore(tc.c, WithPrefix("async:"))
+			defer func() {
+				if err := s.Close(ctx); err != nil {
+					t.Error(err)
+				}
+			}()
+			items := []Item{{Scope: "a", Key: "k1", Policy: p, Cost: 30}, {Scope: "a", Key: "k2", Policy: p, Cost: 20}, {Scope: "b", Key: "k1", Policy: p, Cost: 10}}
+			h, err := s.Reserve(ctx, items, time.Minute)
+			if err != nil || !h.Allowed() {
+				t.Fatal(h, err)
+			}
+			if err := h.SettleAsync([]int64{1}, nil); err == nil {
+				t.Fatal("SettleAsync of 1 cost for 3 items: no error")
+			}
+			if err := h.SettleAsync([]int64{1, -1, 1}, nil); !errors.Is(err, ErrInvalidCost) {
+				t.Fatalf("SettleAsync of a negative cost: %v", err)
+			}
+			r := <-settleAsync(t, h, 5, 20, 40)
+			if r.err != nil || fmt.Sprint(r.res) != "[applied applied applied]" {
+				t.Fatalf("async settle: %v %v", r.res, r.err)
+			}
+			if res, err := h.SettleEach(ctx, []int64{0, 0, 0}); err != nil || fmt.Sprint(res) != "[already_settled already_settled already_settled]" {
+				t.Fatalf("settle after the async one: %v %v", res, err)
+			}
+			if r := <-settleAsync(t, h, 0, 0, 0); r.err != nil || fmt.Sprint(r.res) != "[already_settled already_settled already_settled]" {
+				t.Fatalf("second async settle: %v %v", r.res, r.err)
+			}
+			out := make([]spillway.Decision, 3)
+			for i := range items {
+				items[i].Cost = 0
+			}
+			if _, err := s.Decide(ctx, items, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Remaining != 95 || out[1].Remaining != 80 || out[2].Remaining != 60 {
+				t.Fatalf("after settling 5, 20, 40: remaining %d %d %d, want 95 80 60", out[0].Remaining, out[1].Remaining, out[2].Remaining)
+			}
+
+			// 64 goroutines, each a reservation, a decision and an async
+			// settle on its own key, while others decide: the settles ride
+			// on the coalesced calls or the background flush; all land.
+			var wg sync.WaitGroup
+			var bad atomic.Int64
+			for g := range 64 {
+				wg.Go(func() {
+					key := fmt.Sprint("g", g)
+					for range 20 {
+						h, err := s.Reserve(ctx, []Item{{Scope: "c", Key: key, Policy: p, Cost: 3}}, time.Minute)
+						if err != nil || !h.Allowed() {
+							bad.Add(1)
+							return
+						}
+						if _, err := s.Decide(ctx, []Item{{Scope: "d", Key: key, Policy: p, Cost: 1}}, make([]spillway.Decision, 1)); err != nil {
+							bad.Add(1)
+						}
+						if err := h.SettleAsync([]int64{1}, func(res []SettleResult, err error) {
+							if err != nil || res[0] != SettleApplied {
+								bad.Add(1)
+							}
+						}); err != nil {
+							bad.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := s.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if bad.Load() != 0 {
+				t.Fatalf("%d failures", bad.Load())
+			}
+			for g := range 64 {
+				out := make([]spillway.Decision, 1)
+				if _, err := s.Decide(ctx, []Item{{Scope: "c", Key: fmt.Sprint("g", g), Policy: p}}, out); err != nil || out[0].Remaining != 80 {
+					t.Fatalf("g%d: %+v %v, want 80 left (20 settles of 1)", g, out[0], err)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisSettleGate: while the store's gate is closed nothing is sent:
+// a synchronous settle returns ErrNotSent at once, async settles wait in
+// the queue, and land once the gate opens; past the queue's bound they
+// are refused with ErrNotSent; Close at a deadline drops what is left.
+func TestRedisSettleGate(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	hook := &countHook{}
+	c.AddHook(hook)
+	ctx := context.Background()
+	p := Policy{Limit: 100, Period: time.Hour}
+	s := NewRedisStore(c, WithPrefix("gate:"), WithSettleQueue(2))
+	var open atomic.Bool
+	s.SetGate(open.Load)
+	it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 10}}
+	var hs []*Hold
+	for range 4 {
+		h, err := s.Reserve(ctx, it, time.Minute) // the gate is for calls after admission only
+		if err != nil || !h.Allowed() {
+			t.Fatal(h, err)
+		}
+		hs = append(hs, h)
+	}
+	before := hook.n.Load()
+	if _, err := hs[0].Settle(ctx, 0); !errors.Is(err, ErrNotSent) {
+		t.Fatalf("synchronous settle with the gate closed: %v, want ErrNotSent", err)
+	}
+	a1, a2 := settleAsync(t, hs[1], 0), settleAsync(t, hs[2], 0)
+	if r := <-settleAsync(t, hs[3], 0); !errors.Is(r.err, ErrNotSent) {
+		t.Fatalf("third settle on a queue of 2: %v, want ErrNotSent", r.err)
+	}
+	time.Sleep(3 * settleRetry)
+	if n := hook.n.Load() - before; n != 0 {
+		t.Fatalf("%d commands sent with the gate closed", n)
+	}
+	select {
+	case r := <-a1:
+		t.Fatalf("settle answered with the gate closed: %v", r)
+	default:
+	}
+	open.Store(true)
+	for _, ch := range []<-chan settleResult{a1, a2} {
+		if r := <-ch; r.err != nil || r.res[0] != SettleApplied {
+			t.Fatalf("after the gate opened: %v", r)
+		}
+	}
+	out := make([]spillway.Decision, 1)
+	it[0].Cost = 0
+	if _, err := s.Decide(ctx, it, out); err != nil || out[0].Remaining != 80 {
+		t.Fatalf("%+v %v, want 80 left (two holds of 10 still held)", out[0], err)
+	}
+
+	// Close at a deadline while the gate is closed: the queued settle is
+	// dropped with ErrNotSent, and later ones are refused.
+	open.Store(false)
+	it[0].Cost = 10
+	h, err := s.Reserve(ctx, it, time.Minute)
+	if err != nil || !h.Allowed() {
+		t.Fatal(h, err)
+	}
+	ch := settleAsync(t, h, 0)
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := s.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with the gate closed: %v", err)
+	}
+	if r := <-ch; !errors.Is(r.err, ErrNotSent) {
+		t.Fatalf("settle left at Close: %v", r)
+	}
+	if r := <-settleAsync(t, hs[0], 0); !errors.Is(r.err, ErrNotSent) {
+		t.Fatalf("settle after Close: %v", r)
+	}
+}

@@ -1,0 +1,350 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// HealthService is the name the gRPC health service reports, as the
+// reference does (the empty name reports the same).
+const HealthService = "ratelimit"
+
+// Logger returns the logger LOG_LEVEL and LOG_FORMAT ask for, writing to w.
+func Logger(s Settings, w io.Writer) *slog.Logger {
+	var level slog.Level
+	switch strings.ToLower(s.LogLevel) {
+	case "debug", "trace":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "error", "fatal", "panic":
+		level = slog.LevelError
+	default:
+		level = slog.LevelWarn
+	}
+	o := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(s.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
+}
+
+// NewRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
+// REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH and REDIS_POOL_SIZE
+// describe, tuned so that a call's budget holds (fallback.Tune…Options).
+func NewRedisClient(s Settings) (redis.UniversalClient, error) {
+	user, pass := "", s.RedisAuth
+	if u, p, ok := strings.Cut(s.RedisAuth, ":"); ok {
+		user, pass = u, p
+	}
+	urls := strings.Split(s.RedisURL, ",")
+	switch strings.ToLower(s.RedisType) {
+	case "single":
+		var o *redis.Options
+		if strings.HasPrefix(s.RedisURL, "redis://") || strings.HasPrefix(s.RedisURL, "unix://") {
+			var err error
+			if o, err = redis.ParseURL(s.RedisURL); err != nil {
+				return nil, fmt.Errorf("rls: REDIS_URL: %w", err)
+			}
+		} else {
+			o = &redis.Options{Network: strings.ToLower(s.RedisSocketType), Addr: s.RedisURL}
+		}
+		if s.RedisAuth != "" {
+			o.Username, o.Password = user, pass
+		}
+		o.PoolSize = s.RedisPoolSize
+		fallback.TuneOptions(o)
+		return redis.NewClient(o), nil
+	case "cluster":
+		o := &redis.UniversalOptions{Addrs: urls, Username: user, Password: pass, PoolSize: s.RedisPoolSize, IsClusterMode: true}
+		fallback.TuneUniversalOptions(o)
+		return redis.NewUniversalClient(o), nil
+	case "sentinel":
+		if len(urls) < 2 {
+			return nil, errors.New("rls: REDIS_URL: expected master name and a list of urls for the sentinels, in the format: <redis master name>,<sentinel1>,...,<sentineln>")
+		}
+		o := &redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:], Username: user, Password: pass,
+			SentinelPassword: s.RedisSentinelAuth, PoolSize: s.RedisPoolSize}
+		fallback.TuneFailoverOptions(o)
+		return redis.NewFailoverClient(o), nil
+	}
+	return nil, fmt.Errorf("rls: REDIS_TYPE: %q is not single, cluster or sentinel", s.RedisType)
+}
+
+// NewStore wraps a Redis client in the store the service decides with: a
+// RedisStore (one script call per request, coalesced under load) behind a
+// fallback.Store (SPILLWAY_BUDGET per call, one breaker for this Redis,
+// then the local share SPILLWAY_LOCAL_SHARE of every limit).
+func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error) {
+	prefix := "spillway:"
+	if s.CacheKeyPrefix != "" {
+		prefix = s.CacheKeyPrefix
+	}
+	h := fallback.HealthOf(client)
+	if h == nil {
+		var err error
+		if h, err = fallback.NewHealth(client, fallback.HealthSettings{Name: "redis"}); err != nil {
+			return nil, err
+		}
+	}
+	fs := fallback.Settings{Name: "rls", Budget: s.Budget, Health: h, Share: s.LocalShare, DenyCacheSize: -1}
+	if s.FailClosed {
+		fs.Fail = spillway.FailClosed
+	}
+	if s.LocalCacheSizeInBytes > 0 {
+		// the reference keeps over-limit keys in a local cache of this many
+		// bytes; the deny cache keeps whole denials, about 100 bytes each
+		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
+	}
+	return fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix)), fs)
+}
+
+// Server is the whole service: gRPC (RateLimitService, health,
+// reflection), HTTP (/healthcheck, /json) and the Prometheus endpoint.
+type Server struct {
+	Settings Settings
+	Service  *Service
+	Reloader *Reloader
+	Log      *slog.Logger
+
+	health   *health.Server
+	healthy  atomic.Bool // what /healthcheck answers
+	grpc     *grpc.Server
+	grpcLis  net.Listener
+	httpSrvs []*http.Server
+	httpLis  []net.Listener
+}
+
+// NewServer builds a server deciding with store. It loads the config
+// directory once: a config that does not load is an error unless
+// FORCE_START_WITHOUT_INITIAL_CONFIG is set.
+func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, error) {
+	stats := NewStats()
+	if fs, ok := store.(*fallback.Store); ok {
+		h := fs.Health()
+		stats.health = func() (string, int64, int64) {
+			st := h.Stats()
+			return h.State().String(), st.Opened, st.Failures
+		}
+	}
+	svc := NewService(store, s, stats, log)
+	srv := &Server{Settings: s, Service: svc, Log: log, health: health.NewServer()}
+	srv.Reloader = NewReloader(svc, s.ConfigDir(), s.RuntimeIgnoreDotFiles, LoadOptions{MergeDomains: s.MergeDomains}, log)
+	srv.Reloader.onLoad = func(c *Config, err error) {
+		if err == nil && s.HealthyWithConfig {
+			srv.setHealth(len(c.domains) > 0)
+		}
+	}
+	srv.setHealth(!s.HealthyWithConfig)
+	if err := srv.Reloader.Load(); err != nil && !s.ForceStart {
+		return nil, err
+	}
+	return srv, nil
+}
+
+func (srv *Server) setHealth(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	srv.healthy.Store(ok)
+	srv.health.SetServingStatus(HealthService, st)
+	srv.health.SetServingStatus("", st)
+}
+
+// Listen opens the listeners (so that a caller knows the ports before
+// Serve).
+func (srv *Server) Listen() error {
+	s := srv.Settings
+	var err error
+	if s.GrpcUDS != "" {
+		srv.grpcLis, err = net.Listen("unix", s.GrpcUDS)
+	} else {
+		srv.grpcLis, err = net.Listen("tcp", net.JoinHostPort(s.GrpcHost, strconv.Itoa(s.GrpcPort)))
+	}
+	if err != nil {
+		return fmt.Errorf("rls: gRPC listener: %w", err)
+	}
+	srv.grpc = grpc.NewServer(ServerOptions(s)...)
+	pb.RegisterRateLimitServiceServer(srv.grpc, srv.Service)
+	healthpb.RegisterHealthServer(srv.grpc, srv.health)
+	reflection.Register(srv.grpc)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		if srv.healthy.Load() {
+			_, _ = w.Write([]byte("OK"))
+			return
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	mux.HandleFunc("/json", srv.serveJSON)
+	if err := srv.listenHTTP(net.JoinHostPort(s.Host, strconv.Itoa(s.Port)), mux); err != nil {
+		return err
+	}
+	if s.DebugPort != 0 {
+		dm := http.NewServeMux()
+		dm.HandleFunc("/debug/pprof/", pprof.Index)
+		dm.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dm.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if err := srv.listenHTTP(net.JoinHostPort(s.DebugHost, strconv.Itoa(s.DebugPort)), dm); err != nil {
+			return err
+		}
+	}
+	if s.UsePrometheus {
+		pm := http.NewServeMux()
+		pm.Handle(s.PrometheusPath, srv.Service.stats.Handler())
+		if err := srv.listenHTTP(s.PrometheusAddr, pm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (srv *Server) listenHTTP(addr string, h http.Handler) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("rls: HTTP listener %s: %w", addr, err)
+	}
+	srv.httpLis = append(srv.httpLis, l)
+	srv.httpSrvs = append(srv.httpSrvs, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
+	return nil
+}
+
+// ServerOptions are the gRPC server's options: GRPC_MAX_CONNECTION_AGE and
+// its grace, and a worker goroutine per CPU that serves calls one after
+// the other (a call then runs on a warm stack instead of a new goroutine's,
+// which a short call like this one pays for in stack growth).
+func ServerOptions(s Settings) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge: s.GrpcMaxConnectionAge, MaxConnectionAgeGrace: s.GrpcMaxConnectionAgeGrace}),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+	}
+}
+
+// GRPCAddr is the gRPC listener's address (after Listen).
+func (srv *Server) GRPCAddr() net.Addr { return srv.grpcLis.Addr() }
+
+// serveJSON is the reference's /json endpoint: a RateLimitRequest in
+// protojson, the response in protojson; 429 when over the limit.
+func (srv *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+		return
+	}
+	var req pb.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+		return
+	}
+	resp, err := srv.Service.ShouldRateLimit(r.Context(), &req)
+	if err != nil {
+		http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+		return
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	_, _ = w.Write(out)
+}
+
+// Serve serves until ctx ends, then shuts down gracefully: health turns
+// NOT_SERVING, calls in flight finish (at most drain), listeners close.
+func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
+	errc := make(chan error, 1+len(srv.httpSrvs))
+	go func() { errc <- srv.grpc.Serve(srv.grpcLis) }()
+	for i, h := range srv.httpSrvs {
+		go func() {
+			if err := h.Serve(srv.httpLis[i]); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	srv.setHealth(false)
+	done := make(chan struct{})
+	go func() { srv.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drain):
+		srv.grpc.Stop()
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), drain)
+	defer scancel()
+	for _, h := range srv.httpSrvs {
+		_ = h.Shutdown(sctx)
+	}
+	return err
+}
+
+// Run is the binary: it reports the unsupported variables that are set,
+// builds the Redis client, the store and the server, and serves until ctx
+// ends (SIGTERM).
+func Run(ctx context.Context, s Settings, notices []string) error {
+	log := Logger(s, os.Stderr)
+	for _, n := range notices {
+		log.Warn("rls: " + n)
+	}
+	client, err := NewRedisClient(s)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	store, err := NewStore(client, s)
+	if err != nil {
+		return err
+	}
+	srv, err := NewServer(s, store, log)
+	if err != nil {
+		return err
+	}
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	log.Warn("rls: serving", "grpc", srv.GRPCAddr().String(), "http", net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
+		"config", s.ConfigDir(), "redis", s.RedisType)
+	return srv.Serve(ctx, 20*time.Second)
+}

@@ -1,0 +1,225 @@
+package rls
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// counters are the reference's per-limit stats, under its names
+// (ratelimit.service.rate_limit.KEY.total_hits and so on).
+type counters struct {
+	key                                                  string // the sanitized stats key: domain.key_value...
+	totalHits, overLimit, nearLimit, withinLimit, shadow atomic.Uint64
+	overLimitLocalCache                                  atomic.Uint64
+}
+
+// maxStatsKeys bounds the per-key stats: detailed_metric and value_to_metric
+// make a key per request value, which an attacker chooses. Past the bound
+// such hits are counted under the rule's own key.
+const maxStatsKeys = 10000
+
+// Stats holds every counter the server exports. It is safe for concurrent
+// use.
+type Stats struct {
+	mu   sync.RWMutex
+	keys map[string]*counters
+
+	notFound                                  sync.Map // domain → *atomic.Uint64
+	ConfigLoadSuccess, ConfigLoadError        atomic.Uint64
+	RedisErrors, ServiceErrors, TotalRequests atomic.Uint64
+	Degraded                                  atomic.Uint64 // descriptors answered by the local share
+	health                                    func() (state string, opened, failures int64)
+}
+
+// NewStats returns empty stats.
+func NewStats() *Stats { return &Stats{keys: map[string]*counters{}} }
+
+var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
+
+// sanitize is the reference's stat name cleaning: ':' and '|' become '_',
+// and the dots of an IPv4 address too.
+func sanitize(s string) string {
+	if strings.ContainsAny(s, ":|") {
+		s = strings.NewReplacer(":", "_", "|", "_").Replace(s)
+	}
+	if strings.Count(s, ".") >= 3 {
+		s = ipv4.ReplaceAllStringFunc(s, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
+	}
+	return s
+}
+
+// get returns the counters of key, creating them (up to maxStatsKeys
+// unless force; nil past it).
+func (s *Stats) get(key string, force bool) *counters {
+	key = sanitize(key)
+	s.mu.RLock()
+	c := s.keys[key]
+	s.mu.RUnlock()
+	if c != nil {
+		return c
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c = s.keys[key]; c == nil {
+		if !force && len(s.keys) >= maxStatsKeys {
+			return nil
+		}
+		c = &counters{key: key}
+		s.keys[key] = c
+	}
+	return c
+}
+
+func (s *Stats) domainNotFound(domain string) {
+	v, ok := s.notFound.Load(domain)
+	if !ok {
+		v, _ = s.notFound.LoadOrStore(domain, new(atomic.Uint64))
+	}
+	v.(*atomic.Uint64).Add(1)
+}
+
+// Counter returns the value of a per-limit counter by the reference's
+// statsd name without the "ratelimit.service.rate_limit." prefix, e.g.
+// Counter("apis.generic_key_foo", "over_limit"); 0 when unknown.
+func (s *Stats) Counter(key, name string) uint64 {
+	s.mu.RLock()
+	c := s.keys[sanitize(key)]
+	s.mu.RUnlock()
+	if c == nil {
+		return 0
+	}
+	for _, f := range c.fields() {
+		if f.name == name {
+			return f.v.Load()
+		}
+	}
+	return 0
+}
+
+type field struct {
+	name string
+	v    *atomic.Uint64
+}
+
+func (c *counters) fields() []field {
+	return []field{{"total_hits", &c.totalHits}, {"over_limit", &c.overLimit}, {"near_limit", &c.nearLimit},
+		{"within_limit", &c.withinLimit}, {"shadow_mode", &c.shadow}, {"over_limit_with_local_cache", &c.overLimitLocalCache}}
+}
+
+// labels maps a stats key the way the reference's Prometheus mapping (its
+// statsd exporter mapper) does: the first component is the domain, the
+// next one key1, a third one key2; deeper components are dropped, so
+// their counts add up under key2.
+func labels(key string) (domain, key1, key2 string) {
+	parts := strings.SplitN(key, ".", 4)
+	domain = parts[0]
+	if len(parts) > 1 {
+		key1 = parts[1]
+	}
+	if len(parts) > 2 {
+		key2 = parts[2]
+	}
+	return
+}
+
+type labelSet struct{ domain, key1, key2 string }
+
+// WritePrometheus writes every counter in the Prometheus text format, under
+// the names the reference's Prometheus endpoint has.
+func (s *Stats) WritePrometheus(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	s.mu.RLock()
+	sums := map[string]map[labelSet]uint64{}
+	for _, c := range s.keys {
+		d, k1, k2 := labels(c.key)
+		ls := labelSet{d, k1, k2}
+		for _, f := range c.fields() {
+			m := sums[f.name]
+			if m == nil {
+				m = map[labelSet]uint64{}
+				sums[f.name] = m
+			}
+			m[ls] += f.v.Load()
+		}
+	}
+	s.mu.RUnlock()
+	for _, name := range []string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"} {
+		m := sums[name]
+		metric := "ratelimit_service_rate_limit_" + name
+		bw.WriteString("# TYPE " + metric + " counter\n")
+		ls := make([]labelSet, 0, len(m))
+		for l := range m {
+			ls = append(ls, l)
+		}
+		sort.Slice(ls, func(i, j int) bool {
+			a, b := ls[i], ls[j]
+			if a.domain != b.domain {
+				return a.domain < b.domain
+			}
+			if a.key1 != b.key1 {
+				return a.key1 < b.key1
+			}
+			return a.key2 < b.key2
+		})
+		for _, l := range ls {
+			bw.WriteString(metric + `{domain="` + escapeLabel(l.domain) + `",key1="` + escapeLabel(l.key1) + `"`)
+			if l.key2 != "" {
+				bw.WriteString(`,key2="` + escapeLabel(l.key2) + `"`)
+			}
+			bw.WriteString("} " + strconv.FormatUint(m[l], 10) + "\n")
+		}
+	}
+	var nf []string
+	s.notFound.Range(func(k, _ any) bool { nf = append(nf, k.(string)); return true })
+	sort.Strings(nf)
+	bw.WriteString("# TYPE ratelimit_service_rate_limit_domain_not_found counter\n")
+	for _, d := range nf {
+		v, _ := s.notFound.Load(d)
+		bw.WriteString(`ratelimit_service_rate_limit_domain_not_found{domain="` + escapeLabel(d) + `"} ` +
+			strconv.FormatUint(v.(*atomic.Uint64).Load(), 10) + "\n")
+	}
+	counter := func(name, help string, v uint64) {
+		bw.WriteString("# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + strconv.FormatUint(v, 10) + "\n")
+	}
+	counter("ratelimit_service_config_load_success", "Config loads that succeeded.", s.ConfigLoadSuccess.Load())
+	counter("ratelimit_service_config_load_error", "Config loads that failed (the last good config stays).", s.ConfigLoadError.Load())
+	bw.WriteString("# TYPE ratelimit_service_should_rate_limit_error counter\n")
+	bw.WriteString(`ratelimit_service_should_rate_limit_error{err_type="redis_error"} ` + strconv.FormatUint(s.RedisErrors.Load(), 10) + "\n")
+	bw.WriteString(`ratelimit_service_should_rate_limit_error{err_type="service_error"} ` + strconv.FormatUint(s.ServiceErrors.Load(), 10) + "\n")
+	bw.WriteString("# TYPE ratelimit_service_total_requests counter\n")
+	bw.WriteString(`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} ` + strconv.FormatUint(s.TotalRequests.Load(), 10) + "\n")
+	counter("spillway_rls_degraded_total", "Descriptors decided by the local share while Redis could not answer.", s.Degraded.Load())
+	if s.health != nil {
+		state, opened, failures := s.health()
+		bw.WriteString("# HELP spillway_rls_redis_breaker_state The breaker on Redis: 1 for the current state.\n# TYPE spillway_rls_redis_breaker_state gauge\n")
+		for _, st := range []string{"closed", "half_open", "open"} {
+			v := "0"
+			if st == state {
+				v = "1"
+			}
+			bw.WriteString(`spillway_rls_redis_breaker_state{state="` + st + `"} ` + v + "\n")
+		}
+		counter("spillway_rls_redis_breaker_opened_total", "Times the breaker on Redis opened.", uint64(opened))
+		counter("spillway_rls_redis_failures_total", "Redis calls that failed (timeout, refused, reset).", uint64(failures))
+	}
+	return bw.Flush()
+}
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+func escapeLabel(s string) string { return labelEscaper.Replace(s) }
+
+// Handler serves WritePrometheus.
+func (s *Stats) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_ = s.WritePrometheus(w)
+	})
+}
