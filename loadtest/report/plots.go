@@ -5,6 +5,8 @@ import (
 	"image/color"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -304,4 +306,67 @@ func savePanels(path string, ps []*plot.Plot, panelInches float64) error {
 		return fmt.Errorf("loadtest: plot %s: %w", filepath.Base(path), err)
 	}
 	return f.Close()
+}
+
+// plotWindowErrors plots, for each population, the share of decisions
+// that differ from the exact log against N, one line per mode, the
+// counter as a dashed level.
+func plotWindowErrors(rows []scenario.WindowAccuracy, path string) error {
+	var pops []string
+	for _, r := range rows {
+		if !slices.Contains(pops, r.Population) {
+			pops = append(pops, r.Population)
+		}
+	}
+	var ps []*plot.Plot
+	for _, pop := range pops {
+		p := plot.New()
+		p.Title.Text = "decisions that differ from the exact log, sources at " + pop + " the limit"
+		p.Title.TextStyle.Font.Size = vg.Points(10)
+		p.X.Label.Text = "N (sub-windows per period, log scale)"
+		p.Y.Label.Text = "% of decisions"
+		p.X.Scale = plot.LogScale{}
+		var ticks []plot.Tick
+		for _, r := range rows {
+			if r.Population == pop && r.Contender == "buckets" && r.Mode == "interpolated" {
+				ticks = append(ticks, plot.Tick{Value: float64(r.Buckets), Label: strconv.FormatInt(r.Buckets, 10)})
+			}
+		}
+		p.X.Tick.Marker = plot.ConstantTicks(ticks)
+		p.Legend.Top = true
+		p.Add(plotter.NewGrid())
+		lines := map[string]plotter.XYs{}
+		var counter float64
+		for _, r := range rows {
+			if r.Population != pop {
+				continue
+			}
+			if r.Contender == "counter" {
+				counter = 100 * r.Differ
+				continue
+			}
+			lines[r.Mode] = append(lines[r.Mode], plotter.XY{X: float64(r.Buckets), Y: 100 * r.Differ})
+		}
+		for i, mode := range []string{"interpolated", "conservative"} {
+			l, pts, err := plotter.NewLinePoints(lines[mode])
+			if err != nil {
+				return fmt.Errorf("loadtest: plot: %w", err)
+			}
+			c := []color.Color{colAdmitted, colCapacity}[i]
+			l.Color, pts.Color = c, c
+			p.Add(l, pts)
+			p.Legend.Add("buckets, "+mode, l, pts)
+		}
+		if xs := lines["interpolated"]; len(xs) > 0 {
+			l, err := plotter.NewLine(plotter.XYs{{X: xs[0].X, Y: counter}, {X: xs[len(xs)-1].X, Y: counter}})
+			if err == nil {
+				l.Color, l.Dashes = colOffered, []vg.Length{vg.Points(4), vg.Points(3)}
+				p.Add(l)
+				p.Legend.Add("sliding window counter", l)
+			}
+		}
+		p.Y.Min = 0
+		ps = append(ps, p)
+	}
+	return savePanels(path, ps, 3)
 }
