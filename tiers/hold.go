@@ -24,11 +24,14 @@ import (
 // is not charged at all (only what the steps charged stays).
 func WithHoldTTL(ttl time.Duration) Option { return func(l *Limiter) { l.holdTTL = ttl } }
 
-// WithSettleTimeout bounds each store call made after admission: a settle
-// when done runs, a charge when the work reports a step (default
+// WithSettleTimeout bounds each store call made after admission on the
+// request's behalf: a charge when the work reports a step, the recharge
+// of a request's cost whose hold expired before done (default
 // spillway.DefaultBudget, 50 ms). They run detached from the request's
-// context and budget, so a request that was cancelled still settles; a
-// settle that times out leaves its hold to the TTL.
+// context and budget. The settle of done is not one of them: done hands
+// it to the store's background path (ratelimit.Hold.SettleAsync) and
+// returns; a RedisStore sends it under its own deadline and leaves a hold
+// it could not settle to the TTL.
 func WithSettleTimeout(d time.Duration) Option { return func(l *Limiter) { l.settleTimeout = d } }
 
 // WithHoldObserver sets the observer of the holds of "cost: response"
