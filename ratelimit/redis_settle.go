@@ -57,7 +57,8 @@ func WithSettleQueue(n int) Option { return func(o *storeOptions) { o.settleQueu
 
 // Gated is a store whose calls after admission (a RedisStore's settles)
 // can be kept off a backend that a circuit breaker found unavailable.
-// fallback.NewStore installs its breaker's state on the store it wraps.
+// A circuit breaker in front of the store may install its state (a
+// fallback.Health attached to the client refuses the commands by itself).
 type Gated interface {
 	// SetGate installs gate, asked before each call after admission:
 	// false means do not call the backend now. A nil gate always calls.
@@ -68,7 +69,7 @@ var _ Gated = (*RedisStore)(nil)
 
 // Flusher is a store whose settles may still be on their way after
 // Hold.SettleAsync returned (RedisStore): Flush waits until they are
-// answered. A store that wraps another (fallback.Store) forwards it.
+// answered. A store that wraps another may forward it.
 type Flusher interface {
 	Flush(ctx context.Context) error
 }

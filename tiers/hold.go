@@ -24,11 +24,14 @@ import (
 // is not charged at all (only what the steps charged stays).
 func WithHoldTTL(ttl time.Duration) Option { return func(l *Limiter) { l.holdTTL = ttl } }
 
-// WithSettleTimeout bounds each store call made after admission: a settle
-// when done runs, a charge when the work reports a step (default
+// WithSettleTimeout bounds each store call made after admission on the
+// request's behalf: a charge when the work reports a step, the recharge
+// of a request's cost whose hold expired before done (default
 // spillway.DefaultBudget, 50 ms). They run detached from the request's
-// context and budget, so a request that was cancelled still settles; a
-// settle that times out leaves its hold to the TTL.
+// context and budget. The settle of done is not one of them: done hands
+// it to the store's background path (ratelimit.Hold.SettleAsync) and
+// returns; a RedisStore sends it under its own deadline and leaves a hold
+// it could not settle to the TTL.
 func WithSettleTimeout(d time.Duration) Option { return func(l *Limiter) { l.settleTimeout = d } }
 
 // WithHoldObserver sets the observer of the holds of "cost: response"
@@ -190,7 +193,10 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 // exactly what it held. If the store does not answer, the hold is
 // released at its TTL.
 func (l *Limiter) cancel(h *ratelimit.Hold) {
-	_ = h.SettleAsync(make([]int64, len(h.Decisions())), nil)
+	l.settling.Add(1)
+	if err := h.SettleAsync(make([]int64, len(h.Decisions())), func([]ratelimit.SettleResult, error) { l.settling.Done() }); err != nil {
+		l.settling.Done()
+	}
 }
 
 // hold is what reserveBatch held: the Hold, its items (copies) and their
@@ -370,6 +376,7 @@ func (hs *held) done(o spillway.Outcome) {
 	// background (ratelimit.Hold.SettleAsync) and then reports. steps no
 	// longer touch extra (settled is set), so then may read it.
 	charged = append([]int64(nil), charged...)
+	hs.l.settling.Add(1)
 	err := hs.h.SettleAsync(actual, func(res []ratelimit.SettleResult, err error) { hs.settled2(res, err, charged) })
 	if err != nil { // bad input cannot happen here (Admit built the hold); the TTL releases it
 		hs.settled2(nil, err, charged)
@@ -379,6 +386,7 @@ func (hs *held) done(o spillway.Outcome) {
 // settled2 is what follows a settle, on the store's background path:
 // the recharge of expired cost: request items and the observer.
 func (hs *held) settled2(res []ratelimit.SettleResult, err error, charged []int64) {
+	defer hs.l.settling.Done()
 	if err == nil {
 		hs.rechargeExpired(res)
 	}
@@ -428,11 +436,12 @@ func (hs *held) rechargeExpired(res []ratelimit.SettleResult) {
 }
 
 // Flush waits until the settles of the requests whose done has run so
-// far reached the store and were answered, or ctx ends (it then returns
-// ctx.Err()). done hands a settle to the store's background path and
-// returns (ratelimit.Hold.SettleAsync): a store with a Flush method
-// (ratelimit.RedisStore, ratelimit.Flusher) is flushed; what followed the
-// settles (see WithHoldObserver) is waited for. Call it before reading a
+// far were answered by the store (or given up: see
+// ratelimit.Hold.SettleAsync), and what followed them (see
+// WithHoldObserver) is done, or ctx ends (it then returns ctx.Err()). done
+// hands a settle to the store's background path and returns; a store with
+// a Flush method (ratelimit.RedisStore, ratelimit.Flusher) is flushed
+// first, so that nothing waits for its linger. Call it before reading a
 // key's state right after a request, or at shutdown (then close the
 // store: ratelimit.RedisStore.Close).
 func (l *Limiter) Flush(ctx context.Context) error {
@@ -442,7 +451,7 @@ func (l *Limiter) Flush(ctx context.Context) error {
 		}
 	}
 	idle := make(chan struct{})
-	go func() { l.recharges.Wait(); close(idle) }()
+	go func() { l.settling.Wait(); l.recharges.Wait(); close(idle) }()
 	select {
 	case <-idle:
 		return nil

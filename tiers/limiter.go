@@ -64,6 +64,7 @@ type Limiter struct {
 	holdTTL       time.Duration
 	settleTimeout time.Duration
 	observer      HoldObserver
+	settling      sync.WaitGroup // settles handed to the store and not yet answered (hold.go)
 	recharges     sync.WaitGroup // the recharges after settles (hold.go) under way
 }
 
