@@ -56,6 +56,7 @@ func hostilePolicies() map[string]Policy {
 		"fixed_window":           {Algorithm: FixedWindow, Limit: 10, Period: time.Hour},
 		"sliding_window_counter": {Algorithm: SlidingWindowCounter, Limit: 10, Period: time.Hour},
 		"sliding_window_log":     {Algorithm: SlidingWindowLog, Limit: 10, Period: time.Hour},
+		"sliding_window_buckets": {Algorithm: SlidingWindowBuckets, Limit: 10, Period: time.Hour, Buckets: 6, Mode: Conservative},
 		"token_bucket_edge":      {Limit: 1e6, Period: time.Second, Burst: MaxSpanMicros},
 		"gcra_edge":              {Algorithm: GCRA, Limit: 3, Period: 10 * time.Microsecond, Burst: MaxSpanMicros / 4},
 	}

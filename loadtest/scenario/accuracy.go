@@ -227,9 +227,10 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 	r.BoundaryDemoLimit = accuracyLimit
 	r.BoundaryDemoFixed = demo(fw)
 	r.BoundaryDemoCounter = demo(swc)
-	prog.Log("loadtest: accuracy: the windows on Poisson populations (%d contenders)", len(windowContenders()))
-	r.Windows = windowAccuracy(p.Seed, windowSources, windowLength)
-	r.WindowsPolicy = fmt.Sprintf("%d per %v per source, %d sources per population, %v simulated", windowLimit, windowPeriod, windowSources, windowLength)
+	wl := windowLength(p)
+	prog.Log("loadtest: accuracy: the windows on Poisson populations, %v simulated (%d contenders)", wl, len(windowContenders()))
+	r.Windows = windowAccuracy(p.Seed, windowSources, wl)
+	r.WindowsPolicy = fmt.Sprintf("%d per %v per source, %d sources per population, %v simulated", windowLimit, windowPeriod, windowSources, wl)
 	prog.Log("loadtest: accuracy: %d decisions replayed in %.1fs", len(ev), time.Since(start).Seconds())
 	return &ScenarioResult{Name: "accuracy", DurationSeconds: length.Seconds(), Accuracy: r}
 }
@@ -271,8 +272,11 @@ const (
 	windowLimit   = int64(100)
 	windowPeriod  = time.Minute
 	windowSources = 100
-	windowLength  = 30 * time.Minute
 )
+
+// windowLength is the simulated time of each population: 20 × the
+// scenario's duration, 30 minutes by default.
+func windowLength(p Params) time.Duration { return 20 * durationFor(p, "cascade") }
 
 // windowPopulations are the rates of the sources, as a multiple of the
 // limit: each source draws its rate uniformly in [lo, hi] and sends Poisson
@@ -456,5 +460,6 @@ func printWindowAccuracy(w io.Writer, rows []WindowAccuracy) {
 		fmt.Fprintf(w, "%-9s %-28s %10d %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%%\n", r.Population, name, r.Decisions,
 			100*r.Differ, 100*r.WrongAllowed, 100*r.WrongDenied, 100*r.OverAdmit, 100*r.UnderAdmit)
 	}
-	fmt.Fprintln(w, "differ, wr.allow, wr.deny: against an exact log fed the same requests; over, under: against the exact count of what the contender admitted")
+	fmt.Fprintln(w, "differ, wr.allow, wr.deny: against an exact log fed the same requests;")
+	fmt.Fprintln(w, "over, under: against the exact count of what the contender itself admitted")
 }
