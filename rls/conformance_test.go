@@ -623,3 +623,34 @@ func TestRedisDown(t *testing.T) {
 	})
 	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 8))
 }
+
+// TestLocalCache: LOCAL_CACHE_SIZE_IN_BYTES keeps denials locally, as the
+// reference's local cache does: a key Redis denied is denied again until
+// its window ends without a Redis call, and counted in
+// over_limit_with_local_cache as well as over_limit.
+func TestLocalCache(t *testing.T) {
+	b := singleBackend(t)
+	s := start(t, b, map[string]string{"c.yaml": "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n"},
+		"LOCAL_CACHE_SIZE_IN_BYTES=1000000")
+	scripts := func() float64 {
+		var n float64
+		for name, st := range redistest.ReadCommandStats(t, b.client) {
+			if name == "evalsha" || name == "eval" {
+				n += st.Calls
+			}
+		}
+		return n
+	}
+	check(t, s.call("c", 0, desc("k=v")), OK, ok(1, DAY, 0))
+	check(t, s.call("c", 0, desc("k=v")), OVER, over(1, DAY)) // Redis denies; the denial is cached
+	before := scripts()
+	check(t, s.call("c", 0, desc("k=v")), OVER, over(1, DAY))
+	check(t, s.call("c", 2, desc("k=v")), OVER, over(1, DAY))
+	require.Equal(t, before, scripts(), "the cached denials made no Redis call")
+	m := func(name string) int64 {
+		return s.metric(`ratelimit_service_rate_limit_` + name + `{domain="c",key1="k"}`)
+	}
+	require.EqualValues(t, 5, m("total_hits"))
+	require.EqualValues(t, 4, m("over_limit"))
+	require.EqualValues(t, 3, m("over_limit_with_local_cache"))
+}
