@@ -654,3 +654,30 @@ func TestLocalCache(t *testing.T) {
 	require.EqualValues(t, 4, m("over_limit"))
 	require.EqualValues(t, 3, m("over_limit_with_local_cache"))
 }
+
+// TestSymlinkSwap: RUNTIME_ROOT is a symlink swapped atomically to a new
+// directory (the deployment RUNTIME_WATCH_ROOT=true is for, and how
+// Kubernetes updates a ConfigMap volume): the new files apply.
+func TestSymlinkSwap(t *testing.T) {
+	b := singleBackend(t)
+	base := t.TempDir()
+	version := func(name, limit string) string {
+		dir := filepath.Join(base, name, "ratelimit", "config")
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "s.yaml"),
+			[]byte("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: "+limit+"}\n"), 0o644))
+		return filepath.Join(base, name)
+	}
+	current := filepath.Join(base, "current")
+	require.NoError(t, os.Symlink(version("v1", "1"), current))
+	s := start(t, b, nil, "RUNTIME_ROOT="+current, "RUNTIME_WATCH_ROOT=true")
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(1, HOUR, 0))
+
+	tmp := filepath.Join(base, "current.tmp")
+	require.NoError(t, os.Symlink(version("v2", "4"), tmp))
+	require.NoError(t, os.Rename(tmp, current))
+	redistest.WaitFor(t, "the new version", 20*time.Millisecond, func() bool {
+		return s.metric("ratelimit_service_config_load_success") == 2
+	})
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(4, HOUR, 2))
+}

@@ -19,12 +19,16 @@ import (
 // (RUNTIME_IGNOREDOTFILES). Symbolic links to files are followed.
 func ReadDir(dir string, ignoreDot bool) ([]File, error) {
 	var files []File
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	root := dir
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		root = dir + string(filepath.Separator) // a link to the directory: walk what it points at
+	}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		name := d.Name()
-		if path != dir && (strings.HasPrefix(name, "..") || (ignoreDot && strings.HasPrefix(name, "."))) {
+		if path != root && (strings.HasPrefix(name, "..") || (ignoreDot && strings.HasPrefix(name, "."))) {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}
