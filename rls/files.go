@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -49,7 +50,10 @@ func ReadDir(dir string, ignoreDot bool) ([]File, error) {
 		return nil
 	})
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
-	return files, err
+	if err != nil {
+		return nil, fmt.Errorf("rls: reading the config directory %s: %w", dir, err)
+	}
+	return files, nil
 }
 
 // digest identifies a set of files by names and contents.
@@ -119,7 +123,11 @@ func (r *Reloader) failed(err error) error {
 	r.svc.stats.ConfigLoadError.Add(1)
 	if msg := err.Error(); msg != r.lastErr {
 		r.lastErr = msg
-		r.log.Error("rls: config not loaded; the last good config stays", "err", err)
+		if r.svc.Config() != nil {
+			r.log.Error("rls: config not loaded; the last good config stays", "err", err)
+		} else {
+			r.log.Error("rls: config not loaded", "err", err)
+		}
 	}
 	if r.onLoad != nil {
 		r.onLoad(nil, err)
