@@ -681,3 +681,16 @@ func TestSymlinkSwap(t *testing.T) {
 	})
 	check(t, s.call("s", 0, desc("k=v")), OK, ok(4, HOUR, 2))
 }
+
+// TestSentinel: REDIS_TYPE=sentinel with REDIS_URL=<master name>,<sentinel>,…
+func TestSentinel(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	b := backend{"sentinel", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=sentinel",
+		"REDIS_URL=" + redistest.SentinelMaster + "," + strings.Join(sn.Addrs(), ",")}, redis.NewFailoverClient(sn.FailoverOptions())}
+	t.Cleanup(func() { _ = b.client.Close() })
+	s := start(t, b, map[string]string{"s.yaml": "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"})
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(2, HOUR, 1))
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(2, HOUR, 0))
+	check(t, s.call("s", 0, desc("k=v")), OVER, over(2, HOUR))
+	require.EqualValues(t, 1, b.keyCount(t), "the count lives in the primary")
+}
