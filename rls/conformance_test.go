@@ -694,3 +694,16 @@ func TestSentinel(t *testing.T) {
 	check(t, s.call("s", 0, desc("k=v")), OVER, over(2, HOUR))
 	require.EqualValues(t, 1, b.keyCount(t), "the count lives in the primary")
 }
+
+// TestGlobalShadowMode: SHADOW_MODE=true answers every call OK overall;
+// the statuses still say which descriptor is over, as the reference's do.
+func TestGlobalShadowMode(t *testing.T) {
+	b := singleBackend(t)
+	s := start(t, b, map[string]string{"g.yaml": "domain: g\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 5}\n"},
+		"SHADOW_MODE=true")
+	check(t, s.call("g", 0, desc("a=1"), desc("b=1")), OK, ok(1, DAY, 0), ok(5, DAY, 4))
+	check(t, s.call("g", 0, desc("a=1"), desc("b=1")), OK, over(1, DAY), ok(5, DAY, 3))
+	require.EqualValues(t, 1, s.metric("ratelimit_service_global_shadow_mode"))
+	require.EqualValues(t, 1, s.metric(`ratelimit_service_rate_limit_over_limit{domain="g",key1="a"}`))
+	require.EqualValues(t, 0, s.metric(`ratelimit_service_rate_limit_shadow_mode{domain="g",key1="a"}`))
+}

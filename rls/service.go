@@ -432,7 +432,7 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 	closestRemaining := uint32(math.MaxUint32)
 	headers := s.set.HeadersEnabled
 	var policy, state []byte
-	over := false
+	over, globalShadow := false, false
 	for i := range plans {
 		p := &plans[i]
 		st := &slots[i].st
@@ -498,9 +498,13 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 		st.CurrentLimit = lim.current
 		if res.over {
 			st.LimitRemaining = 0
-			if p.shadow {
+			switch {
+			case r.Shadow:
 				st.Code = pb.RateLimitResponse_OK
-			} else {
+			case p.shadow: // SHADOW_MODE: the status says it, the overall code does not
+				st.Code = pb.RateLimitResponse_OVER_LIMIT
+				globalShadow = true
+			default:
 				st.Code = pb.RateLimitResponse_OVER_LIMIT
 				over = true
 			}
@@ -524,6 +528,8 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 	}
 	if over {
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+	} else if globalShadow {
+		s.stats.GlobalShadowMode.Add(1)
 	}
 	if headers && closest != nil {
 		resp.ResponseHeadersToAdd = []*core.HeaderValue{
@@ -560,7 +566,7 @@ func (s *Service) count(p *plan, limit, before int64, over bool) {
 			c.overLimit.Add(after - L)
 			c.nearLimit.Add(L - max(near, b))
 		}
-		if p.shadow {
+		if p.rule.Shadow {
 			if b >= L {
 				c.shadow.Add(hits)
 			} else {
