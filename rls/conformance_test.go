@@ -707,3 +707,17 @@ func TestGlobalShadowMode(t *testing.T) {
 	require.EqualValues(t, 1, s.metric(`ratelimit_service_rate_limit_over_limit{domain="g",key1="a"}`))
 	require.EqualValues(t, 0, s.metric(`ratelimit_service_rate_limit_shadow_mode{domain="g",key1="a"}`))
 }
+
+// TestGRPCUnixSocket: GRPC_UDS serves the API on a unix socket.
+func TestGRPCUnixSocket(t *testing.T) {
+	b := singleBackend(t)
+	sock := filepath.Join(t.TempDir(), "rls.sock")
+	s := start(t, b, map[string]string{"u.yaml": "domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n"},
+		"GRPC_UDS="+sock)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	s.rls = pb.NewRateLimitServiceClient(conn)
+	check(t, s.call("u", 0, desc("k=v")), OK, ok(1, DAY, 0))
+	check(t, s.call("u", 0, desc("k=v")), OVER, over(1, DAY))
+}
