@@ -79,6 +79,9 @@ func BenchmarkGRPC(b *testing.B) {
 	rs := redistest.Start(b)
 	set := rls.DefaultSettings()
 	set.RedisSocketType, set.RedisURL = "tcp", rs.Addr
+	if n, err := strconv.Atoi(os.Getenv("RLS_BENCH_COALESCE")); err == nil {
+		set.Coalesce = n
+	}
 	if d, err := time.ParseDuration(os.Getenv("RLS_BENCH_BUDGET")); err == nil {
 		set.Budget = d
 	}

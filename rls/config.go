@@ -563,9 +563,6 @@ func (c *Config) Domains() []string {
 // Rules returns every rule, in load order.
 func (c *Config) Rules() []*Rule { return c.rules }
 
-// Entry is one key/value of a request descriptor.
-type Entry struct{ Key, Value string }
-
 var errNoDomain = errors.New("rls: unknown domain")
 
 // step finds the node for one entry below cur exactly as the reference

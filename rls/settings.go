@@ -48,6 +48,7 @@ type Settings struct {
 	LocalShare     float64       // SPILLWAY_LOCAL_SHARE: the share of each limit enforced locally while Redis is down (0.2)
 	FailClosed     bool          // SPILLWAY_FAIL_MODE=closed: deny while Redis is down instead of the local share
 	ReloadInterval time.Duration // SPILLWAY_RELOAD_INTERVAL: how often the config directory is checked (1s)
+	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
 }
 
@@ -177,6 +178,7 @@ var supported = []variable{
 		return nil
 	}},
 	{"SPILLWAY_RELOAD_INTERVAL", "1s", duration(func(s *Settings) *time.Duration { return &s.ReloadInterval })},
+	{"SPILLWAY_COALESCE", "1", integer(func(s *Settings) *int { return &s.Coalesce })},
 	{"SPILLWAY_IETF_HEADERS", "true", boolean(func(s *Settings) *bool { return &s.IETFHeaders })},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},

@@ -35,6 +35,7 @@ type Stats struct {
 	ConfigLoadSuccess, ConfigLoadError        atomic.Uint64
 	RedisErrors, ServiceErrors, TotalRequests atomic.Uint64
 	Degraded                                  atomic.Uint64 // descriptors answered by the local share
+	GlobalShadowMode                          atomic.Uint64 // calls over the limit answered OK because of SHADOW_MODE
 	health                                    func() (state string, opened, failures int64)
 }
 
@@ -195,6 +196,7 @@ func (s *Stats) WritePrometheus(w io.Writer) error {
 	bw.WriteString(`ratelimit_service_should_rate_limit_error{err_type="service_error"} ` + strconv.FormatUint(s.ServiceErrors.Load(), 10) + "\n")
 	bw.WriteString("# TYPE ratelimit_service_total_requests counter\n")
 	bw.WriteString(`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} ` + strconv.FormatUint(s.TotalRequests.Load(), 10) + "\n")
+	counter("ratelimit_service_global_shadow_mode", "Calls over the limit answered OK because of SHADOW_MODE.", s.GlobalShadowMode.Load())
 	counter("spillway_rls_degraded_total", "Descriptors decided by the local share while Redis could not answer.", s.Degraded.Load())
 	if s.health != nil {
 		state, opened, failures := s.health()

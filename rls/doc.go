@@ -1,0 +1,27 @@
+// Package rls is Envoy's rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService) over spillway's stores: a
+// drop-in for envoyproxy/ratelimit that reads its config files and
+// environment variables, answers with the same fields and exports the same
+// stats, and decides all descriptors of a request in one store call, all
+// or nothing. cmd/spillway-ratelimit is the binary; docs/rls.md the
+// reference of settings, config and answers.
+//
+// The layers, one file each: config.go parses the YAML descriptor trees
+// (errors name file and line); settings.go reads the environment;
+// service.go turns a request's descriptors into store items, decides them
+// with one ratelimit.Store call and builds the answer and the stats;
+// stats.go keeps the counters and writes the Prometheus text format;
+// files.go reads and follows the config directory; server.go wires the
+// Redis client, the store (a ratelimit.RedisStore behind a fallback.Store)
+// and the gRPC and HTTP servers.
+//
+// Shortest use, in process:
+//
+//	cfg, err := rls.Load([]rls.File{{Name: "limits.yaml", Content: yaml}}, rls.LoadOptions{})
+//	if err != nil { … } // rls: limits.yaml:4: invalid rate limit unit 'fortnight'
+//	svc := rls.NewService(store, rls.DefaultSettings(), nil, nil)
+//	svc.SetConfig(cfg)
+//	pb.RegisterRateLimitServiceServer(grpcServer, svc)
+//
+// Service, Stats, Config and Reloader are safe for concurrent use.
+package rls
