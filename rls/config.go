@@ -490,6 +490,11 @@ func (l *loader) rateLimit(r *Rule, n *yaml.Node, first bool) error {
 			return l.errf(n, "%s", strings.TrimPrefix(err.Error(), "ratelimit: "))
 		}
 		lim.scope = scopeOf(r.Domain, lim.Policy)
+		for _, o := range r.Limits {
+			if o.scope == lim.scope {
+				return l.errf(n, "two limits of one descriptor with the same algorithm and period (%s)", lim.Policy)
+			}
+		}
 		lim.current = &pb.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: lim.RequestsPerUnit, Unit: lim.Unit}
 		r.Limits = append(r.Limits, lim)
 	}

@@ -131,7 +131,10 @@ func start(t *testing.T, b backend, files map[string]string, extra ...string) *s
 		"RUNTIME_ROOT=" + s.dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort, "HOST=127.0.0.1", "PORT=" + httpPort,
 		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + s.prom, "LOG_LEVEL=info",
-		"SPILLWAY_RELOAD_INTERVAL=100ms"}, b.env...)
+		"SPILLWAY_RELOAD_INTERVAL=100ms",
+		// a budget no loaded test machine (-race, a busy CI) overruns: the
+		// exact answers below are Redis's, not the local share's
+		"SPILLWAY_BUDGET=5s"}, b.env...)
 	s.cmd.Env = append(s.cmd.Env, extra...)
 	stderr, err := s.cmd.StderrPipe()
 	require.NoError(t, err)
@@ -445,6 +448,9 @@ func TestConformance(t *testing.T) {
 				require.EqualValues(t, 2, m2("near_limit"))
 				require.EqualValues(t, 4, m2("over_limit"))
 			})
+			t.Run("no call decided locally", func(t *testing.T) {
+				require.EqualValues(t, 0, s.metric("spillway_rls_degraded_total"))
+			})
 			t.Run("health", func(t *testing.T) {
 				hc := healthpb.NewHealthClient(s.conn)
 				for _, svc := range []string{"ratelimit", ""} {
@@ -585,4 +591,35 @@ descriptors:
 	// and the IETF draft's, for every descriptor
 	require.Equal(t, `"per-a";q=10;w=3600, "h.b";q=3;w=60`, h["RateLimit-Policy"])
 	require.Regexp(t, `^"per-a";r=9;t=\d+, "h.b";r=2;t=\d+$`, h["RateLimit"])
+}
+
+// TestRedisDown: with the Redis process stopped (SIGSTOP, a hung Redis)
+// every call is still answered, by the breaker's local share: 20% of each
+// limit per server (here 2 of 10), marked in the degraded counter. The
+// reference's calls wait out REDIS_TIMEOUT (10s) instead.
+func TestRedisDown(t *testing.T) {
+	rs := redistest.Start(t)
+	b := backend{"single", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=single", "REDIS_URL=" + rs.Addr}, rs.Client(t)}
+	s := start(t, b, map[string]string{"d.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 10}\n"},
+		"SPILLWAY_BUDGET=300ms") // later in env: wins over the suite's
+	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 9))
+
+	require.NoError(t, rs.Pause())
+	defer func() { _ = rs.Resume() }()
+	for i, w := range []want{ok(10, DAY, 1), ok(10, DAY, 0), over(10, DAY), over(10, DAY), over(10, DAY), over(10, DAY), over(10, DAY)} {
+		resp := s.call("d", 0, desc("k=down")) // call's deadline: 5s; none may hang
+		require.Equal(t, w.code.String(), resp.Statuses[0].Code.String(), "call %d", i)
+		require.Equal(t, w.remaining, resp.Statuses[0].LimitRemaining, "call %d", i)
+	}
+	require.EqualValues(t, 7, s.metric("spillway_rls_degraded_total"))
+	require.EqualValues(t, 1, s.metric(`spillway_rls_redis_breaker_state{state="open"}`))
+	require.EqualValues(t, 1, s.metric("spillway_rls_redis_breaker_opened_total"))
+
+	// back: Redis decides again, with what it had
+	require.NoError(t, rs.Resume())
+	redistest.WaitFor(t, "the breaker to close", 50*time.Millisecond, func() bool {
+		s.call("d", 0, desc("k=probe"))
+		return s.metric(`spillway_rls_redis_breaker_state{state="closed"}`) == 1
+	})
+	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 8))
 }

@@ -379,14 +379,18 @@ func pick(r *Rule, p *plan, ds []spillway.Decision, batchAllowed bool) result {
 	return res
 }
 
+type statusSlot struct {
+	st  pb.RateLimitResponse_DescriptorStatus
+	dur durationpb.Duration
+}
+
 // answer builds the response and counts the stats. peeked says the batch
 // was only looked at (cost 0) because a requests_per_unit: 0 limit denied
 // the request.
 func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, peeked bool) *pb.RateLimitResponse {
 	n := len(plans)
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}
-	statuses := make([]pb.RateLimitResponse_DescriptorStatus, n)
-	durs := make([]durationpb.Duration, n)
+	slots := make([]statusSlot, n) // one allocation for the statuses and their durations
 	resp.Statuses = make([]*pb.RateLimitResponse_DescriptorStatus, n)
 	now := s.now()
 	var closest *pb.RateLimitResponse_DescriptorStatus
@@ -396,7 +400,7 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 	over := false
 	for i := range plans {
 		p := &plans[i]
-		st := &statuses[i]
+		st := &slots[i].st
 		resp.Statuses[i] = st
 		st.Code = pb.RateLimitResponse_OK
 		r := p.rule
@@ -459,8 +463,9 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 			st.LimitRemaining = uint32(min(max(res.d.Remaining, 0), math.MaxUint32))
 		}
 		reset := resetOf(lim, &res.d, now)
-		durs[i] = durationpb.Duration{Seconds: int64(reset / time.Second), Nanos: int32(reset % time.Second)}
-		st.DurationUntilReset = &durs[i]
+		dur := &slots[i].dur
+		dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+		st.DurationUntilReset = dur
 		if headers {
 			if st.Code == pb.RateLimitResponse_OVER_LIMIT {
 				closest, closestRemaining = st, 0

@@ -16,6 +16,8 @@ type Settings struct {
 	Host, GrpcHost string // HOST, GRPC_HOST
 	Port, GrpcPort int    // PORT (HTTP: /healthcheck, /json), GRPC_PORT
 	GrpcUDS        string // GRPC_UDS: a unix socket instead of GRPC_HOST:GRPC_PORT
+	DebugHost      string // DEBUG_HOST
+	DebugPort      int    // DEBUG_PORT: /debug/pprof/ when set (0: no debug listener)
 
 	GrpcMaxConnectionAge, GrpcMaxConnectionAgeGrace time.Duration
 
@@ -111,6 +113,13 @@ var supported = []variable{
 	{"GRPC_HOST", "0.0.0.0", str(func(s *Settings) *string { return &s.GrpcHost })},
 	{"GRPC_PORT", "8081", integer(func(s *Settings) *int { return &s.GrpcPort })},
 	{"GRPC_UDS", "", str(func(s *Settings) *string { return &s.GrpcUDS })},
+	{"DEBUG_HOST", "0.0.0.0", str(func(s *Settings) *string { return &s.DebugHost })},
+	{"DEBUG_PORT", "", func(s *Settings, v string) error {
+		if v == "" {
+			return nil
+		}
+		return integer(func(s *Settings) *int { return &s.DebugPort })(s, v)
+	}},
 	{"GRPC_MAX_CONNECTION_AGE", "24h", duration(func(s *Settings) *time.Duration { return &s.GrpcMaxConnectionAge })},
 	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", duration(func(s *Settings) *time.Duration { return &s.GrpcMaxConnectionAgeGrace })},
 	{"LOG_LEVEL", "WARN", str(func(s *Settings) *string { return &s.LogLevel })},
@@ -182,8 +191,6 @@ var unsupported = []struct {
 	name, why string
 	ok        func(v string) bool
 }{
-	{"DEBUG_HOST", "no debug listener (pprof); use PORT's /healthcheck and the Prometheus endpoint", nil},
-	{"DEBUG_PORT", "no debug listener (pprof)", nil},
 	{"GRPC_SERVER_USE_TLS", "no TLS on the gRPC listener: terminate TLS in the mesh (sidecar)", isFalse},
 	{"GRPC_SERVER_TLS_CERT", "no TLS on the gRPC listener", nil},
 	{"GRPC_SERVER_TLS_KEY", "no TLS on the gRPC listener", nil},

@@ -12,12 +12,19 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spillway-go/spillway/rls"
 )
 
 func main() {
+	if os.Getenv("GOGC") == "" {
+		// The live heap is small (configs, counters, connections), so the
+		// default GOGC=100 collects every few MB of short-lived request
+		// garbage; 400 trades a few MB more for far fewer collections.
+		debug.SetGCPercent(400)
+	}
 	set, notices, err := rls.Env(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,180 @@
+package rls_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/rls"
+)
+
+const benchConfig = `
+domain: bench
+descriptors:
+  - key: k1
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+  - key: k2
+    rate_limit: {unit: minute, requests_per_unit: 1000000}
+  - key: k3
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+`
+
+type noop struct {
+	pb.UnimplementedRateLimitServiceServer
+}
+
+func (noop) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+	}
+	return resp, nil
+}
+
+func serve(b *testing.B, svc pb.RateLimitServiceServer, opts ...grpc.ServerOption) pb.RateLimitServiceClient {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	g := grpc.NewServer(opts...)
+	pb.RegisterRateLimitServiceServer(g, svc)
+	go g.Serve(l)
+	b.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(b, err)
+	b.Cleanup(func() { conn.Close() })
+	return pb.NewRateLimitServiceClient(conn)
+}
+
+func requests(n, descriptors int) []*pb.RateLimitRequest {
+	reqs := make([]*pb.RateLimitRequest, n)
+	for i := range reqs {
+		r := &pb.RateLimitRequest{Domain: "bench"}
+		for d := 1; d <= descriptors; d++ {
+			r.Descriptors = append(r.Descriptors, &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{
+				{Key: "k" + strconv.Itoa(d), Value: "user-" + strconv.Itoa(i)}}})
+		}
+		reqs[i] = r
+	}
+	return reqs
+}
+
+// BenchmarkGRPC: 64 callers over loopback gRPC, 10k keys, one and three
+// descriptors, the do-nothing server beside the service over Redis.
+func BenchmarkGRPC(b *testing.B) {
+	rs := redistest.Start(b)
+	set := rls.DefaultSettings()
+	set.RedisSocketType, set.RedisURL = "tcp", rs.Addr
+	if d, err := time.ParseDuration(os.Getenv("RLS_BENCH_BUDGET")); err == nil {
+		set.Budget = d
+	}
+	client, err := rls.NewRedisClient(set)
+	require.NoError(b, err)
+	store, err := rls.NewStore(client, set)
+	require.NoError(b, err)
+	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
+	require.NoError(b, err)
+	svc := rls.NewService(store, set, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc.SetConfig(cfg)
+	mem := rls.NewService(ratelimit.NewMemoryStore(), set, nil, nil)
+	mem.SetConfig(cfg)
+	for _, n := range []int{1, 3} {
+		reqs := requests(10000, n)
+		for _, c := range []struct {
+			name string
+			svc  pb.RateLimitServiceServer
+		}{{"noop", noop{}}, {"memory", mem}, {"redis", svc}} {
+			var opts []grpc.ServerOption
+			if os.Getenv("RLS_BENCH_OPTIONS") != "" {
+				opts = rls.ServerOptions(set) // the binary's options, for every server alike
+			}
+			cl := serve(b, c.svc, opts...)
+			b.Run(c.name+"/descriptors="+strconv.Itoa(n), func(b *testing.B) {
+				b.SetParallelism(32) // 64 callers on 2 CPUs
+				b.ReportAllocs()
+				start, cpu0, rcpu0 := time.Now(), cpuTime(), redisCPU(b, rs)
+				b.RunParallel(func(pb *testing.PB) {
+					r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+					for pb.Next() {
+						if _, err := cl.ShouldRateLimit(context.Background(), reqs[r.IntN(len(reqs))]); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
+				b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+				b.ReportMetric(float64((redisCPU(b, rs)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+				if c.name == "redis" {
+					for name, st := range redistest.ReadCommandStats(b, rs.Client(b)) {
+						if st.Calls > 0 {
+							b.Logf("%s: %.0f calls, %.1f µs/call, %.2f calls/op", name, st.Calls, st.Usec/st.Calls, st.Calls/float64(b.N))
+						}
+					}
+					rs.Client(b).ConfigResetStat(context.Background())
+				}
+				if s, ok := c.svc.(*rls.Service); ok {
+					b.ReportMetric(float64(s.Stats().Degraded.Swap(0))/float64(b.N*n), "degraded/op")
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkService: the service alone (no gRPC) over the memory store, to
+// see its own cost and allocations.
+func BenchmarkService(b *testing.B) {
+	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
+	require.NoError(b, err)
+	svc := rls.NewService(ratelimit.NewMemoryStore(), rls.DefaultSettings(), nil, nil)
+	svc.SetConfig(cfg)
+	for _, n := range []int{1, 3} {
+		reqs := requests(10000, n)
+		b.Run("descriptors="+strconv.Itoa(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := svc.ShouldRateLimit(context.Background(), reqs[i%len(reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// cpuTime is this process's user+system CPU time: the callers' and the
+// server's, since both run here.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU is the Redis server's user+system CPU time (INFO cpu).
+func redisCPU(b *testing.B, rs *redistest.Server) time.Duration {
+	info, err := rs.Client(b).Info(context.Background(), "cpu").Result()
+	require.NoError(b, err)
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				total += x
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
