@@ -623,3 +623,74 @@ func TestRedisDown(t *testing.T) {
 	})
 	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 8))
 }
+
+// TestLocalCache: LOCAL_CACHE_SIZE_IN_BYTES keeps denials locally, as the
+// reference's local cache does: a key Redis denied is denied again until
+// its window ends without a Redis call, and counted in
+// over_limit_with_local_cache as well as over_limit.
+func TestLocalCache(t *testing.T) {
+	b := singleBackend(t)
+	s := start(t, b, map[string]string{"c.yaml": "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n"},
+		"LOCAL_CACHE_SIZE_IN_BYTES=1000000")
+	scripts := func() float64 {
+		var n float64
+		for name, st := range redistest.ReadCommandStats(t, b.client) {
+			if name == "evalsha" || name == "eval" {
+				n += st.Calls
+			}
+		}
+		return n
+	}
+	check(t, s.call("c", 0, desc("k=v")), OK, ok(1, DAY, 0))
+	check(t, s.call("c", 0, desc("k=v")), OVER, over(1, DAY)) // Redis denies; the denial is cached
+	before := scripts()
+	check(t, s.call("c", 0, desc("k=v")), OVER, over(1, DAY))
+	check(t, s.call("c", 2, desc("k=v")), OVER, over(1, DAY))
+	require.Equal(t, before, scripts(), "the cached denials made no Redis call")
+	m := func(name string) int64 {
+		return s.metric(`ratelimit_service_rate_limit_` + name + `{domain="c",key1="k"}`)
+	}
+	require.EqualValues(t, 5, m("total_hits"))
+	require.EqualValues(t, 4, m("over_limit"))
+	require.EqualValues(t, 3, m("over_limit_with_local_cache"))
+}
+
+// TestSymlinkSwap: RUNTIME_ROOT is a symlink swapped atomically to a new
+// directory (the deployment RUNTIME_WATCH_ROOT=true is for, and how
+// Kubernetes updates a ConfigMap volume): the new files apply.
+func TestSymlinkSwap(t *testing.T) {
+	b := singleBackend(t)
+	base := t.TempDir()
+	version := func(name, limit string) string {
+		dir := filepath.Join(base, name, "ratelimit", "config")
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "s.yaml"),
+			[]byte("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: "+limit+"}\n"), 0o644))
+		return filepath.Join(base, name)
+	}
+	current := filepath.Join(base, "current")
+	require.NoError(t, os.Symlink(version("v1", "1"), current))
+	s := start(t, b, nil, "RUNTIME_ROOT="+current, "RUNTIME_WATCH_ROOT=true")
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(1, HOUR, 0))
+
+	tmp := filepath.Join(base, "current.tmp")
+	require.NoError(t, os.Symlink(version("v2", "4"), tmp))
+	require.NoError(t, os.Rename(tmp, current))
+	redistest.WaitFor(t, "the new version", 20*time.Millisecond, func() bool {
+		return s.metric("ratelimit_service_config_load_success") == 2
+	})
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(4, HOUR, 2))
+}
+
+// TestSentinel: REDIS_TYPE=sentinel with REDIS_URL=<master name>,<sentinel>,…
+func TestSentinel(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	b := backend{"sentinel", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=sentinel",
+		"REDIS_URL=" + redistest.SentinelMaster + "," + strings.Join(sn.Addrs(), ",")}, redis.NewFailoverClient(sn.FailoverOptions())}
+	t.Cleanup(func() { _ = b.client.Close() })
+	s := start(t, b, map[string]string{"s.yaml": "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"})
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(2, HOUR, 1))
+	check(t, s.call("s", 0, desc("k=v")), OK, ok(2, HOUR, 0))
+	check(t, s.call("s", 0, desc("k=v")), OVER, over(2, HOUR))
+	require.EqualValues(t, 1, b.keyCount(t), "the count lives in the primary")
+}

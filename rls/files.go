@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -19,12 +20,16 @@ import (
 // (RUNTIME_IGNOREDOTFILES). Symbolic links to files are followed.
 func ReadDir(dir string, ignoreDot bool) ([]File, error) {
 	var files []File
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	root := dir
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		root = dir + string(filepath.Separator) // a link to the directory: walk what it points at
+	}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		name := d.Name()
-		if path != dir && (strings.HasPrefix(name, "..") || (ignoreDot && strings.HasPrefix(name, "."))) {
+		if path != root && (strings.HasPrefix(name, "..") || (ignoreDot && strings.HasPrefix(name, "."))) {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}
@@ -45,7 +50,10 @@ func ReadDir(dir string, ignoreDot bool) ([]File, error) {
 		return nil
 	})
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
-	return files, err
+	if err != nil {
+		return nil, fmt.Errorf("rls: reading the config directory %s: %w", dir, err)
+	}
+	return files, nil
 }
 
 // digest identifies a set of files by names and contents.
@@ -115,7 +123,11 @@ func (r *Reloader) failed(err error) error {
 	r.svc.stats.ConfigLoadError.Add(1)
 	if msg := err.Error(); msg != r.lastErr {
 		r.lastErr = msg
-		r.log.Error("rls: config not loaded; the last good config stays", "err", err)
+		if r.svc.Config() != nil {
+			r.log.Error("rls: config not loaded; the last good config stays", "err", err)
+		} else {
+			r.log.Error("rls: config not loaded", "err", err)
+		}
 	}
 	if r.onLoad != nil {
 		r.onLoad(nil, err)

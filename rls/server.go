@@ -121,7 +121,11 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		// bytes; the deny cache keeps whole denials, about 100 bytes each
 		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
 	}
-	return fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix)), fs)
+	var inner ratelimit.Store = ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix))
+	if fs.DenyCacheSize > 0 {
+		inner = seenStore{inner.(ratelimit.BoundedStore)}
+	}
+	return fallback.NewStore(inner, fs)
 }
 
 // Server is the whole service: gRPC (RateLimitService, health,
@@ -153,6 +157,7 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 		}
 	}
 	svc := NewService(store, s, stats, log)
+	svc.seen = s.LocalCacheSizeInBytes > 0
 	srv := &Server{Settings: s, Service: svc, Log: log, health: health.NewServer()}
 	srv.Reloader = NewReloader(svc, s.ConfigDir(), s.RuntimeIgnoreDotFiles, LoadOptions{MergeDomains: s.MergeDomains}, log)
 	srv.Reloader.onLoad = func(c *Config, err error) {

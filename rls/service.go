@@ -41,6 +41,34 @@ type Service struct {
 	set   Settings
 	now   func() time.Time
 	log   *slog.Logger
+
+	// seen is set when the store answers denials from a local cache
+	// (LOCAL_CACHE_SIZE_IN_BYTES): its inner store then marks every call
+	// it gets, so that a denial it never saw is known to be the cache's.
+	seen bool
+}
+
+// seenKey carries a call's mark through the store to seenStore.
+type seenKey struct{}
+
+// seenStore marks, through the context, that a call reached the store
+// behind a caching one.
+type seenStore struct{ ratelimit.BoundedStore }
+
+func mark(ctx context.Context) {
+	if p, ok := ctx.Value(seenKey{}).(*bool); ok {
+		*p = true
+	}
+}
+
+func (s seenStore) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	mark(ctx)
+	return s.BoundedStore.Decide(ctx, items, out)
+}
+
+func (s seenStore) DecideBy(ctx context.Context, deadline time.Time, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
+	mark(ctx)
+	return s.BoundedStore.DecideBy(ctx, deadline, items, out)
 }
 
 // NewService returns a Service deciding with store. set supplies the
@@ -220,12 +248,19 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	}
 	out := grow(sc.out, len(items))
 	sc.out = out
-	allowed := true
+	allowed, cached := true, false
 	if len(items) > 0 {
+		var reached *bool
+		dctx := ctx
+		if s.seen {
+			reached = new(bool)
+			dctx = context.WithValue(ctx, seenKey{}, reached)
+		}
 		var err error
-		if allowed, err = s.store.Decide(ctx, items, out); err != nil {
+		if allowed, err = s.store.Decide(dctx, items, out); err != nil {
 			return nil, err
 		}
+		cached = reached != nil && !*reached && !allowed && !out[0].Degraded
 	}
 	allowed = allowed && !denyAll
 	sout := grow(sc.sout, len(sitems))
@@ -238,7 +273,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			}
 		}
 	}
-	return s.answer(plans, out, sout, allowed, denyAll), nil
+	return s.answer(plans, out, sout, allowed, denyAll, cached), nil
 }
 
 func grow[T any](b []T, n int) []T {
@@ -386,8 +421,8 @@ type statusSlot struct {
 
 // answer builds the response and counts the stats. peeked says the batch
 // was only looked at (cost 0) because a requests_per_unit: 0 limit denied
-// the request.
-func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, peeked bool) *pb.RateLimitResponse {
+// the request; cached that the local cache of denials answered it.
+func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, peeked, cached bool) *pb.RateLimitResponse {
 	n := len(plans)
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}
 	slots := make([]statusSlot, n) // one allocation for the statuses and their durations
@@ -444,11 +479,21 @@ func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, p
 			used = capacity - res.d.Remaining - p.hits
 		case peeked && !p.shadow:
 			used = capacity - res.d.Remaining
+		case cached:
+			// room, but the cache of denials answered for another
+			// descriptor: nothing was asked of Redis for this one
 		default: // room, but another descriptor denied the request: nothing charged
 			used = capacity - res.d.Remaining - p.hits
 			res.d.Remaining = min(res.d.Remaining+p.hits, capacity)
 		}
 		used = max(used, 0)
+		if cached && res.over && !p.shadow {
+			// the reference counts a local cache hit as over the limit, all of it
+			used = capacity
+			if p.stats != nil {
+				p.stats.overLimitLocalCache.Add(uint64(p.hits))
+			}
+		}
 		s.count(p, capacity, used, res.over)
 		st.CurrentLimit = lim.current
 		if res.over {
