@@ -68,6 +68,7 @@ var (
 	spillwaySrc  = flag.String("spillway-src", "..", "the checkout of spillway whose cmd/spillway-ratelimit is measured (to compare two versions)")
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
+	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -366,6 +367,8 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 		env = append(env, extraEnv(*spillwayEnv)...)
 	case "reference":
 		env = append(env, extraEnv(*refEnv)...)
+	case "nothing":
+		env = append(env, extraEnv(*nothingEnv)...)
 	}
 	logf, err := os.Create(s.log)
 	if err != nil {
