@@ -64,10 +64,11 @@ var (
 	outageWindow = flag.Duration("outage-window", 5*time.Second, "how long callers keep calling while Redis is stopped")
 	callTimeout  = flag.Duration("call-timeout", 35*time.Second, "each call's deadline")
 	budget       = flag.Duration("budget", 50*time.Millisecond, "spillway's budget (SPILLWAY_BUDGET); the outage target is budget + 20 ms")
-	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (from DEBUG_PORT's /debug/pprof: the reference's own, rlsnop's, and for spillway cmd/rlsprof, the same rls.Run with net/http/pprof)")
+	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (each server serves /debug/pprof on DEBUG_PORT)")
 	spillwaySrc  = flag.String("spillway-src", "..", "the checkout of spillway whose cmd/spillway-ratelimit is measured (to compare two versions)")
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
+	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -292,11 +293,7 @@ func build(ctx context.Context, dir string, names []string) (map[string]string, 
 		case "reference":
 			args = []string{"build", "-o", bin, reference}
 		case "spillway":
-			if *profile != "" {
-				args = []string{"build", "-o", bin, "./cmd/rlsprof"}
-			} else {
-				args = []string{"build", "-C", *spillwaySrc, "-o", bin, "./cmd/spillway-ratelimit"}
-			}
+			args = []string{"build", "-C", *spillwaySrc, "-o", bin, "./cmd/spillway-ratelimit"}
 		}
 		fmt.Fprintf(os.Stderr, "rlsbench: go %s\n", strings.Join(args, " "))
 		cmd := exec.CommandContext(ctx, "go", args...)
@@ -370,6 +367,8 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 		env = append(env, extraEnv(*spillwayEnv)...)
 	case "reference":
 		env = append(env, extraEnv(*refEnv)...)
+	case "nothing":
+		env = append(env, extraEnv(*nothingEnv)...)
 	}
 	logf, err := os.Create(s.log)
 	if err != nil {

@@ -3,7 +3,9 @@
 // reference server would, from the same environment variables: gRPC on
 // GRPC_HOST:GRPC_PORT (default 0.0.0.0:8081) and HTTP /healthcheck on
 // HOST:PORT (default 0.0.0.0:8080); with DEBUG_PORT set, net/http/pprof on
-// DEBUG_HOST:DEBUG_PORT as the reference serves it. cmd/rlsbench runs it beside the real
+// DEBUG_HOST:DEBUG_PORT as the reference serves it; with
+// RLSNOP_STREAM_WORKERS=n, n gRPC stream workers (grpc.NumStreamWorkers)
+// instead of a goroutine per call. cmd/rlsbench runs it beside the real
 // servers as the ceiling of the machine.
 package main
 
