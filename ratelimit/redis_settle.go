@@ -221,6 +221,47 @@ func (q *settleQueue) take(max int) []*asyncSettle {
 	return batch
 }
 
+// run runs script as Script.Run does; on a single server the settles
+// queued so far go first, in the same pipeline (one round trip): a
+// process's next call sees its earlier settles, and a quiet store sends
+// them without a call of their own. On a Cluster (Ring) the call runs
+// alone (the settles wait for the goroutine or a coalesced call).
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.sharded != oneServer {
+		return script.Run(ctx, s.client, keys, args...)
+	}
+	settles := s.sq.takeForCall(s)
+	if len(settles) == 0 {
+		return script.Run(ctx, s.client, keys, args...)
+	}
+	if !s.settleLoaded.Load() {
+		// Loaded once, so that the settles run before the call on their
+		// first trip too (a NOSCRIPT would send them again after it). A
+		// server that lost its scripts since (a restart, SCRIPT FLUSH)
+		// runs them after the call once.
+		if err := lua.RateLimitSettle.Load(ctx, s.client).Err(); err == nil {
+			s.settleLoaded.Store(true)
+		}
+	}
+	calls := s.settleCalls(settles)
+	pipe := s.client.Pipeline()
+	for _, c := range calls {
+		c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	cmd := script.EvalSha(ctx, pipe, keys, args...)
+	_, _ = pipe.Exec(ctx)
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+		}
+	}
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = script.Run(ctx, s.client, keys, args...)
+	}
+	s.deliverSettles(ctx, settles, calls)
+	return cmd
+}
+
 // takeForCall takes what a coalesced call of decisions can carry along:
 // nothing when the queue is empty or the gate is closed.
 func (q *settleQueue) takeForCall(s *RedisStore) []*asyncSettle {
