@@ -23,8 +23,10 @@ import (
 // returns; the store sends what is queued in one settle script call per
 // Cluster slot (one in all on a single server), in one pipeline:
 //
-//   - with the next coalesced call of decisions, in the same pipeline (a
-//     busy store pays no round trip of its own for its settles), or
+//   - first in the pipeline of the store's next call on a single server
+//     (run: the process's next decision or reservation sees them), or
+//     with the next coalesced call of decisions on a Cluster (a busy
+//     store pays no round trip of its own for its settles), or
 //   - from the store's background goroutine, two milliseconds after the
 //     first settle queued (sooner once settleFlushItems items wait), so
 //     that a quiet store still settles within about a round trip.
