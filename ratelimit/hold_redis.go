@@ -270,7 +270,7 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 		T := it.Policy.EmissionInterval()
 		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[g.index(j)])
 	}
-	res, err := lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
+	res, err := s.run(ctx, lua.RateLimitHold, keys, args...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}

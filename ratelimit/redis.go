@@ -61,6 +61,8 @@ type RedisStore struct {
 	co      *coalescer // nil: coalescing off
 	sq      *settleQueue
 	gate    atomic.Pointer[func() bool] // SetGate; nil: always call
+
+	settleLoaded atomic.Bool // the settle script was loaded (redis_settle.go: run)
 }
 
 var _ BoundedStore = (*RedisStore)(nil)
@@ -220,7 +222,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := lua.RateLimitTokenBucket.Run(ctx, s.client, []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
+	res, err := s.run(ctx, lua.RateLimitTokenBucket, []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -281,7 +283,7 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	var b bucketsArgs
 	b.add(items)
-	res, err := lua.RateLimitBuckets.Run(ctx, s.client, keys, b.argv(s.nowArg(), g != nil)...).Result()
+	res, err := s.run(ctx, lua.RateLimitBuckets, keys, b.argv(s.nowArg(), g != nil)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
@@ -439,7 +441,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	}
 	args := s.batchArgs(make([]any, 1, 1+batchFields*len(items)), items, uids)
 	args[0] = s.nowArg()
-	res, err := lua.RateLimitBatch.Run(ctx, s.client, keys, args...).Result()
+	res, err := s.run(ctx, lua.RateLimitBatch, keys, args...).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}

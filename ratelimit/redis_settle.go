@@ -23,8 +23,10 @@ import (
 // returns; the store sends what is queued in one settle script call per
 // Cluster slot (one in all on a single server), in one pipeline:
 //
-//   - with the next coalesced call of decisions, in the same pipeline (a
-//     busy store pays no round trip of its own for its settles), or
+//   - first in the pipeline of the store's next call on a single server
+//     (run: the process's next decision or reservation sees them), or
+//     with the next coalesced call of decisions on a Cluster (a busy
+//     store pays no round trip of its own for its settles), or
 //   - from the store's background goroutine, two milliseconds after the
 //     first settle queued (sooner once settleFlushItems items wait), so
 //     that a quiet store still settles within about a round trip.
@@ -219,6 +221,47 @@ func (q *settleQueue) take(max int) []*asyncSettle {
 	q.q = q.q[:rest]
 	q.items.Add(-int64(items))
 	return batch
+}
+
+// run runs script as Script.Run does; on a single server the settles
+// queued so far go first, in the same pipeline (one round trip): a
+// process's next call sees its earlier settles, and a quiet store sends
+// them without a call of their own. On a Cluster (Ring) the call runs
+// alone (the settles wait for the goroutine or a coalesced call).
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.sharded != oneServer {
+		return script.Run(ctx, s.client, keys, args...)
+	}
+	settles := s.sq.takeForCall(s)
+	if len(settles) == 0 {
+		return script.Run(ctx, s.client, keys, args...)
+	}
+	if !s.settleLoaded.Load() {
+		// Loaded once, so that the settles run before the call on their
+		// first trip too (a NOSCRIPT would send them again after it). A
+		// server that lost its scripts since (a restart, SCRIPT FLUSH)
+		// runs them after the call once.
+		if err := lua.RateLimitSettle.Load(ctx, s.client).Err(); err == nil {
+			s.settleLoaded.Store(true)
+		}
+	}
+	calls := s.settleCalls(settles)
+	pipe := s.client.Pipeline()
+	for _, c := range calls {
+		c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	cmd := script.EvalSha(ctx, pipe, keys, args...)
+	_, _ = pipe.Exec(ctx)
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+		}
+	}
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = script.Run(ctx, s.client, keys, args...)
+	}
+	s.deliverSettles(ctx, settles, calls)
+	return cmd
 }
 
 // takeForCall takes what a coalesced call of decisions can carry along:

@@ -200,3 +200,47 @@ func TestRedisSettleGate(t *testing.T) {
 		t.Fatalf("settle after Close: %v", r)
 	}
 }
+
+// TestRedisSettleRidesOnNextCall: on a single server the settles queued
+// go first in the pipeline of the store's next call, so a process's next
+// decision or reservation sees them, the very first settle included.
+func TestRedisSettleRidesOnNextCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	hook := &countHook{}
+	c.AddHook(hook)
+	s := NewRedisStore(c)
+	ctx := context.Background()
+	p := Policy{Limit: 100, Period: time.Hour}
+	it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 50}}
+	h, err := s.Reserve(ctx, it, time.Minute)
+	if err != nil || !h.Allowed() {
+		t.Fatal(h, err)
+	}
+	answered := make(chan settleResult, 1)
+	if err := h.SettleAsync([]int64{10}, func(res []SettleResult, err error) { answered <- settleResult{res, err} }); err != nil {
+		t.Fatal(err)
+	}
+	h2, err := s.Reserve(ctx, it, time.Minute) // carries the settle: 100 − 10 − 50
+	if err != nil || !h2.Allowed() || h2.Decision().Remaining != 40 {
+		t.Fatalf("reserve after the settle: %+v %v, want 40 left", h2.Decision(), err)
+	}
+	if r := <-answered; r.err != nil || r.res[0] != SettleApplied {
+		t.Fatalf("settle: %v", r)
+	}
+	out := make([]spillway.Decision, 1)
+	if _, err := s.Decide(ctx, []Item{{Scope: "a", Key: "other", Policy: p, Cost: 1}}, out); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := h2.SettleAsync([]int64{50}, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := hook.n.Load()
+	it[0].Cost = 1
+	if _, err := s.Decide(ctx, it, out); err != nil || out[0].Remaining != 39 {
+		t.Fatalf("decision after the second settle: %+v %v, want 39 left", out[0], err)
+	}
+	if n := hook.n.Load() - before; n != 1 {
+		t.Fatalf("%d round trips for the decision and the settle it carried, want 1", n)
+	}
+}
