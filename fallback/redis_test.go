@@ -227,7 +227,13 @@ func TestSlowRedisOpensAndProbesClose(t *testing.T) {
 	start := time.Now()
 	for st.State() != fallback.Closed {
 		if d := decide(t, st, "api", "k", hourly, 1); !d.Degraded {
-			t.Fatalf("decided by Redis while the breaker is %v: %+v", st.State(), d)
+			// The probes may close the breaker between the check above
+			// and this call: then, and only then, the call is Redis's.
+			if st.State() != fallback.Closed {
+				t.Fatalf("decided by Redis while the breaker is %v: %+v", st.State(), d)
+			}
+			calls++
+			break
 		}
 		if time.Since(start) > 3*time.Second {
 			t.Fatalf("breaker %v 3 s after the latency ended; want closed by the probes (%+v)", st.State(), st.Health().Stats())
