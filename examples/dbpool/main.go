@@ -149,6 +149,11 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 		defer cancel()
 		_ = fleet.Close(ctx)
 	})
+	// Read the fleet's usage before taking traffic: until its first
+	// refresh a Fleet decides on its local share alone.
+	rctx, rcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_ = fleet.Refresh(rctx)
+	rcancel()
 	s.fleet = fleet
 
 	// 1. The learned pool: Critical statements wait up to 300 ms for a

@@ -452,6 +452,14 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if err != nil {
 			return fail(err)
 		}
+		// A server reads the fleet's usage before it takes traffic: until
+		// its first refresh a Fleet decides on its local share alone, and a
+		// server joining a busy fleet would add that share to a database
+		// the others already fill (seen in elastic: 32 in flight at a
+		// capacity of 30 as the new server joined).
+		rctx, rcancel := context.WithTimeout(context.Background(), fallbackBudget)
+		_ = f.Refresh(rctx)
+		rcancel()
 		fleet = f
 		closers = append(closers, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
