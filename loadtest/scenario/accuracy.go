@@ -300,18 +300,26 @@ var windowPopulations = []struct {
 //   - against the exact count of what the contender itself admitted:
 //     OverAdmit is the share it allowed although that put more than the
 //     limit in the last period, UnderAdmit the share it denied although
-//     the request fitted. A conservative window's OverAdmit is 0.
+//     the request fitted. A conservative window's OverAdmit is 0;
+//   - one step at a time: OneStep is the share of requests on which the
+//     contender, holding the exact log's own admissions (charged exactly
+//     when the log admitted), decides otherwise than the log;
+//     OneStepAllowed the share it would allow and the log denies. Differ
+//     over OneStep is how much an error is amplified once the two hold
+//     different histories.
 type WindowAccuracy struct {
-	Population   string  `json:"population"`
-	Contender    string  `json:"contender"`
-	Buckets      int64   `json:"buckets,omitempty"`
-	Mode         string  `json:"mode,omitempty"`
-	Decisions    int64   `json:"decisions"`
-	Differ       float64 `json:"differ"`
-	WrongAllowed float64 `json:"wrongly_allowed"`
-	WrongDenied  float64 `json:"wrongly_denied"`
-	OverAdmit    float64 `json:"over_admit"`
-	UnderAdmit   float64 `json:"under_admit"`
+	Population     string  `json:"population"`
+	Contender      string  `json:"contender"`
+	Buckets        int64   `json:"buckets,omitempty"`
+	Mode           string  `json:"mode,omitempty"`
+	Decisions      int64   `json:"decisions"`
+	Differ         float64 `json:"differ"`
+	WrongAllowed   float64 `json:"wrongly_allowed"`
+	WrongDenied    float64 `json:"wrongly_denied"`
+	OverAdmit      float64 `json:"over_admit"`
+	UnderAdmit     float64 `json:"under_admit"`
+	OneStep        float64 `json:"one_step"`
+	OneStepAllowed float64 `json:"one_step_wrongly_allowed"`
 }
 
 // windowContenders are the policies compared with the exact log: the
@@ -375,6 +383,13 @@ func poissonSources(seed uint64, sources int, lo, hi float64, limit int64, perio
 // log and on each contender, every one on its own memory store with a
 // clock at the request's time, and tallies each contender's errors (see
 // WindowAccuracy). The contenders share the log's Limit and Period.
+//
+// The one-step error uses a shadow of each contender: the same policy
+// with a limit no trace reaches (shadowLimit), charged 1 exactly when the
+// log admits. Every estimate here (the log's count, the counter's, the
+// bucketed window's) is independent of the limit, so a peek (cost 0) at
+// the shadow reads the contender's estimate est = shadowLimit − Remaining
+// on the log's history, and the contender would admit iff est + 1 ≤ Limit.
 func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy) []WindowAccuracy {
 	var now int64
 	clock := func() time.Time { return time.UnixMicro(1_700_000_000_000_000 + now) }
@@ -388,13 +403,16 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 	limit, period := contenders[0].Limit, contenders[0].Period.Microseconds()
 	exact := mk(ratelimit.Policy{Algorithm: ratelimit.SlidingWindowLog, Limit: limit, Period: contenders[0].Period})
 	type tally struct {
-		l                                *ratelimit.Limiter
+		l, shadow                        *ratelimit.Limiter
 		admitted                         [][]int64 // per source, the times it admitted in the last period
 		differ, allow, deny, over, under int64
+		step, stepAllow                  int64
 	}
 	ts := make([]*tally, len(contenders))
 	for i, p := range contenders {
-		ts[i] = &tally{l: mk(p), admitted: make([][]int64, sources)}
+		sp := p
+		sp.Limit = shadowLimit
+		ts[i] = &tally{l: mk(p), shadow: mk(sp), admitted: make([][]int64, sources)}
 	}
 	keys := make([]string, sources)
 	for i := range keys {
@@ -432,6 +450,16 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 				q = append(q, e.at)
 			}
 			t.admitted[e.src] = q
+			ds, _ := t.shadow.AllowN(ctx, k, 0)
+			if fit := shadowLimit-ds.Remaining+1 <= limit; fit != dl.Allowed {
+				t.step++
+				if fit {
+					t.stepAllow++
+				}
+			}
+			if dl.Allowed {
+				t.shadow.Allow(ctx, k)
+			}
 		}
 	}
 	n := float64(max(len(ev), 1))
@@ -440,7 +468,8 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 		t := ts[i]
 		w := WindowAccuracy{Contender: "counter", Decisions: int64(len(ev)),
 			Differ: float64(t.differ) / n, WrongAllowed: float64(t.allow) / n, WrongDenied: float64(t.deny) / n,
-			OverAdmit: float64(t.over) / n, UnderAdmit: float64(t.under) / n}
+			OverAdmit: float64(t.over) / n, UnderAdmit: float64(t.under) / n,
+			OneStep: float64(t.step) / n, OneStepAllowed: float64(t.stepAllow) / n}
 		if p.Algorithm == ratelimit.SlidingWindowBuckets {
 			w.Contender, w.Buckets, w.Mode = "buckets", p.EffectiveBuckets(), p.Mode.String()
 		}
@@ -449,17 +478,23 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 	return out
 }
 
+// shadowLimit is the limit of compareWindows' shadows: above any estimate
+// a trace here can produce, and within Validate's bounds for a period of
+// a minute (at most one per µs, Limit·Period ≤ 2^53).
+const shadowLimit = int64(1) << 20
+
 // printWindowAccuracy prints the rows as a table, in percent.
 func printWindowAccuracy(w io.Writer, rows []WindowAccuracy) {
-	fmt.Fprintf(w, "%-9s %-28s %10s %9s %9s %9s %9s %9s\n", "sources", "contender", "decisions", "differ", "wr.allow", "wr.deny", "over", "under")
+	fmt.Fprintf(w, "%-9s %-28s %10s %9s %9s %9s %9s %9s %9s %9s\n", "sources", "contender", "decisions", "differ", "wr.allow", "wr.deny", "over", "under", "1-step", "1s.allow")
 	for _, r := range rows {
 		name := "sliding_window_counter"
 		if r.Contender == "buckets" {
 			name = fmt.Sprintf("buckets N=%d %s", r.Buckets, r.Mode)
 		}
-		fmt.Fprintf(w, "%-9s %-28s %10d %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%%\n", r.Population, name, r.Decisions,
-			100*r.Differ, 100*r.WrongAllowed, 100*r.WrongDenied, 100*r.OverAdmit, 100*r.UnderAdmit)
+		fmt.Fprintf(w, "%-9s %-28s %10d %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%% %8.3f%%\n", r.Population, name, r.Decisions,
+			100*r.Differ, 100*r.WrongAllowed, 100*r.WrongDenied, 100*r.OverAdmit, 100*r.UnderAdmit, 100*r.OneStep, 100*r.OneStepAllowed)
 	}
 	fmt.Fprintln(w, "differ, wr.allow, wr.deny: against an exact log fed the same requests;")
-	fmt.Fprintln(w, "over, under: against the exact count of what the contender itself admitted")
+	fmt.Fprintln(w, "over, under: against the exact count of what the contender itself admitted;")
+	fmt.Fprintln(w, "1-step, 1s.allow: the contender holding the log's own admissions, against the log")
 }
