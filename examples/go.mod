@@ -6,6 +6,7 @@ require (
 	github.com/prometheus/client_golang v1.24.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spillway-go/spillway v0.0.0
+	github.com/spillway-go/spillway/grpcx v0.0.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
@@ -43,4 +44,7 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 )
 
-replace github.com/spillway-go/spillway => ../
+replace (
+	github.com/spillway-go/spillway => ../
+	github.com/spillway-go/spillway/grpcx => ../grpcx
+)
