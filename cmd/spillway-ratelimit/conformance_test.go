@@ -1,7 +1,7 @@
-package rls_test
+package main_test
 
 // The conformance suite: the reference server's documented behaviours,
-// run against the built binary (cmd/spillway-ratelimit) over gRPC, on a
+// run against this package's binary, built in TestMain, over gRPC, on a
 // real redis-server and on a 3×3 Redis Cluster. Where spillway answers
 // differently on purpose (a denied request charges nothing), the test
 // says so and asserts spillway's answer.
@@ -45,7 +45,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "spillway-ratelimit")
-	out, err := exec.Command("go", "build", "-o", binary, "github.com/spillway-go/spillway/cmd/spillway-ratelimit").CombinedOutput()
+	// The package under test, from its directory: with the go.work of a
+	// clone, or on its own module (GOWORK=off), alike.
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building the binary: %v\n%s", err, out)
 		os.Exit(1)
