@@ -293,7 +293,10 @@ func build(ctx context.Context, dir string, names []string) (map[string]string, 
 		case "reference":
 			args = []string{"build", "-o", bin, reference}
 		case "spillway":
-			args = []string{"build", "-C", *spillwaySrc, "-o", bin, "./cmd/spillway-ratelimit"}
+			// From the command's directory: a module of its own (built
+			// alone with GOWORK=off, or through the checkout's go.work),
+			// or, in older checkouts, a package of the root module.
+			args = []string{"build", "-C", filepath.Join(*spillwaySrc, "cmd", "spillway-ratelimit"), "-o", bin, "."}
 		}
 		fmt.Fprintf(os.Stderr, "rlsbench: go %s\n", strings.Join(args, " "))
 		cmd := exec.CommandContext(ctx, "go", args...)
