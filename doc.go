@@ -7,7 +7,8 @@
 // memory or Redis store), tiers (YAML rules), concurrency (in-flight limits),
 // globalceiling (a fleet-wide ceiling in front of a shared resource), shedder
 // (priority-aware load shedding), fallback (fail-open with a bounded blast
-// radius) and the adapters httpx and grpcx.
+// radius) and the adapters httpx and grpcx (grpcx, like rls, the Envoy rate
+// limit service, is a module of its own: github.com/spillway-go/spillway/grpcx).
 //
 // The shortest use:
 //

@@ -2,7 +2,7 @@
 // (envoyproxy/ratelimit): the same gRPC API, config files and environment
 // variables, with spillway's decisions behind them. See docs/rls.md.
 //
-//	go install github.com/spillway-go/spillway/cmd/spillway-ratelimit@latest
+//	go install ./cmd/spillway-ratelimit   # from a clone of the repository
 //	REDIS_SOCKET_TYPE=tcp REDIS_URL=localhost:6379 RUNTIME_ROOT=./examples/rls \
 //	RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false spillway-ratelimit
 package main
