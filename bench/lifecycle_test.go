@@ -53,8 +53,13 @@ limits:
 //   - server-µs/req: the server time of the script calls (INFO
 //     commandstats, evalsha and eval) per request, read after the
 //     turn's settles were flushed (ratelimit.RedisStore.Flush);
+//   - server-cpu-µs/req: the server process's CPU time (INFO cpu,
+//     used_cpu_user + used_cpu_sys) over the turn and its flush, per
+//     request: what the scripts cost with the commands' reading and
+//     replying, without the time a descheduled server spends inside a
+//     script, which the script time counts;
 //   - done-p99-µs: the 99th percentile of done's own duration;
-//   - and the ratios response/plain of the first two.
+//   - and the ratios response/plain of the first three.
 //
 // Run from this folder:
 //
@@ -93,6 +98,7 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 		wall  time.Duration
 		n     int
 		usec  float64
+		cpu   float64
 		dones []time.Duration
 	}
 	results := map[string]*tally{}
@@ -149,10 +155,12 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 				if err := c.ConfigResetStat(ctx).Err(); err != nil {
 					b.Fatal(err)
 				}
+				cpu0 := serverCPU(b, c)
 				wall, dones := turn(v, g, *slice)
 				if err := store.Flush(ctx); err != nil {
 					b.Fatal(err)
 				}
+				cpu := serverCPU(b, c) - cpu0
 				st := redistest.ReadCommandStats(b, c)
 				k := fmt.Sprintf("%s/g%d", names[v], g)
 				t := results[k]
@@ -163,17 +171,20 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 				t.wall += wall
 				t.n += *slice
 				t.usec += st["evalsha"].Usec + st["eval"].Usec
+				t.cpu += cpu
 				t.dones = append(t.dones, dones...)
 			}
 		}
 	}
 	b.StopTimer()
 	for _, g := range gs {
-		var perReq, perUsec [2]float64
+		var perReq, perUsec, perCPU [2]float64
 		for v, name := range names {
 			t := results[fmt.Sprintf("%s/g%d", name, g)]
 			perReq[v] = float64(t.wall.Nanoseconds()) / float64(t.n)
 			perUsec[v] = t.usec / float64(t.n)
+			perCPU[v] = t.cpu / float64(t.n)
+			b.ReportMetric(perCPU[v], fmt.Sprintf("%s-g%d-server-cpu-µs/req", name, g))
 			slices.Sort(t.dones)
 			p99 := t.dones[len(t.dones)*99/100]
 			b.ReportMetric(perReq[v], fmt.Sprintf("%s-g%d-ns/req", name, g))
@@ -182,6 +193,7 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 		}
 		b.ReportMetric(perReq[1]/perReq[0], fmt.Sprintf("g%d-wall-response/plain", g))
 		b.ReportMetric(perUsec[1]/perUsec[0], fmt.Sprintf("g%d-server-response/plain", g))
+		b.ReportMetric(perCPU[1]/perCPU[0], fmt.Sprintf("g%d-server-cpu-response/plain", g))
 	}
 	if err := store.Close(ctx); err != nil {
 		b.Fatal(err)

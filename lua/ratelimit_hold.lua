@@ -23,10 +23,17 @@
 --          tau     Burst·T in µs (≤ 2^51)
 --          n       the estimate (≥ 0; ≤ Burst+1, Go sends a larger one as
 --                  Burst+1: denied as exceeding)
---          member  "<hold id>/<i>=<n>", the hold's member in K..":h"
+--          member  "<hold id>/<i>=<n>", the hold's member in K..":h";
+--                  "" for a fixed item: decided and charged with its
+--                  group as the buckets script charges, holding nothing
+--                  (no member, no mark of its own)
+-- then, for each settle that rides on the call (KEYS[2N+1 ..], a pair
+--          per item, N = the sum of the group sizes), the 10 values of
+--          an item of ratelimit_settle.lua; the settles run first, in
+--          order, so that the reservations see them
 --
 -- Reply: {now, allowed_1 .. allowed_G, wait_1 .. wait_N, tat_1 .. tat_N,
--- wrote_1 .. wrote_N, mark_1 .. mark_N}
+-- wrote_1 .. wrote_N, mark_1 .. mark_N, settled_1 .. settled_S}
 --   allowed_g  1 if every item of group g had room (and so is held)
 --   wait_i   in [0, 2·tau_i]: max(TAT, now') − now' for item i (TAT after
 --            the earlier items of its group and of the allowed earlier
@@ -36,13 +43,17 @@
 --   tat_i    that TAT and mark_i its mark (1: marked); wrote_i the TAT
 --            item i left (tat_i when it wrote nothing): what a Cluster
 --            cancel restores (ratelimit_settle.lua)
+--   settled_s  the result of settle s, as ratelimit_settle.lua replies it
 --
--- Writes: the release of the expired holds of a marked key (kept whatever
--- the decisions). For each allowed group: ZADD K..":h" now+ttl member for
--- every item (n = 0 included, so that its settle can charge). Then each
--- key an allowed group held on, once: its TAT (TAT' = now' + wait + n·T
--- for n > 0), marked with its live holds and the latest end, with a PX
--- that outlives the TAT and its holds; PEXPIRE of K..":h" to the same PX,
+-- Writes: first the settles' (ratelimit_settle.lua). The release of the
+-- expired holds of a marked key (kept whatever the decisions). For each
+-- allowed group: ZADD K..":h" now+ttl member for every held item (n = 0
+-- included, so that its settle can charge). Then each key an allowed
+-- group held or charged on, once: its TAT (TAT' = now' + wait + n·T for
+-- n > 0); a key with live holds (or in debt) marked with them and the
+-- latest end, with a PX that outlives the TAT and its holds, and
+-- PEXPIRE of K..":h" to the same PX; a key without either as the
+-- buckets script writes it (compact when the call reads TIME),
 -- so that it lives as long as K (a key's tombstones may end early when a
 -- reservation of a shorter ttl follows one of a longer ttl on a key that
 -- was not marked). A denied group writes nothing else.
@@ -55,12 +66,45 @@ elseif now < 0 then
   now = 0
 end
 
-local N = #KEYS / 2
 local G = tonumber(ARGV[2])
--- per key, {TAT, mark, live holds, last end, t of the last decision,
--- held}: held once an allowed group holds on it (written at the end)
-local S = {}
+local N = 0
+for g = 1, G do N = N + tonumber(ARGV[1 + 2 * g]) end
 local reply = {now}
+
+-- one MGET reads the bucket keys of the items and of the settles (false
+-- for a missing key or one of another type), in chunks that unpack fits
+-- on Lua's stack
+local M = #KEYS / 2
+local cur = {}
+for j = 1, M, 1000 do
+  local bk = {}
+  for k = j, math.min(j + 999, M) do bk[#bk + 1] = KEYS[2 * k - 1] end
+  local part = redis.call('MGET', unpack(bk))
+  for k = 1, #part do cur[j + k - 1] = part[k] end
+end
+
+-- the settles that ride on the call: first, so that what follows sees
+-- them. A key a settle wrote is read again by what follows.
+local NS = M - N
+local wrote = nil
+if NS > 0 then
+  wrote = {}
+  local b = 3 + 2 * G + 4 * N
+  for s = 1, NS do
+    local j = N + s
+    local key = KEYS[2 * j - 1]
+    local v = cur[j]
+    if wrote[key] then v = nil end
+    reply[1 + G + 4 * N + s] = hsettle(key, KEYS[2 * j], b, now, false, v)
+    wrote[key] = true
+    b = b + 10
+  end
+end
+
+-- per key, {TAT, mark, live holds, last end, t of the last decision,
+-- written, tau, TAT as read}: written once an allowed group holds or
+-- charges on it (written at the end)
+local S = {}
 local i = 0
 local a = 3 + 2 * G -- the ARGV cursor of item i + 1
 for g = 1, G do
@@ -77,14 +121,16 @@ for g = 1, G do
     a = a + 4
     local k = S[key]
     if k == nil then
-      local tat, marked, hn, last = hparse(redis.pcall('GET', key), key)
+      local v = cur[i]
+      if wrote and wrote[key] then v = redis.pcall('GET', key) end
+      local tat, marked, hn, last = hparse(v, key)
       if marked then
         local t0 = hnow(tat, now, tau, true)
         local reaped
         tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
         if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
       end
-      k = {tat, marked, hn, last, now, false}
+      k = {tat, marked, hn, last, now, false, tau, tat}
       S[key] = k
     end
     if saved[key] == nil then saved[key] = {k[1], k[2], k[5]} end
@@ -102,7 +148,7 @@ for g = 1, G do
       end
     end
     if nt ~= tat then k[2] = k[3] > 0 or nt - t > tau end
-    k[1], k[5] = nt, t
+    k[1], k[5], k[7] = nt, t, tau
     reply[1 + G + i] = wait
     reply[1 + G + N + i] = tat
     reply[1 + G + 2 * N + i] = nt
@@ -112,9 +158,12 @@ for g = 1, G do
     local exps = string.format('%d', exp)
     for j = i0 + 1, i do
       local k = S[KEYS[2 * j - 1]]
-      redis.call('ZADD', KEYS[2 * j], exps, ARGV[a0 + 4 * (j - i0 - 1) + 3])
-      k[2], k[3] = true, k[3] + 1 -- marked: a live hold (a later group's clamp is TAT - 2·tau)
-      if exp > k[4] then k[4] = exp end
+      local member = ARGV[a0 + 4 * (j - i0 - 1) + 3]
+      if member ~= '' then
+        redis.call('ZADD', KEYS[2 * j], exps, member)
+        k[2], k[3] = true, k[3] + 1 -- marked: a live hold (a later group's clamp is TAT - 2·tau)
+        if exp > k[4] then k[4] = exp end
+      end
       k[6] = true
     end
   else
@@ -131,9 +180,15 @@ for j = 1, N do
   local k = S[key]
   if k[6] then
     k[6] = false
-    -- marked: the key has live holds now (tau does not matter then);
-    -- K..":h" gets K's TTL (hset)
-    hwrite(key, k[1], k[5], now, 0, k[3], k[4])
+    if k[3] > 0 or k[2] then
+      -- marked: live holds (their TTL covers K..":h", hset) or a debt
+      hwrite(key, k[1], k[5], now, k[7], k[3], k[4])
+    elseif k[1] ~= k[8] then
+      -- charged by fixed items alone: as the buckets script writes it
+      local px = math.floor((k[1] - now + 999) / 1000)
+      if px < 1 then px = 1 end
+      tatset(key, k[1], px)
+    end
   end
 end
 return reply

@@ -55,7 +55,7 @@ end
 -- holdslib() defines the helpers below on its first call (a script that
 -- never meets a marked key creates one closure, not five); call it before
 -- using them.
-local hparse, hnow, hreap, hvalue, hset, hwrite
+local hparse, hnow, hreap, hvalue, hset, hwrite, hsettle
 local function holdslib()
 if hparse ~= nil then return end
 
@@ -134,6 +134,77 @@ function hwrite(key, tat, t, now, tau, n, last) -- hset of hvalue; returns the m
   local v, px, marked = hvalue(tat, t, now, tau, n, last)
   hset(key, v, px, n)
   return marked
+end
+
+-- settles (or, with cancel, cancels) one item: key its bucket key, hkey
+-- K..":h", ARGV[b .. b+9] its values as ratelimit_settle.lua lists them,
+-- v key's value when the caller read it (nil: GET it).
+-- Returns 1 applied, 2 already settled, 3 expired. The contract and the
+-- writes are ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
+-- settles that ride on a reservation. A member "" is an item its
+-- reservation charged without holding (a fixed item): only a cancel
+-- touches it, giving its cost back as it would a hold's.
+function hsettle(key, hkey, b, now, cancel, v)
+  local T = tonumber(ARGV[b])
+  local tau = tonumber(ARGV[b + 1])
+  local est = tonumber(ARGV[b + 2])
+  local actual = tonumber(ARGV[b + 3])
+  local member, tomb = ARGV[b + 4], ARGV[b + 5]
+  if v == nil then v = redis.pcall('GET', key) end -- v: the caller read it
+  local tat, marked, hn, last = hparse(v, key)
+  -- release what ended, as any touch of a marked key does; a settle also
+  -- on a key that is not marked, which has no live holds but may have
+  -- tombstones that ended. A cancel does not: the reserve it undoes did
+  -- that (the memory store decides a batch at one instant)
+  if not cancel then
+    local t0 = hnow(tat, now, tau, marked)
+    local reaped
+    tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
+    if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+  end
+  -- A settle adds the tombstone first: already there, the hold was
+  -- settled (its retry); else removing the hold says whether it was live
+  -- (when not, the tombstone goes again). The set never empties in
+  -- between, so it keeps its TTL, which covers the tombstone (the hold's
+  -- own end). A cancel leaves no tombstone.
+  local fixed = member == ''
+  local fresh = cancel or redis.call('ZADD', hkey, ARGV[b + 6], tomb) == 1
+  if fresh and (fixed or redis.call('ZREM', hkey, member) == 1) then
+    if not fixed then
+      hn = hn - 1
+      if hn < 0 then hn = 0 end
+    end
+    local t = hnow(tat, now, tau, marked)
+    if cancel and tat == tonumber(ARGV[b + 8]) then
+      -- nothing charged since the reserve: restore what it saw, mark
+      -- included, exactly as the memory store's rollback does
+      local v, px = hvalue(tonumber(ARGV[b + 7]), t, now, tau, hn, last)
+      if hn == 0 then
+        v = ARGV[b + 7]
+        if ARGV[b + 9] == '1' then v = v .. string.format('h0:%d', last) end
+      end
+      hset(key, v, px, hn)
+    else
+      local nt = tat
+      if actual < est then
+        if tat > t then
+          nt = tat - (est - actual) * T
+          if nt < t then nt = t end
+        end
+      elseif actual > est then
+        local base = tat
+        if base < t then base = t end
+        nt = base + (actual - est) * T
+        if nt > t + 2 * tau then nt = t + 2 * tau end
+      end
+      hwrite(key, nt, t, now, tau, hn, last)
+    end
+    return 1
+  elseif not fresh then
+    return 2
+  end
+  if not cancel then redis.call('ZREM', hkey, tomb) end
+  return 3
 end
 end
 

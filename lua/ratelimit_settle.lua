@@ -17,7 +17,10 @@
 --          est     the estimate held; actual the actual cost (≤ est +
 --                  2·Burst: Go caps it, beyond which the debt is at its
 --                  bound anyway; 0 when cancelling)
---          member  "<hold id>/<i>=<est>", the hold
+--          member  "<hold id>/<i>=<est>", the hold; "" for an item its
+--                  reservation charged without holding it (a fixed
+--                  item: only cancelled, its cost given back as a
+--                  hold's estimate would be)
 --          tomb    "<hold id>/<i>", its tombstone
 --          exp     the hold's release time (µs), the tombstone's score
 --          old, wrote, mark  cancel only: the TAT the reserve saw and
@@ -54,64 +57,6 @@ local reply = {}
 local from, to, step = 1, N, 1
 if cancel then from, to, step = N, 1, -1 end -- a cancel undoes last first
 for i = from, to, step do
-  local key, hkey = KEYS[2 * i - 1], KEYS[2 * i]
-  local b = 3 + 10 * (i - 1)
-  local T = tonumber(ARGV[b])
-  local tau = tonumber(ARGV[b + 1])
-  local est = tonumber(ARGV[b + 2])
-  local actual = tonumber(ARGV[b + 3])
-  local member, tomb = ARGV[b + 4], ARGV[b + 5]
-  local tat, marked, hn, last = hparse(redis.pcall('GET', key), key)
-  -- release what ended, as any touch of a marked key does; a settle also
-  -- on a key that is not marked, which has no live holds but may have
-  -- tombstones that ended. A cancel does not: the reserve it undoes did
-  -- that (the memory store decides a batch at one instant)
-  if not cancel then
-    local t0 = hnow(tat, now, tau, marked)
-    local reaped
-    tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-    if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
-  end
-  -- A settle adds the tombstone first: already there, the hold was
-  -- settled (its retry); else removing the hold says whether it was live
-  -- (when not, the tombstone goes again). The set never empties in
-  -- between, so it keeps its TTL, which covers the tombstone (the hold's
-  -- own end). A cancel leaves no tombstone.
-  local fresh = cancel or redis.call('ZADD', hkey, ARGV[b + 6], tomb) == 1
-  if fresh and redis.call('ZREM', hkey, member) == 1 then
-    hn = hn - 1
-    if hn < 0 then hn = 0 end
-    local t = hnow(tat, now, tau, marked)
-    if cancel and tat == tonumber(ARGV[b + 8]) then
-      -- nothing charged since the reserve: restore what it saw, mark
-      -- included, exactly as the memory store's rollback does
-      local v, px = hvalue(tonumber(ARGV[b + 7]), t, now, tau, hn, last)
-      if hn == 0 then
-        v = ARGV[b + 7]
-        if ARGV[b + 9] == '1' then v = v .. string.format('h0:%d', last) end
-      end
-      hset(key, v, px, hn)
-    else
-      local nt = tat
-      if actual < est then
-        if tat > t then
-          nt = tat - (est - actual) * T
-          if nt < t then nt = t end
-        end
-      elseif actual > est then
-        local base = tat
-        if base < t then base = t end
-        nt = base + (actual - est) * T
-        if nt > t + 2 * tau then nt = t + 2 * tau end
-      end
-      hwrite(key, nt, t, now, tau, hn, last)
-    end
-    reply[i] = 1
-  elseif not fresh then
-    reply[i] = 2
-  else
-    if not cancel then redis.call('ZREM', hkey, tomb) end
-    reply[i] = 3
-  end
+  reply[i] = hsettle(KEYS[2 * i - 1], KEYS[2 * i], 3 + 10 * (i - 1), now, cancel)
 end
 return reply

@@ -89,7 +89,8 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			default:
 				cost = 1
 			}
-			items[i] = Item{Scope: sc.name, Key: entities[r.IntN(len(entities))], Policy: sc.p, Cost: cost}
+			// a quarter fixed: charged by the reservation, not held
+			items[i] = Item{Scope: sc.name, Key: entities[r.IntN(len(entities))], Policy: sc.p, Cost: cost, Fixed: r.IntN(4) == 0}
 		}
 		return items
 	}
@@ -153,8 +154,40 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 					actual[i] = r.Int64N(2*p.r.items[i].Policy.Capacity() + 2)
 				}
 			}
-			resR, errR := p.r.SettleEach(ctx, actual)
+			var resR []SettleResult
+			var errR error
 			resM, errM := p.m.SettleEach(ctx, actual)
+			if r.IntN(3) == 0 {
+				// off the request path: on a single server the settle
+				// rides on the next reservation (run first), on a
+				// Cluster it is flushed before it
+				ch := make(chan settleResult, 1)
+				if err := p.r.SettleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
+					t.Fatal(err)
+				}
+				if rs.sharded != oneServer {
+					if err := rs.Flush(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				items := randomItems()
+				ttl := ttls[r.IntN(len(ttls))]
+				hR, errR := rs.Reserve(ctx, items, ttl)
+				hM, errM := ms.Reserve(ctx, items, ttl)
+				if errR != nil || errM != nil {
+					t.Fatalf("step %d: reserve after an async settle %+v: redis %v, memory %v", step, items, errR, errM)
+				}
+				if hR.Allowed() != hM.Allowed() || fmt.Sprint(hR.Decisions()) != fmt.Sprint(hM.Decisions()) {
+					t.Fatalf("step %d at %v: reserve after an async settle %+v:\n redis  %v %+v\n memory %v %+v", step, at, items, hR.Allowed(), hR.Decisions(), hM.Allowed(), hM.Decisions())
+				}
+				if hR.Allowed() {
+					held = append(held, pair{hR, hM})
+				}
+				sr := <-ch
+				resR, errR = sr.res, sr.err
+			} else {
+				resR, errR = p.r.SettleEach(ctx, actual)
+			}
 			if errR != nil || errM != nil {
 				t.Fatalf("step %d: settle: redis %v, memory %v", step, errR, errM)
 			}

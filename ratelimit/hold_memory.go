@@ -225,6 +225,9 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 		h.id = s.ids.next()
 		exp := now + ttlUS
 		for i := range items {
+			if items[i].Fixed {
+				continue // charged, not held
+			}
 			hs := ents[i].log.holds
 			hs.add(heldUnit{member: holdMember(h.id, i), est: items[i].Cost, exp: exp})
 			hs.marked = true
@@ -259,6 +262,10 @@ func (s *MemoryStore) settle(ctx context.Context, h *Hold, actual []int64, res [
 	now := s.now()
 	for i := range h.items {
 		it := &h.items[i]
+		if it.Fixed {
+			res[i] = SettleApplied // charged at admission: nothing to settle
+			continue
+		}
 		res[i] = s.settleOne(it, holdMember(h.id, i), settleCost(it, actual[i]), now)
 	}
 	return nil

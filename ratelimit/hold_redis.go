@@ -81,7 +81,9 @@ func (s *RedisStore) newHold(items []Item, ttl time.Duration) (*Hold, string) {
 	h.members = make([]string, len(items))
 	for i := range h.items {
 		h.rkeys[2*i], h.rkeys[2*i+1] = holdKeys(s.prefix, &h.items[i])
-		h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+		if !h.items[i].Fixed {
+			h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+		}
 	}
 	return h, id
 }
@@ -270,7 +272,19 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 		T := it.Policy.EmissionInterval()
 		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[g.index(j)])
 	}
-	res, err := s.run(ctx, lua.RateLimitHold, keys, args...).Result()
+	var res any
+	var err error
+	if settles := s.settlesToRide(); len(settles) > 0 {
+		// the settles queued so far ride on the call (ratelimit_hold.lua
+		// runs them first): one script call for both
+		calls := s.settleCalls(settles) // one: a single server
+		k, a := calls[0].ride(keys, args)
+		res, err = lua.RateLimitHold.Run(ctx, s.client, k, a...).Result()
+		res = calls[0].split(ctx, res, err)
+		s.deliverSettles(ctx, settles, calls)
+	} else {
+		res, err = lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
+	}
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}
@@ -296,6 +310,9 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
 	if s.err != nil {
 		return s.err
+	}
+	if h.fixedOnly(res) {
+		return nil
 	}
 	if !s.open() {
 		return fmt.Errorf("ratelimit: redis: settle: %w: %w", ErrNotSent, errGateClosed)
@@ -333,8 +350,10 @@ func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]i
 	if !cancel {
 		a, exp = settleCost(it, actual), h.exps[i]
 	}
-	member := h.members[i]
-	tomb := member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
+	member, tomb := h.members[i], ""
+	if member != "" { // "" for a fixed item
+		tomb = member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
+	}
 	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old[0], old[1], old[2])
 }
 
@@ -343,13 +362,8 @@ func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]i
 // undoes g's holds instead (actual is ignored): see reserveGroups.
 func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *group, actual []int64, res []SettleResult) error {
 	n := len(g.items)
-	keys := h.rkeys
-	if g.idx != nil {
-		keys = make([]string, 0, 2*n)
-		for _, i := range g.idx {
-			keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
-		}
-	}
+	keys := make([]string, 0, 2*n)
+	idx := make([]int, 0, n) // the items sent: a settle skips the fixed ones
 	args := make([]any, 2, 2+settleFields*n)
 	args[0], args[1] = s.nowArg(), 0
 	if cancel {
@@ -359,15 +373,23 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		i := g.index(j)
 		if cancel {
 			args = h.settleArgs(args, i, true, 0, g.old[j])
+		} else if h.items[i].Fixed {
+			res[i] = SettleApplied // charged at admission: nothing to settle
+			continue
 		} else {
 			args = h.settleArgs(args, i, false, actual[i], [3]int64{})
 		}
+		keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
+		idx = append(idx, i)
+	}
+	if len(idx) == 0 {
+		return nil
 	}
 	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
-	v, err := intSlice(r, n)
+	v, err := intSlice(r, len(idx))
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
@@ -375,7 +397,22 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		if x < int64(SettleApplied) || x > int64(SettleExpired) {
 			return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value %d = %d, want 1, 2 or 3", j, x)
 		}
-		res[g.index(j)] = SettleResult(x)
+		res[idx[j]] = SettleResult(x)
 	}
 	return nil
+}
+
+// fixedOnly reports whether every item of h is fixed (nothing to settle:
+// res gets SettleApplied for each); otherwise it fills res with
+// SettleApplied for the fixed items and leaves the others 0.
+func (h *Hold) fixedOnly(res []SettleResult) bool {
+	all := true
+	for i := range h.items {
+		if h.items[i].Fixed {
+			res[i] = SettleApplied
+		} else {
+			all = false
+		}
+	}
+	return all
 }

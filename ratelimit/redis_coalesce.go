@@ -363,7 +363,8 @@ func callContext(batch []*waiter) (context.Context, context.CancelFunc) {
 // is of the bucket family, else with the batch script.
 type coalescedCall struct {
 	ws      []*waiter
-	hold    bool // reservations: the hold script
+	hold    bool        // reservations: the hold script
+	rides   *settleCall // settles carried by the hold script call
 	buckets bool
 	keys    []string
 	args    []any
@@ -388,11 +389,22 @@ func (s *RedisStore) flush(batch []*waiter) {
 	// the settles queued meanwhile ride in the same pipeline
 	// (redis_settle.go): no round trip of their own
 	settles := s.sq.takeForCall(s)
-	var scalls []*settleCall
+	var scalls, alone []*settleCall
 	if len(settles) > 0 {
 		scalls = s.settleCalls(settles)
+		// a slot's settles ride on its hold script call, if there is one
+		// (ratelimit_hold.lua runs them first); the others are calls of
+		// their own in the pipeline
+		for _, sc := range scalls {
+			if c := holdCallOf(s, calls, sc); c != nil {
+				c.keys, c.args = sc.ride(c.keys, c.args)
+				c.rides = sc
+			} else {
+				alone = append(alone, sc)
+			}
+		}
 	}
-	if len(calls) == 1 && len(scalls) == 0 {
+	if len(calls) == 1 && len(alone) == 0 {
 		c := calls[0]
 		c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 	} else {
@@ -400,7 +412,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 		for _, c := range calls {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
-		for _, c := range scalls {
+		for _, c := range alone {
 			c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx)
@@ -409,9 +421,18 @@ func (s *RedisStore) flush(batch []*waiter) {
 				c.cmd = c.script().Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
-		for _, c := range scalls {
+		for _, c := range alone {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+			}
+		}
+	}
+	for _, c := range calls {
+		if c.rides != nil { // the hold's reply, without the settles'
+			res, err := c.cmd.Result()
+			res = c.rides.split(ctx, res, err)
+			if err == nil {
+				c.cmd.SetVal(res)
 			}
 		}
 	}
@@ -493,6 +514,21 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 		}
 	}
 	return calls
+}
+
+// holdCallOf returns the hold script call of calls in sc's slot (hash
+// tag), or nil.
+func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalescedCall {
+	for _, c := range calls {
+		if !c.hold || c.rides != nil {
+			continue
+		}
+		w := c.ws[0]
+		if s.sharded == oneServer || (s.sharded == bySlot && w.slot == sc.shard) || (s.sharded == byTag && w.tag == sc.tag) {
+			return c
+		}
+	}
+	return nil
 }
 
 func (c *coalescedCall) script() *redis.Script {

@@ -120,6 +120,8 @@ type settleQueue struct {
 	exited  atomic.Pointer[chan struct{}] // closed when it returns
 	wake    chan struct{}                 // cuts the goroutine's linger short (cap 1)
 	arrive  chan struct{}                 // wakes the idle goroutine: the queue is no longer empty (cap 1)
+	ticking atomic.Bool                   // the goroutine looks at the queue each linger: a push need not wake it
+	pushes  atomic.Uint64                 // settles pushed so far
 
 	mu     sync.Mutex // the senders' side
 	q      []*asyncSettle
@@ -156,6 +158,11 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 		then(nil, s.err)
 		return
 	}
+	res := make([]SettleResult, len(h.items))
+	if h.fixedOnly(res) { // nothing held: nothing to send
+		then(res, nil)
+		return
+	}
 	q := s.sq
 	if q.closed.Load() {
 		then(nil, fmt.Errorf("ratelimit: redis: store closed: %w", ErrNotSent))
@@ -168,12 +175,15 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 		then(nil, fmt.Errorf("ratelimit: redis: %d settle items queued, the bound: %w", q.max, ErrNotSent))
 		return
 	}
-	a := &asyncSettle{h: h, actual: actual, res: make([]SettleResult, len(h.items)), then: then}
+	a := &asyncSettle{h: h, actual: actual, res: res, then: then} // res: the fixed items answered
 	for {
 		old := q.in.Load()
 		a.next = old
 		if q.in.CompareAndSwap(old, a) {
-			if old == nil {
+			q.pushes.Add(1)
+			// a goroutine that ticks finds it within a linger: waking
+			// one would cost done a system call
+			if old == nil && !q.ticking.Load() {
 				signal(q.arrive)
 			}
 			break
@@ -264,6 +274,16 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 	return cmd
 }
 
+// settlesToRide takes the settles that a single server's hold script
+// call carries (see run): none on a Cluster or a Ring, whose settles wait
+// for the goroutine or a coalesced call.
+func (s *RedisStore) settlesToRide() []*asyncSettle {
+	if s.sharded != oneServer {
+		return nil
+	}
+	return s.sq.takeForCall(s)
+}
+
 // takeForCall takes what a coalesced call of decisions can carry along:
 // nothing when the queue is empty or the gate is closed.
 func (q *settleQueue) takeForCall(s *RedisStore) []*asyncSettle {
@@ -322,18 +342,48 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 		q.running.Store(false)
 		return q.in.Load() == nil || !q.running.CompareAndSwap(false, true)
 	}
+	// While settles keep coming (a busy store, whose calls mostly carry
+	// them), the goroutine ticks: it looks at the queue every linger,
+	// and SettleAsync does not wake it. settleIdle without a push ends
+	// the ticking.
+	var seen uint64
+	var quiet time.Duration
+	ticked := false // the last wait was a tick: what it found waited a linger already
 	for {
 		q.mu.Lock()
 		q.collect()
 		if len(q.q) == 0 {
 			if q.closed.Load() {
 				q.mu.Unlock()
+				q.ticking.Store(false)
 				if stop() {
 					return
 				}
 				continue
 			}
 			q.mu.Unlock()
+			if n := q.pushes.Load(); n != seen {
+				seen, quiet = n, 0
+			} else {
+				quiet += settleLinger
+			}
+			if quiet < settleIdle {
+				q.ticking.Store(true)
+				t := time.NewTimer(settleLinger)
+				select {
+				case <-t.C:
+				case <-q.wake:
+					t.Stop()
+				}
+				ticked = true
+				continue
+			}
+			// no push for settleIdle: wait to be woken; a push made
+			// before ticking stopped is seen by this check
+			q.ticking.Store(false)
+			if q.in.Load() != nil {
+				continue
+			}
 			if idle == nil {
 				idle = time.NewTimer(settleIdle)
 			} else {
@@ -353,9 +403,11 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 					return
 				}
 			}
+			ticked = false
 			continue
 		}
-		hurry := q.closed.Load() || q.items.Load() >= settleFlushItems
+		hurry := ticked || q.closed.Load() || q.items.Load() >= settleFlushItems
+		ticked = false
 		q.mu.Unlock()
 		if !hurry {
 			t := time.NewTimer(settleLinger)
@@ -611,4 +663,31 @@ func (s *RedisStore) Close(ctx context.Context) error {
 		a.then(nil, fmt.Errorf("ratelimit: redis: store closed before the settle was sent: %w", ErrNotSent))
 	}
 	return ctx.Err()
+}
+
+// ride appends the settle call sc to a hold script call's keys and args
+// (ratelimit_hold.lua runs the settles first), so that the settles pay
+// no script call of their own.
+func (sc *settleCall) ride(keys []string, args []any) ([]string, []any) {
+	keys = append(keys[:len(keys):len(keys)], sc.keys...)
+	return keys, append(args[:len(args):len(args)], sc.args[2:]...) // without the settle script's now and mode
+}
+
+// split separates the reply res (or error err) of a hold script call that
+// carried sc: sc.cmd gets the settles' results (or err); the hold's own
+// reply is returned.
+func (sc *settleCall) split(ctx context.Context, res any, err error) any {
+	sc.cmd = redis.NewCmd(ctx)
+	if err != nil {
+		sc.cmd.SetErr(err)
+		return res
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) < len(sc.refs) {
+		sc.cmd.SetErr(fmt.Errorf("unexpected reply of the hold script carrying %d settles: %v", len(sc.refs), res))
+		return res
+	}
+	cut := len(arr) - len(sc.refs)
+	sc.cmd.SetVal(arr[cut:])
+	return arr[:cut]
 }

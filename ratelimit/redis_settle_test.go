@@ -221,6 +221,7 @@ func TestRedisSettleRidesOnNextCall(t *testing.T) {
 	if err := h.SettleAsync([]int64{10}, func(res []SettleResult, err error) { answered <- settleResult{res, err} }); err != nil {
 		t.Fatal(err)
 	}
+	before := hook.n.Load()
 	h2, err := s.Reserve(ctx, it, time.Minute) // carries the settle: 100 − 10 − 50
 	if err != nil || !h2.Allowed() || h2.Decision().Remaining != 40 {
 		t.Fatalf("reserve after the settle: %+v %v, want 40 left", h2.Decision(), err)
@@ -228,19 +229,34 @@ func TestRedisSettleRidesOnNextCall(t *testing.T) {
 	if r := <-answered; r.err != nil || r.res[0] != SettleApplied {
 		t.Fatalf("settle: %v", r)
 	}
+	if n := hook.n.Load() - before; n != 1 {
+		t.Fatalf("%d round trips for the reservation and the settle it carried, want 1 (one script call)", n)
+	}
 	out := make([]spillway.Decision, 1)
 	if _, err := s.Decide(ctx, []Item{{Scope: "a", Key: "other", Policy: p, Cost: 1}}, out); err != nil { // loads the script
 		t.Fatal(err)
 	}
-	if err := h2.SettleAsync([]int64{50}, nil); err != nil {
-		t.Fatal(err)
-	}
-	before := hook.n.Load()
+	// a decision carries the settles in its pipeline (the settle script
+	// loaded once, first)
 	it[0].Cost = 1
-	if _, err := s.Decide(ctx, it, out); err != nil || out[0].Remaining != 39 {
-		t.Fatalf("decision after the second settle: %+v %v, want 39 left", out[0], err)
-	}
-	if n := hook.n.Load() - before; n != 1 {
-		t.Fatalf("%d round trips for the decision and the settle it carried, want 1", n)
+	// 40 left: a reservation of 1 (39), the settle of the one before it
+	// gives 10 back (50 → 40), then 1 back (1 → 0); a decision of 1
+	for i, c := range []struct{ actual, want int64 }{{40, 48}, {0, 47}} {
+		want := c.want
+		h3, err := s.Reserve(ctx, it, time.Minute)
+		if err != nil || !h3.Allowed() {
+			t.Fatal(h3, err)
+		}
+		if err := h2.SettleAsync([]int64{c.actual}, nil); err != nil {
+			t.Fatal(err)
+		}
+		h2 = h3
+		before := hook.n.Load()
+		if _, err := s.Decide(ctx, it, out); err != nil || out[0].Remaining != want {
+			t.Fatalf("decision after settle %d: %+v %v, want %d left", i+2, out[0], err, want)
+		}
+		if n := hook.n.Load() - before; i == 1 && n != 1 {
+			t.Fatalf("%d round trips for the decision and the settle it carried, want 1", n)
+		}
 	}
 }

@@ -24,6 +24,13 @@ type Item struct {
 	Policy Policy
 	Cost   int64             // 0 peeks: allowed, charges nothing
 	Fail   spillway.FailMode // what the limit wants when the store is unavailable
+	// Fixed, in a Reserver.Reserve, charges Cost at admission, as Decide
+	// would, with the batch's other items (all or nothing), and holds
+	// nothing for it: the hold's settle leaves it as it is and reports
+	// SettleApplied (a cancel of a Cluster batch that another slot
+	// group denied gives it back). Cheaper than a hold: use it for the
+	// items whose cost is known up front. Decide ignores it.
+	Fixed bool
 }
 
 // Store decides batches of items. Both stores implement the same semantics,

@@ -114,9 +114,10 @@ func (l *Limiter) admitHeld(ctx context.Context, r *spillway.Request, items []ra
 }
 
 // reserveBatch decides items all or nothing, holding the bucket-family
-// ones in one Reserve: the "cost: response" items hold their estimate,
-// the others their cost (done settles them to it, so they are charged
-// as Decide would have charged them). A store holds only the bucket
+// ones in one Reserve: the "cost: response" items hold their estimate;
+// the others are charged their cost there and then (ratelimit.Item.Fixed),
+// or, when the batch has window items, hold their cost (done settles
+// them to it, so they are charged as Decide would have charged them). A store holds only the bucket
 // family, so the window items of the batch (rules with cost: request; a
 // bucket too wide for holds too) are decided after the hold, by Decide:
 // when they deny, the hold is cancelled (settled to 0). h is nil when
@@ -140,6 +141,12 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 	held := make([]ratelimit.Item, len(hi))
 	for j, i := range hi {
 		held[j] = items[i]
+		// Without window items nothing can deny the batch after the
+		// reservation: the rules charged on the request are charged
+		// there and then (fixed), only the "cost: response" ones hold.
+		// With window items each is held, so that a denial by the
+		// windows gives it back (cancel).
+		held[j].Fixed = !rules[i].response && len(wi) == 0
 	}
 	rh, err := l.reserver.Reserve(ctx, held, l.holdTTL)
 	if err != nil {

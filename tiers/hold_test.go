@@ -414,8 +414,9 @@ func TestResponseCostHostile(t *testing.T) {
 }
 
 // A hold whose request outlives its TTL is released by the store; the
-// late settle reports it expired and changes nothing, and the request
-// count rule held with it is charged again after the fact.
+// late settle reports it expired and changes nothing. The request count
+// rule, charged at admission (fixed, not held), stays charged: it has
+// refilled since, and is not charged again.
 func TestResponseCostSettleAfterTTL(t *testing.T) {
 	for _, s := range holdStores(t) {
 		t.Run(s.name, func(t *testing.T) {
@@ -437,8 +438,9 @@ func TestResponseCostSettleAfterTTL(t *testing.T) {
 			wantLeft(t, l, store, "t1", map[string]int64{"tokens": 580, "calls": 1000})
 			done(spillway.Success)
 			flushT(t, l)
-			// Only the steps' 70 stay; the call is charged again.
-			wantLeft(t, l, store, "t1", map[string]int64{"tokens": 580, "calls": 999})
+			// Only the steps' 70 stay; the call, charged once at
+			// admission, is not charged again.
+			wantLeft(t, l, store, "t1", map[string]int64{"tokens": 580, "calls": 1000})
 			if got, want := obs.take(), []string{"held tokens 100", "settled tokens 70 expired"}; !slices.Equal(got, want) {
 				t.Fatalf("observer: %q, want %q", got, want)
 			}

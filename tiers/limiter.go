@@ -404,7 +404,8 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // returns a *SpentError (the work should stop; what it reported is still
 // settled, as debt). A hold that done does not settle within the hold TTL
 // (WithHoldTTL) is released by the store: the work is then charged only
-// what its steps charged (a request rule held with it is charged again).
+// what its steps charged (the request rules were charged at admission;
+// one held with it, in a request with window rules, is charged again).
 // Settles and steps run detached from ctx, each bounded by
 // WithSettleTimeout. WithHoldObserver sees every hold and settle.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
