@@ -35,7 +35,12 @@ type options struct {
 	waitSet [4]bool
 	depth   int
 
-	badWait bool // WithPriorityWait of a priority out of range
+	lifoAfter       time.Duration // WithLIFO; 0: FIFO always
+	sojournTarget   time.Duration // WithSojourn; 0: none
+	sojournInterval time.Duration
+
+	badWait  bool   // WithPriorityWait of a priority out of range
+	badQueue string // a bad Queue option, described
 
 	// Pool.
 	fleet *Fleet
@@ -147,6 +152,41 @@ func WithPriorityWait(p spillway.Priority, d time.Duration) Option {
 // WithQueueDepth sets how many requests may wait in a Queue at once
 // (default its number of slots; 64 for a Pool). Queue and Pool.
 func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
+
+// WithLIFO makes a Queue serve the newest waiter of a priority first
+// while its oldest has waited at least after (a standing queue), and the
+// oldest first otherwise (adaptive LIFO): under a standing queue the
+// oldest waiters are those whose clients are the likeliest to have given
+// up, and the newest can still be served in time; without one, arrival
+// order is fairest. after must be positive; by default a Queue is FIFO.
+// Queue and Pool.
+func WithLIFO(after time.Duration) Option {
+	return func(o *options) {
+		o.lifoAfter = after
+		if after <= 0 {
+			o.badQueue = fmt.Sprintf("LIFO threshold %v must be positive", after)
+		}
+	}
+}
+
+// WithSojourn bounds a Queue's wait by its sojourn time, CoDel-style: while
+// the queue has not been empty for interval (a standing queue), a request
+// waits at most target, and a waiter that has waited longer than target is
+// denied when its turn comes, before any work; otherwise a request waits
+// at most interval (and never longer than its priority's maximum wait).
+// A burst is absorbed by a queue that drains within interval; a queue that
+// stays is kept short, so its waiters' latency stays at about target.
+// Typical values: target 5–20 ms, interval 100 ms. 0 < target ≤
+// interval; by default there is no sojourn bound, only the maximum wait.
+// Queue and Pool.
+func WithSojourn(target, interval time.Duration) Option {
+	return func(o *options) {
+		o.sojournTarget, o.sojournInterval = target, interval
+		if target <= 0 || interval < target {
+			o.badQueue = fmt.Sprintf("sojourn target %v, interval %v: want 0 < target <= interval", target, interval)
+		}
+	}
+}
 
 // WithFleet caps a Pool's slots at what the fleet shedder f allows this
 // server now (f.Allowance(spillway.Critical)) and gives the Pool this
