@@ -35,6 +35,9 @@ type options struct {
 	waitSet [4]bool
 	depth   int
 
+	tenantDim string             // WithTenant; "": no tenants
+	weights   map[string]float64 // WithTenantWeights
+
 	lifoAfter       time.Duration // WithLIFO; 0: FIFO always
 	sojournTarget   time.Duration // WithSojourn; 0: none
 	sojournInterval time.Duration
@@ -152,6 +155,50 @@ func WithPriorityWait(p spillway.Priority, d time.Duration) Option {
 // WithQueueDepth sets how many requests may wait in a Queue at once
 // (default its number of slots; 64 for a Pool). Queue and Pool.
 func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
+
+// WithTenant makes a Queue (or a Pool) share its capacity fairly between
+// the tenants of each priority, a tenant being the value of the request
+// dimension dim (spillway.DimAPIKey, spillway.DimUser, or any other;
+// requests without it are one tenant together). Priorities still come
+// first: a freed slot goes to the highest priority waiting, and the
+// capacity a priority shares is what higher priorities leave. Within a
+// priority, while the queue is contended (a request would have to wait),
+// each active tenant (work in flight or waiting) gets a max-min fair
+// share of that capacity, in proportion to its weight (WithTenantWeights;
+// 1 by default): a tenant that wants less keeps what it wants and the rest
+// goes to the others. A request whose tenant already holds its share
+// (in flight and waiting, the share rounded up) is denied at once with
+// spillway.ReasonConcurrency (429) and a RetryAfter of its own, and a
+// freed slot goes to the waiter whose tenant has the least in flight for
+// its weight. A request that finds a free slot with nobody waiting is
+// admitted whatever its tenant holds. State: one entry per active tenant
+// and priority, dropped when it has nothing in flight or waiting, so at
+// most slots + depth entries. Queue and Pool; by default there are no
+// tenants.
+func WithTenant(dim string) Option {
+	return func(o *options) {
+		o.tenantDim = dim
+		if dim == "" {
+			o.badQueue = "tenant dimension is empty"
+		}
+	}
+}
+
+// WithTenantWeights gives tenants (values of the WithTenant dimension)
+// weights for their fair shares: a tenant of weight 2 gets twice the
+// share of one of weight 1 when both want more; tenants not listed weigh
+// 1. Weights must be positive and finite. Queue and Pool, with WithTenant.
+func WithTenantWeights(weights map[string]float64) Option {
+	return func(o *options) {
+		o.weights = make(map[string]float64, len(weights))
+		for k, w := range weights {
+			if !(w > 0) || math.IsInf(w, 1) {
+				o.badQueue = fmt.Sprintf("weight %v of tenant %q must be positive and finite", w, k)
+			}
+			o.weights[k] = w
+		}
+	}
+}
 
 // WithLIFO makes a Queue serve the newest waiter of a priority first
 // while its oldest has waited at least after (a standing queue), and the

@@ -60,12 +60,19 @@ type Queue struct {
 	nwait   int
 	hold    time.Duration // how long admitted work holds its slots, on average (EWMA)
 	busy    time.Time     // the queue last went from no waiter to one
+	usedBy  [spillway.NumPriorities]int64
 
-	admitted, waited, timedOut, displaced, rejected, late, expired atomic.Int64
+	// WithTenant: the active tenants (work in flight or waiting) of each
+	// priority; an entry is removed when its tenant has neither.
+	tenants [spillway.NumPriorities]map[string]*tenant
+	scratch []shareEntry
+
+	admitted, waited, timedOut, displaced, rejected, late, expired, overShared atomic.Int64
 }
 
 type waiter struct {
 	cost     int64
+	t        *tenant       // WithTenant: its tenant; nil without
 	enq      time.Time     // when it joined the queue
 	deadline time.Time     // its context's deadline; zero: none
 	ready    chan struct{} // closed when granted or denied
@@ -87,9 +94,12 @@ type QueueStats struct {
 	// Expired are waiters dropped before any work because their
 	// deadline passed while they waited (their context's deadline, or a
 	// slot granted after it).
-	Expired  int64
-	InFlight int64 // cost admitted and not yet done
-	Waiting  int   // waiters now
+	Expired int64
+	// OverShare are arrivals denied at once because their tenant held
+	// its fair share of its priority (WithTenant).
+	OverShare int64
+	InFlight  int64 // cost admitted and not yet done
+	Waiting   int   // waiters now
 }
 
 // NewQueue returns a Queue of slots units of cost.
@@ -142,6 +152,10 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
 	}
 	c, p := r.EffectiveCost(), r.Priority
+	var tname string
+	if q.o.tenantDim != "" {
+		tname, _ = r.Get(q.o.tenantDim) // without it: the tenant ""
+	}
 	if ctx.Err() != nil {
 		// The client already left (its deadline passed, or it went
 		// away): no work for it, not even a slot.
@@ -159,8 +173,20 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	}
 	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
 		q.used += c
+		q.usedBy[p] += c
+		t := q.tenantFor(p, tname)
+		if t != nil {
+			t.inflight += c
+		}
 		q.mu.Unlock()
-		return q.allow(c)
+		return q.allow(c, p, t)
+	}
+	if q.o.tenantDim != "" {
+		if d, over := q.overShare(p, tname, c); over {
+			q.mu.Unlock()
+			q.overShared.Add(1)
+			return d, spillway.Noop, nil
+		}
 	}
 	var (
 		now      = q.o.now()
@@ -194,7 +220,10 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		q.rejected.Add(1)
 		return d, spillway.Noop, nil
 	}
-	w := &waiter{cost: c, enq: now, deadline: deadline, ready: make(chan struct{})}
+	w := &waiter{cost: c, enq: now, deadline: deadline, ready: make(chan struct{}), t: q.tenantFor(p, tname)}
+	if w.t != nil {
+		w.t.waiting += c
+	}
 	if q.nwait == 0 {
 		q.busy = now
 	}
@@ -234,7 +263,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	if ctx.Err() != nil {
 		// Granted as its deadline passed (or its client left): the slot
 		// goes back before any work.
-		q.release(c, 0, -1)
+		q.release(c, p, w.t, 0, -1)
 		q.mu.Lock()
 		d = q.deny()
 		q.mu.Unlock()
@@ -242,7 +271,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		return d, spillway.Noop, nil
 	}
 	q.waited.Add(1)
-	return q.allow(c)
+	return q.allow(c, p, w.t)
 }
 
 // expectedWait is how long a request of priority p and cost c that joins
@@ -265,11 +294,11 @@ func (q *Queue) expectedWait(p spillway.Priority, c int64) time.Duration {
 	return time.Duration(float64(q.hold) * float64(ahead) / float64(q.slots))
 }
 
-func (q *Queue) allow(c int64) (spillway.Decision, spillway.Done, error) {
+func (q *Queue) allow(c int64, p spillway.Priority, t *tenant) (spillway.Decision, spillway.Done, error) {
 	q.admitted.Add(1)
 	start := q.o.now()
 	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) {
-		q.release(c, 0, q.o.now().Sub(start))
+		q.release(c, p, t, 0, q.o.now().Sub(start))
 	}), nil
 }
 
@@ -307,6 +336,7 @@ func (q *Queue) makeRoom(p spillway.Priority) bool {
 			w := q.waiting[i][n-1]
 			q.waiting[i] = q.waiting[i][:n-1]
 			q.nwait--
+			q.unwait(w)
 			q.displaced.Add(1)
 			close(w.ready) // not granted: it is denied
 			return true
@@ -324,6 +354,7 @@ func (q *Queue) remove(p spillway.Priority, w *waiter) bool {
 	}
 	q.waiting[p] = slices.Delete(q.waiting[p], i, i+1)
 	q.nwait--
+	q.unwait(w)
 	return true
 }
 
@@ -336,7 +367,7 @@ func (q *Queue) SetSlots(n int64) error {
 	if n <= 0 {
 		return fmt.Errorf("shedder: queue slots %d must be positive", n)
 	}
-	q.release(0, n, -1)
+	q.release(0, 0, nil, n, -1)
 	return nil
 }
 
@@ -367,10 +398,15 @@ const holdWeight = 1.0 / 16
 // first that does not fit. A waiter whose deadline passed, or whose
 // sojourn passed the target of WithSojourn under a standing queue, is
 // denied instead, before any work.
-func (q *Queue) release(c, slots int64, held time.Duration) {
+func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, held time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.used -= c
+	q.usedBy[p] -= c
+	if t != nil {
+		t.inflight -= c
+		q.dropIdle(t)
+	}
 	if slots > 0 {
 		q.slots = slots
 	}
@@ -388,8 +424,12 @@ func (q *Queue) release(c, slots int64, held time.Duration) {
 	standing := now.Sub(q.busy)
 	for p := spillway.NumPriorities - 1; p >= 0; p-- {
 		for len(q.waiting[p]) > 0 {
+			lifo := q.o.lifoAfter > 0 && now.Sub(q.waiting[p][0].enq) >= q.o.lifoAfter
 			i := 0
-			if q.o.lifoAfter > 0 && now.Sub(q.waiting[p][0].enq) >= q.o.lifoAfter {
+			switch {
+			case q.o.tenantDim != "":
+				i = q.fairest(spillway.Priority(p), lifo)
+			case lifo:
 				i = len(q.waiting[p]) - 1 // adaptive LIFO: the newest first
 			}
 			w := q.waiting[p][i]
@@ -402,10 +442,19 @@ func (q *Queue) release(c, slots int64, held time.Duration) {
 				return
 			default:
 				q.used += w.cost
+				q.usedBy[p] += w.cost
 				w.granted = true
 			}
 			q.waiting[p] = slices.Delete(q.waiting[p], i, i+1)
 			q.nwait--
+			if w.t != nil {
+				w.t.waiting -= w.cost
+				if w.granted {
+					w.t.inflight += w.cost
+				} else {
+					q.dropIdle(w.t)
+				}
+			}
 			if w.expired {
 				q.expired.Add(1)
 			}
@@ -430,6 +479,7 @@ func (q *Queue) Stats() QueueStats {
 		Rejected:  q.rejected.Load(),
 		Late:      q.late.Load(),
 		Expired:   q.expired.Load(),
+		OverShare: q.overShared.Load(),
 		InFlight:  inflight,
 		Waiting:   nwait,
 	}
