@@ -45,19 +45,20 @@ func TestQueueDeadlines(t *testing.T) {
 		require.Equal(t, 100*time.Millisecond, q.Hold())
 		held = fill(t, q, 2, spillway.Critical)
 
-		// Both slots used, nobody waiting: one unit ahead, 50 ms expected.
+		// Both slots used, nobody waiting: one unit ahead, 50 ms expected,
+		// then 100 ms of work.
 		ctx30, cancel30 := context.WithTimeout(bg, 30*time.Millisecond)
 		defer cancel30()
 		d, _, _ := q.Admit(ctx30, preq(spillway.Critical, 1))
 		require.Equal(t, spillway.Decision{Reason: spillway.ReasonShed, Limiter: "queue", Limit: 2, RetryAfter: time.Second}, d)
-		ctx80, cancel80 := context.WithTimeout(bg, 80*time.Millisecond)
+		ctx80, cancel80 := context.WithTimeout(bg, 160*time.Millisecond)
 		defer cancel80()
-		b := admitAsync(q, ctx80, preq(spillway.Critical, 1)) // 50 ms ≤ 80 ms: waits
+		b := admitAsync(q, ctx80, preq(spillway.Critical, 1)) // 150 ms ≤ 160 ms: waits
 		synctest.Wait()
 		c := admitAsync(q, bg, preq(spillway.Critical, 1)) // no deadline: waits
 		synctest.Wait()
-		// Three units ahead now: 150 ms expected, more than 120 ms left.
-		ctx120, cancel120 := context.WithTimeout(bg, 120*time.Millisecond)
+		// Three units ahead now: 150 + 100 ms expected, more than 200 ms left.
+		ctx120, cancel120 := context.WithTimeout(bg, 200*time.Millisecond)
 		defer cancel120()
 		d, _, _ = q.Admit(ctx120, preq(spillway.Critical, 1))
 		require.False(t, d.Allowed)
@@ -67,7 +68,7 @@ func TestQueueDeadlines(t *testing.T) {
 		require.Equal(t, 2, q.Stats().Waiting)
 
 		// b's deadline passes while it waits: dropped.
-		time.Sleep(90 * time.Millisecond)
+		time.Sleep(170 * time.Millisecond)
 		synctest.Wait()
 		require.True(t, b.returned())
 		require.Equal(t, spillway.ReasonShed, b.d.Reason)
@@ -87,11 +88,11 @@ func TestQueueDeadlines(t *testing.T) {
 		// A waiter whose deadline passed by the time a slot frees is
 		// denied at the grant, and the slot goes on to the next.
 		held = fill(t, q, 2, spillway.Critical)
-		late := admitAsync(q, deadlineOnly{bg, time.Now().Add(60 * time.Millisecond)}, preq(spillway.Critical, 1))
+		late := admitAsync(q, deadlineOnly{bg, time.Now().Add(200 * time.Millisecond)}, preq(spillway.Critical, 1))
 		synctest.Wait()
 		next := admitAsync(q, bg, preq(spillway.Critical, 1))
 		synctest.Wait()
-		time.Sleep(70 * time.Millisecond)
+		time.Sleep(210 * time.Millisecond)
 		held[0](spillway.Success)
 		synctest.Wait()
 		require.True(t, late.returned() && !late.d.Allowed)

@@ -88,7 +88,8 @@ type QueueStats struct {
 	TimedOut  int64 // waiters denied when their wait or context ran out
 	Displaced int64 // waiters denied to make room for a higher priority
 	Rejected  int64 // arrivals denied at once (queue full, or no wait)
-	// Late are arrivals denied at once because their expected wait was
+	// Late are arrivals denied at once because their expected wait and
+	// work were
 	// longer than the time their deadline left them (or it had passed).
 	Late int64
 	// Expired are waiters dropped before any work because their
@@ -195,9 +196,10 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	)
 	if dl, ok := ctx.Deadline(); ok {
 		deadline = dl
-		if left := dl.Sub(now); left <= 0 || q.expectedWait(p, c) > left {
-			// It would be served after its client gave up: refuse it
-			// now, while it can still go elsewhere.
+		if left := dl.Sub(now); left <= 0 || q.expectedWait(p, c)+q.hold > left {
+			// Its wait and its work (the mean hold) would end after its
+			// client gave up: refuse it now, while it can still go
+			// elsewhere.
 			d := q.deny()
 			q.mu.Unlock()
 			q.late.Add(1)
