@@ -89,8 +89,8 @@ type QueueStats struct {
 	Displaced int64 // waiters denied to make room for a higher priority
 	Rejected  int64 // arrivals denied at once (queue full, or no wait)
 	// Late are arrivals denied at once because their expected wait and
-	// work were
-	// longer than the time their deadline left them (or it had passed).
+	// work were longer than the time their deadline left them (or it had
+	// passed).
 	Late int64
 	// Expired are waiters dropped before any work because their
 	// deadline passed while they waited (their context's deadline, or a
