@@ -16,6 +16,7 @@ type tenant struct {
 	p                 spillway.Priority
 	inflight, waiting int64
 	weight            float64
+	idleAt            time.Time // when it last had nothing in flight or waiting
 }
 
 // shareEntry is one tenant's demand in a max-min computation.
@@ -51,14 +52,24 @@ func (q *Queue) weightOf(name string) float64 {
 	return 1
 }
 
-// dropIdle forgets t once it has nothing in flight or waiting: the state
-// kept is bounded by the work in flight and the waiters. Called with q.mu
-// held.
+// dropIdle notes when t has nothing in flight or waiting left; it stays
+// active for one mean hold time more (a tenant between two requests is
+// still a tenant: without it, a tenant that sends most takes every slot
+// that frees while the others are between requests), then it is
+// forgotten: the state kept is bounded by the tenants that had work in
+// the last mean hold time. Called with q.mu held.
 func (q *Queue) dropIdle(t *tenant) {
 	if t.inflight <= 0 && t.waiting <= 0 {
-		if m := q.tenants[t.p]; m[t.name] == t {
-			delete(m, t.name)
+		t.idleAt = q.o.now()
+		if q.hold <= 0 {
+			q.forget(t)
 		}
+	}
+}
+
+func (q *Queue) forget(t *tenant) {
+	if m := q.tenants[t.p]; m[t.name] == t {
+		delete(m, t.name)
 	}
 }
 
@@ -87,8 +98,16 @@ func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
 	es := q.scratch[:0]
 	found := false
 	var wsum float64
+	now := q.o.now()
 	for _, t := range q.tenants[p] {
 		d := float64(t.inflight + t.waiting)
+		if d == 0 && t.name != name {
+			if now.Sub(t.idleAt) > q.hold {
+				q.forget(t)
+				continue
+			}
+			d = 1 // between two requests: it wants one
+		}
 		if t.name == name {
 			d += float64(c)
 			found = true

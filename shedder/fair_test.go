@@ -29,6 +29,7 @@ func TestQueueFairShares(t *testing.T) {
 		_, done, _ := q.Admit(bg, treq("a"))
 		time.Sleep(100 * time.Millisecond)
 		done(spillway.Success) // work holds a slot 100 ms
+		time.Sleep(time.Second) // a is forgotten
 		// The noisy tenant takes every free slot: nobody waits, nobody else asks.
 		var noisy []spillway.Done
 		for range 4 {
@@ -71,9 +72,17 @@ func TestQueueFairShares(t *testing.T) {
 		for _, d := range []spillway.Done{noisy[3], a1.done, b1.done, a2.done} {
 			d(spillway.Success)
 		}
+		// Idle tenants stay one mean hold time (between two requests),
+		// then are forgotten.
 		q.mu.Lock()
-		require.Empty(t, q.tenants[spillway.Critical]) // idle tenants are forgotten
+		require.Len(t, q.tenants[spillway.Critical], 3)
 		q.mu.Unlock()
+		time.Sleep(time.Second)
+		_, done, _ = q.Admit(bg, treq("z"))
+		q.mu.Lock()
+		require.Len(t, q.tenants[spillway.Critical], 1)
+		q.mu.Unlock()
+		done(spillway.Success)
 	})
 }
 
