@@ -17,6 +17,29 @@ type tenant struct {
 	inflight, waiting int64
 	weight            float64
 	idleAt            time.Time // when it last had nothing in flight or waiting
+	served            float64   // cost admitted ÷ weight, decaying by e every servedDecay
+	servedAt          time.Time // when served was last brought up to date
+}
+
+// servedDecay is how fast a tenant's record of the service it got fades:
+// a slot that frees goes to the waiter whose tenant got the least service
+// (for its weight) over about the last second, not merely the least in
+// flight now, so that a tenant that always has a request waiting does not
+// get more than one that sends as often as its share allows.
+const servedDecay = time.Second
+
+// servedNow returns t's decayed service at now.
+func (t *tenant) servedNow(now time.Time) float64 {
+	if t.served == 0 {
+		return 0
+	}
+	return t.served * math.Exp(-now.Sub(t.servedAt).Seconds()/servedDecay.Seconds())
+}
+
+// serve records c more of service for t at now.
+func (t *tenant) serve(c int64, now time.Time) {
+	t.served = t.servedNow(now) + float64(c)/t.weight
+	t.servedAt = now
 }
 
 // shareEntry is one tenant's demand in a max-min computation.
@@ -179,13 +202,13 @@ func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.D
 }
 
 // fairest returns the index, in the waiters of priority p, of the one a
-// freed slot goes to: of the tenant with the least in flight for its
-// weight, the oldest (the newest under adaptive LIFO). Called with q.mu
-// held.
-func (q *Queue) fairest(p spillway.Priority, lifo bool) int {
+// freed slot goes to: of the tenant that got the least service for its
+// weight lately (servedDecay), the oldest (the newest under adaptive
+// LIFO). Called with q.mu held.
+func (q *Queue) fairest(p spillway.Priority, lifo bool, now time.Time) int {
 	best, bestLoad := -1, 0.0
 	for i, w := range q.waiting[p] {
-		load := float64(w.t.inflight) / w.t.weight
+		load := w.t.servedNow(now)
 		if best < 0 || load < bestLoad || (lifo && load == bestLoad) {
 			best, bestLoad = i, load
 		}

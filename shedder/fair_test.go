@@ -28,7 +28,7 @@ func TestQueueFairShares(t *testing.T) {
 		bg := context.Background()
 		_, done, _ := q.Admit(bg, treq("a"))
 		time.Sleep(100 * time.Millisecond)
-		done(spillway.Success) // work holds a slot 100 ms
+		done(spillway.Success)  // work holds a slot 100 ms
 		time.Sleep(time.Second) // a is forgotten
 		// The noisy tenant takes every free slot: nobody waits, nobody else asks.
 		var noisy []spillway.Done

@@ -185,6 +185,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		t := q.tenantFor(p, tname)
 		if t != nil {
 			t.inflight += c
+			t.serve(c, q.o.now())
 		}
 		q.mu.Unlock()
 		return q.allow(c, p, t)
@@ -437,7 +438,7 @@ func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, he
 			i := 0
 			switch {
 			case q.o.tenantDim != "":
-				i = q.fairest(spillway.Priority(p), lifo)
+				i = q.fairest(spillway.Priority(p), lifo, now)
 			case lifo:
 				i = len(q.waiting[p]) - 1 // adaptive LIFO: the newest first
 			}
@@ -460,6 +461,7 @@ func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, he
 				w.t.waiting -= w.cost
 				if w.granted {
 					w.t.inflight += w.cost
+					w.t.serve(w.cost, now)
 				} else {
 					q.dropIdle(w.t)
 				}
