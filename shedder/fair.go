@@ -169,10 +169,10 @@ func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
 	return 0
 }
 
-// overShare decides, for a request of tenant name that would have to
-// wait, whether its tenant already holds its fair share: its cost in
-// flight and waiting at or above its max-min share of p's capacity,
-// rounded up (at least its own cost may wait). Such a request is denied at
+// overShare decides, for a request of tenant name, whether its tenant
+// already holds more than its fair share: its cost in flight and waiting
+// above its max-min share of p's capacity, rounded up (up to the share and
+// one more request may be held). Such a request is denied at
 // once with spillway.ReasonConcurrency (429: this tenant is over its
 // share, not the server out of room for everybody), Limit its share
 // rounded up, and a RetryAfter of its own: the time its backlog takes to
@@ -184,7 +184,10 @@ func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.D
 		held = t.inflight + t.waiting
 	}
 	allowed := int64(math.Ceil(share - 1e-9))
-	if held == 0 || held+c <= allowed {
+	if held <= allowed {
+		// Within its share, rounded up, and one more request waiting: a
+		// tenant that has a request waiting whenever a slot frees gets
+		// its share, whatever the timing of its arrivals.
 		return spillway.Decision{}, false
 	}
 	retry := q.o.retryAfter

@@ -162,19 +162,18 @@ func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 // requests without it are one tenant together). Priorities still come
 // first: a freed slot goes to the highest priority waiting, and the
 // capacity a priority shares is what higher priorities leave. Within a
-// priority, while the queue is contended (a request would have to wait),
-// each active tenant (work in flight or waiting) gets a max-min fair
-// share of that capacity, in proportion to its weight (WithTenantWeights;
-// 1 by default): a tenant that wants less keeps what it wants and the rest
-// goes to the others. A request whose tenant already holds its share
-// (in flight and waiting, the share rounded up) is denied at once with
-// spillway.ReasonConcurrency (429) and a RetryAfter of its own, and a
-// freed slot goes to the waiter whose tenant has the least in flight for
-// its weight. A request that finds a free slot with nobody waiting is
-// admitted whatever its tenant holds. State: one entry per active tenant
-// and priority, dropped when it has nothing in flight or waiting, so at
-// most slots + depth entries. Queue and Pool; by default there are no
-// tenants.
+// priority, each active tenant (work in flight or waiting, or idle for
+// less than one mean hold time) gets a max-min fair share of that
+// capacity, in proportion to its weight (WithTenantWeights; 1 by default):
+// a tenant that wants less keeps what it wants and the rest goes to the
+// others. A request whose tenant already holds more than its share (in
+// flight and waiting, the share rounded up, and one more request) is
+// denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
+// of its own, and a freed slot goes to the waiter whose tenant got the
+// least service for its weight lately (over about a second). State: one
+// entry per active tenant and priority, dropped one mean hold time after
+// it has nothing in flight or waiting (about slots + depth entries).
+// Queue and Pool; by default there are no tenants.
 func WithTenant(dim string) Option {
 	return func(o *options) {
 		o.tenantDim = dim

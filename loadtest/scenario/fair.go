@@ -12,7 +12,7 @@ import (
 // laterScenarios). Each compares the static and the full chain.
 var fairScenarios = []Scenario{
 	{
-		Name: "noisy_tenant", Default: 60 * time.Second, Phases: noisyPhases,
+		Name: "noisy_tenant", Default: 90 * time.Second, Phases: noisyPhases,
 		System: halfCapacity, Population: noisyPopulation,
 		Configs: []string{"static", "full"}, Tenant: spillway.DimUser, Features: []string{"fair"},
 		Why: "20 tenants at Critical, each within its keys' rate limits; one sends 10× its share; 3× the database's capacity",
