@@ -405,7 +405,8 @@ const holdWeight = 1.0 / 16
 // updates the mean hold time) and hands free slots to the waiters in
 // order: highest priority first, the longest waiting first among equals
 // (the newest under a standing queue with WithLIFO), stopping at the
-// first that does not fit. A waiter whose deadline passed, or whose
+// first that does not fit. A waiter whose deadline passed or comes within
+// the mean hold time (its work would end after it), or whose
 // sojourn passed the target of WithSojourn under a standing queue, is
 // denied instead, before any work.
 func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, held time.Duration) {
@@ -444,7 +445,9 @@ func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, he
 			}
 			w := q.waiting[p][i]
 			switch {
-			case !w.deadline.IsZero() && !now.Before(w.deadline):
+			case !w.deadline.IsZero() && w.deadline.Sub(now) <= q.hold:
+				// Its deadline passed, or comes before its work would
+				// end (the mean hold): no work for it.
 				w.expired = true
 			case q.o.sojournTarget > 0 && standing >= q.o.sojournInterval && now.Sub(w.enq) > q.o.sojournTarget:
 				w.expired = true
