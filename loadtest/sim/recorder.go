@@ -282,8 +282,8 @@ type Series struct {
 	TenantRetryMS  [][]int64            `json:"tenant_retry_after_ms,omitempty"` // sum of the 429s' Retry-After
 	LearnedMaxLow  []float64            `json:"learned_limit_max_low,omitempty"` // lowest (over samples) largest learned limit of the live servers; -1: none
 	SlotsHigh      []float64            `json:"pool_slots_high,omitempty"`       // highest sum of the live servers' pool slots
-	Exports        []float64            `json:"export_rps"`    // export requests sent /s
-	ExportsOK      []float64            `json:"export_ok_rps"` // export requests answered 200 /s
+	Exports        []float64            `json:"export_rps"`                      // export requests sent /s
+	ExportsOK      []float64            `json:"export_ok_rps"`                   // export requests answered 200 /s
 	backendLat     [][]float32
 	critLat        [][]float32
 	totalsRejected map[string]int64

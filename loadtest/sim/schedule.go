@@ -32,7 +32,7 @@ type Phase struct {
 	Slow     float64 `json:"db_slow,omitempty"`
 	Stuck    bool    `json:"db_stuck,omitempty"`
 	StartSec float64 `json:"start_s"`
-	EndSec     float64 `json:"end_s"`
+	EndSec   float64 `json:"end_s"`
 }
 
 // End returns when the phase ends, from the start of the run.
