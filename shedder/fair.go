@@ -170,9 +170,9 @@ func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
 }
 
 // overShare decides, for a request of tenant name, whether its tenant
-// already holds more than its fair share: its cost in flight and waiting
-// above its max-min share of p's capacity, rounded up (up to the share and
-// one more request may be held). Such a request is denied at
+// already holds its fair share: its cost in flight and waiting, with this
+// request, above its max-min share of p's capacity, rounded up (a tenant
+// holding nothing may always ask). Such a request is denied at
 // once with spillway.ReasonConcurrency (429: this tenant is over its
 // share, not the server out of room for everybody), Limit its share
 // rounded up, and a RetryAfter of its own: the time its backlog takes to
@@ -184,10 +184,7 @@ func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.D
 		held = t.inflight + t.waiting
 	}
 	allowed := int64(math.Ceil(share - 1e-9))
-	if held <= allowed {
-		// Within its share, rounded up, and one more request waiting: a
-		// tenant that has a request waiting whenever a slot frees gets
-		// its share, whatever the timing of its arrivals.
+	if held == 0 || held+c <= allowed {
 		return spillway.Decision{}, false
 	}
 	retry := q.o.retryAfter

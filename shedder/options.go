@@ -166,9 +166,9 @@ func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 // less than one mean hold time) gets a max-min fair share of that
 // capacity, in proportion to its weight (WithTenantWeights; 1 by default):
 // a tenant that wants less keeps what it wants and the rest goes to the
-// others. A request whose tenant already holds more than its share (in
-// flight and waiting, the share rounded up, and one more request) is
-// denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
+// others. A request whose tenant already holds its share (in flight and
+// waiting, the share rounded up; a tenant holding nothing may always ask)
+// is denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
 // of its own, and a freed slot goes to the waiter whose tenant got the
 // least service for its weight lately (over about a second). State: one
 // entry per active tenant and priority, dropped one mean hold time after
