@@ -2,7 +2,9 @@ package spillway
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"time"
 )
 
 // PriorityHeader is the HTTP header that carries a request's priority to
@@ -14,6 +16,35 @@ const PriorityHeader = "Spillway-Priority"
 // gRPC metadata keys are lowercase. The value is the same as
 // PriorityHeader's.
 const PriorityMetadataKey = "spillway-priority"
+
+// TimeoutHeader is the HTTP header in which a client states how long it
+// will wait for the answer, in whole milliseconds ("300"): the HTTP
+// counterpart of gRPC's grpc-timeout, which arrives as the context's
+// deadline. A server that reads it (httpx.WithDeadlineHeader) gives the
+// request's context that deadline, so that blocks which queue
+// (shedder.Queue, shedder.Pool) refuse at once a request they could not
+// serve in time, and drop one whose client gave up while it waited.
+const TimeoutHeader = "Spillway-Timeout"
+
+// ParseTimeout reads the value of a TimeoutHeader header: whole
+// milliseconds, 1 to 3 600 000 (an hour), spaces around it ignored.
+func ParseTimeout(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if v == "" || len(v) > 7 {
+		return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
+	}
+	var ms int64
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
+		}
+		ms = ms*10 + int64(v[i]-'0')
+	}
+	if ms < 1 || ms > 3_600_000 {
+		return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
 
 type priorityKey struct{}
 

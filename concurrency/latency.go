@@ -25,6 +25,19 @@ type LatencyConfig struct {
 	// 1.2; it must be above 1.05 (the band up to 1.05 × the baseline is
 	// where the limit may grow).
 	Tolerance float64
+	// Timeout, when set, is the latency at which the callers give up
+	// (their timeout, or the dependency's statement timeout): latency
+	// that stays bad. Work that ends at or past the stuck latency (the
+	// lower of Timeout and stuckFactor × the lowest baseline learned), or
+	// fails (Dropped), or is all still in flight past it, with no piece
+	// of work ending in time for as long, sends the limit to Min
+	// at once (cause "stuck") instead of letting it hold or climb on a
+	// steady ratio; while stuck, no rebaseline and no Raise. The first
+	// piece of work that ends in time again ends it, and the limit slow
+	// starts from Min (doubling per window, as TCP after a timeout) and
+	// takes idle capacity (Raise) again. 0 (the default): none of this;
+	// the limit behaves as without the field.
+	Timeout time.Duration
 	// OnChange, when set, is called with every change of the limit's
 	// integer value, under the caller's lock (keep it short).
 	OnChange func(LatencyChange)
@@ -110,6 +123,11 @@ type LatencyLimit struct {
 	bsum    time.Duration // their sum
 	cause   string        // the cause of the change being made
 	probe   float64       // the next step after a cut, a share of the limit
+
+	// Timeout (stuck latency) only.
+	minBase  time.Duration // the lowest baseline learned
+	lastGood time.Time     // the end of the last work that ended in time
+	stuck    bool          // at Min because latency stays at the Timeout
 }
 
 const (
@@ -128,6 +146,10 @@ const (
 	fastSamples     = 3
 	growTolerance   = 1.05 // within 1.05× the limit may grow
 	fastFactor      = 1.75
+	// stuckFactor: with a Timeout, latency stuckFactor × the lowest
+	// baseline learned, or more, is stuck too (far above the long-run
+	// minimum), when that comes before the Timeout.
+	stuckFactor = 10
 )
 
 // NewLatencyLimit validates cfg and returns a LatencyLimit in slow start
@@ -157,6 +179,8 @@ func NewLatencyLimit(cfg LatencyConfig) (*LatencyLimit, error) {
 		return nil, fmt.Errorf("concurrency: NewLatencyLimit: Window %d must be at least 1", cfg.Window)
 	case !(cfg.Tolerance > growTolerance) || math.IsInf(cfg.Tolerance, 1):
 		return nil, fmt.Errorf("concurrency: NewLatencyLimit: Tolerance %v must be above %v and finite", cfg.Tolerance, growTolerance)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("concurrency: NewLatencyLimit: Timeout %v is negative", cfg.Timeout)
 	}
 	return &LatencyLimit{cfg: cfg, limit: float64(cfg.Initial)}, nil
 }
@@ -188,15 +212,64 @@ func (l *LatencyLimit) Learn(start time.Time, rtt time.Duration, inFlight int, o
 	l.Update(Sample{Start: start, RTT: rtt, InFlight: inFlight, Outcome: o})
 }
 
+// Stuck reports whether the limit is at Min because latency stays at the
+// Timeout (LatencyConfig.Timeout).
+func (l *LatencyLimit) Stuck() bool { return l.stuck }
+
+// stuckAt is the latency at which work is stuck: the Timeout, or
+// stuckFactor × the lowest baseline when that is lower; 0 without a
+// Timeout.
+func (l *LatencyLimit) stuckAt() time.Duration {
+	t := l.cfg.Timeout
+	if t > 0 && l.minBase > 0 && stuckFactor*l.minBase < t {
+		t = stuckFactor * l.minBase
+	}
+	return t
+}
+
+// goStuck sends the limit to Min (cause "stuck") when nothing ended in
+// time for the whole stuck latency before at; it reports whether the limit is
+// stuck.
+func (l *LatencyLimit) goStuck(at time.Time) bool {
+	if l.lastGood.IsZero() {
+		l.lastGood = at // the clock starts at the first sign
+	}
+	if at.Sub(l.lastGood) < l.stuckAt() {
+		return false
+	}
+	if !l.stuck || l.limit > float64(l.cfg.Min) {
+		l.cause = "stuck"
+		l.set(float64(l.cfg.Min), at)
+	}
+	l.stuck = true
+	l.grown = false // slow start once it ends, as TCP after a timeout
+	return true
+}
+
 // Update implements Algorithm.
 func (l *LatencyLimit) Update(s Sample) {
 	if s.Outcome != spillway.Success && s.Outcome != spillway.Dropped {
 		return
 	}
+	end := s.Start.Add(s.RTT)
+	if st := l.stuckAt(); st > 0 {
+		// Latency that stays bad: seen whenever the work was admitted (a
+		// stuck dependency holds what was admitted before a cut too).
+		if s.Outcome == spillway.Success && s.RTT < st {
+			if end.After(l.lastGood) {
+				l.lastGood = end
+			}
+			if l.stuck {
+				l.stuck = false
+				l.cutAt = end // what was admitted while stuck says nothing more
+			}
+		} else if l.goStuck(end) {
+			return
+		}
+	}
 	if s.Start.Before(l.cutAt) {
 		return // admitted before the last cut, under a higher limit
 	}
-	end := s.Start.Add(s.RTT)
 	if s.Outcome == spillway.Dropped {
 		l.cause = "dropped"
 		l.set(l.eff()*0.5, end)
@@ -226,6 +299,7 @@ func (l *LatencyLimit) Update(s Sample) {
 		first := l.baseline == 0
 		if l.bn >= window {
 			l.baseline = l.bsum / time.Duration(l.bn)
+			l.noteBaseline()
 		}
 		if l.baseline == 0 {
 			return
@@ -259,6 +333,7 @@ func (l *LatencyLimit) Update(s Sample) {
 		// re-measures the unloaded latency; the limit probes up from
 		// here.
 		l.baseline = mean
+		l.noteBaseline()
 		l.cause = "rebaseline"
 		l.set(l.limit, end)
 	case float64(mean) > l.cfg.Tolerance*float64(l.baseline):
@@ -277,6 +352,7 @@ func (l *LatencyLimit) Update(s Sample) {
 			// settles the baseline below the mean, and every window then
 			// looks slower than it is.
 			l.baseline += (mean - l.baseline) / 50
+			l.noteBaseline()
 		}
 		next := l.limit
 		// Grow only when the window used at least half the limit in use,
@@ -305,6 +381,13 @@ func (l *LatencyLimit) Update(s Sample) {
 	}
 }
 
+// noteBaseline keeps the lowest baseline learned.
+func (l *LatencyLimit) noteBaseline() {
+	if l.baseline > 0 && (l.minBase == 0 || l.baseline < l.minBase) {
+		l.minBase = l.baseline
+	}
+}
+
 // set moves the limit and starts a new window of samples admitted from
 // at on.
 func (l *LatencyLimit) set(limit float64, at time.Time) {
@@ -330,6 +413,9 @@ func (l *LatencyLimit) set(limit float64, at time.Time) {
 // says nothing. Servers whose shares add up to one add up at most the
 // idle capacity reported. It never lowers the limit.
 func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time) {
+	if l.stuck {
+		return // idle because nothing it sends comes back: no room
+	}
 	if !(idle >= 1) || !since.After(l.cutAt) || !(share > 0) {
 		return
 	}
@@ -346,7 +432,23 @@ func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time)
 // bound of their latency, and at least twice the baseline: a cut in
 // proportion (baseline / latency) would be by half or more. starts yields
 // the start times of the work in flight.
+//
+// With a Timeout, work all still in flight past the stuck latency, with
+// nothing ended in time for as long, sends the limit to Min
+// ("stuck"): a dependency that hangs every call returns no samples.
 func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
+	if st := l.stuckAt(); st > 0 && !(l.stuck && l.limit <= float64(l.cfg.Min)) {
+		n, old := 0, 0
+		for s := range starts {
+			n++
+			if now.Sub(s) >= st {
+				old++
+			}
+		}
+		if n > 0 && old == n && l.goStuck(now) {
+			return
+		}
+	}
 	if l.baseline == 0 || l.eff() <= float64(l.cfg.Min) {
 		return // nothing to learn, or nothing left to cut
 	}

@@ -315,3 +315,103 @@ func TestLatencyLimitFollowsSlowerDependency(t *testing.T) {
 		t.Fatalf("at Min after %d round trips (want 4), back to the capacity after %d (want 119), baseline %v (want 30ms), %d rebaselines (want 1)", atMin, back, l.Baseline(), len(causes))
 	}
 }
+
+// Latency that stays bad (LatencyConfig.Timeout): work all in flight past
+// the Timeout, with nothing ended in time for as long, sends the limit to
+// Min at once; samples at the Timeout and failures keep it there (no
+// rebaseline, no Raise); the first call that ends in time again ends it,
+// and the limit slow starts from Min.
+func TestLatencyLimitStuck(t *testing.T) {
+	var causes []string
+	l := newLatency(t, LatencyConfig{Initial: 20, Timeout: time.Second, OnChange: func(c LatencyChange) { causes = append(causes, c.Cause) }})
+	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 9) // baseline 200 ms, under half used
+	if l.Baseline() != 200*time.Millisecond || l.Limit() != 20 || l.Stuck() {
+		t.Fatalf("baseline %v, limit %d, stuck %v; want 200ms, 20, false", l.Baseline(), l.Limit(), l.Stuck())
+	}
+	// One of three in flight younger than the Timeout: not stuck (the
+	// overdue rule halves).
+	now := at.Add(1500 * time.Millisecond)
+	starts := []time.Time{at, at, at.Add(900 * time.Millisecond)}
+	l.Overdue(now, slices.Values(starts))
+	if l.Limit() != 10 || l.Stuck() {
+		t.Fatalf("one young: limit %d, stuck %v; want 10, false", l.Limit(), l.Stuck())
+	}
+	// All three past the Timeout, nothing ended in time for 2 s: Min,
+	// though the work was admitted before the last cut.
+	now = at.Add(2 * time.Second)
+	l.Overdue(now, slices.Values(starts))
+	if l.Limit() != 1 || !l.Stuck() {
+		t.Fatalf("all stuck: limit %d, stuck %v; want 1, true", l.Limit(), l.Stuck())
+	}
+	// Idle capacity reported by a gauge does not raise a stuck limit.
+	l.Raise(11, 0.5, 30, now.Add(time.Millisecond), now.Add(300*time.Millisecond))
+	if l.Limit() != 1 {
+		t.Fatalf("raised while stuck to %d", l.Limit())
+	}
+	// Every call ends at the Timeout (a steady ratio) or fails: it stays
+	// at Min and keeps its baseline.
+	at = now
+	for i := 0; i < 48; i++ {
+		o := spillway.Success
+		if i%2 == 1 {
+			o = spillway.Dropped
+		}
+		l.Update(Sample{Start: at, RTT: time.Second, InFlight: 1, Outcome: o})
+		at = at.Add(time.Second + time.Millisecond)
+	}
+	if l.Limit() != 1 || l.Baseline() != 200*time.Millisecond || !l.Stuck() {
+		t.Fatalf("at the timeout: limit %d, baseline %v, stuck %v; want 1, 200ms, true", l.Limit(), l.Baseline(), l.Stuck())
+	}
+	// The dependency is back: the first call in time ends it, and the
+	// limit doubles with every window from Min.
+	at = feed(l, at, 1, 200*time.Millisecond, 1)
+	if l.Stuck() {
+		t.Fatal("still stuck after a call in time")
+	}
+	var got []int
+	for _, used := range []int{1, 2, 4, 8} {
+		at = feed(l, at, 12, 200*time.Millisecond, used)
+		got = append(got, l.Limit())
+	}
+	if !slices.Equal(got, []int{2, 4, 8, 16}) {
+		t.Fatalf("after the return: limits %v, want [2 4 8 16]", got)
+	}
+	if want := []string{"overdue", "stuck", "", "", "", ""}; !slices.Equal(causes, want) {
+		t.Fatalf("causes %q, want %q", causes, want)
+	}
+
+	// Without a Timeout the same calls at 1 s are a slower dependency:
+	// at Min they become the baseline and the limit climbs on them.
+	ref := newLatency(t, LatencyConfig{Initial: 20})
+	at = feed(ref, time.Unix(1000, 0), 48, 200*time.Millisecond, 9)
+	ref.Overdue(at.Add(2*time.Second), slices.Values([]time.Time{at, at, at}))
+	for ref.Limit() > 1 {
+		at = feed(ref, at, 3, 2*time.Second, 20)
+	}
+	for i := 0; i < 3 && ref.Baseline() != time.Second; i++ {
+		at = feed(ref, at, 12, time.Second, 1) // to Min, then a rebaseline to 1 s
+	}
+	_ = feed(ref, at, 12, time.Second, 1) // grows on it
+	if ref.Baseline() != time.Second || ref.limit != 1+1.0/32 {
+		t.Fatalf("without a Timeout: baseline %v, limit %v; want 1s and growing above 1", ref.Baseline(), ref.limit)
+	}
+}
+
+// Far above the long-run minimum counts as stuck too: with a Timeout of
+// 10 s and a baseline of 100 ms, calls that all take 1.5 s (15× the
+// baseline) send the limit to Min after 1 s of them.
+func TestLatencyLimitStuckFarAboveMinimum(t *testing.T) {
+	l := newLatency(t, LatencyConfig{Initial: 20, Timeout: 10 * time.Second})
+	at := feed(l, time.Unix(1000, 0), 48, 100*time.Millisecond, 9)
+	if l.stuckAt() != time.Second {
+		t.Fatalf("stuck latency %v, want 1s (10 × the 100ms baseline)", l.stuckAt())
+	}
+	l.Update(Sample{Start: at, RTT: 1500 * time.Millisecond, InFlight: 9, Outcome: spillway.Success})
+	if l.Limit() != 1 || !l.Stuck() {
+		t.Fatalf("limit %d, stuck %v; want 1, true", l.Limit(), l.Stuck())
+	}
+	// A negative Timeout is refused.
+	if _, err := NewLatencyLimit(LatencyConfig{Timeout: -time.Second}); err == nil {
+		t.Fatal("negative Timeout accepted")
+	}
+}

@@ -41,7 +41,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.Usage = usage
 	}
 	var res admission.Result
-	if c.estHeader != "" {
+	if c.dlHeader != "" {
+		if v := r.Header.Values(c.dlHeader); len(v) > 0 {
+			d, err := spillway.ParseTimeout(v[0])
+			if err == nil && len(v) > 1 {
+				err = errors.New("more than one value")
+			}
+			if err != nil {
+				err = fmt.Errorf("httpx: header %s: %w", c.dlHeader, err)
+				res = admission.Result{Decision: spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: admission.LimiterRequest}, Done: spillway.Noop, Invalid: err}
+			} else {
+				ctx, cancel := context.WithTimeout(r.Context(), d)
+				defer cancel()
+				r = r.WithContext(ctx)
+			}
+		}
+	}
+	if res.Invalid == nil && c.estHeader != "" {
 		if v := r.Header.Values(c.estHeader); len(v) > 0 {
 			n, err := admission.ParseCost(v[0])
 			if err == nil && len(v) > 1 {

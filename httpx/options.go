@@ -31,6 +31,7 @@ type config struct {
 	meter       bool
 	estHeader   string // header carrying the estimate; empty: none
 	usageHeader string // response header or trailer carrying the actual cost
+	dlHeader    string // header carrying the client's timeout; empty: none
 }
 
 func newConfig(opts []Option) config {
@@ -202,6 +203,20 @@ func WithUsage() Option {
 // implies WithUsage.
 func WithEstimateHeader(name string) Option {
 	return func(c *config) { c.estHeader, c.meter = http.CanonicalHeaderKey(name), true }
+}
+
+// WithDeadlineHeader reads, from the request header name (usually
+// spillway.TimeoutHeader, "Spillway-Timeout"), how long the client will
+// wait for the answer, in whole milliseconds (spillway.ParseTimeout), and
+// gives the request's context that deadline (or keeps an earlier one it
+// has) before admission: blocks that queue refuse at once a request whose
+// expected wait is longer than the time it has left, and drop, before any
+// work, one whose deadline passed while it waited; the handler and the
+// calls it makes see the deadline too. A missing header leaves the
+// context as it is; a malformed value is answered 400 with the reason. By
+// default no header is read.
+func WithDeadlineHeader(name string) Option {
+	return func(c *config) { c.dlHeader = http.CanonicalHeaderKey(name) }
 }
 
 // WithUsageHeader reads the actual cost from the response header (or

@@ -35,7 +35,15 @@ type options struct {
 	waitSet [4]bool
 	depth   int
 
-	badWait bool // WithPriorityWait of a priority out of range
+	tenantDim string             // WithTenant; "": no tenants
+	weights   map[string]float64 // WithTenantWeights
+
+	lifoAfter       time.Duration // WithLIFO; 0: FIFO always
+	sojournTarget   time.Duration // WithSojourn; 0: none
+	sojournInterval time.Duration
+
+	badWait  bool   // WithPriorityWait of a priority out of range
+	badQueue string // a bad Queue option, described
 
 	// Pool.
 	fleet *Fleet
@@ -147,6 +155,84 @@ func WithPriorityWait(p spillway.Priority, d time.Duration) Option {
 // WithQueueDepth sets how many requests may wait in a Queue at once
 // (default its number of slots; 64 for a Pool). Queue and Pool.
 func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
+
+// WithTenant makes a Queue (or a Pool) share its capacity fairly between
+// the tenants of each priority, a tenant being the value of the request
+// dimension dim (spillway.DimAPIKey, spillway.DimUser, or any other;
+// requests without it are one tenant together). Priorities still come
+// first: a freed slot goes to the highest priority waiting, and the
+// capacity a priority shares is what higher priorities leave. Within a
+// priority, each active tenant (work in flight or waiting, or idle for
+// less than one mean hold time) gets a max-min fair share of that
+// capacity, in proportion to its weight (WithTenantWeights; 1 by default):
+// a tenant that wants less keeps what it wants and the rest goes to the
+// others. A request whose tenant already holds its share (in flight and
+// waiting, the share rounded up; a tenant holding nothing may always ask)
+// is denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
+// of its own, and a freed slot goes to the waiter whose tenant got the
+// least service for its weight lately (over about a second). State: one
+// entry per active tenant and priority, dropped one mean hold time after
+// it has nothing in flight or waiting (about slots + depth entries).
+// Queue and Pool; by default there are no tenants.
+func WithTenant(dim string) Option {
+	return func(o *options) {
+		o.tenantDim = dim
+		if dim == "" {
+			o.badQueue = "tenant dimension is empty"
+		}
+	}
+}
+
+// WithTenantWeights gives tenants (values of the WithTenant dimension)
+// weights for their fair shares: a tenant of weight 2 gets twice the
+// share of one of weight 1 when both want more; tenants not listed weigh
+// 1. Weights must be positive and finite. Queue and Pool, with WithTenant.
+func WithTenantWeights(weights map[string]float64) Option {
+	return func(o *options) {
+		o.weights = make(map[string]float64, len(weights))
+		for k, w := range weights {
+			if !(w > 0) || math.IsInf(w, 1) {
+				o.badQueue = fmt.Sprintf("weight %v of tenant %q must be positive and finite", w, k)
+			}
+			o.weights[k] = w
+		}
+	}
+}
+
+// WithLIFO makes a Queue serve the newest waiter of a priority first
+// while its oldest has waited at least after (a standing queue), and the
+// oldest first otherwise (adaptive LIFO): under a standing queue the
+// oldest waiters are those whose clients are the likeliest to have given
+// up, and the newest can still be served in time; without one, arrival
+// order is fairest. after must be positive; by default a Queue is FIFO.
+// Queue and Pool.
+func WithLIFO(after time.Duration) Option {
+	return func(o *options) {
+		o.lifoAfter = after
+		if after <= 0 {
+			o.badQueue = fmt.Sprintf("LIFO threshold %v must be positive", after)
+		}
+	}
+}
+
+// WithSojourn bounds a Queue's wait by its sojourn time, CoDel-style: while
+// the queue has not been empty for interval (a standing queue), a request
+// waits at most target, and a waiter that has waited longer than target is
+// denied when its turn comes, before any work; otherwise a request waits
+// at most interval (and never longer than its priority's maximum wait).
+// A burst is absorbed by a queue that drains within interval; a queue that
+// stays is kept short, so its waiters' latency stays at about target.
+// Typical values: target 5–20 ms, interval 100 ms. 0 < target ≤
+// interval; by default there is no sojourn bound, only the maximum wait.
+// Queue and Pool.
+func WithSojourn(target, interval time.Duration) Option {
+	return func(o *options) {
+		o.sojournTarget, o.sojournInterval = target, interval
+		if target <= 0 || interval < target {
+			o.badQueue = fmt.Sprintf("sojourn target %v, interval %v: want 0 < target <= interval", target, interval)
+		}
+	}
+}
 
 // WithFleet caps a Pool's slots at what the fleet shedder f allows this
 // server now (f.Allowance(spillway.Critical)) and gives the Pool this

@@ -2,6 +2,7 @@ package shedder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -57,15 +58,27 @@ type Queue struct {
 	used    int64
 	waiting [spillway.NumPriorities][]*waiter // FIFO per priority
 	nwait   int
+	hold    time.Duration // how long admitted work holds its slots, on average (EWMA)
+	busy    time.Time     // the queue last went from no waiter to one
+	usedBy  [spillway.NumPriorities]int64
 
-	admitted, waited, timedOut, displaced, rejected atomic.Int64
+	// WithTenant: the active tenants (work in flight or waiting) of each
+	// priority; an entry is removed when its tenant has neither.
+	tenants [spillway.NumPriorities]map[string]*tenant
+	scratch []shareEntry
+
+	admitted, waited, timedOut, displaced, rejected, late, expired, overShared atomic.Int64
 }
 
 type waiter struct {
-	cost  int64
-	ready chan struct{} // closed when granted or displaced
+	cost     int64
+	t        *tenant       // WithTenant: its tenant; nil without
+	enq      time.Time     // when it joined the queue
+	deadline time.Time     // its context's deadline; zero: none
+	ready    chan struct{} // closed when granted or denied
 	// Written under Queue.mu before ready is closed.
 	granted bool
+	expired bool // denied at the grant: its deadline had passed
 }
 
 // QueueStats are a Queue's counters since it was made.
@@ -75,6 +88,17 @@ type QueueStats struct {
 	TimedOut  int64 // waiters denied when their wait or context ran out
 	Displaced int64 // waiters denied to make room for a higher priority
 	Rejected  int64 // arrivals denied at once (queue full, or no wait)
+	// Late are arrivals denied at once because their expected wait and
+	// work were longer than the time their deadline left them (or it had
+	// passed).
+	Late int64
+	// Expired are waiters dropped before any work because their
+	// deadline passed while they waited (their context's deadline, or a
+	// slot granted after it).
+	Expired int64
+	// OverShare are arrivals denied at once because their tenant held
+	// its fair share of its priority (WithTenant).
+	OverShare int64
 	InFlight  int64 // cost admitted and not yet done
 	Waiting   int   // waiters now
 }
@@ -99,6 +123,9 @@ func newQueue(slots int64, o options) (*Queue, error) {
 	}
 	if o.maxWait < 0 {
 		return nil, fmt.Errorf("shedder: max wait %v is negative", o.maxWait)
+	}
+	if o.badQueue != "" {
+		return nil, fmt.Errorf("shedder: %s", o.badQueue)
 	}
 	if o.badWait {
 		return nil, fmt.Errorf("shedder: priority wait of a priority outside [%v, %v]", spillway.Sheddable, spillway.CriticalPlus)
@@ -126,6 +153,19 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
 	}
 	c, p := r.EffectiveCost(), r.Priority
+	var tname string
+	if q.o.tenantDim != "" {
+		tname, _ = r.Get(q.o.tenantDim) // without it: the tenant ""
+	}
+	if ctx.Err() != nil {
+		// The client already left (its deadline passed, or it went
+		// away): no work for it, not even a slot.
+		q.mu.Lock()
+		d := q.deny()
+		q.mu.Unlock()
+		q.late.Add(1)
+		return d, spillway.Noop, nil
+	}
 	q.mu.Lock()
 	if c > q.slots {
 		slots := q.slots
@@ -133,17 +173,70 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: slots}, spillway.Noop, nil
 	}
 	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
+		if q.o.tenantDim != "" {
+			if d, over := q.overShare(p, tname, c); over {
+				q.mu.Unlock()
+				q.overShared.Add(1)
+				return d, spillway.Noop, nil
+			}
+		}
 		q.used += c
+		q.usedBy[p] += c
+		t := q.tenantFor(p, tname)
+		if t != nil {
+			t.inflight += c
+			t.serve(c, q.o.now())
+		}
 		q.mu.Unlock()
-		return q.allow(c)
+		return q.allow(c, p, t)
 	}
-	if q.waits[p] == 0 || ctx.Err() != nil || !q.makeRoom(p) {
+	if q.o.tenantDim != "" {
+		if d, over := q.overShare(p, tname, c); over {
+			q.mu.Unlock()
+			q.overShared.Add(1)
+			return d, spillway.Noop, nil
+		}
+	}
+	var (
+		now      = q.o.now()
+		deadline time.Time
+		wait     = q.waits[p]
+	)
+	if dl, ok := ctx.Deadline(); ok {
+		deadline = dl
+		if left := dl.Sub(now); left <= 0 || q.expectedWait(p, c)+q.hold > left {
+			// Its wait and its work (the mean hold) would end after its
+			// client gave up: refuse it now, while it can still go
+			// elsewhere.
+			d := q.deny()
+			q.mu.Unlock()
+			q.late.Add(1)
+			return d, spillway.Noop, nil
+		}
+	}
+	if q.o.sojournTarget > 0 {
+		// CoDel-style: while the queue has not been empty for an
+		// interval, a wait is bounded by the target; else by the
+		// interval.
+		if q.nwait > 0 && now.Sub(q.busy) >= q.o.sojournInterval {
+			wait = min(wait, q.o.sojournTarget)
+		} else {
+			wait = min(wait, q.o.sojournInterval)
+		}
+	}
+	if wait <= 0 || !q.makeRoom(p) {
 		d := q.deny()
 		q.mu.Unlock()
 		q.rejected.Add(1)
 		return d, spillway.Noop, nil
 	}
-	w := &waiter{cost: c, ready: make(chan struct{})}
+	w := &waiter{cost: c, enq: now, deadline: deadline, ready: make(chan struct{}), t: q.tenantFor(p, tname)}
+	if w.t != nil {
+		w.t.waiting += c
+	}
+	if q.nwait == 0 {
+		q.busy = now
+	}
 	q.waiting[p] = append(q.waiting[p], w)
 	q.nwait++
 	q.mu.Unlock()
@@ -151,7 +244,7 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	// The wait is local work, not a wait on a shared store: it does not
 	// spend the request's admission budget (spillway.PauseBudget).
 	resume := spillway.PauseBudget(ctx)
-	t := time.NewTimer(q.waits[p])
+	t := time.NewTimer(wait)
 	select {
 	case <-w.ready:
 	case <-t.C:
@@ -162,7 +255,12 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	q.mu.Lock()
 	granted := w.granted
 	if !granted && q.remove(p, w) {
-		q.timedOut.Add(1) // still queued: its wait ran out
+		// Still queued: its wait or its context ran out.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			q.expired.Add(1)
+		} else {
+			q.timedOut.Add(1)
+		}
 	}
 	var d spillway.Decision
 	if !granted {
@@ -172,13 +270,46 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	if !granted {
 		return d, spillway.Noop, nil
 	}
+	if ctx.Err() != nil {
+		// Granted as its deadline passed (or its client left): the slot
+		// goes back before any work.
+		q.release(c, p, w.t, 0, -1)
+		q.mu.Lock()
+		d = q.deny()
+		q.mu.Unlock()
+		q.expired.Add(1)
+		return d, spillway.Noop, nil
+	}
 	q.waited.Add(1)
-	return q.allow(c)
+	return q.allow(c, p, w.t)
 }
 
-func (q *Queue) allow(c int64) (spillway.Decision, spillway.Done, error) {
+// expectedWait is how long a request of priority p and cost c that joins
+// the queue now would wait for its slots: the cost ahead of it (waiters
+// of its priority and higher), less the free slots, served at slots per
+// mean hold time; 0 before any work ended. Called with q.mu held.
+func (q *Queue) expectedWait(p spillway.Priority, c int64) time.Duration {
+	if q.hold <= 0 {
+		return 0
+	}
+	ahead := c - (q.slots - q.used)
+	for i := int(p); i < spillway.NumPriorities; i++ {
+		for _, w := range q.waiting[i] {
+			ahead += w.cost
+		}
+	}
+	if ahead <= 0 {
+		return 0
+	}
+	return time.Duration(float64(q.hold) * float64(ahead) / float64(q.slots))
+}
+
+func (q *Queue) allow(c int64, p spillway.Priority, t *tenant) (spillway.Decision, spillway.Done, error) {
 	q.admitted.Add(1)
-	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) { q.release(c, 0) }), nil
+	start := q.o.now()
+	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) {
+		q.release(c, p, t, 0, q.o.now().Sub(start))
+	}), nil
 }
 
 // deny is called with q.mu held.
@@ -215,6 +346,7 @@ func (q *Queue) makeRoom(p spillway.Priority) bool {
 			w := q.waiting[i][n-1]
 			q.waiting[i] = q.waiting[i][:n-1]
 			q.nwait--
+			q.unwait(w)
 			q.displaced.Add(1)
 			close(w.ready) // not granted: it is denied
 			return true
@@ -232,6 +364,7 @@ func (q *Queue) remove(p spillway.Priority, w *waiter) bool {
 	}
 	q.waiting[p] = slices.Delete(q.waiting[p], i, i+1)
 	q.nwait--
+	q.unwait(w)
 	return true
 }
 
@@ -244,8 +377,17 @@ func (q *Queue) SetSlots(n int64) error {
 	if n <= 0 {
 		return fmt.Errorf("shedder: queue slots %d must be positive", n)
 	}
-	q.release(0, n)
+	q.release(0, 0, nil, n, -1)
 	return nil
+}
+
+// Hold returns how long admitted work holds its slots, on average over
+// about the last 16 pieces (0 before any ended): the estimate behind a
+// request's expected wait.
+func (q *Queue) Hold() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.hold
 }
 
 // Slots returns the number of slots.
@@ -255,28 +397,85 @@ func (q *Queue) Slots() int64 {
 	return q.slots
 }
 
-// release gives c slots back and hands free slots to the waiters in
-// order: highest priority first, the longest waiting first among equals,
-// stopping at the first head that does not fit.
-func (q *Queue) release(c, slots int64) {
+// holdWeight is the weight of one piece of work in the mean hold time
+// (an EWMA over about the last 16).
+const holdWeight = 1.0 / 16
+
+// release gives c slots back (held for held, when not negative: it
+// updates the mean hold time) and hands free slots to the waiters in
+// order: highest priority first, the longest waiting first among equals
+// (the newest under a standing queue with WithLIFO), stopping at the
+// first that does not fit. A waiter whose deadline passed or comes within
+// the mean hold time (its work would end after it), or whose
+// sojourn passed the target of WithSojourn under a standing queue, is
+// denied instead, before any work.
+func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, held time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.used -= c
+	q.usedBy[p] -= c
+	if t != nil {
+		t.inflight -= c
+		q.dropIdle(t)
+	}
 	if slots > 0 {
 		q.slots = slots
 	}
+	if held >= 0 && c > 0 {
+		if q.hold == 0 {
+			q.hold = held
+		} else {
+			q.hold += time.Duration(holdWeight * float64(held-q.hold))
+		}
+	}
+	if q.nwait == 0 {
+		return
+	}
+	now := q.o.now()
+	standing := now.Sub(q.busy)
 	for p := spillway.NumPriorities - 1; p >= 0; p-- {
 		for len(q.waiting[p]) > 0 {
-			w := q.waiting[p][0]
-			if w.cost > q.slots-q.used {
+			lifo := q.o.lifoAfter > 0 && now.Sub(q.waiting[p][0].enq) >= q.o.lifoAfter
+			i := 0
+			switch {
+			case q.o.tenantDim != "":
+				i = q.fairest(spillway.Priority(p), lifo, now)
+			case lifo:
+				i = len(q.waiting[p]) - 1 // adaptive LIFO: the newest first
+			}
+			w := q.waiting[p][i]
+			switch {
+			case !w.deadline.IsZero() && w.deadline.Sub(now) <= q.hold:
+				// Its deadline passed, or comes before its work would
+				// end (the mean hold): no work for it.
+				w.expired = true
+			case q.o.sojournTarget > 0 && standing >= q.o.sojournInterval && now.Sub(w.enq) > q.o.sojournTarget:
+				w.expired = true
+			case w.cost > q.slots-q.used:
+				return
+			default:
+				q.used += w.cost
+				q.usedBy[p] += w.cost
+				w.granted = true
+			}
+			q.waiting[p] = slices.Delete(q.waiting[p], i, i+1)
+			q.nwait--
+			if w.t != nil {
+				w.t.waiting -= w.cost
+				if w.granted {
+					w.t.inflight += w.cost
+					w.t.serve(w.cost, now)
+				} else {
+					q.dropIdle(w.t)
+				}
+			}
+			if w.expired {
+				q.expired.Add(1)
+			}
+			close(w.ready)
+			if q.nwait == 0 {
 				return
 			}
-			q.used += w.cost
-			q.waiting[p][0] = nil
-			q.waiting[p] = q.waiting[p][1:]
-			q.nwait--
-			w.granted = true
-			close(w.ready)
 		}
 	}
 }
@@ -292,6 +491,9 @@ func (q *Queue) Stats() QueueStats {
 		TimedOut:  q.timedOut.Load(),
 		Displaced: q.displaced.Load(),
 		Rejected:  q.rejected.Load(),
+		Late:      q.late.Load(),
+		Expired:   q.expired.Load(),
+		OverShare: q.overShared.Load(),
 		InFlight:  inflight,
 		Waiting:   nwait,
 	}

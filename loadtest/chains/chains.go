@@ -39,6 +39,16 @@ type Env struct {
 	// nil, receives every change of a learned limit (-trace).
 	Debug *sim.Debug
 	Trace io.Writer
+	// Options of the full chain that only the newer scenarios turn on
+	// (the others' full chain stays as it was measured): Tenant gives the
+	// pool fair shares between the values of this dimension
+	// (shedder.WithTenant); Deadlines makes the servers read the
+	// clients' timeout into the context (httpx.WithDeadlineHeader), which
+	// the pool uses; StuckTimeout is the learned limit's Timeout
+	// (concurrency.LatencyConfig.Timeout).
+	Tenant       string
+	Deadlines    bool
+	StuckTimeout time.Duration
 }
 
 // ServerChain is one server's limiters and its probes.
@@ -47,6 +57,11 @@ type ServerChain struct {
 	Export      spillway.Limiter // the export route's (no database); nil: no limiter
 	BreakerOpen func() bool      // nil: no breaker
 	Close       func()           // nil: nothing to close
+	// Deadlines: the servers read the clients' timeout into the request
+	// context (Env.Deadlines).
+	Deadlines bool
+	// Learned reads the learned limit and the pool's slots; nil: none.
+	Learned func() (limit int, slots int64)
 }
 
 // Configuration is one of the systems a scenario compares.
@@ -306,6 +321,11 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 // between the pool and the fleet it did no better; measured in uneven.)
 var FullBlocks = []string{"rate", "concurrency", "worker", "pool", "queue", "fleet", "ceiling"}
 
+// Features are the options of the full chain that newer scenarios turn
+// on (Env.Tenant, Env.Deadlines, Env.StuckTimeout); the ablation of a
+// scenario that uses one also runs the full chain without it.
+var Features = []string{"fair", "deadlines", "stuck"}
+
 // exportBlocks are the blocks of the full chain the export route runs
 // (it does not use the database).
 var exportBlocks = []string{"rate", "concurrency", "worker"}
@@ -319,6 +339,9 @@ var BlockTitles = map[string]string{
 	"queue":       "wait in priority order for the learned limit",
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
+	"fair":        "fair shares between tenants in the pool (shedder.WithTenant)",
+	"deadlines":   "the clients' deadlines read into the context (httpx.WithDeadlineHeader)",
+	"stuck":       "the learned limit's Timeout (latency that stays bad)",
 }
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
@@ -467,9 +490,16 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			_ = f.Close(ctx)
 		})
 	}
-	var pool *shedder.Pool
+	var (
+		pool    *shedder.Pool
+		learned func() (int, int64)
+	)
 	if removed != "pool" {
-		lim, err := concurrency.NewLatencyLimit(concurrency.LatencyConfig{Initial: 4, OnChange: traceLimit(env)})
+		lcfg := concurrency.LatencyConfig{Initial: 4, OnChange: traceLimit(env)}
+		if removed != "stuck" {
+			lcfg.Timeout = env.StuckTimeout
+		}
+		lim, err := concurrency.NewLatencyLimit(lcfg)
 		if err != nil {
 			return fail(err)
 		}
@@ -479,10 +509,14 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 				return fail(err)
 			}
 			add("pool", a)
+			learned = func() (int, int64) { l := a.Limit(); return l, int64(l) }
 		} else {
 			opts := []shedder.Option{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
 				shedder.WithPriorityWait(spillway.SheddablePlus, queueWait), shedder.WithPriorityWait(spillway.Sheddable, queueWait),
 				shedder.WithQueueDepth(64)}
+			if env.Tenant != "" && removed != "fair" {
+				opts = append(opts, shedder.WithTenant(env.Tenant))
+			}
 			if fleet != nil {
 				opts = append(opts, shedder.WithFleet(fleet))
 			}
@@ -492,6 +526,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			}
 			pool = p
 			add("pool", p)
+			learned = func() (int, int64) { s := p.Stats(); return s.Limit, s.Slots }
 		}
 	}
 	if fleet != nil {
@@ -561,8 +596,10 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		}
 	}
 	return ServerChain{
-		Limiter: spillway.Chain(chain...),
-		Export:  spillway.Chain(export...),
+		Limiter:   spillway.Chain(chain...),
+		Export:    spillway.Chain(export...),
+		Deadlines: env.Deadlines && removed != "deadlines",
+		Learned:   learned,
 		BreakerOpen: func() bool {
 			for _, b := range breakers {
 				if b() {

@@ -27,6 +27,8 @@ func checks(sc *scenario.ScenarioResult) []Check {
 		}
 	case sc.Name == "goodput":
 		return goodputChecks(sc)
+	case newerChecks[sc.Name] != nil:
+		return laterChecks(sc)
 	default:
 		return cascadeChecks(sc)
 	}
@@ -195,7 +197,7 @@ func ablationOf(sc *scenario.ScenarioResult) map[string][]string {
 	out := map[string][]string{}
 	for b, c := range sc.Ablated {
 		failed := []string{}
-		for _, ch := range chainChecks(sc, c) {
+		for _, ch := range configChecks(sc, c) {
 			if !ch.Pass {
 				failed = append(failed, ch.Key)
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -130,7 +131,7 @@ func PrintVerdict(w io.Writer, s *Report) {
 		if len(sc.Ablated) > 0 {
 			fmt.Fprintln(tw, "\nthe full chain without one block (ablation):")
 			fmt.Fprintln(tw, "config\tphase\tcap\toffered/s\tadmitted/s\tgoodput/s\tDB peak\tDB p99\tdegraded/s\tCrit p99\tCrit ok")
-			for _, b := range chains.FullBlocks {
+			for _, b := range ablationOrder() {
 				if c := sc.Ablated[b]; c != nil {
 					rows("-"+b, c)
 				}
@@ -195,7 +196,7 @@ func printAblation(w io.Writer, s *Report) {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tremoved\tfails without it (beyond what the full chain fails)")
-	matters := map[string]bool{}
+	matters, ran := map[string]bool{}, map[string]bool{}
 	for _, name := range s.Order {
 		ab := s.Ablation[name]
 		if ab == nil {
@@ -207,11 +208,12 @@ func printAblation(w io.Writer, s *Report) {
 				base[c.Key] = true
 			}
 		}
-		for _, b := range chains.FullBlocks {
+		for _, b := range ablationOrder() {
 			failed, ok := ab[b]
 			if !ok {
 				continue
 			}
+			ran[b] = true
 			var extra []string
 			for _, k := range failed {
 				if !base[k] {
@@ -229,8 +231,8 @@ func printAblation(w io.Writer, s *Report) {
 	tw.Flush()
 	writeTrimmed(w, &buf)
 	var idle []string
-	for _, b := range chains.FullBlocks {
-		if !matters[b] {
+	for _, b := range ablationOrder() {
+		if ran[b] && !matters[b] {
 			idle = append(idle, b)
 		}
 	}
@@ -240,6 +242,10 @@ func printAblation(w io.Writer, s *Report) {
 		fmt.Fprintln(w, "every block's removal failed a criterion in at least one scenario")
 	}
 }
+
+// ablationOrder is the order of the ablation's rows: the full chain's
+// blocks, then the options newer scenarios turn on.
+func ablationOrder() []string { return append(slices.Clone(chains.FullBlocks), chains.Features...) }
 
 // printExports prints, for a scenario with an export route, how many
 // exports each configuration was sent and answered (200 within their

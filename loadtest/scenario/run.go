@@ -99,6 +99,7 @@ type load struct {
 	sched  []sim.Arrival
 	pop    sim.Population
 	prog   *Progress
+	spec   Scenario
 }
 
 // runConfiguration drives one configuration through the phases with the
@@ -123,6 +124,7 @@ func (l *load) runConfiguration(ctx context.Context, env *chains.Env, cfg chains
 		}
 	}
 	f.clients = sim.NewClients(f.urls(), l.pop.Clients(), env.System.ClientTimeout, p.Retry, rec)
+	f.clients.Deadline = l.spec.Deadlines
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -198,7 +200,7 @@ func (f *fleet) start() error {
 	if err != nil {
 		return fmt.Errorf("loadtest: %s: server %d: %w", f.cfg.Name, i, err)
 	}
-	s, err := sim.StartAPIServer(c.Limiter, f.db, f.rec, sim.ServerOptions{Workers: f.workers, Export: c.Export})
+	s, err := sim.StartAPIServer(c.Limiter, f.db, f.rec, sim.ServerOptions{Workers: f.workers, Export: c.Export, Deadlines: c.Deadlines})
 	if err != nil {
 		if c.Close != nil {
 			c.Close()
@@ -265,6 +267,23 @@ func (f *fleet) breakersOpen() int {
 	return open
 }
 
+// sampleLearned records the live servers' learned limits, when their
+// chains have one.
+func (f *fleet) sampleLearned() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	top, slots, n := 0, int64(0), 0
+	for _, i := range f.live {
+		if l := f.chains[i].Learned; l != nil {
+			lim, s := l()
+			top, slots, n = max(top, lim), slots+s, n+1
+		}
+	}
+	if n > 0 {
+		f.rec.Learned(top, slots)
+	}
+}
+
 // close stops every server and closes every chain.
 func (f *fleet) close() {
 	f.mu.Lock()
@@ -293,6 +312,7 @@ func (f *fleet) monitor(ctx context.Context, start time.Time, phases []sim.Phase
 		case <-t.C:
 		}
 		f.rec.Breakers(f.breakersOpen())
+		f.sampleLearned()
 		el := time.Since(start)
 		for ph < len(phases)-1 && el >= phases[ph].End() {
 			ph++
@@ -310,6 +330,8 @@ func (f *fleet) followPhases(ctx context.Context, start time.Time, phases []sim.
 		}
 		redis.Set(ph.Redis)
 		f.db.SetCapacity(ph.Capacity)
+		f.db.SetSlow(ph.Slow)
+		f.db.SetStuck(ph.Stuck)
 		f.clients.SetHotShare(ph.HotShare)
 		if err := f.setLive(ph.Servers); err != nil {
 			return err

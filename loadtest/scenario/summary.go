@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"time"
 
@@ -117,20 +118,38 @@ func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *sim.R
 		return nil, fmt.Errorf("loadtest: unknown scenario %q", name)
 	}
 	sys := sim.SystemFor(p.Scale)
+	if spec.System != nil {
+		sys = spec.System(sys)
+	}
 	if p.GaugeWindow > 0 {
 		sys.GaugeWindow = p.GaugeWindow
 	}
 	cfgs := chains.Configurations(p.Configs)
+	if len(spec.Configs) > 0 {
+		var keep []chains.Configuration
+		for _, c := range cfgs {
+			if slices.Contains(spec.Configs, c.Name) {
+				keep = append(keep, c)
+			}
+		}
+		cfgs = keep
+	}
+	if len(cfgs) == 0 {
+		return nil, fmt.Errorf("loadtest: scenario %s runs only %v", name, spec.Configs)
+	}
 	per := durationFor(p, name) / time.Duration(len(cfgs))
 	phases := spec.Phases(per, sys, p.Servers)
 	pop := sim.DefaultPopulation()
+	if spec.Population != nil {
+		pop = spec.Population()
+	}
 	sched := sim.BuildSchedule(p.Seed, phases, pop)
 	res := &ScenarioResult{
 		Name: name, DurationSeconds: per.Seconds(), Phases: phases, Arrivals: len(sched),
 		ScheduleSHA256: sim.ScheduleDigest(sched), Configurations: map[string]*ConfigResult{}, Scenario: spec,
 	}
 	if p.Ablation && name != "goodput" {
-		for _, b := range chains.FullBlocks {
+		for _, b := range append(slices.Clone(chains.FullBlocks), spec.Features...) {
 			cfgs = append(cfgs, chains.Configuration{Name: "full-" + b, Title: "full chain without " + b + " (" + chains.BlockTitles[b] + ")", Build: chains.Full(b), Removed: b})
 		}
 	}
@@ -138,12 +157,16 @@ func runLoadScenario(ctx context.Context, p Params, name string, redisEnv *sim.R
 	if spec.Workers > 0 {
 		workers = max(2, int(math.Round(float64(spec.Workers)*p.Scale)))
 	}
-	l := &load{p: p, redis: redisEnv, phases: phases, sched: sched, pop: pop, prog: prog}
+	l := &load{p: p, redis: redisEnv, phases: phases, sched: sched, pop: pop, prog: prog, spec: spec}
 	for k, cfg := range cfgs {
 		env := &chains.Env{
 			Redis: redisEnv.Addr(), Servers: p.Servers, System: sys, Workers: workers,
 			Prefix: "lt" + strconv.Itoa(int(time.Now().UnixNano()%1e9)) + ":" + cfg.Name + ":",
 			Debug:  p.Debug, Trace: p.Trace,
+			Tenant: spec.Tenant, Deadlines: spec.Deadlines,
+		}
+		if spec.StuckTimeout {
+			env.StuckTimeout = sys.ClientTimeout
 		}
 		label := fmt.Sprintf("%s %d/%d %s", name, k+1, len(cfgs), cfg.Name)
 		r, err := l.runConfiguration(ctx, env, cfg, label)

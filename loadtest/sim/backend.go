@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,8 @@ type Backend struct {
 
 	inflight atomic.Int64
 	rec      *Recorder
+	slow     atomic.Uint64 // math.Float64bits of the latency multiplier; 0: 1
+	stuck    atomic.Bool   // every query hangs to the statement timeout
 
 	// The utilization gauge (Gauge): integrals over the current window,
 	// updated at every change of the queries in flight or the capacity.
@@ -111,6 +114,28 @@ var (
 // queries already running keep their service time.
 func (b *Backend) SetCapacity(c int) { b.change(0, int64(max(1, c))) }
 
+// SetSlow multiplies every query's service time by f from now on (1: as
+// usual): a slower replica, a missing index.
+func (b *Backend) SetSlow(f float64) {
+	if f <= 0 {
+		f = 1
+	}
+	b.slow.Store(math.Float64bits(f))
+}
+
+// SetStuck makes every query that starts from now on hang until the
+// statement timeout and fail (a lock held for ever, a hung replica).
+func (b *Backend) SetStuck(on bool) { b.stuck.Store(on) }
+
+type giveUpKey struct{}
+
+// WithGiveUp returns ctx carrying the time the request's client gives up
+// waiting for its answer: the database counts the time it spends on the
+// request after it as wasted.
+func WithGiveUp(ctx context.Context, at time.Time) context.Context {
+	return context.WithValue(ctx, giveUpKey{}, at)
+}
+
 // Capacity returns the capacity now.
 func (b *Backend) Capacity() int { return int(b.capacity.Load()) }
 
@@ -134,9 +159,28 @@ func (b *Backend) Query(ctx context.Context) error {
 		b.rec.BackendDone(start, 0, false)
 		return errTooManyConns
 	}
+	if giveUp, ok := ctx.Value(giveUpKey{}).(time.Time); ok {
+		defer func() {
+			end, from := time.Now(), start
+			if giveUp.After(from) {
+				from = giveUp
+			}
+			b.rec.BackendWork(start, end.Sub(start), end.Sub(from))
+		}()
+	} else {
+		defer func() { b.rec.BackendWork(start, time.Since(start), 0) }()
+	}
+	if b.stuck.Load() {
+		time.Sleep(b.StatementTimeout)
+		b.rec.BackendDone(start, time.Since(start), false)
+		return errStatementTimeout
+	}
 	c := float64(b.capacity.Load())
 	over := max(0, float64(n)-c) / c
 	slow := max(1, float64(n)/c) * (1 + b.Thrash*over)
+	if f := b.slow.Load(); f != 0 {
+		slow *= math.Float64frombits(f)
+	}
 	// Service times vary ±50% around the mean (uniform), so p99 is
 	// meaningful even at low load.
 	st := time.Duration(float64(b.Service) * (0.5 + rand.Float64()) * slow)

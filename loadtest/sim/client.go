@@ -52,6 +52,9 @@ type Clients struct {
 	abusive  RetryMode // abusive clients
 	budgets  []retryBudget
 	inflight sync.WaitGroup
+	// Deadline makes every attempt state its timeout in the
+	// spillway.TimeoutHeader header.
+	Deadline bool
 }
 
 // routing is what the load balancer does now: the live servers, and the
@@ -182,6 +185,9 @@ func (c *Clients) Do(ctx context.Context, a Arrival) {
 		res, timedOut := c.attempt(a, attempt > 0, rng.Float64())
 		ok = res.err == nil && res.status == http.StatusOK && !timedOut
 		c.rec.AttemptResult(ok, timedOut)
+		if a.Tenant > 0 {
+			c.rec.Tenant(a.Tenant, ok, res.status, res.retryAfter)
+		}
 		if ok || ctx.Err() != nil {
 			break
 		}
@@ -242,6 +248,12 @@ func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool
 	}
 	req.Header.Set("X-API-Key", apiKey(a.Client))
 	req.Header.Set(priorityHeader, a.Priority.String())
+	if a.Tenant > 0 {
+		req.Header.Set(TenantHeader, "tenant-"+strconv.Itoa(a.Tenant))
+	}
+	if c.Deadline {
+		req.Header.Set(spillway.TimeoutHeader, strconv.FormatInt(c.timeout.Milliseconds(), 10))
+	}
 	done := make(chan attemptResult, 1)
 	c.inflight.Add(1)
 	go func() {
@@ -285,5 +297,9 @@ func (c *Clients) attempt(a Arrival, retry bool, u float64) (attemptResult, bool
 }
 
 const priorityHeader = "X-Priority"
+
+// TenantHeader carries a request's tenant (the account its API key belongs
+// to); the servers make it the request's user dimension.
+const TenantHeader = "X-Tenant"
 
 func apiKey(client int) string { return "key-" + strconv.Itoa(client) }

@@ -44,6 +44,18 @@ type bucket struct {
 	redisFail    atomic.Int64
 	breakersOpen atomic.Int64 // most breakers seen open at once
 
+	// Database work (queries that carry their client's give-up time,
+	// see WithGiveUp): time spent, and spent after the client gave up.
+	busyUS, wastedUS atomic.Int64
+	// Per tenant (Arrival.Tenant, 1-based; index 0 unused): attempts
+	// answered 200 in time, answered 429, answered 503, and the sum of
+	// the Retry-After of the 429s in ms.
+	tOK, t429, t503, tRetryMS [MaxTenants + 1]atomic.Int64
+	// The learned limits (-1 none): the largest of the live servers'
+	// limits, lowest sample in the bucket (stored +1, 0: none), and the
+	// live servers' pool slots summed, highest sample.
+	limMaxLow, slotsHigh atomic.Int64
+
 	mu         sync.Mutex
 	backendLat []float32 // ms
 	critLat    []float32 // ms, client-observed, Critical(+) successes
@@ -187,6 +199,49 @@ func (r *Recorder) BackendDone(start time.Time, lat time.Duration, ok bool) {
 	}
 }
 
+// MaxTenants is the most tenants a population may have.
+const MaxTenants = 32
+
+// BackendWork records the time the database spent on a query that started
+// at start, and the part of it after the query's client gave up.
+func (r *Recorder) BackendWork(start time.Time, busy, wasted time.Duration) {
+	b := r.at(start)
+	b.busyUS.Add(busy.Microseconds())
+	if wasted > 0 {
+		b.wastedUS.Add(wasted.Microseconds())
+	}
+}
+
+// Tenant records how an attempt of tenant t (1-based) was answered.
+func (r *Recorder) Tenant(t int, ok bool, status int, retryAfter time.Duration) {
+	if t < 1 || t > MaxTenants {
+		return
+	}
+	b := r.b()
+	switch {
+	case ok:
+		b.tOK[t].Add(1)
+	case status == 429:
+		b.t429[t].Add(1)
+		b.tRetryMS[t].Add(retryAfter.Milliseconds())
+	case status == 503:
+		b.t503[t].Add(1)
+	}
+}
+
+// Learned records one sample of the live servers' learned limits: the
+// largest of them and the sum of their pools' slots.
+func (r *Recorder) Learned(maxLimit int, slots int64) {
+	b := r.b()
+	for {
+		cur := b.limMaxLow.Load()
+		if (cur != 0 && int64(maxLimit)+1 >= cur) || b.limMaxLow.CompareAndSwap(cur, int64(maxLimit)+1) {
+			break
+		}
+	}
+	storeMax(&b.slotsHigh, slots)
+}
+
 // RedisProbe records one PING through the fault proxy.
 func (r *Recorder) RedisProbe(lat time.Duration, ok bool) {
 	b := r.b()
@@ -219,8 +274,16 @@ type Series struct {
 	Rejected       map[string][]float64 `json:"rejected_rps"`
 	CriticalOK     []float64            `json:"critical_ok"`
 	CriticalFail   []float64            `json:"critical_fail"`
-	Exports        []float64            `json:"export_rps"`    // export requests sent /s
-	ExportsOK      []float64            `json:"export_ok_rps"` // export requests answered 200 /s
+	BackendBusyS   []float64            `json:"backend_busy_s,omitempty"`   // database time spent on queries started in the bucket
+	BackendWastedS []float64            `json:"backend_wasted_s,omitempty"` // of it, after the client gave up
+	TenantOK       [][]int64            `json:"tenant_ok,omitempty"`        // [bucket][tenant]: attempts answered 200 in time
+	Tenant429      [][]int64            `json:"tenant_429,omitempty"`
+	Tenant503      [][]int64            `json:"tenant_503,omitempty"`
+	TenantRetryMS  [][]int64            `json:"tenant_retry_after_ms,omitempty"` // sum of the 429s' Retry-After
+	LearnedMaxLow  []float64            `json:"learned_limit_max_low,omitempty"` // lowest (over samples) largest learned limit of the live servers; -1: none
+	SlotsHigh      []float64            `json:"pool_slots_high,omitempty"`       // highest sum of the live servers' pool slots
+	Exports        []float64            `json:"export_rps"`                      // export requests sent /s
+	ExportsOK      []float64            `json:"export_ok_rps"`                   // export requests answered 200 /s
 	backendLat     [][]float32
 	critLat        [][]float32
 	totalsRejected map[string]int64
@@ -255,6 +318,18 @@ func (r *Recorder) Snapshot(n int) *Series {
 		s.CriticalFail = append(s.CriticalFail, float64(b.critFail.Load()))
 		s.Exports = append(s.Exports, float64(b.exports.Load())/w)
 		s.ExportsOK = append(s.ExportsOK, float64(b.exportsOK.Load())/w)
+		s.BackendBusyS = append(s.BackendBusyS, float64(b.busyUS.Load())/1e6)
+		s.BackendWastedS = append(s.BackendWastedS, float64(b.wastedUS.Load())/1e6)
+		var ok, t4, t5, tr []int64
+		for k := range b.tOK {
+			ok = append(ok, b.tOK[k].Load())
+			t4 = append(t4, b.t429[k].Load())
+			t5 = append(t5, b.t503[k].Load())
+			tr = append(tr, b.tRetryMS[k].Load())
+		}
+		s.TenantOK, s.Tenant429, s.Tenant503, s.TenantRetryMS = append(s.TenantOK, ok), append(s.Tenant429, t4), append(s.Tenant503, t5), append(s.TenantRetryMS, tr)
+		s.LearnedMaxLow = append(s.LearnedMaxLow, float64(b.limMaxLow.Load()-1))
+		s.SlotsHigh = append(s.SlotsHigh, float64(b.slotsHigh.Load()))
 		for reason := range b.rejected {
 			v := b.rejected[reason].Load()
 			name := spillway.Reason(reason).String()

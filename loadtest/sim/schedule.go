@@ -27,8 +27,12 @@ type Phase struct {
 	// second, on top of Rate): Sheddable reports from well-behaved
 	// clients, each holding a server worker for ExportHold.
 	ExportRate float64 `json:"export_rps,omitempty"`
-	StartSec   float64 `json:"start_s"`
-	EndSec     float64 `json:"end_s"`
+	// Slow multiplies the database's service time (0: 1); Stuck makes
+	// every query hang to the statement timeout and fail.
+	Slow     float64 `json:"db_slow,omitempty"`
+	Stuck    bool    `json:"db_stuck,omitempty"`
+	StartSec float64 `json:"start_s"`
+	EndSec   float64 `json:"end_s"`
 }
 
 // End returns when the phase ends, from the start of the run.
@@ -43,6 +47,7 @@ type Arrival struct {
 	Priority spillway.Priority
 	Seed     uint64 // per-request randomness (retry jitter), from the schedule
 	Export   bool   // a request of the export route (Phase.ExportRate)
+	Tenant   int    // 1-based tenant of a population with tenants; 0: none
 }
 
 // Population is the identity mix: many well-behaved clients and a few
@@ -55,6 +60,12 @@ type Population struct {
 	// clients' requests, indexed by spillway.Priority. Abusive clients send
 	// SheddablePlus (most GETs).
 	PriorityMix [spillway.NumPriorities]float64
+	// Tenants, when positive, groups the well-behaved clients into this
+	// many tenants of equal size (WellBehaved / Tenants API keys each);
+	// tenant 1 sends NoisyShare of the requests, the others the rest
+	// evenly. Abusive must then be 0.
+	Tenants    int
+	NoisyShare float64
 }
 
 // DefaultPopulation: 200 well-behaved API keys, 4 abusive ones sending 20%
@@ -93,6 +104,17 @@ func BuildSchedule(seed uint64, phases []Phase, pop Population) []Arrival {
 				break
 			}
 			a := Arrival{At: time.Duration(t), Seed: rng.Uint64()}
+			if pop.Tenants > 0 {
+				keys := max(1, pop.WellBehaved/pop.Tenants)
+				a.Tenant = 1
+				if rng.Float64() >= pop.NoisyShare {
+					a.Tenant = 2 + rng.IntN(pop.Tenants-1)
+				}
+				a.Client = (a.Tenant-1)*keys + rng.IntN(keys)
+				a.Priority = pickPriority(rng, pop.PriorityMix)
+				out = append(out, a)
+				continue
+			}
 			if pop.Abusive > 0 && rng.Float64() < pop.AbusiveShare {
 				a.Abusive = true
 				a.Client = pop.WellBehaved + rng.IntN(pop.Abusive)

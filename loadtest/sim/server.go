@@ -68,6 +68,9 @@ type ServerOptions struct {
 	Workers int
 	// Export is the chain of the export route (nil: no limiter).
 	Export spillway.Limiter
+	// Deadlines makes the middleware read the client's timeout
+	// (spillway.TimeoutHeader) into the request's context deadline.
+	Deadlines bool
 }
 
 // The export route: a report built in the server itself (CPU, a remote
@@ -110,11 +113,16 @@ func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder, opt Server
 		if l == nil {
 			return h
 		}
-		return httpx.Middleware(l,
+		opts := []httpx.Option{
 			httpx.WithPriority(priorityFromHeader),
 			httpx.WithAPIKeyHeader("X-API-Key"),
 			httpx.WithFailMode(spillway.FailOpen),
-		)(h)
+			httpx.WithUser(func(r *http.Request) string { return r.Header.Get(TenantHeader) }),
+		}
+		if opt.Deadlines {
+			opts = append(opts, httpx.WithDeadlineHeader(spillway.TimeoutHeader))
+		}
+		return httpx.Middleware(l, opts...)(h)
 	}
 	var h http.Handler = work
 	if lim != nil {
@@ -127,6 +135,18 @@ func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder, opt Server
 	if opt.Workers > 0 {
 		root = workerPool(opt.Workers, mux)
 	}
+	inner := root
+	root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// When the client states its timeout, the database learns when it
+		// gave up, to count the work done after it (whatever the chain
+		// does with the header).
+		if v := r.Header.Get(spillway.TimeoutHeader); v != "" {
+			if d, err := spillway.ParseTimeout(v); err == nil {
+				r = r.WithContext(WithGiveUp(r.Context(), time.Now().Add(d)))
+			}
+		}
+		inner.ServeHTTP(w, r)
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: listen: %w", err)

@@ -1,0 +1,217 @@
+package shedder
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/spillway-go/spillway"
+)
+
+// tenant is one active tenant of one priority in a Queue with WithTenant:
+// the cost it has in flight and waiting.
+type tenant struct {
+	name              string
+	p                 spillway.Priority
+	inflight, waiting int64
+	weight            float64
+	idleAt            time.Time // when it last had nothing in flight or waiting
+	served            float64   // cost admitted ÷ weight, decaying by e every servedDecay
+	servedAt          time.Time // when served was last brought up to date
+}
+
+// servedDecay is how fast a tenant's record of the service it got fades:
+// a slot that frees goes to the waiter whose tenant got the least service
+// (for its weight) over about the last second, not merely the least in
+// flight now, so that a tenant that always has a request waiting does not
+// get more than one that sends as often as its share allows.
+const servedDecay = time.Second
+
+// servedNow returns t's decayed service at now.
+func (t *tenant) servedNow(now time.Time) float64 {
+	if t.served == 0 {
+		return 0
+	}
+	return t.served * math.Exp(-now.Sub(t.servedAt).Seconds()/servedDecay.Seconds())
+}
+
+// serve records c more of service for t at now.
+func (t *tenant) serve(c int64, now time.Time) {
+	t.served = t.servedNow(now) + float64(c)/t.weight
+	t.servedAt = now
+}
+
+// shareEntry is one tenant's demand in a max-min computation.
+type shareEntry struct {
+	t      *tenant
+	demand float64
+	weight float64
+}
+
+// tenantFor returns the state of tenant name at priority p, made when it
+// becomes active; nil without WithTenant. Called with q.mu held.
+func (q *Queue) tenantFor(p spillway.Priority, name string) *tenant {
+	if q.o.tenantDim == "" {
+		return nil
+	}
+	m := q.tenants[p]
+	if m == nil {
+		m = map[string]*tenant{}
+		q.tenants[p] = m
+	}
+	t := m[name]
+	if t == nil {
+		t = &tenant{name: name, p: p, weight: q.weightOf(name)}
+		m[name] = t
+	}
+	return t
+}
+
+func (q *Queue) weightOf(name string) float64 {
+	if w, ok := q.o.weights[name]; ok {
+		return w
+	}
+	return 1
+}
+
+// dropIdle notes when t has nothing in flight or waiting left; it stays
+// active for one mean hold time more (a tenant between two requests is
+// still a tenant: without it, a tenant that sends most takes every slot
+// that frees while the others are between requests), then it is
+// forgotten: the state kept is bounded by the tenants that had work in
+// the last mean hold time. Called with q.mu held.
+func (q *Queue) dropIdle(t *tenant) {
+	if t.inflight <= 0 && t.waiting <= 0 {
+		t.idleAt = q.o.now()
+		if q.hold <= 0 {
+			q.forget(t)
+		}
+	}
+}
+
+func (q *Queue) forget(t *tenant) {
+	if m := q.tenants[t.p]; m[t.name] == t {
+		delete(m, t.name)
+	}
+}
+
+// unwait takes a waiter that leaves the queue without a slot off its
+// tenant. Called with q.mu held.
+func (q *Queue) unwait(w *waiter) {
+	if w.t != nil {
+		w.t.waiting -= w.cost
+		q.dropIdle(w.t)
+	}
+}
+
+// fairShare is the max-min fair share of capacity of tenant name at
+// priority p, with c more of its demand: the capacity left to p (the
+// slots less what higher priorities hold) is split between the active
+// tenants of p in proportion to their weights, a tenant that wants less
+// than its part (in flight and waiting) keeps what it wants, and the rest
+// is split again between the others (water-filling). Called with q.mu
+// held.
+func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
+	capacity := q.slots
+	for i := int(p) + 1; i < spillway.NumPriorities; i++ {
+		capacity -= q.usedBy[i]
+	}
+	left := float64(max(0, capacity))
+	es := q.scratch[:0]
+	found := false
+	var wsum float64
+	now := q.o.now()
+	for _, t := range q.tenants[p] {
+		d := float64(t.inflight + t.waiting)
+		if d == 0 && t.name != name {
+			if now.Sub(t.idleAt) > q.hold {
+				q.forget(t)
+				continue
+			}
+			d = 1 // between two requests: it wants one
+		}
+		if t.name == name {
+			d += float64(c)
+			found = true
+		}
+		es = append(es, shareEntry{t: t, demand: d, weight: t.weight})
+		wsum += t.weight
+	}
+	if !found {
+		w := q.weightOf(name)
+		es = append(es, shareEntry{demand: float64(c), weight: w})
+		wsum += w
+	}
+	slices.SortFunc(es, func(a, b shareEntry) int { return cmp.Compare(a.demand/a.weight, b.demand/b.weight) })
+	q.scratch = es[:0]
+	for _, e := range es {
+		level := left / wsum
+		mine := (e.t == nil && !found) || (e.t != nil && e.t.name == name)
+		if e.demand/e.weight > level {
+			// Every tenant from here on wants more than its part at
+			// this level: each gets its part.
+			if mine {
+				return e.weight * level
+			}
+			for _, f := range es {
+				if (f.t == nil && !found) || (f.t != nil && f.t.name == name) {
+					return f.weight * level
+				}
+			}
+		}
+		if mine {
+			return e.demand
+		}
+		left -= e.demand
+		wsum -= e.weight
+	}
+	return 0
+}
+
+// overShare decides, for a request of tenant name, whether its tenant
+// already holds its fair share: its cost in flight and waiting, with this
+// request, above its max-min share of p's capacity, rounded up (a tenant
+// holding nothing may always ask). Such a request is denied at
+// once with spillway.ReasonConcurrency (429: this tenant is over its
+// share, not the server out of room for everybody), Limit its share
+// rounded up, and a RetryAfter of its own: the time its backlog takes to
+// drain at its share (mean hold × backlog ÷ share). Called with q.mu held.
+func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.Decision, bool) {
+	share := q.fairShare(p, name, c)
+	var held int64
+	if t := q.tenants[p][name]; t != nil {
+		held = t.inflight + t.waiting
+	}
+	allowed := int64(math.Ceil(share - 1e-9))
+	if held == 0 || held+c <= allowed {
+		return spillway.Decision{}, false
+	}
+	retry := q.o.retryAfter
+	if q.hold > 0 {
+		retry = time.Duration(float64(q.hold) * float64(held+c) / math.Max(share, float64(c)))
+		retry = min(max(retry, time.Millisecond), time.Minute)
+	}
+	return spillway.Decision{
+		Reason:     spillway.ReasonConcurrency,
+		Limiter:    q.o.name,
+		Limit:      max(allowed, 1),
+		Remaining:  0,
+		RetryAfter: retry,
+	}, true
+}
+
+// fairest returns the index, in the waiters of priority p, of the one a
+// freed slot goes to: of the tenant that got the least service for its
+// weight lately (servedDecay), the oldest (the newest under adaptive
+// LIFO). Called with q.mu held.
+func (q *Queue) fairest(p spillway.Priority, lifo bool, now time.Time) int {
+	best, bestLoad := -1, 0.0
+	for i, w := range q.waiting[p] {
+		load := w.t.servedNow(now)
+		if best < 0 || load < bestLoad || (lifo && load == bestLoad) {
+			best, bestLoad = i, load
+		}
+	}
+	return best
+}

@@ -1,0 +1,115 @@
+package shedder
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/spillway-go/spillway"
+)
+
+func treq(tenant string) *spillway.Request {
+	r := &spillway.Request{Endpoint: "/q", Priority: spillway.Critical}
+	r.Set(spillway.DimUser, tenant)
+	return r
+}
+
+// WithTenant: a tenant over its max-min share of a contended queue is
+// refused at once with 429 and a Retry-After of its own; a freed slot
+// goes to the waiter whose tenant has the least in flight; tenants are
+// forgotten once idle.
+func TestQueueFairShares(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, err := NewQueue(4, WithMaxWait(time.Second), WithQueueDepth(20), WithTenant(spillway.DimUser))
+		require.NoError(t, err)
+		bg := context.Background()
+		_, done, _ := q.Admit(bg, treq("a"))
+		time.Sleep(100 * time.Millisecond)
+		done(spillway.Success)  // work holds a slot 100 ms
+		time.Sleep(time.Second) // a is forgotten
+		// The noisy tenant takes every free slot: nobody waits, nobody else asks.
+		var noisy []spillway.Done
+		for range 4 {
+			d, done, _ := q.Admit(bg, treq("n"))
+			require.True(t, d.Allowed)
+			noisy = append(noisy, done)
+		}
+		a1 := admitAsync(q, bg, treq("a")) // share 1 of 4 (n wants 4): waits
+		synctest.Wait()
+		// n wants 5 now; a keeps its 1, n's share is 3; it holds 4.
+		d, _, _ := q.Admit(bg, treq("n"))
+		require.Equal(t, spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "queue", Limit: 3,
+			RetryAfter: 166666666}, d) // 100 ms × 5 ÷ 3
+		b1 := admitAsync(q, bg, treq("b"))
+		synctest.Wait()
+		// Shares of 4 among b (1), a (2, then 3), n (4): 1, 1.5, 1.5; a
+		// may hold its share rounded up, 2.
+		a2 := admitAsync(q, bg, treq("a"))
+		synctest.Wait()
+		d, _, _ = q.Admit(bg, treq("a"))
+		require.Equal(t, spillway.ReasonConcurrency, d.Reason)
+		require.Equal(t, int64(2), d.Limit)
+		require.Equal(t, 3, q.Stats().Waiting)
+
+		// Freed slots: a (0 in flight, oldest), then b (0), then a again.
+		noisy[0](spillway.Success)
+		synctest.Wait()
+		require.True(t, a1.returned() && a1.d.Allowed)
+		require.False(t, b1.returned() || a2.returned())
+		noisy[1](spillway.Success)
+		synctest.Wait()
+		require.True(t, b1.returned() && b1.d.Allowed)
+		require.False(t, a2.returned())
+		noisy[2](spillway.Success)
+		synctest.Wait()
+		require.True(t, a2.returned() && a2.d.Allowed)
+		require.Equal(t, QueueStats{Admitted: 8, Waited: 3, OverShare: 2, InFlight: 4}, q.Stats())
+		q.mu.Lock()
+		require.Len(t, q.tenants[spillway.Critical], 3)
+		q.mu.Unlock()
+		for _, d := range []spillway.Done{noisy[3], a1.done, b1.done, a2.done} {
+			d(spillway.Success)
+		}
+		// Idle tenants stay one mean hold time (between two requests),
+		// then are forgotten.
+		q.mu.Lock()
+		require.Len(t, q.tenants[spillway.Critical], 3)
+		q.mu.Unlock()
+		time.Sleep(time.Second)
+		_, done, _ = q.Admit(bg, treq("z"))
+		q.mu.Lock()
+		require.Len(t, q.tenants[spillway.Critical], 1)
+		q.mu.Unlock()
+		done(spillway.Success)
+	})
+}
+
+// Weights and priorities: the capacity a priority shares is what higher
+// priorities hold no part of; weights divide it.
+func TestQueueFairShareWeights(t *testing.T) {
+	q, err := NewQueue(12, WithTenant(spillway.DimAPIKey), WithTenantWeights(map[string]float64{"gold": 3}))
+	require.NoError(t, err)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.usedBy[spillway.CriticalPlus] = 4 // 8 left to Critical
+	for _, name := range []string{"gold", "x", "y"} {
+		tt := q.tenantFor(spillway.Critical, name)
+		tt.inflight = 10
+	}
+	q.tenantFor(spillway.Critical, "small").inflight = 1
+	// small keeps its 1; 7 left, split 3:1:1 among gold, x, y.
+	require.InDelta(t, 4.2, q.fairShare(spillway.Critical, "gold", 1), 1e-9)
+	require.InDelta(t, 1.4, q.fairShare(spillway.Critical, "x", 1), 1e-9)
+	// small wanting 2 is above the level (8 ÷ 6): its part, 4/3.
+	require.InDelta(t, 4.0/3, q.fairShare(spillway.Critical, "small", 1), 1e-9)
+	// A newcomer of weight 1 wanting 1: its demand fits the level.
+	require.InDelta(t, 1, q.fairShare(spillway.Critical, "new", 1), 1e-9)
+
+	for _, bad := range []Option{WithTenant(""), WithTenantWeights(map[string]float64{"a": 0})} {
+		_, err := NewQueue(1, bad)
+		require.Error(t, err)
+	}
+}
