@@ -130,15 +130,30 @@ const bucketSep = ';'
 func redisKey(prefix string, it *Item) string {
 	switch it.Policy.Algorithm {
 	case FixedWindow:
-		return keys.Key(prefix, it.Scope, it.Key) + ":fw"
+		return windowKey(prefix, it, ":fw")
 	case SlidingWindowCounter:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swc"
+		return windowKey(prefix, it, ":swc")
 	case SlidingWindowLog:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swl"
+		return windowKey(prefix, it, ":swl")
 	case SlidingWindowBuckets:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swb"
+		return windowKey(prefix, it, ":swb")
 	}
 	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
+}
+
+// windowKey is keys.Key(prefix, scope, key) + suffix, built in one
+// allocation (one per item of every call).
+func windowKey(prefix string, it *Item, suffix string) string {
+	scope, entity := keys.Escape(it.Scope), keys.Escape(it.Key)
+	var b strings.Builder
+	b.Grow(len(prefix) + len(scope) + len(entity) + 3 + len(suffix))
+	b.WriteString(prefix)
+	b.WriteString(scope)
+	b.WriteString(":{")
+	b.WriteString(entity)
+	b.WriteByte('}')
+	b.WriteString(suffix)
+	return b.String()
 }
 
 // nowArg is ARGV[1] of the scripts: the client's µs time, or "" for TIME.
