@@ -26,6 +26,8 @@ var (
 	ratelimitSettleSrc string
 	//go:embed ratelimit_subwindows.lua
 	ratelimitSubwindowsSrc string
+	//go:embed ratelimit_fixed.lua
+	ratelimitFixedSrc string
 )
 
 // RateLimitBatch decides N (key, policy, cost) items of every algorithm all
@@ -41,6 +43,12 @@ var RateLimitTokenBucket = redis.NewScript(ratelimitHoldsSrc + ratelimitTokenBuc
 // than RateLimitBatch: the lean path of a multi-item batch
 // (ratelimit_buckets.lua).
 var RateLimitBuckets = redis.NewScript(ratelimitHoldsSrc + ratelimitBucketsSrc)
+
+// RateLimitFixed decides N fixed-window items all or nothing in one call
+// with the state, decisions and writes of RateLimitBatch, but one MGET, a
+// small ARGV and one reply value per item: the lean path of a batch of
+// fixed windows (ratelimit_fixed.lua).
+var RateLimitFixed = redis.NewScript(ratelimitFixedSrc)
 
 // RateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
 // for the Redis Cluster (Ring) path where one slot group was charged and

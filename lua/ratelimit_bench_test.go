@@ -106,3 +106,71 @@ func BenchmarkBucketsScriptPerKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFixedScriptPerKey compares, on the same coalesced calls, the
+// batch script and the lean fixed-window script deciding fixed windows:
+// calls of 31 requests of one key each and of three keys each (user, ip,
+// api_key), 100 per second each, on 10,000 entities, in alternating calls,
+// each script on its own key space. It reports each script's µs per key
+// from INFO commandstats (CONFIG RESETSTAT before each call) and Redis's
+// CPU (INFO cpu, user+sys) per key over all the calls of both (the
+// commands' parsing and replies included). b.N is the number of calls
+// per script.
+//
+//	go test -run '^$' -bench FixedScriptPerKey -benchtime 3000x ./lua/
+func BenchmarkFixedScriptPerKey(b *testing.B) {
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	ctx := context.Background()
+	const (
+		requests = 31
+		L, P     = 100, 1_000_000 // 100 per second
+		entities = 10_000
+	)
+	for _, perRequest := range []int{1, 3} {
+		b.Run(strconv.Itoa(perRequest)+"_keys_per_request", func(b *testing.B) {
+			scripts := []*redis.Script{RateLimitBatch, RateLimitFixed}
+			for _, s := range scripts {
+				if err := s.Load(ctx, c).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var usec [2]float64
+			for i := range b.N {
+				for v, s := range scripts {
+					keys := make([]string, 0, requests*perRequest)
+					args := []any{""}
+					if v == 0 {
+						args = append(args, requests)
+					} else {
+						args = append(args, 1, L, P, requests)
+					}
+					for range requests {
+						args = append(args, perRequest)
+					}
+					for r := range requests {
+						e := strconv.Itoa((i*requests + r) * 7919 % entities)
+						for _, dim := range []string{"user", "ip", "api_key"}[:perRequest] {
+							keys = append(keys, "spillway:"+strconv.Itoa(v)+dim+":{"+dim+"="+e+"}:fw")
+							if v == 0 {
+								args = append(args, 2, L, P, 1, P/L, 1, "")
+							} else {
+								args = append(args, 1)
+							}
+						}
+					}
+					if err := c.ConfigResetStat(ctx).Err(); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Run(ctx, c, keys, args...).Err(); err != nil {
+						b.Fatal(err)
+					}
+					usec[v] += redistest.ReadCommandStats(b, c)["evalsha"].Usec
+				}
+			}
+			keys := float64(b.N * requests * perRequest)
+			b.ReportMetric(usec[0]/keys, "batch-µs/key")
+			b.ReportMetric(usec[1]/keys, "fixed-µs/key")
+		})
+	}
+}

@@ -130,15 +130,30 @@ const bucketSep = ';'
 func redisKey(prefix string, it *Item) string {
 	switch it.Policy.Algorithm {
 	case FixedWindow:
-		return keys.Key(prefix, it.Scope, it.Key) + ":fw"
+		return windowKey(prefix, it, ":fw")
 	case SlidingWindowCounter:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swc"
+		return windowKey(prefix, it, ":swc")
 	case SlidingWindowLog:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swl"
+		return windowKey(prefix, it, ":swl")
 	case SlidingWindowBuckets:
-		return keys.Key(prefix, it.Scope, it.Key) + ":swb"
+		return windowKey(prefix, it, ":swb")
 	}
 	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
+}
+
+// windowKey is keys.Key(prefix, scope, key) + suffix, built in one
+// allocation (one per item of every call).
+func windowKey(prefix string, it *Item, suffix string) string {
+	scope, entity := keys.Escape(it.Scope), keys.Escape(it.Key)
+	var b strings.Builder
+	b.Grow(len(prefix) + len(scope) + len(entity) + 3 + len(suffix))
+	b.WriteString(prefix)
+	b.WriteString(scope)
+	b.WriteString(":{")
+	b.WriteString(entity)
+	b.WriteByte('}')
+	b.WriteString(suffix)
+	return b.String()
 }
 
 // nowArg is ARGV[1] of the scripts: the client's µs time, or "" for TIME.
@@ -259,12 +274,27 @@ func bucketsOnly(items []Item) bool {
 	return true
 }
 
+// fixedOnly reports whether every item is a fixed window.
+func fixedOnly(items []Item) bool {
+	for i := range items {
+		if items[i].Policy.Algorithm != FixedWindow {
+			return false
+		}
+	}
+	return true
+}
+
 // runGroup decides items (all in one slot): with the buckets script when
-// they are all of the bucket family, else with the batch script. g, when
-// not nil, receives what a refund needs (see runBatch and runBuckets).
+// they are all of the bucket family, with the fixed-window script when
+// they are all fixed windows and no refund may follow, else with the
+// batch script. g, when not nil, receives what a refund needs (see
+// runBatch and runBuckets).
 func (s *RedisStore) runGroup(ctx context.Context, items []Item, out []spillway.Decision, g *group) (bool, error) {
 	if bucketsOnly(items) {
 		return s.runBuckets(ctx, items, out, g)
+	}
+	if g == nil && fixedOnly(items) {
+		return s.runFixed(ctx, items, out)
 	}
 	allowed, _, err := s.runBatch(ctx, items, out, g)
 	return allowed, err
@@ -307,24 +337,104 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	return allowed, nil
 }
 
-// bucketsArgs gathers the ARGV of one call of the buckets script: each
-// distinct policy once, the groups' sizes and one code per item (two for
-// a cost other than 1), so that a coalesced call of many requests of the
-// same policies sends little more than one small integer per item.
+// runFixed runs lua/ratelimit_fixed.lua over items (all fixed windows,
+// all in one slot) and writes their decisions to out.
+func (s *RedisStore) runFixed(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
+	keys := make([]string, len(items))
+	for i := range items {
+		keys[i] = redisKey(s.prefix, &items[i])
+	}
+	var b bucketsArgs
+	b.addFixed(items)
+	res, err := s.run(ctx, lua.RateLimitFixed, keys, b.argv(s.nowArg(), false)...).Result()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: redis: fixed window script: %w", err)
+	}
+	r, err := fixedReply(res, len(items))
+	if err != nil {
+		return false, err
+	}
+	return fixedDecisions(items, r[0], r[1:], out), nil
+}
+
+// fixedReply checks the fixed-window script's reply for n items: 1 + n
+// integers, the first (now) ≥ 0.
+func fixedReply(res any, n int) ([]int64, error) {
+	r, err := intSlice(res, 1+n)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: redis: fixed window script: %w", err)
+	}
+	if r[0] < 0 {
+		return nil, fmt.Errorf("ratelimit: redis: fixed window script: unexpected reply value 0 (now) = %d, want an integer ≥ 0", r[0])
+	}
+	return r, nil
+}
+
+// fixedDecisions writes the decisions of fixed-window items from the
+// counts the script replied (see lua/ratelimit_fixed.lua) to out, exactly
+// as the batch script's alg 2 decides, and reports whether every item had
+// room.
+func fixedDecisions(items []Item, now int64, counts []int64, out []spillway.Decision) bool {
+	allowed := true
+	for i := range items {
+		it := &items[i]
+		L, P, n := it.Policy.Limit, it.Policy.Period.Microseconds(), it.scriptCost()
+		c, left := counts[i], P-now%P // left: µs to the end of the window
+		if c < 0 {                    // the clock was behind the stored window: decided at its start
+			c, left = -c-1, P
+		}
+		var o outcome
+		if n > L || c+n > L {
+			o.remaining = max(L-c, 0)
+			if c > 0 {
+				o.reset = left
+			}
+			if n <= L {
+				o.retry = left
+			}
+			o.exceeds = it.Cost > it.Policy.Capacity()
+		} else {
+			c += n
+			o.allowed, o.remaining = true, L-c
+			if c > 0 {
+				o.reset = left
+			}
+		}
+		out[i] = o.decisionCap(it.Scope, L)
+		allowed = allowed && o.allowed
+	}
+	return allowed
+}
+
+// bucketsArgs gathers the ARGV of one call of the buckets script (and of
+// the fixed-window script): each distinct policy once, the groups' sizes
+// and one code per item (two for a cost other than 1), so that a
+// coalesced call of many requests of the same policies sends little more
+// than one small integer per item.
 type bucketsArgs struct {
-	pol   [][2]int64 // T, tau of each distinct policy
+	pol   [][2]int64 // T, tau of each distinct policy (fixed windows: L, P)
 	sizes []int      // items per group
 	codes []int64    // per item: policy index (1-based), or −index then the cost
 }
 
-// add appends items as one group.
-func (b *bucketsArgs) add(items []Item) {
+// add appends items (of the bucket family) as one group.
+func (b *bucketsArgs) add(items []Item) { b.addWith(items, false) }
+
+// addFixed appends items (fixed windows) as one group.
+func (b *bucketsArgs) addFixed(items []Item) { b.addWith(items, true) }
+
+func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 	b.sizes = append(b.sizes, len(items))
 	last := 0
 	for i := range items {
 		p := &items[i].Policy
-		T := p.EmissionInterval()
-		pt := [2]int64{T, p.EffectiveBurst() * T}
+		var pt [2]int64
+		if fixed {
+			pt = [2]int64{p.Limit, p.Period.Microseconds()}
+		} else {
+			T := p.EmissionInterval()
+			pt = [2]int64{T, p.EffectiveBurst() * T}
+		}
 		j := 0
 		if last > 0 && b.pol[last-1] == pt {
 			j = last

@@ -296,11 +296,14 @@ func TestRedisStoreCluster(t *testing.T) {
 		c.AddHook(hook)
 		for seed := uint64(11); seed <= 12; seed++ {
 			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-				differential(t, c, hook, seed, 300, false)
+				differential(t, c, hook, seed, 300, anyFamily)
 			})
 		}
 		t.Run("buckets13", func(t *testing.T) {
-			differential(t, c, hook, 13, 300, true)
+			differential(t, c, hook, 13, 300, bucketFamily)
+		})
+		t.Run("fixed14", func(t *testing.T) {
+			differential(t, c, hook, 14, 300, fixedFamily)
 		})
 	})
 }

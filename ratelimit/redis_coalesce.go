@@ -103,6 +103,7 @@ type waiter struct {
 	slot     int    // bySlot: the batch's slot
 	tag      string // byTag: the batch's hash tag
 	buckets  bool   // every item is of the bucket family
+	fixed    bool   // every item is a fixed window
 	hold     *Hold  // a reservation (Reserve): keys are its pairs K, K..":h"
 	ttl      int64  // the reservation's hold ttl in µs
 	res      []spillway.Decision
@@ -232,7 +233,7 @@ func (w *waiter) prepareHold(s *RedisStore, h *Hold, ttlUS int64) bool {
 	w.hold, w.ttl = h, ttlUS
 	w.items = append(w.items[:0], h.items...)
 	w.keys = append(w.keys[:0], h.rkeys...)
-	w.buckets = false
+	w.buckets, w.fixed = false, false
 	w.res = w.res[:0]
 	return w.sameShard(s)
 }
@@ -276,6 +277,7 @@ func (w *waiter) prepare(s *RedisStore, items []Item) bool {
 	w.items = append(w.items[:0], items...)
 	w.keys = w.keys[:0]
 	w.buckets = bucketsOnly(items)
+	w.fixed = !w.buckets && fixedOnly(items)
 	for i := range items {
 		w.keys = append(w.keys, redisKey(s.prefix, &items[i]))
 	}
@@ -360,12 +362,14 @@ func callContext(batch []*waiter) (context.Context, context.CancelFunc) {
 
 // coalescedCall is one script call of a coalesced batch: the waiters of
 // one slot group, in queue order, with the buckets script when every item
-// is of the bucket family, else with the batch script.
+// is of the bucket family, the fixed-window script when every item is a
+// fixed window, else with the batch script.
 type coalescedCall struct {
 	ws      []*waiter
 	hold    bool        // reservations: the hold script
 	rides   *settleCall // settles carried by the hold script call
 	buckets bool
+	fixed   bool
 	keys    []string
 	args    []any
 	cmd     *redis.Cmd
@@ -474,11 +478,12 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 			}
 		}
 		if c == nil {
-			c = &coalescedCall{buckets: w.hold == nil, hold: w.hold != nil}
+			c = &coalescedCall{buckets: w.hold == nil, fixed: w.hold == nil, hold: w.hold != nil}
 			calls = append(calls, c)
 		}
 		c.ws = append(c.ws, w)
 		c.buckets = c.buckets && w.buckets
+		c.fixed = c.fixed && w.fixed
 	}
 	for _, c := range calls {
 		n := 0
@@ -497,6 +502,14 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 			var b bucketsArgs
 			for _, w := range c.ws {
 				b.add(w.items)
+			}
+			c.args = b.argv(s.nowArg(), false)
+			continue
+		}
+		if c.fixed {
+			var b bucketsArgs
+			for _, w := range c.ws {
+				b.addFixed(w.items)
 			}
 			c.args = b.argv(s.nowArg(), false)
 			continue
@@ -538,6 +551,9 @@ func (c *coalescedCall) script() *redis.Script {
 	if c.buckets {
 		return lua.RateLimitBuckets
 	}
+	if c.fixed {
+		return lua.RateLimitFixed
+	}
 	return lua.RateLimitBatch
 }
 
@@ -568,6 +584,8 @@ func (c *coalescedCall) deliver(s *RedisStore) {
 			name = "hold"
 		case c.buckets:
 			name = "buckets"
+		case c.fixed:
+			name = "fixed window"
 		}
 		fail(fmt.Errorf("ratelimit: redis: %s script: %w", name, err))
 		return
@@ -585,6 +603,19 @@ func (c *coalescedCall) deliver(s *RedisStore) {
 				fail(err) // a reply out of range fails the whole call
 				return
 			}
+			at += len(w.items)
+		}
+		return
+	}
+	if c.fixed {
+		r, err := fixedReply(res, n)
+		if err != nil {
+			fail(err)
+			return
+		}
+		at := 1
+		for _, w := range c.ws {
+			w.allowed, w.err = fixedDecisions(w.items, r[0], r[at:at+len(w.items)], w.res), nil
 			at += len(w.items)
 		}
 		return

@@ -73,7 +73,7 @@ func (h *gateHook) count() int {
 // one EVALSHA (no NOSCRIPT retry) for a gateHook to count.
 func loadScripts(t *testing.T, c *redis.Client) {
 	t.Helper()
-	for _, sc := range []*redis.Script{lua.RateLimitBuckets, lua.RateLimitBatch, lua.RateLimitTokenBucket} {
+	for _, sc := range []*redis.Script{lua.RateLimitBuckets, lua.RateLimitBatch, lua.RateLimitFixed, lua.RateLimitTokenBucket} {
 		if err := sc.Load(context.Background(), c).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestRedisStoreCoalescedAsSequential(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		alg  Algorithm
-	}{{"buckets-script", TokenBucket}, {"batch-script", FixedWindow}} {
+	}{{"buckets-script", TokenBucket}, {"fixed-script", FixedWindow}} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, _ := redisServer(t)
 			c := srv.Client(t)

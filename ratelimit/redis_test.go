@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/lua"
 )
@@ -112,14 +113,38 @@ func TestRedisStoreDifferential(t *testing.T) {
 	c.AddHook(hook)
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			differential(t, c, hook, seed, 600, false)
+			differential(t, c, hook, seed, 600, anyFamily)
 		})
 	}
 	for seed := uint64(7); seed <= 8; seed++ {
 		t.Run(fmt.Sprint("buckets", seed), func(t *testing.T) {
-			differential(t, c, hook, seed, 600, true)
+			differential(t, c, hook, seed, 600, bucketFamily)
 		})
 	}
+	for seed := uint64(9); seed <= 10; seed++ {
+		t.Run(fmt.Sprint("fixed", seed), func(t *testing.T) {
+			differential(t, c, hook, seed, 600, fixedFamily)
+		})
+	}
+}
+
+// family restricts the policies of a differential test.
+type family uint8
+
+const (
+	anyFamily    family = iota
+	bucketFamily        // token bucket, GCRA, leaky bucket: lua/ratelimit_buckets.lua
+	fixedFamily         // fixed windows: lua/ratelimit_fixed.lua
+)
+
+func (f family) has(a Algorithm) bool {
+	switch f {
+	case bucketFamily:
+		return a == TokenBucket || a == GCRA || a == LeakyBucket
+	case fixedFamily:
+		return a == FixedWindow
+	}
+	return true
 }
 
 func randomPolicy(r *rand.Rand) Policy {
@@ -154,13 +179,15 @@ var debugKey = ""
 
 // differential runs steps random batches on a RedisStore over c (whose
 // freezeHook is hook) and on a MemoryStore, and compares every decision.
-// With buckets, every policy is of the bucket family, there are fewer
-// scopes (so that items of one batch often share a key) and batches have
-// 2-4 items: the path of lua/ratelimit_buckets.lua. One step in three is a
+// With fam other than anyFamily, every policy is of that family (the
+// bucket family: the path of lua/ratelimit_buckets.lua; fixed windows:
+// lua/ratelimit_fixed.lua), there are fewer scopes (so that items of one
+// batch often share a key) and batches have 2-4 items. One step in three is a
 // round of 2-4 batches that Redis decides coalesced into one call per slot
 // group (as batches queued behind a call in flight are) and the memory
 // store one after the other.
-func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed uint64, steps int, buckets bool) {
+func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed uint64, steps int, fam family) {
+	buckets := fam != anyFamily
 	r := rand.New(rand.NewPCG(seed, 99))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("diff%d:", seed)
@@ -178,7 +205,7 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 	}
 	for i := range scopes {
 		p := randomPolicy(r)
-		for buckets && p.Algorithm != TokenBucket && p.Algorithm != GCRA && p.Algorithm != LeakyBucket {
+		for !fam.has(p.Algorithm) {
 			p = randomPolicy(r)
 		}
 		scopes[i] = scope{fmt.Sprintf("s%d", i), p}
@@ -800,8 +827,9 @@ func TestRedisStoreRing(t *testing.T) {
 	t.Cleanup(func() { _ = ring.Close(); _ = raw.Close() })
 	hook := &freezeHook{raw: raw}
 	ring.AddHook(hook)
-	differential(t, ring, hook, 21, 300, false)
-	differential(t, ring, hook, 22, 300, true)
+	differential(t, ring, hook, 21, 300, anyFamily)
+	differential(t, ring, hook, 22, 300, bucketFamily)
+	differential(t, ring, hook, 23, 300, fixedFamily)
 	// the entities of the differential test landed on both shards
 	ctx := context.Background()
 	for _, s := range []*redistest.Server{a, b} {
@@ -930,5 +958,19 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	k := redisKey("spillway:", &Item{Scope: "s3", Key: "e0", Policy: policies[3]})
 	if v, err := c.Get(ctx, k).Int64(); err == nil && (v < 0 || v > 999) {
 		t.Fatalf("%s = %d, want the compact remainder in [0, 999]", k, v)
+	}
+}
+
+// TestWindowKeyMatchesKey: the windows' keys are keys.Key + their suffix,
+// whatever the scope and entity need (escapes, hashing of long parts).
+func TestWindowKeyMatchesKey(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	for _, sc := range []string{"api", "", "a{b}", "#h", "50%", long} {
+		for _, k := range []string{"alice", "", "{x}", "#1", long} {
+			it := &Item{Scope: sc, Key: k}
+			if got, want := windowKey("p:", it, ":fw"), keys.Key("p:", sc, k)+":fw"; got != want {
+				t.Fatalf("windowKey(%q, %q) = %q, want %q", sc, k, got, want)
+			}
+		}
 	}
 }
