@@ -172,10 +172,10 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 				}
 				items := randomItems()
 				ttl := ttls[r.IntN(len(ttls))]
-				hR, errR := rs.Reserve(ctx, items, ttl)
-				hM, errM := ms.Reserve(ctx, items, ttl)
-				if errR != nil || errM != nil {
-					t.Fatalf("step %d: reserve after an async settle %+v: redis %v, memory %v", step, items, errR, errM)
+				hR, errRR := rs.Reserve(ctx, items, ttl)
+				hM, errRM := ms.Reserve(ctx, items, ttl)
+				if errRR != nil || errRM != nil {
+					t.Fatalf("step %d: reserve after an async settle %+v: redis %v, memory %v", step, items, errRR, errRM)
 				}
 				if hR.Allowed() != hM.Allowed() || fmt.Sprint(hR.Decisions()) != fmt.Sprint(hM.Decisions()) {
 					t.Fatalf("step %d at %v: reserve after an async settle %+v:\n redis  %v %+v\n memory %v %+v", step, at, items, hR.Allowed(), hR.Decisions(), hM.Allowed(), hM.Decisions())
