@@ -3,6 +3,7 @@ package spillway
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -30,17 +31,8 @@ const TimeoutHeader = "Spillway-Timeout"
 // milliseconds, 1 to 3 600 000 (an hour), spaces around it ignored.
 func ParseTimeout(v string) (time.Duration, error) {
 	v = strings.TrimSpace(v)
-	if v == "" || len(v) > 7 {
-		return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
-	}
-	var ms int64
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
-		}
-		ms = ms*10 + int64(v[i]-'0')
-	}
-	if ms < 1 || ms > 3_600_000 {
+	ms, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || ms < 1 || ms > 3_600_000 {
 		return 0, fmt.Errorf("spillway: timeout %q: want whole milliseconds from 1 to 3600000", v)
 	}
 	return time.Duration(ms) * time.Millisecond, nil

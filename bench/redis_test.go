@@ -457,24 +457,9 @@ func medians(all []map[string]result) string {
 	return sb.String()
 }
 
-// serverCPU reads used_cpu_sys + used_cpu_user (µs) from INFO cpu.
+// serverCPU is the Redis server's CPU time so far, in µs.
 func serverCPU(b *testing.B, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var sum float64
-	for _, line := range strings.Split(info, "\r\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sum += f * 1e6
-		}
-	}
-	return sum
+	return float64(redistest.ServerCPU(b, c).Nanoseconds()) / 1e3
 }
 
 // fill calls allow(0) … allow(n-1) from -goroutines callers.

@@ -84,4 +84,8 @@ func TestParseTimeout(t *testing.T) {
 	}
 	_, err := spillway.ParseTimeout("12ms")
 	require.EqualError(t, err, `spillway: timeout "12ms": want whole milliseconds from 1 to 3600000`)
+	for _, v := range []string{"", "0", "3600001", "+5", "-5", "99999999999999999999"} {
+		_, err := spillway.ParseTimeout(v)
+		require.Error(t, err, v)
+	}
 }

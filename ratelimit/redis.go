@@ -130,30 +130,15 @@ const bucketSep = ';'
 func redisKey(prefix string, it *Item) string {
 	switch it.Policy.Algorithm {
 	case FixedWindow:
-		return windowKey(prefix, it, ":fw")
+		return keys.KeySuffix(prefix, it.Scope, it.Key, ":fw")
 	case SlidingWindowCounter:
-		return windowKey(prefix, it, ":swc")
+		return keys.KeySuffix(prefix, it.Scope, it.Key, ":swc")
 	case SlidingWindowLog:
-		return windowKey(prefix, it, ":swl")
+		return keys.KeySuffix(prefix, it.Scope, it.Key, ":swl")
 	case SlidingWindowBuckets:
-		return windowKey(prefix, it, ":swb")
+		return keys.KeySuffix(prefix, it.Scope, it.Key, ":swb")
 	}
 	return keys.KeyWith(prefix, it.Scope, bucketSep, it.Key)
-}
-
-// windowKey is keys.Key(prefix, scope, key) + suffix, built in one
-// allocation (one per item of every call).
-func windowKey(prefix string, it *Item, suffix string) string {
-	scope, entity := keys.Escape(it.Scope), keys.Escape(it.Key)
-	var b strings.Builder
-	b.Grow(len(prefix) + len(scope) + len(entity) + 3 + len(suffix))
-	b.WriteString(prefix)
-	b.WriteString(scope)
-	b.WriteString(":{")
-	b.WriteString(entity)
-	b.WriteByte('}')
-	b.WriteString(suffix)
-	return b.String()
 }
 
 // nowArg is ARGV[1] of the scripts: the client's µs time, or "" for TIME.

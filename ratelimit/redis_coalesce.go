@@ -472,7 +472,7 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 			if d.hold != (w.hold != nil) {
 				continue
 			}
-			if s.sharded == oneServer || (s.sharded == bySlot && h.slot == w.slot) || (s.sharded == byTag && h.tag == w.tag) {
+			if s.sameGroup(h.slot, h.tag, w.slot, w.tag) {
 				c = d
 				break
 			}
@@ -529,6 +529,19 @@ func (s *RedisStore) coalescedCalls(batch []*waiter) []*coalescedCall {
 	return calls
 }
 
+// sameGroup reports whether two calls' keys, in slot a (hash tag ta) and
+// slot b (tb), go to one script call: always on one server, else when
+// they share the slot (Cluster) or the hash tag (Ring).
+func (s *RedisStore) sameGroup(a int, ta string, b int, tb string) bool {
+	switch s.sharded {
+	case bySlot:
+		return a == b
+	case byTag:
+		return ta == tb
+	}
+	return true
+}
+
 // holdCallOf returns the hold script call of calls in sc's slot (hash
 // tag), or nil.
 func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalescedCall {
@@ -536,8 +549,7 @@ func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalesce
 		if !c.hold || c.rides != nil {
 			continue
 		}
-		w := c.ws[0]
-		if s.sharded == oneServer || (s.sharded == bySlot && w.slot == sc.shard) || (s.sharded == byTag && w.tag == sc.tag) {
+		if w := c.ws[0]; s.sameGroup(w.slot, w.tag, sc.shard, sc.tag) {
 			return c
 		}
 	}

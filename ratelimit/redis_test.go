@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/lua"
 )
@@ -958,19 +957,5 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	k := redisKey("spillway:", &Item{Scope: "s3", Key: "e0", Policy: policies[3]})
 	if v, err := c.Get(ctx, k).Int64(); err == nil && (v < 0 || v > 999) {
 		t.Fatalf("%s = %d, want the compact remainder in [0, 999]", k, v)
-	}
-}
-
-// TestWindowKeyMatchesKey: the windows' keys are keys.Key + their suffix,
-// whatever the scope and entity need (escapes, hashing of long parts).
-func TestWindowKeyMatchesKey(t *testing.T) {
-	long := strings.Repeat("x", 300)
-	for _, sc := range []string{"api", "", "a{b}", "#h", "50%", long} {
-		for _, k := range []string{"alice", "", "{x}", "#1", long} {
-			it := &Item{Scope: sc, Key: k}
-			if got, want := windowKey("p:", it, ":fw"), keys.Key("p:", sc, k)+":fw"; got != want {
-				t.Fatalf("windowKey(%q, %q) = %q, want %q", sc, k, got, want)
-			}
-		}
 	}
 }

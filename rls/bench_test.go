@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -109,7 +108,7 @@ func BenchmarkGRPC(b *testing.B) {
 			b.Run(c.name+"/descriptors="+strconv.Itoa(n), func(b *testing.B) {
 				b.SetParallelism(32) // 64 callers on 2 CPUs
 				b.ReportAllocs()
-				start, cpu0, rcpu0 := time.Now(), cpuTime(), redisCPU(b, rs)
+				start, cpu0, rcpu0 := time.Now(), cpuTime(), redistest.ServerCPU(b, rs.Client(b))
 				b.RunParallel(func(pb *testing.PB) {
 					r := rand.New(rand.NewPCG(rand.Uint64(), 1))
 					for pb.Next() {
@@ -121,7 +120,7 @@ func BenchmarkGRPC(b *testing.B) {
 				})
 				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
 				b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-				b.ReportMetric(float64((redisCPU(b, rs)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+				b.ReportMetric(float64((redistest.ServerCPU(b, rs.Client(b))-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 				if c.name == "redis" {
 					for name, st := range redistest.ReadCommandStats(b, rs.Client(b)) {
 						if st.Calls > 0 {
@@ -166,22 +165,6 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// redisCPU is the Redis server's user+system CPU time (INFO cpu).
-func redisCPU(b *testing.B, rs *redistest.Server) time.Duration {
-	info, err := rs.Client(b).Info(context.Background(), "cpu").Result()
-	require.NoError(b, err)
-	var total float64
-	for _, line := range strings.Split(info, "\r\n") {
-		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
-			if v, ok := strings.CutPrefix(line, f); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				total += x
-			}
-		}
-	}
-	return time.Duration(total * float64(time.Second))
-}
-
 // BenchmarkServiceRedis: the service in-process (no gRPC) over the store
 // the binary builds (NewStore: coalescing, breaker) on a real
 // redis-server, 64 callers, 10k keys, one and three descriptors, budget
@@ -211,7 +194,7 @@ func BenchmarkServiceRedis(b *testing.B) {
 			b.SetParallelism(32) // 64 callers on 2 CPUs
 			b.ReportAllocs()
 			require.NoError(b, rc.ConfigResetStat(context.Background()).Err())
-			cpu0, rcpu0 := cpuTime(), redisCPU(b, rs)
+			cpu0, rcpu0 := cpuTime(), redistest.ServerCPU(b, rs.Client(b))
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				r := rand.New(rand.NewPCG(rand.Uint64(), 1))
@@ -225,7 +208,7 @@ func BenchmarkServiceRedis(b *testing.B) {
 			})
 			b.StopTimer()
 			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-			b.ReportMetric(float64((redisCPU(b, rs)-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+			b.ReportMetric(float64((redistest.ServerCPU(b, rs.Client(b))-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 			var script float64
 			for name, st := range redistest.ReadCommandStats(b, rc) {
 				if name == "evalsha" || name == "eval" {

@@ -44,9 +44,9 @@ func (t *tenant) serve(c int64, now time.Time) {
 
 // shareEntry is one tenant's demand in a max-min computation.
 type shareEntry struct {
-	t      *tenant
 	demand float64
 	weight float64
+	mine   bool // the tenant asking
 }
 
 // tenantFor returns the state of tenant name at priority p, made when it
@@ -123,44 +123,36 @@ func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
 	var wsum float64
 	now := q.o.now()
 	for _, t := range q.tenants[p] {
+		mine := t.name == name
 		d := float64(t.inflight + t.waiting)
-		if d == 0 && t.name != name {
+		if d == 0 && !mine {
 			if now.Sub(t.idleAt) > q.hold {
 				q.forget(t)
 				continue
 			}
 			d = 1 // between two requests: it wants one
 		}
-		if t.name == name {
+		if mine {
 			d += float64(c)
 			found = true
 		}
-		es = append(es, shareEntry{t: t, demand: d, weight: t.weight})
+		es = append(es, shareEntry{demand: d, weight: t.weight, mine: mine})
 		wsum += t.weight
 	}
 	if !found {
-		w := q.weightOf(name)
-		es = append(es, shareEntry{demand: float64(c), weight: w})
-		wsum += w
+		es = append(es, shareEntry{demand: float64(c), weight: q.weightOf(name), mine: true})
+		wsum += q.weightOf(name)
 	}
 	slices.SortFunc(es, func(a, b shareEntry) int { return cmp.Compare(a.demand/a.weight, b.demand/b.weight) })
 	q.scratch = es[:0]
 	for _, e := range es {
 		level := left / wsum
-		mine := (e.t == nil && !found) || (e.t != nil && e.t.name == name)
 		if e.demand/e.weight > level {
-			// Every tenant from here on wants more than its part at
-			// this level: each gets its part.
-			if mine {
-				return e.weight * level
-			}
-			for _, f := range es {
-				if (f.t == nil && !found) || (f.t != nil && f.t.name == name) {
-					return f.weight * level
-				}
-			}
+			// Every tenant from here on, this one among them, wants
+			// more than its part at this level: each gets its part.
+			return q.weightOf(name) * level
 		}
-		if mine {
+		if e.mine {
 			return e.demand
 		}
 		left -= e.demand

@@ -172,14 +172,14 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		q.mu.Unlock()
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: slots}, spillway.Noop, nil
 	}
-	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
-		if q.o.tenantDim != "" {
-			if d, over := q.overShare(p, tname, c); over {
-				q.mu.Unlock()
-				q.overShared.Add(1)
-				return d, spillway.Noop, nil
-			}
+	if q.o.tenantDim != "" {
+		if d, over := q.overShare(p, tname, c); over {
+			q.mu.Unlock()
+			q.overShared.Add(1)
+			return d, spillway.Noop, nil
 		}
+	}
+	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
 		q.used += c
 		q.usedBy[p] += c
 		t := q.tenantFor(p, tname)
@@ -189,13 +189,6 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		}
 		q.mu.Unlock()
 		return q.allow(c, p, t)
-	}
-	if q.o.tenantDim != "" {
-		if d, over := q.overShare(p, tname, c); over {
-			q.mu.Unlock()
-			q.overShared.Add(1)
-			return d, spillway.Noop, nil
-		}
 	}
 	var (
 		now      = q.o.now()

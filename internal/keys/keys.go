@@ -84,15 +84,26 @@ func Key(prefix, scope, entity string) string { return KeyWith(prefix, scope, ':
 // since its state changed encoding, so that a version that cannot read
 // the new encoding never shares a key with one that writes it.
 func KeyWith(prefix, scope string, sep byte, entity string) string {
+	return build(prefix, scope, sep, entity, "")
+}
+
+// KeySuffix returns Key(prefix, scope, entity) + suffix, built in one
+// allocation (a rate limiter's window keys, one per item of every call).
+func KeySuffix(prefix, scope, entity, suffix string) string {
+	return build(prefix, scope, ':', entity, suffix)
+}
+
+func build(prefix, scope string, sep byte, entity, suffix string) string {
 	scope, entity = Escape(scope), Escape(entity)
 	var b strings.Builder
-	b.Grow(len(prefix) + len(scope) + len(entity) + 3)
+	b.Grow(len(prefix) + len(scope) + len(entity) + 3 + len(suffix))
 	b.WriteString(prefix)
 	b.WriteString(scope)
 	b.WriteByte(sep)
 	b.WriteByte('{')
 	b.WriteString(entity)
 	b.WriteByte('}')
+	b.WriteString(suffix)
 	return b.String()
 }
 

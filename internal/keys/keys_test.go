@@ -94,3 +94,16 @@ func TestKeyWithSeparator(t *testing.T) {
 		t.Fatalf("a scope with a separator and braces made %q", k)
 	}
 }
+
+// TestKeySuffixMatchesKey: KeySuffix is Key + the suffix, whatever the
+// scope and entity need (escapes, hashing of long parts).
+func TestKeySuffixMatchesKey(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	for _, sc := range []string{"api", "", "a{b}", "#h", "50%", long} {
+		for _, k := range []string{"alice", "", "{x}", "#1", long} {
+			if got, want := KeySuffix("p:", sc, k, ":fw"), Key("p:", sc, k)+":fw"; got != want {
+				t.Fatalf("KeySuffix(%q, %q) = %q, want %q", sc, k, got, want)
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -48,4 +49,26 @@ func ReadCommandStats(t TB, c redis.Cmdable) map[string]CommandStat {
 		t.Fatalf("INFO commandstats: %v", err)
 	}
 	return CommandStats(info)
+}
+
+// ServerCPU reads the server's own CPU time so far (used_cpu_sys +
+// used_cpu_user of INFO cpu) from c; an error fails the test.
+func ServerCPU(t TB, c redis.Cmdable) time.Duration {
+	t.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatalf("INFO cpu: %v", err)
+	}
+	var secs float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("INFO cpu: %s: %v", line, err)
+			}
+			secs += f
+		}
+	}
+	return time.Duration(secs * float64(time.Second))
 }

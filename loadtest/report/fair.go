@@ -24,28 +24,16 @@ func configChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check
 	return chainChecks(sc, c)
 }
 
-// laterChecks: the static chain's criteria shown (it must miss one), the
-// full chain's judged.
-func laterChecks(sc *scenario.ScenarioResult) []Check {
-	var out []Check
-	if c := sc.Configurations["static"]; c != nil {
-		st := configChecks(sc, c)
-		failed := 0
-		for i := range st {
-			st[i].Expected = true
-			if !st[i].Pass {
-				failed++
-			}
-		}
-		out = append(out, st...)
-		out = append(out, Check{Scenario: sc.Name, Configuration: "static", Key: "static_fails",
-			Criterion: "fails at least one of the full chain's criteria (the scenario is hard enough)",
-			Measured:  fmt.Sprintf("%d of %d failed", failed, len(st)), Pass: failed > 0})
+// concurrencyFirst starts a configuration's criteria in sc with the
+// backend's concurrency against its capacity; add appends one more.
+func concurrencyFirst(sc *scenario.ScenarioResult, c *scenario.ConfigResult) (out *[]Check, add func(key, crit, measured string, pass bool)) {
+	out = new([]Check)
+	add = func(key, crit, measured string, pass bool) {
+		*out = append(*out, Check{Scenario: sc.Name, Configuration: c.Name, Criterion: crit, Measured: measured, Pass: pass, Key: key})
 	}
-	if c := sc.Configurations["full"]; c != nil {
-		out = append(out, configChecks(sc, c)...)
-	}
-	return out
+	ok, m := concurrencyCheck(sc, c)
+	add("concurrency", "backend concurrency ≤ capacity + 5% throughout", m, ok)
+	return out, add
 }
 
 func phaseSpan(sc *scenario.ScenarioResult, c *scenario.ConfigResult, name string) (int, int, sim.Phase) {
@@ -95,12 +83,7 @@ func Jain(xs []float64) float64 {
 const noisyTenantCount = 20
 
 func noisyChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check {
-	var out []Check
-	add := func(key, crit, measured string, pass bool) {
-		out = append(out, Check{Scenario: sc.Name, Configuration: c.Name, Criterion: crit, Measured: measured, Pass: pass, Key: key})
-	}
-	ok, m := concurrencyCheck(sc, c)
-	add("concurrency", "backend concurrency ≤ capacity + 5% throughout", m, ok)
+	out, add := concurrencyFirst(sc, c)
 	i, j, ph := phaseSpan(sc, c, "noisy")
 	good, n429, n503, retry := TenantShares(c.Series, i, j, noisyTenantCount)
 	var total float64
@@ -135,16 +118,11 @@ func noisyChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check 
 		fmt.Sprintf("%d × 429 (mean Retry-After %.0f ms), %d × 503 = %.1f%% 429; the others: %d × 429 (mean %.0f ms), %d × 503",
 			n429[0], retry[0], n503[0], 100*share, o429, oRetry/math.Max(1, float64(o429)), o503),
 		n429[0] > 0 && share >= 0.9)
-	return out
+	return *out
 }
 
 func deadlineChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check {
-	var out []Check
-	add := func(key, crit, measured string, pass bool) {
-		out = append(out, Check{Scenario: sc.Name, Configuration: c.Name, Criterion: crit, Measured: measured, Pass: pass, Key: key})
-	}
-	ok, m := concurrencyCheck(sc, c)
-	add("concurrency", "backend concurrency ≤ capacity + 5% throughout", m, ok)
+	out, add := concurrencyFirst(sc, c)
 	for _, name := range sc.Scenario.Overload {
 		ph := phase(c, name)
 		slow := 1.0
@@ -172,16 +150,11 @@ func deadlineChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Che
 	}
 	add("wasted", "≤ 1% of the database's work spent after its client had given up",
 		fmt.Sprintf("%.2f%% (%.1f of %.1f query-seconds; in slow %.2f%%)", 100*share, wasted, busy, 100*sw/math.Max(sb, 1e-9)), busy > 0 && share <= 0.01)
-	return out
+	return *out
 }
 
 func stuckChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check {
-	var out []Check
-	add := func(key, crit, measured string, pass bool) {
-		out = append(out, Check{Scenario: sc.Name, Configuration: c.Name, Criterion: crit, Measured: measured, Pass: pass, Key: key})
-	}
-	ok, m := concurrencyCheck(sc, c)
-	add("concurrency", "backend concurrency ≤ capacity + 5% throughout", m, ok)
+	out, add := concurrencyFirst(sc, c)
 	s := c.Series
 	i, j, ph := phaseSpan(sc, c, "stuck")
 	min := "no learned limit"
@@ -221,5 +194,5 @@ func stuckChecks(sc *scenario.ScenarioResult, c *scenario.ConfigResult) []Check 
 		g, gOK = fmt.Sprintf("%.2f s", *c.RecoverySeconds), *c.RecoverySeconds <= 5
 	}
 	add("recovery", "goodput recovers within 5 s of back starting", g, gOK)
-	return out
+	return *out
 }
