@@ -113,6 +113,7 @@ type LatencyLimit struct {
 
 	since   time.Time                  // the limit last moved: the window counts samples admitted since
 	cutAt   time.Time                  // the last cut: samples admitted before it say nothing
+	raised  time.Time                  // the start of the last reading Raise took
 	recent  [fastSamples]time.Duration // the last RTTs, in a ring
 	nrecent int
 	n       int
@@ -406,20 +407,27 @@ func (l *LatencyLimit) set(limit float64, at time.Time) {
 
 // Raise grows the limit at once by share of idle (the idle capacity a
 // gauge of the dependency reported, averaged over a window that began at
-// since), rounded, up to to (what the fleet shedder allows this server
+// since), rounded up, up to to (what the fleet shedder allows this server
 // now), when idle is at least one unit and the window began after the
 // last cut: there is room a probe would take seconds to find, and nothing
 // since the last overload says otherwise. A reading from before the cut
-// says nothing. Servers whose shares add up to one add up at most the
-// idle capacity reported. It never lowers the limit.
+// says nothing. Each reading raises once (readings are told apart by
+// since): the same reading given again, before every decision, changes
+// nothing. Rounded up, one idle unit shared by three servers raises each
+// by one, so the server that can use it takes it at the next reading
+// (rounded to nearest, none did, and the unit stayed idle until latency
+// probes found it, seconds later); servers whose shares add up to one add
+// up at most the idle capacity plus one each, and each at most to what
+// the fleet allows it. It never lowers the limit.
 func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time) {
 	if l.stuck {
 		return // idle because nothing it sends comes back: no room
 	}
-	if !(idle >= 1) || !since.After(l.cutAt) || !(share > 0) {
+	if !(idle >= 1) || !since.After(l.cutAt) || !(share > 0) || !since.After(l.raised) {
 		return
 	}
-	if next := math.Min(float64(to), l.limit+math.Floor(idle*share+0.5)); next > l.limit {
+	l.raised = since
+	if next := math.Min(float64(to), l.limit+math.Ceil(min(idle*share, 1<<40))); next > l.limit {
 		l.cause = "raise"
 		l.set(next, at)
 	}

@@ -160,9 +160,10 @@ func TestLatencyLimitOverdue(t *testing.T) {
 	}
 }
 
-// Raise grows the limit by this server's share of the idle capacity, up
-// to what the fleet allows, only on a reading that shows an idle unit and
-// began after the last cut; it never lowers it.
+// Raise grows the limit by this server's share of the idle capacity,
+// rounded up, up to what the fleet allows, once per reading, only on a
+// reading that shows an idle unit and began after the last cut; it never
+// lowers it.
 func TestLatencyLimitRaise(t *testing.T) {
 	l := newLatency(t, LatencyConfig{})
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
@@ -171,7 +172,7 @@ func TestLatencyLimitRaise(t *testing.T) {
 	if l.Limit() != 8 || cut.IsZero() {
 		t.Fatalf("limit %d after a collapse (cut at %v)", l.Limit(), cut)
 	}
-	after := cut.Add(time.Millisecond)
+	after := func(ms int) time.Time { return cut.Add(time.Duration(ms) * time.Millisecond) }
 	for _, c := range []struct {
 		name        string
 		idle, share float64
@@ -180,26 +181,30 @@ func TestLatencyLimitRaise(t *testing.T) {
 		want        int
 	}{
 		{"a reading from before the cut", 11, 0.5, 30, cut.Add(-time.Second), 8},
-		{"a reading without an idle unit", 0.5, 0.5, 30, after, 8},
-		{"NaN idle", math.NaN(), 0.5, 30, after, 8},
-		{"no share", 11, 0, 30, after, 8},
-		{"an allowance below the limit", 11, 0.5, 3, after, 8},
-		{"half of 11 idle, rounded", 11, 0.5, 30, after, 14},
-		{"the allowance bounds it", 11, 0.5, 16, after, 16},
-		{"a lower allowance later", 11, 0.5, 9, after, 16},
+		{"a reading without an idle unit", 0.5, 0.5, 30, after(1), 8},
+		{"NaN idle", math.NaN(), 0.5, 30, after(1), 8},
+		{"no share", 11, 0, 30, after(1), 8},
+		{"an allowance below the limit", 11, 0.5, 3, after(1), 8},
+		{"half of 11 idle, rounded up", 11, 0.5, 30, after(2), 14},
+		{"the same reading again", 11, 0.5, 30, after(2), 14},
+		{"an older reading", 11, 0.5, 30, after(1), 14},
+		{"the allowance bounds it", 11, 0.5, 16, after(3), 16},
+		{"a lower allowance later", 11, 0.5, 9, after(4), 16},
+		{"one idle unit shared by three", 1, 1.0 / 3, 30, after(5), 17},
+		{"two idle units shared by three", 2, 1.0 / 3, 30, after(6), 18},
 	} {
 		l.Raise(c.idle, c.share, c.to, c.since, at)
 		if l.Limit() != c.want {
 			t.Fatalf("%s: limit %d, want %d", c.name, l.Limit(), c.want)
 		}
 	}
-	// A new cut makes the same reading stale again.
-	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 16)
-	if l.Limit() != 8 {
-		t.Fatalf("limit %d after the second collapse, want 8", l.Limit())
+	// A new cut (18 halved) makes a reading that began before it stale.
+	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 18)
+	if l.Limit() != 9 {
+		t.Fatalf("limit %d after the second collapse, want 9", l.Limit())
 	}
-	l.Raise(11, 0.5, 30, after, at)
-	if l.Limit() != 8 {
+	l.Raise(11, 0.5, 30, after(7), at)
+	if l.Limit() != 9 {
 		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
 	}
 }

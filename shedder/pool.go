@@ -53,10 +53,12 @@ type Learner interface {
 // to the Learner (SetCap), so that it does not learn a limit the fleet
 // would not let it use, and so are the start times of the work in flight
 // (Overdue) and the last capacity reading (Observe, from a
-// CapacityWatcher): while a reading that began after the last cut shows
-// idle capacity, the limit rises to what the fleet allows this server (to
-// the limit at the reading plus the idle capacity, without WithFleet;
-// not while the Fleet is degraded, its share is then a guess).
+// CapacityWatcher): a reading that began after the last cut and shows
+// idle capacity raises the limit once by this server's share of the idle
+// capacity, rounded up (the Fleet's measured share; all of it without
+// WithFleet), never past what the fleet allows this server (the limit at
+// the reading plus the idle capacity, without WithFleet), and not while
+// the Fleet is degraded (its share is then a guess).
 //
 // done reports how the work ended: Success and Dropped (a timeout, an
 // error of the dependency) teach the Learner, Ignored only frees the slot

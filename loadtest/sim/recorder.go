@@ -368,6 +368,11 @@ func (s *Series) Window(from, to time.Duration) (int, int) {
 	return i, j
 }
 
+// Buckets returns how many buckets d spans, rounded up.
+func (s *Series) Buckets(d time.Duration) int {
+	return int(math.Ceil(d.Seconds()/s.BucketSec - 1e-9))
+}
+
 // Mean returns the mean of xs[i:j].
 func Mean(xs []float64, i, j int) float64 {
 	if j <= i {
