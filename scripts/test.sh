@@ -16,13 +16,16 @@
 #   go vet              no vet findings
 #   staticcheck         no findings (pinned version, run through the Go
 #                       toolchain; settings in staticcheck.conf)
-# then two checks of what the modules may contain:
+# then three checks of what the repository may contain:
 #   dependencies        the library's module graph (go mod graph at the root)
 #                       mentions no gonum.org module, no miniredis, no
 #                       github.com/prometheus/ module and no
 #                       go.opentelemetry.io/otel/exporters/ module
 #   admission           no code in loadtest/ decides admission itself
 #                       (loadtest/admission_test.go, go/ast)
+#   figures             no figure measured in README.md is in more than one
+#                       other tracked file: one home per figure
+#                       (internal/docfigures, git ls-files)
 # then finds redis-server (and redis-cli, for the Cluster tests) or installs
 # them with apt-get when running as root, and runs go test -race over every
 # module's packages in one go test (the workspace: go test ./... at the
@@ -32,7 +35,7 @@
 # (e.g. ./scripts/test.sh -run Cluster ./tiers/).
 #
 # CHECKS_ONLY=1 ./scripts/test.sh runs the checks (every module, then the
-# dependencies and admission checks) and stops before the tests: to debug
+# dependencies, admission and figures checks) and stops before the tests: to debug
 # a CI failure in the checks without the test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +90,9 @@ if [ "$#" -eq 0 ]; then
   echo "test.sh: checking that loadtest/ decides no admission itself" >&2
   (cd loadtest && go test -count=1 -run 'TestNoAdmissionOutsideTheLibrary|TestAdmissionCheckFails' .) ||
     fail "loadtest/ decides admission outside the library's blocks (see loadtest/admission_test.go)"
+  echo "test.sh: checking that no figure measured in README.md has more than one other home" >&2
+  go test -count=1 -run 'TestReadmeFigures' ./internal/docfigures/ ||
+    fail "a figure measured in README.md is in more than one other file: keep it in docs/measurements.md (or its page's raw log) and link to it (see internal/docfigures)"
   if [ "${CHECKS_ONLY:-}" = 1 ]; then
     echo "test.sh: CHECKS_ONLY=1: the checks passed; no tests run" >&2
     exit 0
