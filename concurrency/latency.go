@@ -89,7 +89,14 @@ type LatencyChange struct {
 // cut says nothing. At Min, a window of work that never had more than Min
 // in flight and was still slow sets a new baseline: the dependency itself
 // became slower, and the limit probes up again from there rather than
-// staying at Min for good.
+// staying at Min for good. The same holds above Min when the latest
+// capacity reading (Raise) began after the last cut and shows idle
+// capacity: the dependency has workers to spare, so slow work is its own
+// slowness (a slower replica, a cold cache), not a queue: the slow
+// samples become the baseline, and neither they nor work overdue cut the
+// limit. A window whose mean is 1.75× faster than the baseline (beyond
+// what the spread of service times gives) becomes the baseline at once,
+// so that an overload after the dependency is fast again shows as soon.
 //
 // The mean of a window rather than any one sample: service times vary,
 // and a loaded machine adds tens of milliseconds to single calls at
@@ -114,6 +121,8 @@ type LatencyLimit struct {
 	since   time.Time                  // the limit last moved: the window counts samples admitted since
 	cutAt   time.Time                  // the last cut: samples admitted before it say nothing
 	raised  time.Time                  // the start of the last reading Raise took
+	seen    time.Time                  // the start of the latest reading given to Raise
+	idle    bool                       // that reading showed idle capacity
 	recent  [fastSamples]time.Duration // the last RTTs, in a ring
 	nrecent int
 	n       int
@@ -316,6 +325,10 @@ func (l *LatencyLimit) Update(s Sample) {
 		// dependency keeps up (1.5× the mean): one or two calls slowed by
 		// the machine (a pause, a late timer) are not an overload.
 		if r := slices.Min(l.recent[:]); float64(r) > fastFactor*float64(l.baseline) {
+			if l.idleSinceCut() {
+				l.rebaseline(r, end)
+				return
+			}
 			l.cause = "fast"
 			l.set(l.eff()*math.Max(0.5, l.cfg.Tolerance*float64(l.baseline)/float64(r)), end)
 			return
@@ -337,9 +350,17 @@ func (l *LatencyLimit) Update(s Sample) {
 		l.noteBaseline()
 		l.cause = "rebaseline"
 		l.set(l.limit, end)
+	case float64(mean) > l.cfg.Tolerance*float64(l.baseline) && l.idleSinceCut():
+		l.rebaseline(mean, end)
 	case float64(mean) > l.cfg.Tolerance*float64(l.baseline):
 		l.cause = "window"
 		l.set(l.eff()*0.9, end)
+	case float64(mean)*fastFactor < float64(l.baseline):
+		// Far faster than the baseline, beyond what the spread of
+		// service times gives a window's mean: the dependency is fast
+		// again (after a rebaseline on slow work); follow it at once, or
+		// an overload would have to pass the old, slow baseline to show.
+		l.rebaseline(mean, end)
 	case l.grown && float64(mean) > growTolerance*float64(l.baseline):
 		// Since the first cut: slower than usual, not enough to cut:
 		// hold, and probe gently again from here. (At a capacity of 15,
@@ -382,6 +403,24 @@ func (l *LatencyLimit) Update(s Sample) {
 	}
 }
 
+// idleSinceCut reports whether the latest capacity reading (Raise) began
+// after the last cut and showed idle capacity: the dependency has workers
+// to spare while the work admitted since the cut is slow, so the slowness
+// is the dependency's own (a slower replica, a cold cache), not a queue
+// this limit should cut.
+func (l *LatencyLimit) idleSinceCut() bool {
+	return !l.stuck && l.idle && l.seen.After(l.cutAt)
+}
+
+// rebaseline takes latency as the new baseline (cause "rebaseline") and
+// keeps the limit.
+func (l *LatencyLimit) rebaseline(latency time.Duration, at time.Time) {
+	l.baseline = latency
+	l.noteBaseline()
+	l.cause = "rebaseline"
+	l.set(l.limit, at)
+}
+
 // noteBaseline keeps the lowest baseline learned.
 func (l *LatencyLimit) noteBaseline() {
 	if l.baseline > 0 && (l.minBase == 0 || l.baseline < l.minBase) {
@@ -420,6 +459,9 @@ func (l *LatencyLimit) set(limit float64, at time.Time) {
 // up at most the idle capacity plus one each, and each at most to what
 // the fleet allows it. It never lowers the limit.
 func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time) {
+	if since.After(l.seen) {
+		l.seen, l.idle = since, idle >= 1
+	}
 	if l.stuck {
 		return // idle because nothing it sends comes back: no room
 	}
@@ -457,8 +499,11 @@ func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
 			return
 		}
 	}
-	if l.baseline == 0 || l.eff() <= float64(l.cfg.Min) {
-		return // nothing to learn, or nothing left to cut
+	if l.baseline == 0 || l.eff() <= float64(l.cfg.Min) || l.idleSinceCut() {
+		// Nothing to learn, nothing left to cut, or the dependency has
+		// idle workers: work past its usual latency is its own slowness
+		// (the samples as they end move the baseline), not a queue.
+		return
 	}
 	limit := time.Duration(overdueFactor * float64(l.baseline))
 	n := 0

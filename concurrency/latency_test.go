@@ -199,6 +199,9 @@ func TestLatencyLimitRaise(t *testing.T) {
 		}
 	}
 	// A new cut (18 halved) makes a reading that began before it stale.
+	// (The latest reading shows no idle unit: with one, slow work would
+	// move the baseline instead, TestLatencyLimitIdleRebaseline.)
+	l.Raise(0.5, 1.0/3, 30, after(7), at)
 	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 18)
 	if l.Limit() != 9 {
 		t.Fatalf("limit %d after the second collapse, want 9", l.Limit())
@@ -206,6 +209,41 @@ func TestLatencyLimitRaise(t *testing.T) {
 	l.Raise(11, 0.5, 30, after(7), at)
 	if l.Limit() != 9 {
 		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
+	}
+}
+
+// Slow work while the latest capacity reading, begun after the last cut,
+// shows idle capacity moves the baseline instead of cutting: the
+// dependency became slower (a slower replica), it is not queueing. When
+// it is fast again, a window far under the baseline brings it back. With
+// a busy latest reading the same slow work cuts.
+func TestLatencyLimitIdleRebaseline(t *testing.T) {
+	l := newLatency(t, LatencyConfig{})
+	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
+	if l.Limit() != 8 || l.Baseline() != 200*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.Limit(), l.Baseline())
+	}
+	cut := l.cutAt
+	l.Raise(4, 0.5, 8, cut.Add(time.Millisecond), at) // idle, but the allowance holds the limit
+	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
+	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
+		t.Fatalf("slow work with idle capacity: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
+	}
+	at = feed(l, at, 12, 600*time.Millisecond, 8) // a window at the new baseline: no cut
+	if l.Limit() < 8 || l.Baseline() != 600*time.Millisecond {
+		t.Fatalf("a window at the new baseline: limit %d, baseline %v; want >= 8, 600ms", l.Limit(), l.Baseline())
+	}
+	limit := l.Limit()
+	at = feed(l, at, 12, 200*time.Millisecond, 1) // fast again, little used: no growth
+	if l.Limit() != limit || l.Baseline() != 200*time.Millisecond {
+		t.Fatalf("fast again: limit %d, baseline %v; want %d, 200ms", l.Limit(), l.Baseline(), limit)
+	}
+	// The latest reading busy: slow work is an overload again.
+	l.Raise(0.5, 0.5, 30, at, at)
+	feed(l, at, fastSamples, 600*time.Millisecond, limit)
+	if l.Limit() >= limit || l.Baseline() != 200*time.Millisecond {
+		t.Fatalf("slow work, busy reading: limit %d, baseline %v; want < %d, 200ms", l.Limit(), l.Baseline(), limit)
 	}
 }
 

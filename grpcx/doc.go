@@ -30,7 +30,8 @@
 // x-ratelimit-remaining and x-ratelimit-reset response headers (metadata).
 // Done runs when the handler returns (Success, Dropped for Unavailable,
 // DeadlineExceeded, ResourceExhausted and server faults, Ignored for
-// Canceled) and also when it panics (Ignored; the panic goes on).
+// Canceled and once the client's deadline has passed) and also when it
+// panics (Ignored; the panic goes on).
 //
 // # Client
 //

@@ -447,3 +447,22 @@ func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
 		require.Equal(t, []spillway.Dimension{{Name: "ip", Value: tc.want}}, reqs[0].Dims)
 	}
 }
+
+// A call whose client's deadline (the incoming context's, from
+// grpc-timeout) passed ends Ignored: the client gave up, which says
+// nothing of the server's load. A DeadlineExceeded of the handler's own
+// (an outgoing call's deadline) while the client still waits is Dropped.
+func TestClientDeadlineOutcome(t *testing.T) {
+	rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
+	icpt := grpcx.UnaryServerInterceptor(rec)
+	info := &grpc.UnaryServerInfo{FullMethod: "/svc/M"}
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	deadlineErr := status.Error(codes.DeadlineExceeded, "x")
+	_, _ = icpt(expired, nil, info, func(context.Context, any) (any, error) { return nil, deadlineErr })
+	_, _ = icpt(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, deadlineErr })
+	_, _ = icpt(expired, nil, info, func(context.Context, any) (any, error) { return "ok", nil })
+	_, inflight, outs := rec.snapshot()
+	require.Equal(t, 0, inflight)
+	require.Equal(t, []spillway.Outcome{spillway.Ignored, spillway.Dropped, spillway.Success}, outs)
+}

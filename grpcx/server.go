@@ -54,7 +54,7 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 		g := admission.Guard{Done: done}
 		defer g.Release() // the handler panicked: release; the panic goes on
 		resp, err = handler(ctx, req)
-		g.Finish(outcome(err))
+		g.Finish(outcome(ctx, err))
 		return resp, err
 	}
 }
@@ -88,7 +88,7 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 		g := admission.Guard{Done: done}
 		defer g.Release()
 		err = handler(srv, ss)
-		g.Finish(outcome(err))
+		g.Finish(outcome(ctx, err))
 		return err
 	}
 }
@@ -256,8 +256,14 @@ func upper(s string) string {
 }
 
 // outcome maps a handler's error to what adaptive limiters learn: overload
-// and server faults are Dropped, a cancelled call is Ignored.
-func outcome(err error) spillway.Outcome {
+// and server faults are Dropped; a cancelled call, or one whose client's
+// deadline (grpc-timeout, the incoming context's) passed, is Ignored: the
+// client gave up, which says how long it would wait, not how loaded the
+// server is.
+func outcome(ctx context.Context, err error) spillway.Outcome {
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return spillway.Ignored
+	}
 	switch status.Code(err) {
 	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.FailedPrecondition, codes.Aborted, codes.OutOfRange, codes.Unimplemented, codes.Unauthenticated:

@@ -89,3 +89,47 @@ func TestParseTimeout(t *testing.T) {
 		require.Error(t, err, v)
 	}
 }
+
+// A request whose own deadline (the client's header) passes while it is
+// served ends Ignored: the client gave up, which says nothing of the
+// server's load, so a learned limit does not halve on it. A deadline the
+// server set itself, earlier than the client's, still ends Dropped, as does
+// a 5xx within the client's time.
+func TestDeadlineHeaderOutcome(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var outs []spillway.Outcome
+		lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+			return spillway.Decision{Allowed: true}, func(o spillway.Outcome) { outs = append(outs, o) }, nil
+		})
+		h := httpx.Middleware(lim, httpx.WithDeadlineHeader(spillway.TimeoutHeader))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-r.Context().Done():
+				w.WriteHeader(http.StatusServiceUnavailable)
+			case <-time.After(200 * time.Millisecond):
+				if r.URL.Path == "/fail" {
+					w.WriteHeader(http.StatusBadGateway)
+				}
+			}
+		}))
+		serve := func(path, timeout string, serverTimeout time.Duration) int {
+			req := httptest.NewRequest(http.MethodGet, path, nil)
+			if serverTimeout > 0 {
+				ctx, cancel := context.WithTimeout(req.Context(), serverTimeout)
+				defer cancel()
+				req = req.WithContext(ctx)
+			}
+			if timeout != "" {
+				req.Header.Set(spillway.TimeoutHeader, timeout)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			return rec.Code
+		}
+		require.Equal(t, http.StatusServiceUnavailable, serve("/x", "100", 0))                   // the client's 100 ms pass
+		require.Equal(t, http.StatusOK, serve("/x", "300", 0))                                   // in time
+		require.Equal(t, http.StatusBadGateway, serve("/fail", "300", 0))                        // a 5xx in time
+		require.Equal(t, http.StatusServiceUnavailable, serve("/x", "300", 50*time.Millisecond)) // the server's own 50 ms, earlier
+		require.Equal(t, http.StatusServiceUnavailable, serve("/x", "", 50*time.Millisecond))    // no header
+		require.Equal(t, []spillway.Outcome{spillway.Ignored, spillway.Success, spillway.Dropped, spillway.Dropped, spillway.Dropped}, outs)
+	})
+}

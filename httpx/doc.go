@@ -19,7 +19,8 @@
 // Then it asks the limiter and answers:
 //
 //   - allowed: the handler runs; afterwards Done reports Success, Dropped
-//     for a 5xx or an expired deadline, Ignored when the client went away or
+//     for a 5xx or an expired deadline the server set, Ignored when the
+//     client went away, its own deadline (WithDeadlineHeader) passed, or
 //     the handler panicked (the panic continues after the release);
 //   - rate or concurrency limit: 429 Too Many Requests;
 //   - shedding, global ceiling, store failed closed: 503 Service Unavailable;

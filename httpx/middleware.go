@@ -41,6 +41,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.Usage = usage
 	}
 	var res admission.Result
+	clientDeadline := false // the context's deadline is the client's (WithDeadlineHeader)
 	if c.dlHeader != "" {
 		if v := r.Header.Values(c.dlHeader); len(v) > 0 {
 			d, err := spillway.ParseTimeout(v[0])
@@ -51,9 +52,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				err = fmt.Errorf("httpx: header %s: %w", c.dlHeader, err)
 				res = admission.Result{Decision: spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: admission.LimiterRequest}, Done: spillway.Noop, Invalid: err}
 			} else {
+				prev, had := r.Context().Deadline()
 				ctx, cancel := context.WithTimeout(r.Context(), d)
 				defer cancel()
 				r = r.WithContext(ctx)
+				next, _ := ctx.Deadline()
+				clientDeadline = !had || next.Before(prev)
 			}
 		}
 	}
@@ -100,7 +104,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.usageHeader != "" {
 		h.readUsage(r, w.Header(), usage)
 	}
-	g.Finish(outcome(r.Context(), sw.status))
+	g.Finish(outcome(r.Context(), sw.status, clientDeadline))
 }
 
 // PatternPath returns the path part of a ServeMux pattern
@@ -117,10 +121,16 @@ func PatternPath(pattern string) string {
 	return pattern
 }
 
-// outcome maps how a response ended to what adaptive limiters learn.
-func outcome(ctx context.Context, status int) spillway.Outcome {
+// outcome maps how a response ended to what adaptive limiters learn. A
+// client that went away, or whose own deadline (clientDeadline: read from
+// its header) passed, says how long it would wait, not how loaded the
+// server is: Ignored, as a cancelled request.
+func outcome(ctx context.Context, status int, clientDeadline bool) spillway.Outcome {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return spillway.Ignored // the client went away
+	}
+	if clientDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return spillway.Ignored // the client's own deadline passed
 	}
 	if status >= 500 || ctx.Err() != nil {
 		return spillway.Dropped

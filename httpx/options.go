@@ -212,7 +212,10 @@ func WithEstimateHeader(name string) Option {
 // has) before admission: blocks that queue refuse at once a request whose
 // expected wait is longer than the time it has left, and drop, before any
 // work, one whose deadline passed while it waited; the handler and the
-// calls it makes see the deadline too. A missing header leaves the
+// calls it makes see the deadline too. Admitted work whose deadline from
+// the header passes ends Ignored, not Dropped: the client gave up, which
+// says how long it would wait, not how loaded the server is (a learned
+// limit does not cut on it). A missing header leaves the
 // context as it is; a malformed value is answered 400 with the reason. By
 // default no header is read.
 func WithDeadlineHeader(name string) Option {
