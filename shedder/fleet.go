@@ -57,7 +57,10 @@ import (
 // above, or WithLocalShare if it never refreshed) and marks decisions
 // Degraded. When Redis is back, the first refresh reports but its sum is
 // not used (the other servers' reports may have expired meanwhile): the
-// Fleet stays degraded until the next one. Admit never returns an error.
+// Fleet stays degraded until a later refresh sees as many servers as the
+// last one before the outage, or for one TTL at most (a server that has
+// not reported again by then would have expired anyway). Admit never
+// returns an error.
 //
 // Allowed decisions carry Limit 0, so a chain's headers keep reporting the
 // client's own quota; denials carry the priority's threshold and what is
@@ -88,8 +91,11 @@ type Fleet struct {
 	// rejoining is set by the first successful refresh after an outage
 	// (the last success stale): its view is not used, because the other
 	// servers' reports may have expired meanwhile and not yet been made
-	// again. Guarded by mu.
-	rejoining bool
+	// again. rejoinFrom is when (UnixNano) and rejoinServers how many
+	// servers the last view before the outage had. Guarded by mu.
+	rejoining     bool
+	rejoinFrom    int64
+	rejoinServers int64
 
 	errMu   sync.Mutex // guards lastErr only, so Stats never waits on Redis
 	lastErr error
@@ -359,9 +365,19 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	if prev := f.lastOK.Load(); ttl > 0 && prev != 0 && started.UnixNano()-prev > int64(f.o.staleAfter) && !f.rejoining {
 		// Back after an outage: this report is made, but the sum may
 		// miss servers whose reports expired while Redis was away, and
-		// would show this one a nearly empty fleet. Stay degraded until
-		// the next refresh, an interval later, when they have reported.
-		f.rejoining = true
+		// would show this one a nearly empty fleet. Stay degraded (on
+		// the last view's share) until the fleet has as many servers as
+		// before the outage, or for one TTL at most: a server that has
+		// not reported again by then would have expired anyway.
+		f.rejoining, f.rejoinFrom, f.rejoinServers = true, started.UnixNano(), f.servers.Load()
+		f.setLastErr(nil)
+		return nil
+	}
+	if f.rejoining && ttl > 0 && res[4] < f.rejoinServers && started.UnixNano()-f.rejoinFrom < int64(f.o.ttl) {
+		// Some servers of the fleet before the outage have not reported
+		// again yet (their refresh was waiting out its timeout, say):
+		// with their work missing from the sum, this server and the
+		// others back already would share headroom that is in use.
 		f.setLastErr(nil)
 		return nil
 	}

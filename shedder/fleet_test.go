@@ -317,13 +317,18 @@ func TestFleetDegraded(t *testing.T) {
 	}
 	// The first refresh after the outage reports, but b's report expired
 	// meanwhile and b has not reported again: a would see itself alone
-	// and take the whole headroom. It stays degraded until the next.
-	if err := a.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
+	// and take the whole headroom. It stays degraded while the fleet has
+	// fewer servers than before the outage, for one TTL (2 s) at most.
+	for i, advance := range []time.Duration{0, 0, 1999 * time.Millisecond} {
+		clk.Advance(advance)
+		if err := a.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if s := a.Stats(); !s.Degraded || s.LastError != nil || a.Allowance(spillway.Sheddable) != 40 {
+			t.Fatalf("refresh %d after the outage: %+v, allowance %d; want still degraded at 40, no error", i, s, a.Allowance(spillway.Sheddable))
+		}
 	}
-	if s := a.Stats(); !s.Degraded || s.LastError != nil {
-		t.Fatalf("first refresh after the outage: %+v, want still degraded, no error", s)
-	}
+	clk.Advance(time.Millisecond) // b would have expired by now
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +338,47 @@ func TestFleetDegraded(t *testing.T) {
 	d, _, _ = a.Admit(context.Background(), &spillway.Request{Priority: spillway.Sheddable})
 	if d.Allowed || d.Degraded || d.Limit != 80 {
 		t.Fatalf("after recovery: %+v, want a shared (not degraded) denial at 80", d)
+	}
+}
+
+// After an outage a server stays degraded until the servers it saw before
+// have reported again: one whose refresh was still waiting out its timeout
+// when Redis came back is not taken for gone, and its work in flight is
+// not shared out as headroom.
+func TestFleetRejoinWaitsForTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { client.Close() })
+	clk := newClock()
+	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
+	b := newFleet(t, client, "b", clk, shedder.WithTimeout(500*time.Millisecond))
+	refresh(t, a, b, a)
+	runFleet(t, b, []fleetStep{{spillway.Sheddable, 30, true, 0}})
+	refresh(t, b, a)
+	// a's share of the 50 left below 80 is (0 + 50) / (30 + 100).
+	if got := a.Allowance(spillway.Sheddable); got != 19 {
+		t.Fatalf("a's allowance before the outage %d, want 19", got)
+	}
+	srv.Stop()
+	clk.Advance(time.Second + time.Millisecond)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// a is back twice before b: b's 30 in flight are not in the sums.
+	refresh(t, a, a)
+	// Alone in the view, a would allow itself all 80.
+	if s := a.Stats(); !s.Degraded || s.Servers != 2 || s.LastError != nil {
+		t.Fatalf("a before b reported again: %+v, want degraded, two servers last seen, no error", s)
+	}
+	if got := a.Allowance(spillway.Sheddable); got != 30 {
+		t.Fatalf("a's allowance before b reported again %d, want its degraded share, 30 (0.8 x 100 x 50/130)", got)
+	}
+	refresh(t, b, a)
+	if s := a.Stats(); s.Degraded || s.Servers != 2 || s.Usage != 30 {
+		t.Fatalf("a after b reported again: %+v, want shared, two servers, usage 30", s)
+	}
+	if got := a.Allowance(spillway.Sheddable); got != 19 {
+		t.Fatalf("a's allowance after b reported again %d, want 19", got)
 	}
 }
 
