@@ -23,10 +23,30 @@ type tenant struct {
 
 // servedDecay is how fast a tenant's record of the service it got fades:
 // a slot that frees goes to the waiter whose tenant got the least service
-// (for its weight) over about the last second, not merely the least in
-// flight now, so that a tenant that always has a request waiting does not
-// get more than one that sends as often as its share allows.
-const servedDecay = time.Second
+// (for its weight) over about the last servedDecay, not merely the least
+// in flight now, so that a tenant that always has a request waiting does
+// not get more than one that sends as often as its share allows, and a
+// tenant that missed its turns (it had nothing waiting when slots freed)
+// makes them up over the next seconds.
+const servedDecay = 5 * time.Second
+
+// A tenant forgotten when idle leaves its record of service behind
+// (Queue.memory) until the record decays below minServed (about 15 s
+// after its last request at servedDecay 5 s), for at most maxRemembered
+// tenants per priority: a tenant that comes back within that time is
+// ordered by the service it got, not as a newcomer that got none (which
+// put a tenant between two requests ahead of one that always waits).
+// Beyond maxRemembered, a tenant that comes back starts afresh.
+const (
+	minServed     = 0.05
+	maxRemembered = 4096
+)
+
+// servedRecord is an idle tenant's record of service: served at at.
+type servedRecord struct {
+	served float64
+	at     time.Time
+}
 
 // servedNow returns t's decayed service at now.
 func (t *tenant) servedNow(now time.Time) float64 {
@@ -63,6 +83,10 @@ func (q *Queue) tenantFor(p spillway.Priority, name string) *tenant {
 	t := m[name]
 	if t == nil {
 		t = &tenant{name: name, p: p, weight: q.weightOf(name)}
+		if r, ok := q.memory[p][name]; ok {
+			t.served, t.servedAt = r.served, r.at
+			delete(q.memory[p], name)
+		}
 		m[name] = t
 	}
 	return t
@@ -93,6 +117,35 @@ func (q *Queue) dropIdle(t *tenant) {
 func (q *Queue) forget(t *tenant) {
 	if m := q.tenants[t.p]; m[t.name] == t {
 		delete(m, t.name)
+		q.remember(t)
+	}
+}
+
+// remember keeps idle tenant t's record of service (see minServed).
+// Called with q.mu held.
+func (q *Queue) remember(t *tenant) {
+	now := q.o.now()
+	served := t.servedNow(now)
+	if served < minServed {
+		return
+	}
+	mem := q.memory[t.p]
+	if mem == nil {
+		mem = map[string]servedRecord{}
+		q.memory[t.p] = mem
+	}
+	if len(mem) >= maxRemembered && now.After(q.pruned[t.p]) {
+		// Full: drop the records that have faded, at most once per
+		// servedDecay (each scan is maxRemembered entries).
+		q.pruned[t.p] = now.Add(servedDecay)
+		for name, r := range mem {
+			if (&tenant{served: r.served, servedAt: r.at}).servedNow(now) < minServed {
+				delete(mem, name)
+			}
+		}
+	}
+	if len(mem) < maxRemembered {
+		mem[t.name] = servedRecord{served: served, at: now}
 	}
 }
 

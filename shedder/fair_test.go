@@ -2,6 +2,8 @@ package shedder
 
 import (
 	"context"
+	"math"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -54,14 +56,16 @@ func TestQueueFairShares(t *testing.T) {
 		require.Equal(t, int64(2), d.Limit)
 		require.Equal(t, 3, q.Stats().Waiting)
 
-		// Freed slots: a (0 in flight, oldest), then b (0), then a again.
+		// Freed slots go by the service each tenant got lately: b (none),
+		// then a (one request 1.1 s ago, e^-0.22 = 0.80 of one: its record
+		// outlived its idle spell), oldest first, then a again.
 		noisy[0](spillway.Success)
 		synctest.Wait()
-		require.True(t, a1.returned() && a1.d.Allowed)
-		require.False(t, b1.returned() || a2.returned())
+		require.True(t, b1.returned() && b1.d.Allowed)
+		require.False(t, a1.returned() || a2.returned())
 		noisy[1](spillway.Success)
 		synctest.Wait()
-		require.True(t, b1.returned() && b1.d.Allowed)
+		require.True(t, a1.returned() && a1.d.Allowed)
 		require.False(t, a2.returned())
 		noisy[2](spillway.Success)
 		synctest.Wait()
@@ -112,4 +116,40 @@ func TestQueueFairShareWeights(t *testing.T) {
 		_, err := NewQueue(1, bad)
 		require.Error(t, err)
 	}
+}
+
+// A tenant forgotten when idle leaves its record of service behind until
+// it fades below minServed, for at most maxRemembered tenants per
+// priority; a full memory drops the faded records (at most once per
+// servedDecay), and a tenant that comes back takes its record back.
+func TestQueueTenantMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q, err := NewQueue(1, WithTenant(spillway.DimUser))
+		require.NoError(t, err)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		p := spillway.Critical
+		idle := func(name string, served float64) *tenant {
+			return &tenant{name: name, p: p, weight: 1, served: served, servedAt: time.Now()}
+		}
+		for i := range maxRemembered {
+			q.remember(idle(strconv.Itoa(i), 1))
+		}
+		require.Len(t, q.memory[p], maxRemembered)
+		q.remember(idle("x", 1)) // full, nothing faded: not kept
+		require.Len(t, q.memory[p], maxRemembered)
+		require.NotContains(t, q.memory[p], "x")
+
+		time.Sleep(16 * time.Second) // e^(-16/5) = 0.041 of one request: faded
+		q.remember(idle("y", 2))
+		require.Len(t, q.memory[p], 1)
+		q.remember(idle("z", 0.04)) // faded already
+		require.Len(t, q.memory[p], 1)
+
+		time.Sleep(5 * time.Second)
+		y := q.tenantFor(p, "y")
+		require.InDelta(t, 2/math.E, y.servedNow(time.Now()), 1e-9)
+		require.Empty(t, q.memory[p])
+		require.Equal(t, 0.0, q.tenantFor(p, "x").servedNow(time.Now()))
+	})
 }

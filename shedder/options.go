@@ -170,9 +170,11 @@ func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 // waiting, the share rounded up; a tenant holding nothing may always ask)
 // is denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
 // of its own, and a freed slot goes to the waiter whose tenant got the
-// least service for its weight lately (over about a second). State: one
+// least service for its weight lately (over about 5 seconds). State: one
 // entry per active tenant and priority, dropped one mean hold time after
-// it has nothing in flight or waiting (about slots + depth entries).
+// it has nothing in flight or waiting (about slots + depth entries), and
+// an idle tenant's record of service until it fades (about 15 s; at most
+// 4,096 per priority).
 // Queue and Pool; by default there are no tenants.
 func WithTenant(dim string) Option {
 	return func(o *options) {

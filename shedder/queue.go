@@ -65,6 +65,10 @@ type Queue struct {
 	// WithTenant: the active tenants (work in flight or waiting) of each
 	// priority; an entry is removed when its tenant has neither.
 	tenants [spillway.NumPriorities]map[string]*tenant
+	// WithTenant: the records of service of tenants forgotten when idle
+	// (remember), and when each priority's were last pruned.
+	memory  [spillway.NumPriorities]map[string]servedRecord
+	pruned  [spillway.NumPriorities]time.Time
 	scratch []shareEntry
 
 	admitted, waited, timedOut, displaced, rejected, late, expired, overShared atomic.Int64
