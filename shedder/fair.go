@@ -49,11 +49,14 @@ type servedRecord struct {
 }
 
 // servedNow returns t's decayed service at now.
-func (t *tenant) servedNow(now time.Time) float64 {
-	if t.served == 0 {
+func (t *tenant) servedNow(now time.Time) float64 { return decayed(t.served, t.servedAt, now) }
+
+// decayed returns service served recorded at at, faded to now.
+func decayed(served float64, at, now time.Time) float64 {
+	if served == 0 {
 		return 0
 	}
-	return t.served * math.Exp(-now.Sub(t.servedAt).Seconds()/servedDecay.Seconds())
+	return served * math.Exp(-now.Sub(at).Seconds()/servedDecay.Seconds())
 }
 
 // serve records c more of service for t at now.
@@ -139,7 +142,7 @@ func (q *Queue) remember(t *tenant) {
 		// servedDecay (each scan is maxRemembered entries).
 		q.pruned[t.p] = now.Add(servedDecay)
 		for name, r := range mem {
-			if (&tenant{served: r.served, servedAt: r.at}).servedNow(now) < minServed {
+			if decayed(r.served, r.at, now) < minServed {
 				delete(mem, name)
 			}
 		}
