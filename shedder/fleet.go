@@ -47,7 +47,10 @@ import (
 // WithReservations removes that staleness below the lowest threshold: each
 // server reserves its share of the headroom in Redis with its report and
 // uses no more than its reservation and what the others' reports and
-// reservations leave, so the grants never add up past it. A server that
+// reservations leave, so the grants never add up past it (but for work a
+// server admits under its old reservation while its report is on its
+// way: in neither its report nor its new reservation until the next; see
+// docs/shedder.md). A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
