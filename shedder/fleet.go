@@ -427,28 +427,24 @@ type fleetView struct {
 // itself comes from the new reservation only, so a carry lasts one
 // interval. With reservations only.
 func (f *Fleet) carry(now int64, sent [spillway.NumPriorities]int64) int64 {
-	low := f.reserveTarget()
-	if low <= 0 {
-		return 0
-	}
 	var total int64
 	for _, c := range sent {
 		total += c
 	}
-	limit := low
-	ok, v := f.lastOK.Load(), f.view.Load()
-	if v == nil || ok == 0 || now-ok > int64(f.o.staleAfter) {
-		// Degraded (or rejoining): it decides on its share of the
-		// capacity, the threshold scaled by it.
-		share := f.o.localShare
-		if v != nil && v.servers > 0 {
-			share = f.share(v)
+	for p := range f.thresh {
+		pr := spillway.Priority(p)
+		if f.threshold(pr, float64(f.capacity.Load())) >= MaxFleetCapacity {
+			continue
 		}
-		limit = int64(math.Floor(share*float64(low) + 1e-9))
-	} else {
-		limit = v.sent + f.grant(v, low)
+		// The lowest finite threshold, the one reservations are made up
+		// to: what Admit lets this server hold for its priority now.
+		limit, degraded := f.limitFor(pr, now)
+		if v := f.view.Load(); !degraded && v != nil {
+			limit = v.sent + f.grant(v, limit)
+		}
+		return max(0, limit-total)
 	}
-	return max(0, limit-total)
+	return 0
 }
 
 // reserveTarget is the threshold up to which a server reserves headroom
