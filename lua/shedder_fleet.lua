@@ -18,12 +18,19 @@
 --          server reserves headroom; absent or 0 reserves nothing
 -- ARGV[9]  optional: the fleet's capacity (integer >= 1), for the share
 -- ARGV[10] optional: uniform in [0, 1), rounds the reservation
+-- ARGV[11] optional: the carry (integer >= 0), how far the server may
+--          still grow beyond this report under its previous reservation
+--          until it reads this reply: at least that much stays reserved
 --
 -- Reservations: with ARGV[8] > 0 the server reserves, beyond its report,
 -- its share of the threshold's headroom, floor(share * (T - U) + round),
 -- where U is the fleet's in-flight cost with this report and share is
 -- (own + capacity/n) / (U + capacity); the reservation is stored with the
 -- report (a fifth field) and counts until the server's next report.
+-- What is stored is the larger of that and the carry (ARGV[11]): work the
+-- server admitted under its old reservation while this report was on its
+-- way counts until its next report; the reply's reservation is the share
+-- alone, so a carry lasts one interval.
 -- Reports without a fifth field reserve nothing.
 --
 -- Reply: {t0, t1, t2, t3, servers, reservedOthers, reserved}
@@ -53,6 +60,7 @@ end
 local target = tonumber(ARGV[8] or "0") or 0
 local fcap = tonumber(ARGV[9] or "1") or 1
 local round = tonumber(ARGV[10] or "0") or 0
+local carry = tonumber(ARGV[11] or "0") or 0
 
 -- parse returns the five counts of a report (the reservation 0 when the
 -- report has none), or nil when it is malformed.
@@ -137,11 +145,12 @@ if ttl > 0 and target > 0 then
     local share = (own + fcap / math.max(n, 1)) / (used + fcap)
     mine = math.floor(share * head + round)
     if mine > head then mine = head end
-    if mine > 0 then
-      new[5] = mine
-      redis.call("HSET", reports, id, table.concat(new, ":"))
-      redis.call("HINCRBY", sums, "r", mine)
-    end
+  end
+  local stored = math.max(mine, carry)
+  if stored > 0 then
+    new[5] = stored
+    redis.call("HSET", reports, id, table.concat(new, ":"))
+    redis.call("HINCRBY", sums, "r", stored)
   end
 end
 

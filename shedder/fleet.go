@@ -47,10 +47,9 @@ import (
 // WithReservations removes that staleness below the lowest threshold: each
 // server reserves its share of the headroom in Redis with its report and
 // uses no more than its reservation and what the others' reports and
-// reservations leave, so the grants never add up past it (but for work a
-// server admits under its old reservation while its report is on its
-// way: in neither its report nor its new reservation until the next; see
-// docs/shedder.md). A server that
+// reservations leave, so the grants never add up past it; what a server
+// may still admit while its report is on its way (its carry) stays
+// reserved until its next report. A server that
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
@@ -352,7 +351,11 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	}
 	round := f.o.rand()
 	if f.o.reserveHead {
-		args = append(args, f.reserveTarget(), f.capacity.Load(), strconv.FormatFloat(round, 'f', -1, 64))
+		var carry int64
+		if ttl > 0 {
+			carry = f.carry(started.UnixNano(), sent)
+		}
+		args = append(args, f.reserveTarget(), f.capacity.Load(), strconv.FormatFloat(round, 'f', -1, 64), carry)
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
 	defer cancel()
@@ -412,6 +415,36 @@ type fleetView struct {
 	// With WithReservations: the other live servers' reservations and
 	// this server's own, made with this report.
 	others, reserved int64
+}
+
+// carry is how far this server may still grow beyond sent (the report
+// being made), below the reservation threshold, before the reply lands:
+// what its current grant leaves it (its degraded share of the threshold
+// when degraded). The script keeps that much reserved until the next
+// report, so work admitted under the old reservation while this report
+// is on its way is never missing from both the reports and the
+// reservations, where another server could be granted it. The grant
+// itself comes from the new reservation only, so a carry lasts one
+// interval. With reservations only.
+func (f *Fleet) carry(now int64, sent [spillway.NumPriorities]int64) int64 {
+	var total int64
+	for _, c := range sent {
+		total += c
+	}
+	for p := range f.thresh {
+		pr := spillway.Priority(p)
+		if f.threshold(pr, float64(f.capacity.Load())) >= MaxFleetCapacity {
+			continue
+		}
+		// The lowest finite threshold, the one reservations are made up
+		// to: what Admit lets this server hold for its priority now.
+		limit, degraded := f.limitFor(pr, now)
+		if v := f.view.Load(); !degraded && v != nil {
+			limit = v.sent + f.grant(v, limit)
+		}
+		return max(0, limit-total)
+	}
+	return 0
 }
 
 // reserveTarget is the threshold up to which a server reserves headroom

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/shedder"
@@ -614,8 +615,10 @@ func TestFleetReservationsBoundStaleness(t *testing.T) {
 	a, b, c := newFleet(t, client, "a", clk, res), newFleet(t, client, "b", clk, res), newFleet(t, client, "c", clk, res)
 	// a alone reserves all 80; b, joining, half (a's 80 leave it nothing
 	// to use); c a third. Their next reports bring each to a third of the
-	// 80, floor(26.7) = 26.
-	refresh(t, a, b, c, a, b, c, a)
+	// 80, floor(26.7) = 26, but what a's grant of 80 left it stays
+	// reserved until a reports again (its carry: work it may admit while
+	// that report is on its way); one more round, and each holds 26.
+	refresh(t, a, b, c, a, b, c, a, b, c, a)
 	for i, f := range []*shedder.Fleet{a, b, c} {
 		// Critical: the 26 reserved plus a third of the band between 80
 		// and 100 (nobody reserves it): 26 + floor(20/3) = 32.
@@ -654,6 +657,62 @@ func TestFleetReservationsBoundStaleness(t *testing.T) {
 	refresh(t, pa)
 	if s := pa.Allowance(spillway.Sheddable); s != 51 {
 		t.Fatalf("without reservations: allowance %d, want 51", s)
+	}
+}
+
+// Work a server admits under its old reservation while its report is on
+// its way stays reserved (its carry) until its next report: the report
+// holds a snapshot taken before that work, and the reservation the script
+// computes for a fleet near its threshold would not cover it, so another
+// server could be granted the same units.
+func TestFleetCarryCoversWorkDuringReport(t *testing.T) {
+	srv := redistest.Start(t)
+	p, err := faultproxy.NewProxy(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	slow := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { slow.Close() })
+	clk := newClock()
+	res := shedder.WithReservations()
+	a, b := newFleet(t, slow, "a", clk, res), newFleet(t, srv.Client(t), "b", clk, res)
+	refresh(t, a, b, a, b, a, b)
+	if ga, gb := a.Allowance(spillway.Sheddable), b.Allowance(spillway.Sheddable); ga != 40 || gb != 40 {
+		t.Fatalf("allowances %d, %d; want 40 each", ga, gb)
+	}
+	runFleet(t, b, []fleetStep{{spillway.Sheddable, 40, true, 0}})
+	refresh(t, b)
+
+	// a's report leaves with a snapshot of 0 and is held on its way.
+	before := p.Stats().Received
+	_ = p.SetMode(faultproxy.Stall)
+	errc := make(chan error, 1)
+	go func() { errc <- a.Refresh(context.Background()) }()
+	for deadline := time.Now().Add(5 * time.Second); p.Stats().Received == before; {
+		if time.Now().After(deadline) {
+			t.Fatal("a's report never reached the proxy")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Meanwhile a uses the 40 its old reservation granted: 80 of 80.
+	runFleet(t, a, []fleetStep{{spillway.Sheddable, 40, true, 0}, {spillway.Sheddable, 1, false, 0}})
+	_ = p.SetMode(faultproxy.Pass)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	// The script saw 40 of b's and a's 0; a's share of the 40 left would
+	// be floor(50/140 x 40) = 14, leaving b 26 more (106 of 80). The
+	// carry keeps a's 40 reserved: b may add nothing.
+	refresh(t, b)
+	if got := b.Allowance(spillway.Sheddable); got != 40 {
+		t.Fatalf("b's allowance %d, want its 40 in flight and nothing more", got)
+	}
+	runFleet(t, b, []fleetStep{{spillway.Sheddable, 1, false, 0}})
+	// a's next report shows its 40; the carry is gone.
+	refresh(t, a, b)
+	if s := b.Stats(); s.Fleet != [4]int64{80, 0, 0, 0} || b.Allowance(spillway.Sheddable) != 40 {
+		t.Fatalf("after a's next report: %+v, allowance %d; want 80 Sheddable in flight, b at 40", s, b.Allowance(spillway.Sheddable))
 	}
 }
 

@@ -291,9 +291,9 @@ func WithLocalShare(f float64) Option { return func(o *options) { o.localShare =
 // what the other servers see of it until its next report. A server uses
 // no more than its reservation and no more than what the others' reports
 // and reservations leave below a threshold, so the servers' grants never
-// add up past a threshold, however their refreshes are staggered (but for
-// the work a server admits while its own report is on its way; see
-// Fleet). Without
+// add up past a threshold, however their refreshes are staggered (what a
+// server may admit while its own report is on its way stays reserved
+// until its next). Without
 // it a server's growth is seen only at its next report, and the fleet can
 // pass a threshold by the headroom handed out in one interval (see
 // Fleet). Fleet only.
