@@ -431,32 +431,38 @@ func (f *Fleet) carry(now int64, sent [spillway.NumPriorities]int64) int64 {
 	for _, c := range sent {
 		total += c
 	}
-	for p := range f.thresh {
-		pr := spillway.Priority(p)
-		if f.threshold(pr, float64(f.capacity.Load())) >= MaxFleetCapacity {
-			continue
-		}
-		// The lowest finite threshold, the one reservations are made up
-		// to: what Admit lets this server hold for its priority now.
-		limit, degraded := f.limitFor(pr, now)
-		if v := f.view.Load(); !degraded && v != nil {
-			limit = v.sent + f.grant(v, limit)
-		}
-		return max(0, limit-total)
+	p, ok := f.reservePriority()
+	if !ok {
+		return 0
 	}
-	return 0
+	// What Admit lets this server hold now at the threshold reservations
+	// are made up to.
+	limit, degraded := f.limitFor(p, now)
+	if v := f.view.Load(); !degraded && v != nil {
+		limit = v.sent + f.grant(v, limit)
+	}
+	return max(0, limit-total)
 }
 
 // reserveTarget is the threshold up to which a server reserves headroom
 // (WithReservations): the lowest finite one, where Sheddable work is shed
 // by default; 0 if none is finite.
 func (f *Fleet) reserveTarget() int64 {
-	for p := range f.thresh {
-		if t := f.threshold(spillway.Priority(p), float64(f.capacity.Load())); t < MaxFleetCapacity {
-			return t
-		}
+	if p, ok := f.reservePriority(); ok {
+		return f.threshold(p, float64(f.capacity.Load()))
 	}
 	return 0
+}
+
+// reservePriority is the priority whose threshold reserveTarget is: the
+// lowest with a finite threshold; false if none has one.
+func (f *Fleet) reservePriority() (spillway.Priority, bool) {
+	for p := range f.thresh {
+		if f.threshold(spillway.Priority(p), float64(f.capacity.Load())) < MaxFleetCapacity {
+			return spillway.Priority(p), true
+		}
+	}
+	return 0, false
 }
 
 // grant returns how far this server may grow its in-flight cost beyond
