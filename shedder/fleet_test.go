@@ -29,6 +29,14 @@ func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeCl
 	return f
 }
 
+// failFastClient is a client of addr that neither retries nor waits long
+// to dial, for tests that stop, stall or never start its Redis.
+func failFastClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 type fleetStep struct {
 	p       spillway.Priority
 	cost    int64
@@ -270,8 +278,7 @@ func TestFleetRebuildsSums(t *testing.T) {
 // share of the capacity and are marked Degraded; Redis back: shared again.
 func TestFleetDegraded(t *testing.T) {
 	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { client.Close() })
+	client := failFastClient(t, srv.Addr)
 	clk := newClock()
 	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
 	b := newFleet(t, client, "b", clk)
@@ -348,8 +355,7 @@ func TestFleetDegraded(t *testing.T) {
 // not shared out as headroom.
 func TestFleetRejoinWaitsForTheFleet(t *testing.T) {
 	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { client.Close() })
+	client := failFastClient(t, srv.Addr)
 	clk := newClock()
 	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
 	b := newFleet(t, client, "b", clk, shedder.WithTimeout(500*time.Millisecond))
@@ -386,8 +392,7 @@ func TestFleetRejoinWaitsForTheFleet(t *testing.T) {
 // A server that never reached Redis uses WithLocalShare of the capacity.
 func TestFleetNeverConnected(t *testing.T) {
 	port, _ := redistest.FreePort()
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
+	client := failFastClient(t, "127.0.0.1:"+itoa(port))
 	clk := newClock()
 	f := newFleet(t, client, "a", clk, shedder.WithTimeout(200*time.Millisecond))
 	if err := f.Refresh(context.Background()); err == nil {
@@ -672,8 +677,7 @@ func TestFleetCarryCoversWorkDuringReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	slow := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { slow.Close() })
+	slow := failFastClient(t, p.Addr())
 	clk := newClock()
 	res := shedder.WithReservations()
 	a, b := newFleet(t, slow, "a", clk, res), newFleet(t, srv.Client(t), "b", clk, res)
