@@ -90,11 +90,13 @@ type LatencyChange struct {
 // in flight and was still slow sets a new baseline: the dependency itself
 // became slower, and the limit probes up again from there rather than
 // staying at Min for good. The same holds above Min when the latest
-// capacity reading (Raise) began after the last cut and shows idle
-// capacity: the dependency has workers to spare, so slow work is its own
-// slowness (a slower replica, a cold cache), not a queue: the slow
-// samples become the baseline, and neither they nor work overdue cut the
-// limit. A window whose mean is 1.75× faster than the baseline (beyond
+// capacity reading began after the last cut and shows no queue at the
+// dependency: idle capacity (Raise), or, from a gauge that measures the
+// work waiting (Queued), less than half a unit waiting though every
+// worker may be busy. Slow work is then the dependency's own slowness (a
+// slower replica, a cold cache), which fewer calls would not cure: the
+// slow samples become the baseline, and neither they nor work overdue
+// cut the limit. A window whose mean is 1.75× faster than the baseline (beyond
 // what the spread of service times gives) becomes the baseline at once,
 // so that an overload after the dependency is fast again shows as soon.
 //
@@ -123,6 +125,8 @@ type LatencyLimit struct {
 	raised  time.Time                  // the start of the last reading Raise took
 	seen    time.Time                  // the start of the latest reading given to Raise
 	idle    bool                       // that reading showed idle capacity
+	qseen   time.Time                  // the start of the latest reading given to Queued
+	calm    bool                       // that reading showed nothing waiting at the dependency
 	recent  [fastSamples]time.Duration // the last RTTs, in a ring
 	nrecent int
 	n       int
@@ -325,7 +329,7 @@ func (l *LatencyLimit) Update(s Sample) {
 		// dependency keeps up (1.5× the mean): one or two calls slowed by
 		// the machine (a pause, a late timer) are not an overload.
 		if r := slices.Min(l.recent[:]); float64(r) > fastFactor*float64(l.baseline) {
-			if l.idleSinceCut() {
+			if l.roomSinceCut() {
 				l.rebaseline(r, end)
 				return
 			}
@@ -350,7 +354,7 @@ func (l *LatencyLimit) Update(s Sample) {
 		l.noteBaseline()
 		l.cause = "rebaseline"
 		l.set(l.limit, end)
-	case float64(mean) > l.cfg.Tolerance*float64(l.baseline) && l.idleSinceCut():
+	case float64(mean) > l.cfg.Tolerance*float64(l.baseline) && l.roomSinceCut():
 		l.rebaseline(mean, end)
 	case float64(mean) > l.cfg.Tolerance*float64(l.baseline):
 		l.cause = "window"
@@ -403,13 +407,37 @@ func (l *LatencyLimit) Update(s Sample) {
 	}
 }
 
-// idleSinceCut reports whether the latest capacity reading (Raise) began
-// after the last cut and showed idle capacity: the dependency has workers
-// to spare while the work admitted since the cut is slow, so the slowness
-// is the dependency's own (a slower replica, a cold cache), not a queue
-// this limit should cut.
-func (l *LatencyLimit) idleSinceCut() bool {
-	return !l.stuck && l.idle && l.seen.After(l.cutAt)
+// roomSinceCut reports whether the latest capacity reading began after
+// the last cut and showed no queue at the dependency: idle capacity
+// (Raise) or, when the gauge measures it and that reading is the latest,
+// nothing waiting (Queued). The work admitted since the cut is slow
+// while nothing queues, so the slowness is the dependency's own (a
+// slower replica, a cold cache), not a queue this limit should cut.
+func (l *LatencyLimit) roomSinceCut() bool {
+	if l.stuck {
+		return false
+	}
+	if !l.qseen.IsZero() && !l.qseen.Before(l.seen) {
+		return l.calm && l.qseen.After(l.cutAt)
+	}
+	return l.idle && l.seen.After(l.cutAt)
+}
+
+// calmWaiting is the most work waiting at the dependency, on average over
+// a reading, that counts as no queue: less than half a unit.
+const calmWaiting = 0.5
+
+// Queued implements shedder.QueueLearner: waiting is the work waiting at
+// the dependency on average over a capacity reading that began at since.
+// While the latest such reading began after the last cut and shows less
+// than half a unit waiting, slow work moves the baseline instead of
+// cutting (as with idle capacity, see LatencyLimit); with a queue it cuts
+// as usual. An older reading, or the same one again, changes nothing; a
+// NaN or negative waiting is a queue of unknown size.
+func (l *LatencyLimit) Queued(waiting float64, since time.Time) {
+	if since.After(l.qseen) {
+		l.qseen, l.calm = since, waiting >= 0 && waiting < calmWaiting
+	}
 }
 
 // rebaseline takes latency as the new baseline (cause "rebaseline") and
@@ -499,10 +527,10 @@ func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
 			return
 		}
 	}
-	if l.baseline == 0 || l.eff() <= float64(l.cfg.Min) || l.idleSinceCut() {
-		// Nothing to learn, nothing left to cut, or the dependency has
-		// idle workers: work past its usual latency is its own slowness
-		// (the samples as they end move the baseline), not a queue.
+	if l.baseline == 0 || l.eff() <= float64(l.cfg.Min) || l.roomSinceCut() {
+		// Nothing to learn, nothing left to cut, or nothing queues at
+		// the dependency: work past its usual latency is its own
+		// slowness (the samples as they end move the baseline).
 		return
 	}
 	limit := time.Duration(overdueFactor * float64(l.baseline))

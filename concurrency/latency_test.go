@@ -247,6 +247,87 @@ func TestLatencyLimitIdleRebaseline(t *testing.T) {
 	}
 }
 
+// A gauge that measures the work waiting at the dependency (Queued) tells
+// a slower dependency from an overloaded one when every worker is busy:
+// slow work while the latest reading, begun after the last cut, shows
+// less than half a unit waiting moves the baseline, and work overdue does
+// not cut; a reading with a queue makes the same slow work cut. The
+// latest reading decides, whether it came with Raise or Queued.
+func TestLatencyLimitQueueRebaseline(t *testing.T) {
+	l := newLatency(t, LatencyConfig{})
+	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
+	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
+	if l.Limit() != 8 || l.Baseline() != 200*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.Limit(), l.Baseline())
+	}
+	cut := l.cutAt
+	after := func(ms int) time.Time { return cut.Add(time.Duration(ms) * time.Millisecond) }
+
+	// A reading from before the cut says nothing: slow work cuts.
+	probe := *l
+	probe.Queued(0, cut.Add(-time.Millisecond))
+	feed(&probe, at, fastSamples, 600*time.Millisecond, 8)
+	if probe.Limit() >= 8 {
+		t.Fatalf("a calm reading from before the cut kept the limit at %d", probe.Limit())
+	}
+
+	// Every worker busy, nothing waiting: the dependency is slower.
+	l.Raise(0, 0.5, 30, after(1), at) // no idle unit
+	l.Queued(0.3, after(1))
+	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
+	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
+		t.Fatalf("slow work, nothing waiting: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
+	}
+	old := slices.Repeat([]time.Time{at.Add(-2 * time.Second)}, 3)
+	l.Overdue(at, slices.Values(old)) // 2 s in flight, past 2 × 600 ms
+	if l.Limit() != 8 {
+		t.Fatalf("overdue work with nothing waiting cut the limit to %d", l.Limit())
+	}
+
+	// A newer reading with work waiting: the same slowness is a queue.
+	l.Queued(2, after(2))
+	feed(l, at, fastSamples, 1800*time.Millisecond, 8)
+	if l.Limit() >= 8 || l.Baseline() != 600*time.Millisecond {
+		t.Fatalf("slow work, 2 waiting: limit %d, baseline %v; want < 8, 600ms", l.Limit(), l.Baseline())
+	}
+
+	// The latest reading decides: a queue after an idle reading cuts, an
+	// idle reading after a queue does not; a NaN queue is a queue.
+	for _, c := range []struct {
+		name    string
+		read    func(l *LatencyLimit, cut time.Time)
+		wantCut bool
+	}{
+		{"idle, then a queue", func(l *LatencyLimit, cut time.Time) {
+			l.Raise(3, 0.5, 8, cut.Add(time.Millisecond), cut)
+			l.Queued(1, cut.Add(2*time.Millisecond))
+		}, true},
+		{"a queue, then idle", func(l *LatencyLimit, cut time.Time) {
+			l.Queued(1, cut.Add(time.Millisecond))
+			l.Raise(3, 0.5, 4, cut.Add(2*time.Millisecond), cut)
+		}, false},
+		{"the same reading: the queue decides", func(l *LatencyLimit, cut time.Time) {
+			l.Raise(3, 0.5, 4, cut.Add(time.Millisecond), cut)
+			l.Queued(1, cut.Add(time.Millisecond))
+		}, true},
+		{"NaN waiting", func(l *LatencyLimit, cut time.Time) { l.Queued(math.NaN(), cut.Add(time.Millisecond)) }, true},
+		{"an older calm reading after a queue", func(l *LatencyLimit, cut time.Time) {
+			l.Queued(1, cut.Add(2*time.Millisecond))
+			l.Queued(0, cut.Add(time.Millisecond))
+		}, true},
+	} {
+		m := newLatency(t, LatencyConfig{})
+		at := feed(m, time.Unix(1000, 0), 48, 200*time.Millisecond, 4)
+		at = feed(m, at, fastSamples, 800*time.Millisecond, 16)
+		limit := m.Limit()
+		c.read(m, m.cutAt)
+		feed(m, at, fastSamples, 600*time.Millisecond, limit)
+		if cutNow := m.Limit() < limit; cutNow != c.wantCut {
+			t.Errorf("%s: limit %d -> %d (baseline %v), want cut %v", c.name, limit, m.Limit(), m.Baseline(), c.wantCut)
+		}
+	}
+}
+
 // The limit stays within [Min, Max]: slow start stops at Max, and cuts at
 // Min.
 func TestLatencyLimitBounds(t *testing.T) {

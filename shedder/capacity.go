@@ -17,6 +17,15 @@ import (
 type Reading struct {
 	Since, At  time.Time // the window; a reading whose At did not move is not new
 	Busy, Idle float64   // units busy and idle on average over the window
+	// Active is the work at the dependency on average over the window,
+	// the work waiting for a unit included (queries queued for a worker,
+	// a lock or a connection; a run queue): Busy plus what waits. 0 when
+	// the gauge does not measure it. A Pool's learned limit reads slow
+	// work as an overload only while work waits: a reading that began
+	// after its last cut and shows less than half a unit waiting (Active
+	// − Busy < 0.5) says the dependency is slower, not queueing, as an
+	// idle unit does (see QueueLearner).
+	Active float64
 }
 
 // Gauge reports the dependency's latest Reading. A CapacityWatcher calls
@@ -125,9 +134,9 @@ func (w *CapacityWatcher) Poll(ctx context.Context) error {
 	if r.At.IsZero() || r.At.Equal(w.last.At) {
 		return nil // none yet, or the one already applied
 	}
-	if !(r.Busy >= 0 && r.Idle >= 0) || math.IsInf(r.Busy+r.Idle, 1) {
+	if !(r.Busy >= 0 && r.Idle >= 0 && r.Active >= 0) || math.IsInf(r.Busy+r.Idle+r.Active, 1) {
 		w.errors.Add(1)
-		return fmt.Errorf("%w: busy %v, idle %v", ErrBadReading, r.Busy, r.Idle)
+		return fmt.Errorf("%w: busy %v, idle %v, active %v", ErrBadReading, r.Busy, r.Idle, r.Active)
 	}
 	w.last = r
 	if w.fleet != nil {

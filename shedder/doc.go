@@ -16,7 +16,8 @@
 //     allows this server (WithFleet): a server's database pool sized by
 //     what the database shows, not by a guess.
 //   - CapacityWatcher polls a Gauge of the shared dependency (its busy and
-//     idle workers) and sets the Fleet's capacity and the Pool from it.
+//     idle workers, and the work waiting for one when the gauge measures
+//     it) and sets the Fleet's capacity and the Pool from it.
 //   - Fleet, the fleet usage shedder, protects a whole fleet: every server
 //     reports its in-flight work per priority to Redis about every 100ms
 //     and decides locally against the fleet-wide sum, keeping a fraction of

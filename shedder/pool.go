@@ -39,6 +39,20 @@ type Learner interface {
 	Raise(idle, share float64, to int64, since, at time.Time)
 }
 
+// QueueLearner is a Learner that also hears whether work waits at the
+// dependency: concurrency.LatencyLimit implements it. Slow work with
+// nothing waiting is the dependency's own slowness (a slower replica, a
+// cold cache, a heavier query mix), which fewer calls would not cure;
+// slow work with a queue is an overload, which they would. A Pool calls
+// Queued, before each decision, with the last capacity reading that
+// measured the work at the dependency (Reading.Active above 0), whether
+// or not the fleet is degraded: the work waiting on average (Active −
+// Busy, at least 0) over a window that began at since.
+type QueueLearner interface {
+	Learner
+	Queued(waiting float64, since time.Time)
+}
+
 // Pool is a server's pool of slots for work at a shared dependency (its
 // database connections, say) whose size a Learner learns from the latency
 // and the outcome of the work it admits, capped by what the fleet shedder
@@ -58,7 +72,10 @@ type Learner interface {
 // capacity, rounded up (the Fleet's measured share; all of it without
 // WithFleet), never past what the fleet allows this server (the limit at
 // the reading plus the idle capacity, without WithFleet), and not while
-// the Fleet is degraded (its share is then a guess).
+// the Fleet is degraded (its share is then a guess). A reading that
+// measures the work waiting at the dependency (Reading.Active) is given to
+// a QueueLearner: with nothing waiting, slow work is the dependency's own
+// slowness, and the limit moves its baseline instead of cutting.
 //
 // done reports how the work ended: Success and Dropped (a timeout, an
 // error of the dependency) teach the Learner, Ignored only frees the slot
@@ -176,6 +193,9 @@ func (p *Pool) resize() {
 		p.l.Overdue(now, maps.Values(p.starts))
 	}
 	if pr := p.reading.Load(); pr != nil {
+		if ql, ok := p.l.(QueueLearner); ok && pr.r.Active > 0 {
+			ql.Queued(max(0, pr.r.Active-pr.r.Busy), pr.r.Since)
+		}
 		switch {
 		case p.fleet == nil:
 			p.l.Raise(pr.r.Idle, 1, pr.to, pr.r.Since, now)

@@ -3,6 +3,7 @@ package shedder_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -215,6 +216,59 @@ func TestPoolRaiseWithoutFleet(t *testing.T) {
 	}
 	if s := p.Stats(); s.Slots != 7 || s.Limit != 7 || s.Allowance != 0 {
 		t.Fatalf("after a reading with 5 idle: %+v, want 7 slots", s)
+	}
+}
+
+// A reading that measures the work at the dependency (Reading.Active)
+// reaches the learned limit through the Pool: with every worker busy and
+// nothing waiting, slow work is the dependency's own slowness and moves
+// the baseline; with a queue, the same slowness cuts. The watcher refuses
+// a reading whose Active is negative or NaN.
+func TestPoolQueuedReading(t *testing.T) {
+	clk := newClock()
+	l := newLatency(t, concurrency.LatencyConfig{Initial: 4})
+	p := newPool(t, l, shedder.WithClock(clk.Now))
+	run := func(n int, rtt time.Duration) {
+		t.Helper()
+		for range n {
+			done := admitN(t, p, 1, spillway.Critical)[0]
+			clk.Advance(rtt)
+			done(spillway.Success)
+		}
+	}
+	read := func(busy, active float64) {
+		since := clk.Now()
+		clk.Advance(250 * time.Millisecond)
+		p.Observe(shedder.Reading{Since: since, At: clk.Now(), Busy: busy, Active: active})
+	}
+	run(48, 100*time.Millisecond) // the baseline; one in flight of 4: no growth
+	if l.Limit() != 4 || l.Baseline() != 100*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v; want 4, 100ms", l.Limit(), l.Baseline())
+	}
+	read(4, 4.2) // every worker busy, 0.2 waiting
+	run(3, 300*time.Millisecond)
+	if s := p.Stats(); s.Limit != 4 || s.Slots != 4 || l.Baseline() != 300*time.Millisecond {
+		t.Fatalf("slow work, nothing waiting: %+v, baseline %v; want limit 4, baseline 300ms", s, l.Baseline())
+	}
+	read(4, 7) // 3 waiting
+	run(3, 900*time.Millisecond)
+	if s := p.Stats(); s.Limit != 2 || s.Slots != 2 || l.Baseline() != 300*time.Millisecond {
+		t.Fatalf("slow work, 3 waiting: %+v, baseline %v; want limit 2 (a cut by half), baseline 300ms", s, l.Baseline())
+	}
+
+	var reading atomic.Pointer[shedder.Reading]
+	w, err := shedder.NewCapacityWatcher(shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
+		return *reading.Load(), nil
+	}), nil, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, active := range []float64{-1, math.NaN(), math.Inf(1)} {
+		clk.Advance(time.Second)
+		reading.Store(&shedder.Reading{Since: clk.Now(), At: clk.Now().Add(time.Second), Busy: 4, Active: active})
+		if err := w.Poll(context.Background()); !errors.Is(err, shedder.ErrBadReading) || w.Errors() != int64(i+1) {
+			t.Fatalf("active %v: %v, %d errors", active, err, w.Errors())
+		}
 	}
 }
 

@@ -17,8 +17,9 @@ import (
 // fixed number of workers (its CPUs, say): each takes a service time on a
 // worker, and statements beyond the workers wait for one, so latency
 // grows with the load past its capacity. Like a database's own statistics
-// it publishes a utilization gauge: its busy and idle workers averaged
-// over the last full window. It counts what the guard is meant to protect.
+// it publishes a utilization gauge: its busy and idle workers, and the
+// statements running or waiting for one, averaged over the last full
+// window. It counts what the guard is meant to protect.
 type fakeDB struct {
 	maxConns int64
 	service  time.Duration
@@ -32,6 +33,7 @@ type fakeDB struct {
 	gStart    time.Time
 	gLast     time.Time
 	gBusy     float64 // busy worker-seconds in the current window
+	gActive   float64 // statement-seconds, running or waiting, in it
 	published shedder.Reading
 }
 
@@ -68,15 +70,16 @@ func (db *fakeDB) integrate(now time.Time) {
 		db.gStart, db.gLast = now, now
 		return
 	}
-	c := db.capacity.Load()
-	busy := float64(min(db.active.Load(), c))
-	db.gBusy += busy * now.Sub(db.gLast).Seconds()
+	c, n := db.capacity.Load(), db.active.Load()
+	dt := now.Sub(db.gLast).Seconds()
+	db.gBusy += float64(min(n, c)) * dt
+	db.gActive += float64(n) * dt
 	db.gLast = now
 	if w := now.Sub(db.gStart); w >= gaugeWindow {
 		sec := w.Seconds()
 		b := db.gBusy / sec
-		db.published = shedder.Reading{Since: db.gStart, At: now, Busy: b, Idle: max(0, float64(c)-b)}
-		db.gStart, db.gBusy = now, 0
+		db.published = shedder.Reading{Since: db.gStart, At: now, Busy: b, Idle: max(0, float64(c)-b), Active: db.gActive / sec}
+		db.gStart, db.gBusy, db.gActive = now, 0, 0
 	}
 }
 

@@ -193,6 +193,13 @@ const queueWait = 100 * time.Millisecond
 // clients' 1 s timeout.
 const criticalWait = 300 * time.Millisecond
 
+// lifoAfter: where clients send their deadline (the deadlines feature),
+// the pool serves the newest waiter first once its oldest has waited this
+// long (shedder.WithLIFO): under a standing queue the oldest waiters have
+// the least time left, and a slot given to one whose query then ends
+// after its client left is a slot lost.
+const lifoAfter = 50 * time.Millisecond
+
 // perKeyConcurrency is how many requests one API key may have in flight
 // across the fleet.
 const perKeyConcurrency = 10
@@ -340,7 +347,7 @@ var BlockTitles = map[string]string{
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
 	"fair":        "fair shares between tenants in the pool (shedder.WithTenant)",
-	"deadlines":   "the clients' deadlines read into the context (httpx.WithDeadlineHeader)",
+	"deadlines":   "clients' deadlines in the context (httpx.WithDeadlineHeader), adaptive LIFO in the pool (shedder.WithLIFO)",
 	"stuck":       "the learned limit's Timeout (latency that stays bad)",
 }
 
@@ -517,6 +524,9 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			if env.Tenant != "" && removed != "fair" {
 				opts = append(opts, shedder.WithTenant(env.Tenant))
 			}
+			if env.Deadlines && removed != "deadlines" {
+				opts = append(opts, shedder.WithLIFO(lifoAfter))
+			}
 			if fleet != nil {
 				opts = append(opts, shedder.WithFleet(fleet))
 			}
@@ -622,8 +632,9 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 const capacityPoll = 100 * time.Millisecond
 
 // dbGauge is the database's utilization gauge as the capacity input of the
-// full chain (shedder.CapacityWatcher): busy and idle workers on average
-// over its last second.
+// full chain (shedder.CapacityWatcher): busy and idle workers, and the
+// queries in flight (those waiting for a worker included), on average
+// over its last window.
 //
 // Latency alone cannot tell a database that has room for one more query
 // from one that has none: below its capacity every query takes as long,
@@ -635,7 +646,7 @@ func dbGauge(env *Env) shedder.Gauge {
 		if env.Trace != nil && !g.To.IsZero() {
 			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle)
 		}
-		return shedder.Reading{Since: g.From, At: g.To, Busy: g.Busy, Idle: g.Idle}, nil
+		return shedder.Reading{Since: g.From, At: g.To, Busy: g.Busy, Idle: g.Idle, Active: g.Active}, nil
 	})
 }
 
