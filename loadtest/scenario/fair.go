@@ -8,8 +8,9 @@ import (
 )
 
 // fairScenarios are the scenarios of fair shares, deadlines and latency
-// that stays bad. -scenario NAME runs each; -scenario all does not (see
-// laterScenarios). Each compares the static and the full chain.
+// that stays bad. -scenario NAME runs each; -scenario all runs deadlines
+// and stuck_backend, not noisy_tenant (see laterScenarios). Each compares
+// the static and the full chain.
 var fairScenarios = []Scenario{
 	{
 		Name: "noisy_tenant", Default: 90 * time.Second, Phases: noisyPhases,
