@@ -224,7 +224,11 @@ func (q *Queue) fairShare(p spillway.Priority, name string, c int64) float64 {
 // once with spillway.ReasonConcurrency (429: this tenant is over its
 // share, not the server out of room for everybody), Limit its share
 // rounded up, and a RetryAfter of its own: the time its backlog takes to
-// drain at its share (mean hold × backlog ÷ share). Called with q.mu held.
+// drain at its share (mean hold × backlog ÷ share) — unless it is the one
+// request more that a tenant behind the mean may have: then over is
+// false and d is the refusal it gets if it finds no slot in time. d is
+// the zero Decision for a request within the share. Called with q.mu
+// held.
 func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.Decision, bool) {
 	share := q.fairShare(p, name, c)
 	var held int64
@@ -240,13 +244,18 @@ func (q *Queue) overShare(p spillway.Priority, name string, c int64) (spillway.D
 		retry = time.Duration(float64(q.hold) * float64(held+c) / math.Max(share, float64(c)))
 		retry = min(max(retry, time.Millisecond), time.Minute)
 	}
-	return spillway.Decision{
+	d := spillway.Decision{
 		Reason:     spillway.ReasonConcurrency,
 		Limiter:    q.o.name,
 		Limit:      max(allowed, 1),
 		Remaining:  0,
 		RetryAfter: retry,
-	}, true
+	}
+	// A tenant that got less than the mean service lately may have one
+	// request more waiting, so that it does not miss the next freed slot
+	// while its clients wait out a refusal; if that request finds no
+	// slot in time, it gets this refusal (429), not the queue's 503.
+	return d, held+c > allowed+1 || !q.behind(p, name)
 }
 
 // fairest returns the index, in the waiters of priority p, of the one a
@@ -262,4 +271,20 @@ func (q *Queue) fairest(p spillway.Priority, lifo bool, now time.Time) int {
 		}
 	}
 	return best
+}
+
+// behind reports whether tenant name of p got less service for its weight
+// lately (servedDecay) than the mean of p's active tenants. Called with
+// q.mu held.
+func (q *Queue) behind(p spillway.Priority, name string) bool {
+	t := q.tenants[p][name]
+	if t == nil || len(q.tenants[p]) < 2 {
+		return false
+	}
+	now := q.o.now()
+	var sum float64
+	for _, u := range q.tenants[p] {
+		sum += u.servedNow(now)
+	}
+	return t.servedNow(now) < sum/float64(len(q.tenants[p]))
 }

@@ -20,9 +20,11 @@ func treq(tenant string) *spillway.Request {
 }
 
 // WithTenant: a tenant over its max-min share of a contended queue is
-// refused at once with 429 and a Retry-After of its own; a freed slot
-// goes to the waiter whose tenant has the least in flight; tenants are
-// forgotten once idle.
+// refused at once with 429 and a Retry-After of its own (one that got
+// less service than the mean lately may have one request more waiting,
+// refused the same way if no slot frees for it in time); a freed slot
+// goes to the waiter whose tenant got the least service lately; tenants
+// are forgotten once idle.
 func TestQueueFairShares(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q, err := NewQueue(4, WithMaxWait(time.Second), WithQueueDepth(20), WithTenant(spillway.DimUser))
@@ -48,13 +50,17 @@ func TestQueueFairShares(t *testing.T) {
 		b1 := admitAsync(q, bg, treq("b"))
 		synctest.Wait()
 		// Shares of 4 among b (1), a (2, then 3), n (4): 1, 1.5, 1.5; a
-		// may hold its share rounded up, 2.
+		// may hold its share rounded up, 2, and, having got less service
+		// lately than the mean (0.8 of a request against 1.6), one more.
 		a2 := admitAsync(q, bg, treq("a"))
 		synctest.Wait()
+		a3 := admitAsync(q, bg, treq("a"))
+		synctest.Wait()
+		require.Equal(t, 4, q.Stats().Waiting)
 		d, _, _ = q.Admit(bg, treq("a"))
-		require.Equal(t, spillway.ReasonConcurrency, d.Reason)
-		require.Equal(t, int64(2), d.Limit)
-		require.Equal(t, 3, q.Stats().Waiting)
+		require.Equal(t, spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "queue", Limit: 2,
+			RetryAfter: 266666666}, d) // 100 ms × 4 ÷ 1.5
+		require.Equal(t, 4, q.Stats().Waiting)
 
 		// Freed slots go by the service each tenant got lately: b (none),
 		// then a (one request 1.1 s ago, e^-0.22 = 0.80 of one: its record
@@ -70,7 +76,15 @@ func TestQueueFairShares(t *testing.T) {
 		noisy[2](spillway.Success)
 		synctest.Wait()
 		require.True(t, a2.returned() && a2.d.Allowed)
-		require.Equal(t, QueueStats{Admitted: 8, Waited: 3, OverShare: 2, InFlight: 4}, q.Stats())
+		require.False(t, a3.returned())
+		// a's request beyond its share finds no slot within its wait: it
+		// gets its tenant's refusal (429), not the queue's 503.
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.True(t, a3.returned())
+		require.Equal(t, spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "queue", Limit: 2,
+			RetryAfter: 200 * time.Millisecond}, a3.d) // 100 ms × 3 ÷ 1.5
+		require.Equal(t, QueueStats{Admitted: 8, Waited: 3, OverShare: 3, InFlight: 4}, q.Stats())
 		q.mu.Lock()
 		require.Len(t, q.tenants[spillway.Critical], 3)
 		q.mu.Unlock()

@@ -169,7 +169,9 @@ func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 // others. A request whose tenant already holds its share (in flight and
 // waiting, the share rounded up; a tenant holding nothing may always ask)
 // is denied at once with spillway.ReasonConcurrency (429) and a RetryAfter
-// of its own, and a freed slot goes to the waiter whose tenant got the
+// of its own; a tenant that got less service than the mean lately may
+// have one request more waiting, which gets that 429 too if no slot frees
+// for it in time. A freed slot goes to the waiter whose tenant got the
 // least service for its weight lately (over about 5 seconds). State: one
 // entry per active tenant and priority, dropped one mean hold time after
 // it has nothing in flight or waiting (about slots + depth entries), and

@@ -176,12 +176,15 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		q.mu.Unlock()
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: q.o.name, Limit: slots}, spillway.Noop, nil
 	}
+	var overDeny spillway.Decision // the tenant's refusal, if it is past its share
 	if q.o.tenantDim != "" {
-		if d, over := q.overShare(p, tname, c); over {
+		d, over := q.overShare(p, tname, c)
+		if over {
 			q.mu.Unlock()
 			q.overShared.Add(1)
 			return d, spillway.Noop, nil
 		}
+		overDeny = d
 	}
 	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
 		q.used += c
@@ -224,6 +227,10 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	if wait <= 0 || !q.makeRoom(p) {
 		d := q.deny()
 		q.mu.Unlock()
+		if overDeny.Reason != spillway.ReasonNone {
+			q.overShared.Add(1)
+			return overDeny, spillway.Noop, nil
+		}
 		q.rejected.Add(1)
 		return d, spillway.Noop, nil
 	}
@@ -251,16 +258,20 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	resume()
 	q.mu.Lock()
 	granted := w.granted
+	var d spillway.Decision
 	if !granted && q.remove(p, w) {
 		// Still queued: its wait or its context ran out.
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			q.expired.Add(1)
-		} else {
+		case ctx.Err() == nil && overDeny.Reason != spillway.ReasonNone:
+			q.overShared.Add(1)
+			d = overDeny
+		default:
 			q.timedOut.Add(1)
 		}
 	}
-	var d spillway.Decision
-	if !granted {
+	if !granted && d.Reason == spillway.ReasonNone {
 		d = q.deny()
 	}
 	q.mu.Unlock()
