@@ -8,9 +8,8 @@ import (
 )
 
 // fairScenarios are the scenarios of fair shares, deadlines and latency
-// that stays bad. -scenario NAME runs each; -scenario all runs deadlines
-// and stuck_backend, not noisy_tenant (see laterScenarios). Each compares
-// the static and the full chain.
+// that stays bad, part of -scenario all. Each compares the static and the
+// full chain.
 var fairScenarios = []Scenario{
 	{
 		Name: "noisy_tenant", Default: 90 * time.Second, Phases: noisyPhases,
