@@ -42,8 +42,9 @@ cli() { redis-cli -p "$port" "$@"; }
 
 ref='local d=redis.call("HMGET",KEYS[1],"tokens","ts") local c=tonumber(ARGV[1]) local r=tonumber(ARGV[2]) local now=tonumber(ARGV[3]) local t=tonumber(d[1]) or c local ts=tonumber(d[2]) or now t=math.min(c,t+math.max(0,now-ts)/1000*r) local a=0 if t>=1 then t=t-1 a=1 end redis.call("HMSET",KEYS[1],"tokens",t,"ts",now) redis.call("PEXPIRE",KEYS[1],math.ceil(c/r*1000)+1000) return {a,t}'
 ref_sha=$(cli SCRIPT LOAD "$ref")
-tb_sha=$(cli SCRIPT LOAD "$(cat lua/ratelimit_token_bucket.lua)")
-batch_sha=$(cli SCRIPT LOAD "$(cat lua/ratelimit_batch.lua)")
+# the scripts as lua/ratelimit.go assembles them: the hold helpers first
+tb_sha=$(cli SCRIPT LOAD "$(cat lua/ratelimit_holds.lua lua/ratelimit_token_bucket.lua)")
+batch_sha=$(cli SCRIPT LOAD "$(cat lua/ratelimit_holds.lua lua/ratelimit_subwindows.lua lua/ratelimit_batch.lua)")
 
 now_ms=1764687600000
 now_us=${now_ms}000
