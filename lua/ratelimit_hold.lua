@@ -50,13 +50,15 @@
 -- allowed group: ZADD K..":h" now+ttl member for every held item (n = 0
 -- included, so that its settle can charge). Then each key an allowed
 -- group held or charged on, once: its TAT (TAT' = now' + wait + n·T for
--- n > 0); a key with live holds (or in debt) marked with them and the
+-- n > 0); a key with live holds marked with them and the
 -- latest end, with a PX that outlives the TAT and its holds, and
--- PEXPIRE of K..":h" to the same PX; a key without either as the
+-- PEXPIRE of K..":h" to the same PX; a key without them as the
 -- buckets script writes it (compact when the call reads TIME),
 -- so that it lives as long as K (a key's tombstones may end early when a
 -- reservation of a shorter ttl follows one of a longer ttl on a key that
--- was not marked). A denied group writes nothing else.
+-- was not marked). A key that only fixed items of cost 0 touched is not
+-- written, its mark included, as the buckets script leaves it. A denied
+-- group writes nothing else.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -180,15 +182,20 @@ for j = 1, N do
   local k = S[key]
   if k[6] then
     k[6] = false
-    if k[3] > 0 or k[2] then
-      -- marked: live holds (their TTL covers K..":h", hset) or a debt
+    if k[3] > 0 then
+      -- marked: live holds (their TTL covers K..":h", hset)
       hwrite(key, k[1], k[5], now, k[7], k[3], k[4])
     elseif k[1] ~= k[8] then
       -- charged by fixed items alone: as the buckets script writes it
+      -- (an allowed charge leaves TAT within tau of now': no debt, no mark)
       local px = math.floor((k[1] - now + 999) / 1000)
       if px < 1 then px = 1 end
       tatset(key, k[1], px)
     end
+    -- else fixed items that charged nothing (cost 0): the key is left as
+    -- it was read, mark included, as the buckets script leaves it (a
+    -- rewrite would drop the mark of a debt that now' no longer proves,
+    -- and with it the 2·tau clamp the memory store keeps)
   end
 end
 return reply

@@ -119,6 +119,40 @@ func TestHoldSteps(t *testing.T) {
 	})
 }
 
+// TestHoldFixedZeroKeepsMark: a reservation whose only item on a key is a
+// fixed one of cost 0 changes nothing on that key, as a plain decision of
+// cost 0 does: a key marked by a debt that now no longer proves (TAT −
+// now ≤ τ) stays marked, so after the clock steps back its clamp is
+// still TAT − 2τ. (The Redis hold script rewrote the key, which dropped
+// the mark: the clamp became TAT − τ and the bucket looked τ emptier.)
+func TestHoldFixedZeroKeepsMark(t *testing.T) {
+	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+		ctx := context.Background()
+		// T = 100ms, τ = 500ms
+		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, WithScope("fz"), WithHoldTTL(2*time.Second))
+		for _, key := range []string{"fixed", "plain"} {
+			h := mustReserve(t, l, key, 0)
+			mustSettle(t, h, 9, SettleApplied) // a debt: TAT = 900ms, marked
+		}
+		clock.Set(ms(500)) // TAT − now = 400ms ≤ τ: the debt is paid, the mark stays
+		h, err := s.Reserve(ctx, []Item{{Scope: "fz", Key: "fixed", Policy: l.Policy(), Cost: 0, Fixed: true}}, time.Second)
+		if err != nil || !h.Allowed() {
+			t.Fatalf("fixed reserve of 0: %v %v", h, err)
+		}
+		wantDecision(t, "fixed 0", h.Decision(), true, 1, ms(400), 0)
+		wantDecision(t, "plain 0", peek(t, l, "plain"), true, 1, ms(400), 0)
+		clock.Set(0) // backwards: the clamp is TAT − 2τ = 0 on both keys
+		for _, key := range []string{"fixed", "plain"} {
+			wantDecision(t, key+" peek after the step back", peek(t, l, key), true, 0, ms(900), 0)
+			d, err := l.Allow(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantDecision(t, key+" allow after the step back", d, false, 0, ms(900), ms(500))
+		}
+	})
+}
+
 // TestHoldExpires: a hold not settled within its TTL is released by the
 // next touch of its key (a plain decision included), and settling it then
 // reports SettleExpired and charges nothing.
