@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,30 +21,13 @@ import (
 // what the scripts ran.
 func scriptCommands(t *testing.T, c *redis.Client) map[string]int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	calls := map[string]int64{}
-	for line := range strings.Lines(info) {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		name, found := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !found {
-			continue
-		}
+	for name, st := range redistest.ReadCommandStats(t, c) {
 		switch strings.Split(name, "|")[0] {
 		case "eval", "evalsha", "script", "info", "hello", "client", "ping", "select":
 			continue
 		}
-		for f := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatalf("commandstats %q: %v", line, err)
-				}
-				calls[name] = n
-			}
-		}
+		calls[name] = int64(st.Calls)
 	}
 	return calls
 }

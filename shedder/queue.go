@@ -225,13 +225,14 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		}
 	}
 	if wait <= 0 || !q.makeRoom(p) {
-		d := q.deny()
-		q.mu.Unlock()
-		if overDeny.Reason != spillway.ReasonNone {
+		d := overDeny // the tenant's extra request: its 429
+		if d.Reason == spillway.ReasonNone {
+			d = q.deny()
+			q.rejected.Add(1)
+		} else {
 			q.overShared.Add(1)
-			return overDeny, spillway.Noop, nil
 		}
-		q.rejected.Add(1)
+		q.mu.Unlock()
 		return d, spillway.Noop, nil
 	}
 	w := &waiter{cost: c, enq: now, deadline: deadline, ready: make(chan struct{}), t: q.tenantFor(p, tname)}
