@@ -274,7 +274,9 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	}
 	var res any
 	var err error
-	if settles := s.settlesToRide(); len(settles) > 0 {
+	settles := s.settlesToRide()
+	s.awaitFlights(ctx, keys, settles)
+	if len(settles) > 0 {
 		// the settles queued so far ride on the call (ratelimit_hold.lua
 		// runs them first): one script call for both
 		calls := s.settleCalls(settles) // one: a single server

@@ -393,6 +393,13 @@ func (s *RedisStore) flush(batch []*waiter) {
 	// the settles queued meanwhile ride in the same pipeline
 	// (redis_settle.go): no round trip of their own
 	settles := s.sq.takeForCall(s)
+	if s.sq.nflight.Load() != 0 {
+		var all []string
+		for _, c := range calls {
+			all = append(all, c.keys...)
+		}
+		s.awaitFlights(ctx, all, settles)
+	}
 	var scalls, alone []*settleCall
 	if len(settles) > 0 {
 		scalls = s.settleCalls(settles)

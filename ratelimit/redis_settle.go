@@ -31,6 +31,11 @@ import (
 //     first settle queued (sooner once settleFlushItems items wait), so
 //     that a quiet store still settles within about a round trip.
 //
+// On a single server a call that starts while a settle on one of its
+// keys is on its way (a flight) waits for it (awaitFlights), so that the
+// process's next call sees its earlier settles whichever connection gets
+// to Redis first.
+//
 // The queue is bounded (WithSettleQueue, in items): a settle that finds it
 // full is not queued, and its hold is left to its TTL. A call that fails
 // (a timeout, a refused connection, a breaker that refuses the command)
@@ -104,6 +109,18 @@ type asyncSettle struct {
 	res    []SettleResult // what the calls so far answered (0: not yet)
 	then   func([]SettleResult, error)
 	next   *asyncSettle // in settleQueue.in
+	flight *flight      // the call carrying it, once taken
+}
+
+// flight is one call's worth of settles on its way to Redis (taken by
+// the goroutine or by a call they ride on). A process's later call on a
+// single server that touches one of its keys waits for it (awaitFlights),
+// so that it sees them even when it would reach Redis first on another
+// connection: what a client was answered before it sent its next request
+// is what that request is decided on.
+type flight struct {
+	keys []string      // the items' keys
+	done chan struct{} // closed once answered or put back
 }
 
 // settleQueue is a RedisStore's queue of settles. SettleAsync pushes onto
@@ -123,9 +140,11 @@ type settleQueue struct {
 	ticking atomic.Bool                   // the goroutine looks at the queue each linger: a push need not wake it
 	pushes  atomic.Uint64                 // settles pushed so far
 
-	mu     sync.Mutex // the senders' side
-	q      []*asyncSettle
-	flying int // settles taken and not yet answered or put back
+	mu      sync.Mutex // the senders' side
+	q       []*asyncSettle
+	flying  int       // settles taken and not yet answered or put back
+	flights []*flight // taken and not yet landed
+	nflight atomic.Int64
 }
 
 func newSettleQueue(max int) *settleQueue {
@@ -226,11 +245,72 @@ func (q *settleQueue) take(max int) []*asyncSettle {
 	q.flying += n
 	batch := make([]*asyncSettle, n)
 	copy(batch, q.q)
+	f := &flight{keys: make([]string, 0, items), done: make(chan struct{})}
+	for _, a := range batch {
+		a.flight = f
+		for i := range a.h.items {
+			f.keys = append(f.keys, a.h.rkeys[2*i])
+		}
+	}
+	q.flights = append(q.flights, f)
+	q.nflight.Add(1) // before items: a call that finds none queued finds the flight
 	rest := copy(q.q, q.q[n:])
 	clear(q.q[rest:])
 	q.q = q.q[:rest]
 	q.items.Add(-int64(items))
 	return batch
+}
+
+// flightOf is the flight of a batch that take returned (read by its
+// taker before the batch is put back: a later take sets another).
+func flightOf(batch []*asyncSettle) *flight {
+	if len(batch) == 0 {
+		return nil
+	}
+	return batch[0].flight
+}
+
+// land ends flight f (its settles answered or put back): the calls
+// waiting for it go on.
+func (q *settleQueue) land(f *flight) {
+	if f == nil {
+		return
+	}
+	q.mu.Lock()
+	if i := slices.Index(q.flights, f); i >= 0 {
+		q.flights = slices.Delete(q.flights, i, i+1)
+		q.nflight.Add(-1)
+	}
+	q.mu.Unlock()
+	close(f.done)
+}
+
+// awaitFlights waits, on a single server, until no settle on its way to
+// Redis in a flight other than own touches one of keys, or ctx ends. A
+// call runs it after it took what it carries (takeForCall): a settle
+// queued before it started is then either carried by it, or in a flight,
+// or answered. Without a flight on its way it costs one atomic load.
+func (s *RedisStore) awaitFlights(ctx context.Context, keys []string, own []*asyncSettle) {
+	q := s.sq
+	if s.sharded != oneServer || q.nflight.Load() == 0 {
+		return
+	}
+	mine := flightOf(own)
+	var wait []chan struct{}
+	q.mu.Lock()
+	for _, f := range q.flights {
+		if f != mine && slices.ContainsFunc(f.keys, func(k string) bool { return slices.Contains(keys, k) }) {
+			wait = append(wait, f.done)
+		}
+	}
+	q.mu.Unlock()
+	for _, ch := range wait {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // run runs script as Script.Run does; on a single server the settles
@@ -243,6 +323,7 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 		return script.Run(ctx, s.client, keys, args...)
 	}
 	settles := s.sq.takeForCall(s)
+	s.awaitFlights(ctx, keys, settles)
 	if len(settles) == 0 {
 		return script.Run(ctx, s.client, keys, args...)
 	}
@@ -426,7 +507,9 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 		batch := q.take(settleFlushItems)
 		q.mu.Unlock()
 		if !s.open() {
+			f := flightOf(batch)
 			q.requeue(batch, errGateClosed)
+			q.land(f)
 			time.Sleep(settleRetry)
 			continue
 		}
@@ -517,6 +600,8 @@ func (s *RedisStore) settleCalls(batch []*asyncSettle) []*settleCall {
 // tells each settle whose items are all answered; the others go back to
 // the queue (or end with the error). It reports whether a call failed.
 func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, calls []*settleCall) bool {
+	f := flightOf(batch)
+	defer s.sq.land(f)
 	var firstErr error
 	for _, c := range calls {
 		err := c.cmd.Err()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/lua"
 )
 
 // settleResult is what a SettleAsync's then received.
@@ -258,5 +259,82 @@ func TestRedisSettleRidesOnNextCall(t *testing.T) {
 		if n := hook.n.Load() - before; i == 1 && n != 1 {
 			t.Fatalf("%d round trips for the decision and the settle it carried, want 1", n)
 		}
+	}
+}
+
+// TestRedisSettleInFlightOrdersNextCall: a settle already taken from the
+// queue and on its way (here held back by the test, as a slow connection
+// would) is waited for by the process's next call on one of its keys, a
+// decision or a reservation, so that the call sees it although it would
+// reach Redis first; a call on another key does not wait.
+func TestRedisSettleInFlightOrdersNextCall(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	p := Policy{Limit: 100, Period: time.Hour}
+	for _, next := range []string{"decide", "reserve"} {
+		t.Run(next, func(t *testing.T) {
+			s := NewRedisStore(srv.Client(t), WithPrefix(next+":"))
+			q := s.sq
+			q.running.Store(true) // no background goroutine: the test is the sender
+			it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 50}}
+			h, err := s.Reserve(ctx, it, time.Minute)
+			if err != nil || !h.Allowed() || h.Decision().Remaining != 50 {
+				t.Fatal(h, err)
+			}
+			answered := settleAsync(t, h, 10)
+			q.mu.Lock()
+			batch := q.take(settleFlushItems)
+			q.mu.Unlock()
+			if len(batch) != 1 || q.nflight.Load() != 1 {
+				t.Fatalf("took %d settles, %d flights", len(batch), q.nflight.Load())
+			}
+
+			// another key does not wait for the flight
+			out := make([]spillway.Decision, 1)
+			if _, err := s.Decide(ctx, []Item{{Scope: "a", Key: "other", Policy: p, Cost: 1}}, out); err != nil || out[0].Remaining != 99 {
+				t.Fatalf("decision on another key: %+v %v", out[0], err)
+			}
+
+			got := make(chan int64, 1)
+			go func() {
+				it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 1}}
+				if next == "decide" {
+					out := make([]spillway.Decision, 1)
+					if _, err := s.Decide(ctx, it, out); err != nil {
+						t.Error(err)
+					}
+					got <- out[0].Remaining
+					return
+				}
+				h, err := s.Reserve(ctx, it, time.Minute)
+				if err != nil {
+					t.Error(err)
+					got <- -1
+					return
+				}
+				got <- h.Decision().Remaining
+			}()
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case r := <-got:
+				t.Fatalf("the call on the settle's key went on with the settle on its way: %d left", r)
+			default:
+			}
+			calls := s.settleCalls(batch)
+			calls[0].cmd = lua.RateLimitSettle.Run(ctx, s.client, calls[0].keys, calls[0].args...)
+			if failed := s.deliverSettles(ctx, batch, calls); failed {
+				t.Fatal("settle failed")
+			}
+			if r := <-answered; r.err != nil || r.res[0] != SettleApplied {
+				t.Fatalf("settle: %v", r)
+			}
+			// 100 − 10 settled − 1
+			if r := <-got; r != 89 {
+				t.Fatalf("%s after the settle landed: %d left, want 89", next, r)
+			}
+			if q.nflight.Load() != 0 {
+				t.Fatalf("%d flights after landing", q.nflight.Load())
+			}
+		})
 	}
 }
