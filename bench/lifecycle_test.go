@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -18,7 +19,10 @@ import (
 	"github.com/spillway-go/spillway/tiers"
 )
 
-var lifecycleGoroutines = flag.String("lgoroutines", "1,64", "BenchmarkRedisLifecycle: goroutine counts, comma-separated")
+var (
+	lifecycleGoroutines = flag.String("lgoroutines", "1,64", "BenchmarkRedisLifecycle: goroutine counts, comma-separated")
+	lifecycleCommands   = flag.Bool("lcommands", false, "BenchmarkRedisLifecycle: log each turn's Redis commands per request (calls and µs, INFO commandstats)")
+)
 
 // The two configs of BenchmarkRedisLifecycle: a request count and a token
 // count by API key, both charged at admission ("plain"), or the token
@@ -163,6 +167,9 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 				cpu := serverCPU(b, c) - cpu0
 				st := redistest.ReadCommandStats(b, c)
 				k := fmt.Sprintf("%s/g%d", names[v], g)
+				if *lifecycleCommands {
+					logCommands(b, k, st, *slice)
+				}
 				t := results[k]
 				if t == nil {
 					t = &tally{}
@@ -198,4 +205,21 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 	if err := store.Close(ctx); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// logCommands logs the commands of a turn of n requests, per request:
+// calls and µs of each, the most expensive first.
+func logCommands(b *testing.B, turn string, st map[string]redistest.CommandStat, n int) {
+	names := make([]string, 0, len(st))
+	for name := range st {
+		if !strings.HasPrefix(name, "config") && !strings.HasPrefix(name, "info") {
+			names = append(names, name)
+		}
+	}
+	slices.SortFunc(names, func(x, y string) int { return cmp.Compare(st[y].Usec, st[x].Usec) })
+	var sb strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&sb, " %s %.2f/req %.2fµs/req;", name, st[name].Calls/float64(n), st[name].Usec/float64(n))
+	}
+	b.Logf("%s:%s", turn, sb.String())
 }
