@@ -9,6 +9,9 @@
 -- KEYS[3]  hash: fields "0".."3" = the sum over live servers, "r" the
 --          sum of their reservations, kept incrementally so a report
 --          costs O(log N), not O(N)
+-- KEYS[4]  sorted set: member = the id of a server that refused Critical
+--          (or CriticalPlus) work since its previous report, score = when
+--          that stops counting (ms): its report's expiry
 -- ARGV[1]  server id
 -- ARGV[2..5]  this server's in-flight cost per priority (integers >= 0)
 -- ARGV[6]  ttl in ms (integer >= 1): the report counts this long; 0 removes
@@ -21,6 +24,8 @@
 -- ARGV[11] optional: the carry (integer >= 0), how far the server may
 --          still grow beyond this report under its previous reservation
 --          until it reads this reply: at least that much stays reserved
+-- ARGV[12] optional: "1" when this server refused Critical or
+--          CriticalPlus work since its previous report, else "0"
 --
 -- Reservations: with ARGV[8] > 0 the server reserves, beyond its report,
 -- its share of the threshold's headroom, floor(share * (T - U) + round),
@@ -33,19 +38,26 @@
 -- alone, so a carry lasts one interval.
 -- Reports without a fifth field reserve nothing.
 --
--- Reply: {t0, t1, t2, t3, servers, reservedOthers, reserved}
+-- Pressure: a server that refused Critical work is in KEYS[4] until its
+-- next report without a refusal (or its report's expiry, if it stops
+-- reporting); the reply says whether another server is, so that the
+-- others stop admitting lower priorities until it is served.
+--
+-- Reply: {t0, t1, t2, t3, servers, reservedOthers, reserved, pressure}
 --   t0..t3          the fleet's in-flight cost per priority, this report
 --                   included
 --   servers         live servers, this one included unless it left
 --   reservedOthers  the other live servers' reservations
 --   reserved        this server's reservation (0 without ARGV[8])
+--   pressure        1 when another live server refused Critical work at
+--                   its last report (KEYS[4]), else 0
 --
 -- Writes: replaces this server's report; reaps up to 100 reports that
 -- expired (servers that crashed or stopped reporting), subtracting them
 -- from the sums; rebuilds the sums from the reports when the sums key is
 -- missing (evicted). All three keys expire when the last live report does,
 -- so an abandoned fleet leaves nothing behind.
-local reports, expiry, sums = KEYS[1], KEYS[2], KEYS[3]
+local reports, expiry, sums, wants = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 local new = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
 local ttl = tonumber(ARGV[6])
@@ -61,6 +73,7 @@ local target = tonumber(ARGV[8] or "0") or 0
 local fcap = tonumber(ARGV[9] or "1") or 1
 local round = tonumber(ARGV[10] or "0") or 0
 local carry = tonumber(ARGV[11] or "0") or 0
+local want = ttl > 0 and ARGV[12] == "1"
 
 -- parse returns the five counts of a report (the reservation 0 when the
 -- report has none), or nil when it is malformed.
@@ -154,16 +167,32 @@ if ttl > 0 and target > 0 then
   end
 end
 
+-- Pressure: this server's refusal of Critical work, and the others'.
+local pressure = 0
+if want then
+  redis.call("ZADD", wants, now + ttl, id)
+elseif redis.call("ZREM", wants, id) == 0 and redis.call("EXISTS", wants) == 0 then
+  want = nil -- nobody refused: nothing to count
+end
+if want ~= nil then
+  local live = redis.call("ZCOUNT", wants, "(" .. now, "+inf")
+  if want then live = live - 1 end
+  if live > 0 then pressure = 1 end
+  redis.call("ZREMRANGEBYSCORE", wants, "-inf", now)
+end
+
 local last = redis.call("ZRANGE", expiry, -1, -1, "WITHSCORES")
 if #last == 0 then
-  redis.call("DEL", reports, expiry, sums)
+  redis.call("DEL", reports, expiry, sums, wants)
 else
   local pttl = math.max(tonumber(last[2]) - now, 1)
   redis.call("PEXPIRE", reports, pttl)
   redis.call("PEXPIRE", expiry, pttl)
   redis.call("PEXPIRE", sums, pttl)
+  if want ~= nil then redis.call("PEXPIRE", wants, pttl) end
 end
 out[5] = n
 out[6] = others
 out[7] = mine
+out[8] = pressure
 return out

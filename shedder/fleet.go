@@ -88,6 +88,11 @@ type Fleet struct {
 	lastOK     atomic.Int64 // UnixNano of the last successful refresh, 0 never
 	lastTry    atomic.Int64 // UnixNano of the last refresh started
 	refreshing atomic.Bool
+	// refused is set when this server refused Critical (or CriticalPlus)
+	// work since its last report, by Admit or by a Pool of WithFleet:
+	// the report tells the fleet, whose other servers then stop
+	// admitting lower priorities (see Fleet, "Pressure").
+	refused atomic.Bool
 
 	mu sync.Mutex // serializes refreshes; held across the Redis call
 	// rejoining is set by the first successful refresh after an outage
@@ -161,6 +166,7 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 		keys.Key(o.prefix, "fleet:reports", name),
 		keys.Key(o.prefix, "fleet:expiry", name),
 		keys.Key(o.prefix, "fleet:sums", name),
+		keys.Key(o.prefix, "fleet:wants", name),
 	}
 	return f, nil
 }
@@ -191,6 +197,14 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: f.o.name, Limit: full}, spillway.Noop, nil
 	}
 	limit, degraded := f.limitFor(p, now)
+	if p < spillway.Critical && !degraded {
+		if v := f.view.Load(); v != nil && v.pressure && f.localTotal.Load()+c > f.evenShare(v) {
+			// Another server refused Critical work at its last report:
+			// a server above its even share of the capacity admits no
+			// lower priority until that one is served.
+			return spillway.Decision{Reason: spillway.ReasonShed, Limiter: f.o.name, Limit: limit, RetryAfter: f.o.retryAfter}, spillway.Noop, nil
+		}
+	}
 	// This server's own total stays ≤ limit (≤ MaxFleetCapacity): compared
 	// before it is added, so hostile costs never wrap it.
 	own := int64(-1)
@@ -208,6 +222,7 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		if own >= 0 {
 			f.localTotal.Add(-c)
 		}
+		f.noteRefused(p)
 		rem := max(int64(math.Floor(float64(limit)-f.estimate(f.localTotal.Load(), degraded)+1e-9)), 0)
 		if v := f.view.Load(); f.o.reserveHead && !degraded && v != nil {
 			rem = max(0, min(rem, f.grant(v, limit)-(f.localTotal.Load()-v.sent)))
@@ -226,6 +241,21 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		f.local[p].Add(-c)
 		f.localTotal.Add(-c)
 	}), nil
+}
+
+// evenShare is this server's even part of the capacity at view v:
+// capacity / live servers, rounded down.
+func (f *Fleet) evenShare(v *fleetView) int64 {
+	return f.capacity.Load() / max(v.servers, 1)
+}
+
+// noteRefused records that this server refused work of priority p (by
+// Admit, or by a Pool of WithFleet that found no slot for it): Critical
+// and CriticalPlus refusals go with the next report.
+func (f *Fleet) noteRefused(p spillway.Priority) {
+	if p >= spillway.Critical && !f.refused.Load() {
+		f.refused.Store(true)
+	}
 }
 
 // maybeRefresh starts a background refresh when the last one started an
@@ -356,14 +386,35 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 			carry = f.carry(started.UnixNano(), sent)
 		}
 		args = append(args, f.reserveTarget(), f.capacity.Load(), strconv.FormatFloat(round, 'f', -1, 64), carry)
+	} else {
+		args = append(args, 0, f.capacity.Load(), "0", 0) // no reservation
+	}
+	// A refusal is reported while this server holds less than its even
+	// share of the capacity: below it, the others hold what it lacks.
+	refused := f.refused.Swap(false)
+	want := refused
+	if v := f.view.Load(); want && v != nil {
+		var total int64
+		for _, c := range sent {
+			total += c
+		}
+		want = total < f.evenShare(v)
+	}
+	if want {
+		args = append(args, "1")
+	} else {
+		args = append(args, "0")
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
 	defer cancel()
 	res, err := lua.ShedderFleet.Run(ctx, f.client, f.keys, args...).Int64Slice()
-	if err == nil && len(res) != 7 {
-		err = fmt.Errorf("reply has %d values, want 7", len(res))
+	if err == nil && len(res) != 8 {
+		err = fmt.Errorf("reply has %d values, want 8", len(res))
 	}
 	if err != nil {
+		if refused {
+			f.refused.Store(true) // for the next report
+		}
 		err = fmt.Errorf("shedder: fleet refresh: %w", err)
 		f.setLastErr(err)
 		return err
@@ -388,7 +439,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		return nil
 	}
 	f.rejoining = false
-	v := &fleetView{servers: res[4], round: round, others: res[5], reserved: res[6]}
+	v := &fleetView{servers: res[4], round: round, others: res[5], reserved: res[6], pressure: res[7] == 1}
 	for p := range sent {
 		v.byPrio[p] = res[p]
 		v.sum += res[p]
@@ -415,6 +466,8 @@ type fleetView struct {
 	// With WithReservations: the other live servers' reservations and
 	// this server's own, made with this report.
 	others, reserved int64
+	// pressure: another server refused Critical work at its last report
+	pressure bool
 }
 
 // carry is how far this server may still grow beyond sent (the report
@@ -579,6 +632,11 @@ type FleetStats struct {
 	// Degraded reports that the estimate is stale and decisions use local
 	// counts.
 	Degraded bool
+	// Pressure reports that at the last refresh another server had
+	// refused Critical work since its own last report: this one admits
+	// no Sheddable or SheddablePlus work until a refresh no longer shows
+	// it.
+	Pressure bool
 	// LastError is the error of the latest refresh, nil if it succeeded.
 	LastError error
 }
@@ -599,6 +657,7 @@ func (f *Fleet) Stats() FleetStats {
 	s.Usage = int64(math.Ceil(f.estimate(f.localTotal.Load(), degraded) - 1e-9))
 	if v := f.view.Load(); v != nil {
 		s.Share = f.share(v)
+		s.Pressure = v.pressure && !degraded
 	}
 	s.Servers = f.servers.Load()
 	s.Degraded = degraded

@@ -778,3 +778,63 @@ func TestFleetSetCapacity(t *testing.T) {
 		{spillway.Critical, 1, false, 0},
 	})
 }
+
+// TestFleetPressureFromCriticalRefusal: a server below its even share of
+// the capacity that refused Critical work tells the fleet with its next
+// report, and a server above its even share admits no Sheddable or
+// SheddablePlus work past that share (not even into what its own finished
+// work freed) until a report of the other shows no refusal: a server that
+// joined a full fleet gets room for its Critical work instead of
+// watching the others refill the fleet with their least important work.
+// A refusal by a server at or above its even share is not reported.
+func TestFleetPressureFromCriticalRefusal(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	// capacity 100, every priority but CriticalPlus shed at 100; two
+	// servers: an even share of 50
+	a := newFleet(t, client, "a", clk, shedder.WithReserve(0))
+	b := newFleet(t, client, "b", clk, shedder.WithReserve(0))
+	refresh(t, a, b)
+	sheddable := runFleet(t, a, []fleetStep{{spillway.Sheddable, 30, true, 0}, {spillway.Sheddable, 30, true, 0}})
+	runFleet(t, b, []fleetStep{{spillway.Critical, 40, true, 0}})
+	refresh(t, a, b, a)
+
+	// The fleet is full: b refuses Critical work, while a, which nobody
+	// has told yet, reuses what its finished Sheddable work freed.
+	runFleet(t, b, []fleetStep{{spillway.Critical, 1, false, 0}})
+	sheddable[0](spillway.Success)
+	sheddable = append(sheddable[1:], runFleet(t, a, []fleetStep{{spillway.Sheddable, 30, true, 0}})...)
+	if s := a.Stats(); s.Pressure || s.Local != [4]int64{60, 0, 0, 0} {
+		t.Fatalf("a before b's report: %+v; want no pressure, 60 Sheddable in flight", s)
+	}
+
+	// b (40 in flight, under its 50) reports its refusal; a's next
+	// refresh sees it.
+	refresh(t, b, a)
+	if !a.Stats().Pressure || b.Stats().Pressure {
+		t.Fatalf("pressure a %v, b %v; want a true (b refused), b false (its own refusal)", a.Stats().Pressure, b.Stats().Pressure)
+	}
+	// a's finished work no longer makes room for its Sheddable work past
+	// its even share; Critical work may still reuse it.
+	sheddable[0](spillway.Success) // a: 30 in flight
+	sheddable = sheddable[1:]
+	runFleet(t, a, []fleetStep{
+		{spillway.Sheddable, 21, false, 0}, {spillway.SheddablePlus, 21, false, 0},
+		{spillway.Sheddable, 20, true, 0}, {spillway.Critical, 10, true, 0}, {spillway.Critical, 1, false, 0},
+	})
+
+	// One report of b without a refusal ends the pressure.
+	refresh(t, b, a)
+	if a.Stats().Pressure {
+		t.Fatal("a: pressure still on after b's report without a refusal")
+	}
+
+	// A refusal by a server at or above its even share is not reported:
+	// a (60 in flight) refuses Critical work, b never sees pressure.
+	runFleet(t, a, []fleetStep{{spillway.Critical, 1, false, 0}})
+	refresh(t, a, b)
+	if b.Stats().Pressure {
+		t.Fatal("b: pressure from a, which holds more than its even share")
+	}
+}

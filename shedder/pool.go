@@ -100,6 +100,9 @@ type Pool struct {
 	seq      uint64
 
 	reading atomic.Pointer[poolReading] // the last capacity reading (Observe)
+	// fleetBound: at the last resize the fleet's allowance, not the
+	// learned limit, set the slots (WithFleet)
+	fleetBound atomic.Bool
 }
 
 // poolReading is a capacity reading and, without a fleet, the most the
@@ -140,6 +143,13 @@ func (p *Pool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisio
 	p.resize()
 	d, done, err := p.q.Admit(ctx, r)
 	if err != nil || !d.Allowed {
+		if err == nil && d.Reason == spillway.ReasonShed && p.fleetBound.Load() {
+			// no slot for it, and the fleet's allowance is what bounds
+			// the slots: the fleet hears of a Critical refusal and its
+			// other servers make room (a limit learned from the
+			// dependency's latency is not the fleet's to lift)
+			p.fleet.noteRefused(r.Priority)
+		}
 		return d, done, err
 	}
 	start := p.now()
@@ -205,8 +215,10 @@ func (p *Pool) resize() {
 			}
 		}
 	}
-	limit := min(int64(p.l.Limit()), allowance)
+	learned := int64(p.l.Limit())
+	limit := min(learned, allowance)
 	p.mu.Unlock()
+	p.fleetBound.Store(p.fleet != nil && allowance <= learned)
 	_ = p.q.SetSlots(max(1, limit))
 }
 
