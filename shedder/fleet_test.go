@@ -818,7 +818,6 @@ func TestFleetPressureFromCriticalRefusal(t *testing.T) {
 	// a's finished work no longer makes room for its Sheddable work past
 	// its even share; Critical work may still reuse it.
 	sheddable[0](spillway.Success) // a: 30 in flight
-	sheddable = sheddable[1:]
 	runFleet(t, a, []fleetStep{
 		{spillway.Sheddable, 21, false, 0}, {spillway.SheddablePlus, 21, false, 0},
 		{spillway.Sheddable, 20, true, 0}, {spillway.Critical, 10, true, 0}, {spillway.Critical, 1, false, 0},
