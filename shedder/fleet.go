@@ -53,6 +53,16 @@ import (
 // crashes stops reporting, and its report stops counting after the TTL
 // (default 2s), so nothing leaks.
 //
+// Pressure: a server that refused Critical or CriticalPlus work (in
+// Admit, or in a Pool of WithFleet whose slots the fleet's allowance
+// set) while it held less than its even share of the capacity (capacity
+// / live servers) says so with its next report; while another server's
+// last report says so, Admit sheds Sheddable and SheddablePlus work that
+// would take this server past its even share. A server that joined a
+// full fleet thus gets room for its Critical work from the servers that
+// hold more than theirs, instead of watching them refill the fleet with
+// their least important work. One report without a refusal lifts it.
+//
 // When the last successful refresh is older than the stale limit (default
 // 1s) — Redis down or slow — the Fleet decides on its own counts against
 // its share of the capacity (its measured share at the last refresh, as
@@ -90,8 +100,8 @@ type Fleet struct {
 	refreshing atomic.Bool
 	// refused is set when this server refused Critical (or CriticalPlus)
 	// work since its last report, by Admit or by a Pool of WithFleet:
-	// the report tells the fleet, whose other servers then stop
-	// admitting lower priorities (see Fleet, "Pressure").
+	// the report tells the fleet while this server is below its even
+	// share (see Fleet, pressure).
 	refused atomic.Bool
 
 	mu sync.Mutex // serializes refreshes; held across the Redis call
@@ -632,10 +642,10 @@ type FleetStats struct {
 	// Degraded reports that the estimate is stale and decisions use local
 	// counts.
 	Degraded bool
-	// Pressure reports that at the last refresh another server had
-	// refused Critical work since its own last report: this one admits
-	// no Sheddable or SheddablePlus work until a refresh no longer shows
-	// it.
+	// Pressure reports that at the last refresh another server, below
+	// its even share of the capacity, had refused Critical work since
+	// its own last report: this one admits no Sheddable or SheddablePlus
+	// work past its even share until a refresh no longer shows it.
 	Pressure bool
 	// LastError is the error of the latest refresh, nil if it succeeded.
 	LastError error
