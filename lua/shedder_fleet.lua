@@ -25,7 +25,8 @@
 --          still grow beyond this report under its previous reservation
 --          until it reads this reply: at least that much stays reserved
 -- ARGV[12] optional: "1" when this server refused Critical or
---          CriticalPlus work since its previous report, else "0"
+--          CriticalPlus work since its previous report while below its
+--          even share of the capacity (the client decides), else "0"
 --
 -- Reservations: with ARGV[8] > 0 the server reserves, beyond its report,
 -- its share of the threshold's headroom, floor(share * (T - U) + round),
@@ -41,7 +42,8 @@
 -- Pressure: a server that refused Critical work is in KEYS[4] until its
 -- next report without a refusal (or its report's expiry, if it stops
 -- reporting); the reply says whether another server is, so that the
--- others stop admitting lower priorities until it is served.
+-- servers above their even share stop admitting lower priorities until
+-- it is served.
 --
 -- Reply: {t0, t1, t2, t3, servers, reservedOthers, reserved, pressure}
 --   t0..t3          the fleet's in-flight cost per priority, this report
@@ -55,7 +57,8 @@
 -- Writes: replaces this server's report; reaps up to 100 reports that
 -- expired (servers that crashed or stopped reporting), subtracting them
 -- from the sums; rebuilds the sums from the reports when the sums key is
--- missing (evicted). All three keys expire when the last live report does,
+-- missing (evicted); adds or removes this server in KEYS[4]. All four keys
+-- expire when the last live report does,
 -- so an abandoned fleet leaves nothing behind.
 local reports, expiry, sums, wants = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
@@ -168,13 +171,16 @@ if ttl > 0 and target > 0 then
 end
 
 -- Pressure: this server's refusal of Critical work, and the others'.
+-- With nobody in KEYS[4] (the common case) that is one ZREM and one
+-- EXISTS.
 local pressure = 0
+local anyWants = want
 if want then
   redis.call("ZADD", wants, now + ttl, id)
-elseif redis.call("ZREM", wants, id) == 0 and redis.call("EXISTS", wants) == 0 then
-  want = nil -- nobody refused: nothing to count
+else
+  anyWants = redis.call("ZREM", wants, id) == 1 or redis.call("EXISTS", wants) == 1
 end
-if want ~= nil then
+if anyWants then
   local live = redis.call("ZCOUNT", wants, "(" .. now, "+inf")
   if want then live = live - 1 end
   if live > 0 then pressure = 1 end
@@ -189,7 +195,7 @@ else
   redis.call("PEXPIRE", reports, pttl)
   redis.call("PEXPIRE", expiry, pttl)
   redis.call("PEXPIRE", sums, pttl)
-  if want ~= nil then redis.call("PEXPIRE", wants, pttl) end
+  if anyWants then redis.call("PEXPIRE", wants, pttl) end
 end
 out[5] = n
 out[6] = others

@@ -377,10 +377,12 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	started := f.o.now()
 	f.lastTry.Store(started.UnixNano())
 	var sent [spillway.NumPriorities]int64
-	args := make([]any, 0, 7)
+	var total int64
+	args := make([]any, 0, 12)
 	args = append(args, f.o.serverID)
 	for p := range sent {
 		sent[p] = max(f.local[p].Load(), 0)
+		total += sent[p]
 		args = append(args, sent[p])
 	}
 	args = append(args, ttl.Milliseconds())
@@ -404,10 +406,6 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	refused := f.refused.Swap(false)
 	want := refused
 	if v := f.view.Load(); want && v != nil {
-		var total int64
-		for _, c := range sent {
-			total += c
-		}
 		want = total < f.evenShare(v)
 	}
 	if want {
@@ -449,11 +447,10 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 		return nil
 	}
 	f.rejoining = false
-	v := &fleetView{servers: res[4], round: round, others: res[5], reserved: res[6], pressure: res[7] == 1}
+	v := &fleetView{sent: total, servers: res[4], round: round, others: res[5], reserved: res[6], pressure: res[7] == 1}
 	for p := range sent {
 		v.byPrio[p] = res[p]
 		v.sum += res[p]
-		v.sent += sent[p]
 	}
 	f.setLastErr(nil)
 	f.view.Store(v)

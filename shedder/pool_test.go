@@ -495,3 +495,60 @@ func TestWorkerBeforePoolWhenWorkersSaturate(t *testing.T) {
 		done(spillway.Success)
 	})
 }
+
+// A Pool of WithFleet whose slots the fleet's allowance set tells its
+// Fleet when it refuses Critical work, so that the fleet's other servers
+// above their even share make room (Fleet, pressure); a Pool whose slots
+// its learned limit set does not: the dependency, not the fleet, holds it
+// back. Real redis-server.
+func TestPoolFleetBoundRefusalIsReported(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	fleet := func(id string) *shedder.Fleet {
+		f, err := shedder.NewFleet(client, "db", 10, shedder.WithServerID(id), shedder.WithClock(clk.Now),
+			shedder.WithoutAutoRefresh(), shedder.WithRand(func() float64 { return 0 }), shedder.WithReserve(0),
+			shedder.WithTimeout(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	// b, alone, fills 8 of the 10 with Sheddable work; then a joins: an
+	// even share of 5 each, a's allowance floor(5/18 × 2) = 0, its pool
+	// one slot (never fewer), below its learned 8.
+	b := fleet("b")
+	refresh(t, b)
+	held := runFleet(t, b, []fleetStep{{spillway.Sheddable, 8, true, 0}})
+	a := fleet("a")
+	refresh(t, b, a)
+	p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 8}), shedder.WithFleet(a), shedder.WithClock(clk.Now), shedder.WithMaxWait(0))
+	first := admitN(t, p, 1, spillway.Critical)
+	if d, _, _ := p.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Reason != spillway.ReasonShed {
+		t.Fatalf("second Critical request: %+v, want shed (one slot)", d)
+	}
+	refresh(t, a, b)
+	if !b.Stats().Pressure {
+		t.Fatal("b: no pressure after a's pool, bound by the fleet, refused Critical work")
+	}
+	runFleet(t, b, []fleetStep{{spillway.Sheddable, 1, false, 0}})
+	finish(first, spillway.Ignored)
+
+	// b's work ends and a reports again without a refusal: a's allowance
+	// is 5, more than a pool whose learned limit is 2 uses.
+	finish(held, spillway.Success)
+	refresh(t, b, a, b)
+	if b.Stats().Pressure {
+		t.Fatal("b: pressure after a's report without a refusal")
+	}
+	q := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 2}), shedder.WithFleet(a), shedder.WithClock(clk.Now), shedder.WithMaxWait(0))
+	two := admitN(t, q, 2, spillway.Critical)
+	if d, _, _ := q.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Reason != spillway.ReasonShed || q.Stats().Allowance != 5 {
+		t.Fatalf("third Critical request: %+v (allowance %d), want shed at the learned 2 of an allowance of 5", d, q.Stats().Allowance)
+	}
+	refresh(t, a, b)
+	if b.Stats().Pressure {
+		t.Fatal("b: pressure from a pool that its learned limit, not the fleet, held back")
+	}
+	finish(two, spillway.Ignored)
+}
