@@ -186,30 +186,29 @@ for g = 1, #sizes do
     if alg == 0 or alg == 1 or alg == 5 then
       local tau = B * T
       local s = getstr(key)
-      local tat, marked, hn, last = s and tonumber(s), false, 0, 0
+      local tat, marked, h = s and tonumber(s), false, nil
       if tat ~= nil then
         tat = tatof(key, tat)
       else
         tat = 0
         if s then
           holdslib()
-          tat, marked, hn, last = hparse(s, key)
+          tat, marked, h = hparse(s, key)
         end
       end
       if marked and hl[key] == nil then
         -- first touch of a key with holds or a debt (ratelimit_holds.lua):
         -- release its expired holds, kept whatever the decisions
-        local hkey = key .. ':h'
         local t0 = hnow(tat, now, tau, true)
-        local reaped
-        tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-        if reaped then
+        local changed
+        tat, changed = hreap(h, tat, t0, now, T)
+        if changed then
           local px
-          rewritten[key], px, marked = hvalue(tat, t0, now, tau, hn, last)
-          hset(key, rewritten[key], px, hn)
+          rewritten[key], px, marked = hvalue(tat, t0, now, tau, h)
+          hset(key, rewritten[key], px)
         end
       end
-      if marked then hl[key] = {hn, last} end
+      if marked then hl[key] = h end
       s1 = tat
       if marked then s2 = 1 end
       local t = now -- time went backwards: clamped to TAT - tau (2·tau marked)
@@ -236,11 +235,11 @@ for g = 1, #sizes do
           local px = ttl(need)
           local h = hl[key]
           if h ~= nil then
-            s, px = hvalue(plain, t, now, tau, h[1], h[2])
+            s, px = hvalue(plain, t, now, tau, h)
             plain = nil
           end
           gp[key] = s
-          gw[#gw + 1] = {0, key, s, px, plain, h and h[1]}
+          gw[#gw + 1] = {0, key, s, px, plain}
         end
       end
 
@@ -432,9 +431,7 @@ local replaced = {} -- log keys of another type already replaced
 for _, w in ipairs(writes) do
   if w[1] == 0 and w[5] then
     tatset(w[2], w[5], w[4]) -- a plain TAT (ratelimit_holds.lua)
-  elseif w[1] == 0 and w[6] then
-    hset(w[2], w[3], w[4], w[6]) -- a marked TAT (hvalue)
-  elseif w[1] == 0 then
+  elseif w[1] == 0 then -- a marked TAT (hvalue), or a window's state
     redis.call('SET', w[2], w[3], 'PX', w[4])
   else
     local key, uid, n, at, zkey, px = w[2], w[3], w[4], w[5], w[6], w[7]

@@ -150,15 +150,14 @@ for g = 1, G do
           end
           tat, marked = st[key], sm[key]
           if tat == nil then
-            local hn, last
-            tat, marked, hn, last = hparse(c, key)
+            local h
+            tat, marked, h = hparse(c, key)
             if marked then
-              local hkey = key .. ':h'
               local t0 = hnow(tat, now, tau, true)
-              local reaped
-              tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-              hl[key] = {hn, last}
-              if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+              local changed
+              tat, changed = hreap(h, tat, t0, now, T)
+              hl[key] = h
+              if changed then marked = hwrite(key, tat, t0, now, tau, h) end
             end
             st[key], sm[key] = tat, marked
           end
@@ -183,8 +182,8 @@ for g = 1, G do
         -- a marked key stays marked while holds are live (hvalue)
         if pmark == nil then pmark, um = {}, {} end
         if npx == nil then npx = {} end
-        pmark[key] = h[1] > 0
-        v, npx[i] = hvalue(v, t, now, tau, h[1], h[2]) -- px in ms
+        pmark[key] = h[3] ~= ''
+        v, npx[i] = hvalue(v, t, now, tau, h) -- px in ms
       elseif not compact then
         if npx == nil then npx = {} end
         npx[i] = floor((need + 999) / 1000)
@@ -232,7 +231,7 @@ for k = 1, N do
     else
       local h = hl and hl[KEYS[k]]
       if h then
-        hset(KEYS[k], v, npx[k], h[1]) -- marked (hvalue)
+        hset(KEYS[k], v, npx[k]) -- marked (hvalue)
       else
         rcall('SET', KEYS[k], v, 'PX', npx[k]) -- a client clock's TAT
       end

@@ -97,7 +97,7 @@ if NS > 0 then
     local key = KEYS[2 * j - 1]
     local v = cur[j]
     if wrote[key] then v = nil end
-    reply[1 + G + 4 * N + s] = hsettle(key, KEYS[2 * j], b, now, false, v)
+    reply[1 + G + 4 * N + s] = hsettle(key, b, now, false, v)
     wrote[key] = true
     b = b + 10
   end
@@ -116,7 +116,7 @@ for g = 1, G do
   local saved = {} -- key -> its state before this group (a denial restores it)
   for _ = 1, size do
     i = i + 1
-    local key, hkey = KEYS[2 * i - 1], KEYS[2 * i]
+    local key = KEYS[2 * i - 1]
     local T = tonumber(ARGV[a])
     local tau = tonumber(ARGV[a + 1])
     local n = tonumber(ARGV[a + 2])
@@ -125,14 +125,14 @@ for g = 1, G do
     if k == nil then
       local v = cur[i]
       if wrote and wrote[key] then v = redis.pcall('GET', key) end
-      local tat, marked, hn, last = hparse(v, key)
+      local tat, marked, h = hparse(v, key)
       if marked then
         local t0 = hnow(tat, now, tau, true)
-        local reaped
-        tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-        if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+        local changed
+        tat, changed = hreap(h, tat, t0, now, T)
+        if changed then marked = hwrite(key, tat, t0, now, tau, h) end
       end
-      k = {tat, marked, hn, last, now, false, tau, tat}
+      k = {tat, marked, h, nil, now, false, tau, tat}
       S[key] = k
     end
     if saved[key] == nil then saved[key] = {k[1], k[2], k[5]} end
@@ -149,7 +149,7 @@ for g = 1, G do
         ok = false
       end
     end
-    if nt ~= tat then k[2] = k[3] > 0 or nt - t > tau end
+    if nt ~= tat then k[2] = (k[3] ~= nil and k[3][3] ~= '') or nt - t > tau end
     k[1], k[5], k[7] = nt, t, tau
     reply[1 + G + i] = wait
     reply[1 + G + N + i] = tat
@@ -162,9 +162,9 @@ for g = 1, G do
       local k = S[KEYS[2 * j - 1]]
       local member = ARGV[a0 + 4 * (j - i0 - 1) + 3]
       if member ~= '' then
-        redis.call('ZADD', KEYS[2 * j], exps, member)
-        k[2], k[3] = true, k[3] + 1 -- marked: a live hold (a later group's clamp is TAT - 2·tau)
-        if exp > k[4] then k[4] = exp end
+        if k[3] == nil then k[3] = {0, 0, ''} end
+        hadd(k[3], member, exp, exps)
+        k[2] = true -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
       k[6] = true
     end
@@ -182,9 +182,9 @@ for j = 1, N do
   local k = S[key]
   if k[6] then
     k[6] = false
-    if k[3] > 0 then
-      -- marked: live holds (their TTL covers K..":h", hset)
-      hwrite(key, k[1], k[5], now, k[7], k[3], k[4])
+    if k[3] ~= nil and k[3][3] ~= '' then
+      -- marked: live holds, written with them
+      hwrite(key, k[1], k[5], now, k[7], k[3])
     elseif k[1] ~= k[8] then
       -- charged by fixed items alone: as the buckets script writes it
       -- (an allowed charge leaves TAT within tau of now': no debt, no mark)

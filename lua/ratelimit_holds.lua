@@ -4,17 +4,18 @@
 -- ratelimit_batch.lua, ratelimit_refund.lua, ratelimit_hold.lua and
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
--- A bucket's key K holds its TAT in µs, plain (see below) or, while the key is
--- marked (holds outstanding or a debt), "<tat>h<n>:<last>": n the number
--- of live holds, last the latest end (µs) of anything in K..":h". That
--- sorted set holds the key's holds (member "<hold id>/<i>=<estimate>",
--- score its release time) and the tombstones of settled holds (member
--- "<hold id>/<i>", score the release time the hold had: a settle retried
--- until then is recognised). The suffix is outside K's hash tag, so it
--- shares K's Cluster slot. The hold and settle scripts receive it in
--- KEYS; the plain decision scripts, which receive only K, derive it when,
--- and only when, K is marked: a key without holds costs them nothing more
--- than before.
+-- A bucket's key K holds its TAT in µs, plain (see below) or, while the key
+-- is marked (holds outstanding or a debt), "<tat>h<first>:<last>" followed
+-- by its live holds, each ",<hold id>/<i>=<estimate>@<end>" (end: the µs
+-- release time). first is at most the earliest end of a live hold (a touch
+-- looks for expired holds only once now reaches it, then makes it exact),
+-- last the latest end; both 0 without holds (a debt alone). A reserve and a
+-- settle each rewrite K alone: one SET, no second key. A settled hold
+-- leaves nothing behind: a settle that finds no hold of its own says
+-- "already settled" before the hold's end and "expired" after it (the end
+-- travels with the settle). The plain decision scripts parse the holds
+-- only when K is marked: a key without holds costs them nothing more than
+-- before.
 --
 -- The encoding of a plain TAT. When the scripts read Redis TIME (ARGV[1]
 -- is ""), the hot paths (ratelimit_token_bucket.lua, ratelimit_buckets.lua,
@@ -53,20 +54,25 @@ local function tatset(key, tat, px)
 end
 
 -- holdslib() defines the helpers below on its first call (a script that
--- never meets a marked key creates one closure, not five); call it before
+-- never meets a marked key creates one closure, not eight); call it before
 -- using them.
-local hparse, hnow, hreap, hvalue, hset, hwrite, hsettle
+local hparse, hnow, hreap, hvalue, hset, hwrite, hadd, hsettle
 local function holdslib()
 if hparse ~= nil then return end
 
--- TAT, mark, n, last of a GET reply of key (0, false: no state)
+-- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
+-- that is not marked, else a table {first, last, live} (live: the holds'
+-- string, "" for none); (0, false, nil) for no state or garbage. A mark
+-- of an older layout ("<tat>h<n>:<last>", its holds in another key) reads
+-- as a mark without holds: those holds stay charged until the TAT passes.
 function hparse(v, key)
-  if type(v) ~= 'string' then return 0, false, 0, 0 end
+  if type(v) ~= 'string' then return 0, false, nil end
   local x = tonumber(v)
-  if x ~= nil then return tatof(key, x), false, 0, 0 end
-  local a, b, c = string.match(v, '^(%d+)h(%d+):(%d+)$')
-  if a ~= nil then return tonumber(a), true, tonumber(b), tonumber(c) end
-  return 0, false, 0, 0
+  if x ~= nil then return tatof(key, x), false, nil end
+  local a, f, l, live = string.match(v, '^(%d+)h(%d+):(%d+)(.*)$')
+  if a == nil then return 0, false, nil end
+  if live ~= '' and string.byte(live, 1) ~= 44 then return 0, false, nil end -- ','
+  return tonumber(a), true, {tonumber(f), tonumber(l), live}
 end
 
 function hnow(tat, now, tau, marked) -- now after the clamp
@@ -77,40 +83,43 @@ function hnow(tat, now, tau, marked) -- now after the clamp
   return now
 end
 
--- removes what in hkey ended by now: each hold gives its estimate back
--- (TAT = max(TAT - e·T, t) while TAT > t), a tombstone nothing; returns
--- the TAT, the number of live holds left and whether a hold was released
-function hreap(hkey, tat, t, now, T, n)
-  local nows = string.format('%d', now)
-  local gone = redis.call('ZRANGEBYSCORE', hkey, '-inf', nows)
-  if #gone == 0 then return tat, n, false end
-  local released = false
-  for _, m in ipairs(gone) do
-    local e = string.match(m, '=(%d+)$')
-    if e ~= nil then
-      released = true
-      n = n - 1
+-- releases the holds of h that ended by now: each gives its estimate back
+-- (TAT = max(TAT - e·T, t) while TAT > t). Looks only once now reaches
+-- h's first end, and then makes it exact. Returns the TAT and whether h
+-- changed (then K must be written: a hold released, or first moved).
+function hreap(h, tat, t, now, T)
+  if h == nil or h[3] == '' or now < h[1] then return tat, false end
+  local keep, first = {}, 0
+  for ent, e, x in string.gmatch(h[3], '(,[^,]-=(%d+)@(%d+))') do
+    x = tonumber(x)
+    if x <= now then
       if tat > t then
         tat = tat - tonumber(e) * T
         if tat < t then tat = t end
       end
+    else
+      keep[#keep + 1] = ent
+      if first == 0 or x < first then first = x end
     end
   end
-  redis.call('ZREMRANGEBYSCORE', hkey, '-inf', nows)
-  if n < 0 then n = 0 end
-  return tat, n, released
+  h[3], h[1] = table.concat(keep), first
+  if first == 0 then h[2] = 0 end
+  return tat, true
 end
 
--- the value of a bucket key: marked iff n live holds > 0 or tat - t > tau;
--- returns it, its TTL in ms (outliving the TAT and, marked, everything in
--- K..":h") and the mark
-function hvalue(tat, t, now, tau, n, last)
-  local marked = n > 0 or tat - t > tau
+-- the value of a bucket key: marked iff it has live holds or tat - t >
+-- tau; returns it, its TTL in ms (outliving the TAT and every live hold)
+-- and the mark
+function hvalue(tat, t, now, tau, h)
+  local live = h ~= nil and h[3] ~= ''
+  local marked = live or tat - t > tau
   local ttl = tat - now
   local v
-  if marked then
-    v = string.format('%dh%d:%d', tat, n, last)
-    if last - now > ttl then ttl = last - now end
+  if live then
+    v = string.format('%dh%d:%d', tat, h[1], h[2]) .. h[3]
+    if h[2] - now > ttl then ttl = h[2] - now end
+  elseif marked then
+    v = string.format('%dh0:0', tat)
   else
     v = string.format('%d', tat)
   end
@@ -119,71 +128,73 @@ function hvalue(tat, t, now, tau, n, last)
   return v, px, marked
 end
 
--- writes v (hvalue's) to key with its TTL px; while n holds are live,
--- K..":h" gets the same TTL, so that it lives exactly as long as K: a
--- hold that expires unsettled is then still there for the next touch to
--- give back (a K..":h" that ended first would leave K counting it until K
--- itself ends). Without live holds K..":h" keeps the TTL it has, which
--- covers its tombstones.
-function hset(key, v, px, n)
+function hset(key, v, px)
   redis.call('SET', key, v, 'PX', px)
-  if n > 0 then redis.call('PEXPIRE', key .. ':h', px) end
 end
 
-function hwrite(key, tat, t, now, tau, n, last) -- hset of hvalue; returns the mark
-  local v, px, marked = hvalue(tat, t, now, tau, n, last)
-  hset(key, v, px, n)
+function hwrite(key, tat, t, now, tau, h) -- hset of hvalue; returns the mark
+  local v, px, marked = hvalue(tat, t, now, tau, h)
+  hset(key, v, px)
   return marked
 end
 
--- settles (or, with cancel, cancels) one item: key its bucket key, hkey
--- K..":h", ARGV[b .. b+9] its values as ratelimit_settle.lua lists them,
--- v key's value when the caller read it (nil: GET it).
+-- adds a live hold to h (a table of hparse; the caller writes K)
+function hadd(h, member, exp, exps)
+  if h[3] == '' or exp < h[1] then h[1] = exp end
+  if exp > h[2] then h[2] = exp end
+  h[3] = h[3] .. ',' .. member .. '@' .. exps
+end
+
+-- settles (or, with cancel, cancels) one item: key its bucket key,
+-- ARGV[b .. b+9] its values as ratelimit_settle.lua lists them, v key's
+-- value when the caller read it (nil: GET it).
 -- Returns 1 applied, 2 already settled, 3 expired. The contract and the
 -- writes are ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
 -- settles that ride on a reservation. A member "" is an item its
 -- reservation charged without holding (a fixed item): only a cancel
 -- touches it, giving its cost back as it would a hold's.
-function hsettle(key, hkey, b, now, cancel, v)
+function hsettle(key, b, now, cancel, v)
   local T = tonumber(ARGV[b])
   local tau = tonumber(ARGV[b + 1])
   local est = tonumber(ARGV[b + 2])
   local actual = tonumber(ARGV[b + 3])
-  local member, tomb = ARGV[b + 4], ARGV[b + 5]
+  local member = ARGV[b + 4]
   if v == nil then v = redis.pcall('GET', key) end -- v: the caller read it
-  local tat, marked, hn, last = hparse(v, key)
-  -- release what ended, as any touch of a marked key does; a settle also
-  -- on a key that is not marked, which has no live holds but may have
-  -- tombstones that ended. A cancel does not: the reserve it undoes did
-  -- that (the memory store decides a batch at one instant)
+  local tat, marked, h = hparse(v, key)
+  if h == nil then h = {0, 0, ''} end
+  -- release what ended, as any touch of a marked key does (a settle on a
+  -- key that is not marked finds nothing to release). A cancel does not:
+  -- the reserve it undoes did that (the memory store decides a batch at
+  -- one instant)
+  local t0 = hnow(tat, now, tau, marked)
+  local dirty = false
   if not cancel then
-    local t0 = hnow(tat, now, tau, marked)
-    local reaped
-    tat, hn, reaped = hreap(hkey, tat, t0, now, T, hn)
-    if reaped then marked = hwrite(key, tat, t0, now, tau, hn, last) end
+    tat, dirty = hreap(h, tat, t0, now, T)
+    if dirty then marked = h[3] ~= '' or tat - t0 > tau end
   end
-  -- A settle adds the tombstone first: already there, the hold was
-  -- settled (its retry); else removing the hold says whether it was live
-  -- (when not, the tombstone goes again). The set never empties in
-  -- between, so it keeps its TTL, which covers the tombstone (the hold's
-  -- own end). A cancel leaves no tombstone.
-  local fixed = member == ''
-  local fresh = cancel or redis.call('ZADD', hkey, ARGV[b + 6], tomb) == 1
-  if fresh and (fixed or redis.call('ZREM', hkey, member) == 1) then
-    if not fixed then
-      hn = hn - 1
-      if hn < 0 then hn = 0 end
+  local found = cancel and member == ''
+  if member ~= '' then
+    local p = string.find(h[3], ',' .. member .. '@', 1, true)
+    if p ~= nil then
+      local q = string.find(h[3], ',', p + 1, true)
+      local rest = ''
+      if q ~= nil then rest = string.sub(h[3], q) end
+      h[3] = string.sub(h[3], 1, p - 1) .. rest
+      if h[3] == '' then h[1], h[2] = 0, 0 end
+      found = true
     end
+  end
+  if found then
     local t = hnow(tat, now, tau, marked)
     if cancel and tat == tonumber(ARGV[b + 8]) then
       -- nothing charged since the reserve: restore what it saw, mark
       -- included, exactly as the memory store's rollback does
-      local v, px = hvalue(tonumber(ARGV[b + 7]), t, now, tau, hn, last)
-      if hn == 0 then
+      local v, px = hvalue(tonumber(ARGV[b + 7]), t, now, tau, h)
+      if h[3] == '' then
         v = ARGV[b + 7]
-        if ARGV[b + 9] == '1' then v = v .. string.format('h0:%d', last) end
+        if ARGV[b + 9] == '1' then v = v .. 'h0:0' end
       end
-      hset(key, v, px, hn)
+      hset(key, v, px)
     else
       local nt = tat
       if actual < est then
@@ -197,14 +208,12 @@ function hsettle(key, hkey, b, now, cancel, v)
         nt = base + (actual - est) * T
         if nt > t + 2 * tau then nt = t + 2 * tau end
       end
-      hwrite(key, nt, t, now, tau, hn, last)
+      hwrite(key, nt, t, now, tau, h)
     end
     return 1
-  elseif not fresh then
-    return 2
   end
-  if not cancel then redis.call('ZREM', hkey, tomb) end
+  if dirty then hwrite(key, tat, t0, now, tau, h) end
+  if not cancel and now < tonumber(ARGV[b + 6]) then return 2 end
   return 3
 end
 end
-

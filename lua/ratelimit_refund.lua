@@ -82,23 +82,23 @@ for i = #KEYS, 1, -1 do
   if n > 0 then
     if alg == 0 or alg == 1 or alg == 5 then
       local v = redis.pcall('GET', key)
-      local cur, marked, hn, last = tonumber(v), false, 0, 0
+      local cur, marked, h = tonumber(v), false, nil
       if cur ~= nil then
         cur = tatof(key, cur)
       else
         holdslib()
-        local c, m, a1, a2 = hparse(v, key)
-        if m then cur, marked, hn, last = c, true, a1, a2 end
+        local c, m, hh = hparse(v, key)
+        if m then cur, marked, h = c, true, hh end
       end
       if marked then
         -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
-        -- (or gets back the one it had) and its TTL, which outlives its
-        -- holds
-        local mark = fmt('h%d:%d', hn, last)
+        -- and holds (or gets back the mark it had) and its TTL, which
+        -- outlives its holds
+        local mark = fmt('h%d:%d', h[1], h[2]) .. h[3]
         local tat = o1
         if cur == w1 then
           refunded = refunded + 1
-          if o2 ~= 1 and hn == 0 then mark = '' end
+          if o2 ~= 1 and h[3] == '' then mark = '' end
         else
           tat = cur
           if tat > now then

@@ -57,6 +57,6 @@ local reply = {}
 local from, to, step = 1, N, 1
 if cancel then from, to, step = N, 1, -1 end -- a cancel undoes last first
 for i = from, to, step do
-  reply[i] = hsettle(KEYS[2 * i - 1], KEYS[2 * i], 3 + 10 * (i - 1), now, cancel)
+  reply[i] = hsettle(KEYS[2 * i - 1], 3 + 10 * (i - 1), now, cancel)
 end
 return reply

@@ -389,11 +389,17 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r0 := func(res any) int64 { return res.([]any)[0].(int64) }
 	if r := res.([]any); r[1] != int64(1) || r[3] != want || r[4] != want+T {
 		t.Fatalf("hold script: %v, want allowed, having seen TAT %d and left %d", r, want, want+T)
 	}
-	if v, err := c.Get(ctx, "k").Result(); err != nil || !strings.HasPrefix(v, fmt.Sprintf("%dh1:", want+T)) {
-		t.Fatalf("k = %q (%v), want marked with TAT %d", v, err, want+T)
+	// "<tat>h<first>:<last>,<member>@<end>": the hold in the key's value
+	exp := r0(res) + 60_000_000
+	if v, err := c.Get(ctx, "k").Result(); err != nil || v != fmt.Sprintf("%dh%d:%d,h1/0=1@%d", want+T, exp, exp, exp) {
+		t.Fatalf("k = %q (%v), want marked with TAT %d and the hold ending at %d", v, err, want+T, exp)
+	}
+	if n, err := c.Exists(ctx, "k:h").Result(); err != nil || n != 0 {
+		t.Fatalf("k:h exists (%d, %v): the hold belongs in k's value", n, err)
 	}
 }
 

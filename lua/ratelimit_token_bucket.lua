@@ -45,20 +45,20 @@ if tat ~= nil then
   tat = tatof(KEYS[1], tat)
 else
   holdslib()
-  local marked, hn, last
-  tat, marked, hn, last = hparse(v, KEYS[1])
+  local marked, h
+  tat, marked, h = hparse(v, KEYS[1])
   if marked then
     -- a key with holds or a debt (ratelimit_holds.lua): release the
     -- expired holds, then decide with the clamp TAT - 2·tau
-    local key, hkey = KEYS[1], KEYS[1] .. ':h'
+    local key = KEYS[1]
     local t = hnow(tat, now, tau, true)
-    local reaped
-    tat, hn, reaped = hreap(hkey, tat, t, now, T, hn)
-    if reaped then marked = hwrite(key, tat, t, now, tau, hn, last) end
+    local changed
+    tat, changed = hreap(h, tat, t, now, T)
+    if changed then marked = hwrite(key, tat, t, now, tau, h) end
     t = hnow(tat, now, tau, marked)
     local wait = 0
     if tat > t then wait = tat - t end
-    if n > 0 and wait + n * T <= tau then hwrite(key, t + wait + n * T, t, now, tau, hn, last) end
+    if n > 0 and wait + n * T <= tau then hwrite(key, t + wait + n * T, t, now, tau, h) end
     return wait
   end
 end

@@ -46,36 +46,37 @@ func memKeyState(s *MemoryStore, it *Item) keyState {
 	return st
 }
 
-// redisState reads the state of it's key from Redis in one MULTI (its key
-// and its holds share a slot): the TAT and the estimates in the live
-// holds' members ("<id>/<i>=<est>"; a tombstone is "<id>/<i>").
+// redisState reads the state of it's key from Redis: the TAT and the
+// estimates of the live holds its value carries ("<tat>h<first>:<last>"
+// then ",<id>/<i>=<est>@<end>" per hold).
 func redisState(ctx context.Context, c redis.UniversalClient, prefix string, it *Item) (keyState, error) {
-	k, hk := holdKeys(prefix, it)
-	pipe := c.TxPipeline()
-	get := pipe.Get(ctx, k)
-	mem := pipe.ZRange(ctx, hk, 0, -1)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	k := redisKey(prefix, it)
+	v, err := c.Get(ctx, k).Result()
+	if errors.Is(err, redis.Nil) {
+		return keyState{}, nil
+	}
+	if err != nil {
 		return keyState{}, err
 	}
 	var st keyState
-	if v, err := get.Result(); err == nil {
-		if i := strings.IndexByte(v, 'h'); i >= 0 {
-			v = v[:i] // "<tat>h<live holds>:<last end>"
-		}
-		tat, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return keyState{}, fmt.Errorf("TAT %q: %v", v, err)
-		}
-		st.tat = tat
+	head, live, _ := strings.Cut(v, ",")
+	if i := strings.IndexByte(head, 'h'); i >= 0 {
+		head = head[:i]
 	}
-	for _, m := range mem.Val() {
-		eq := strings.LastIndexByte(m, '=')
-		if eq < 0 {
-			continue // a tombstone
+	if st.tat, err = strconv.ParseInt(head, 10, 64); err != nil {
+		return keyState{}, fmt.Errorf("TAT of %q: %v", v, err)
+	}
+	if live == "" {
+		return st, nil
+	}
+	for _, m := range strings.Split(live, ",") {
+		eq, at := strings.LastIndexByte(m, '='), strings.LastIndexByte(m, '@')
+		if eq < 0 || at < eq {
+			return keyState{}, fmt.Errorf("hold %q of %q", m, v)
 		}
-		est, err := strconv.ParseInt(m[eq+1:], 10, 64)
+		est, err := strconv.ParseInt(m[eq+1:at], 10, 64)
 		if err != nil {
-			return keyState{}, fmt.Errorf("member %q: %v", m, err)
+			return keyState{}, fmt.Errorf("hold %q: %v", m, err)
 		}
 		st.holds = append(st.holds, est)
 	}
@@ -275,12 +276,8 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	}
 	clk.Add(time.Microsecond)
 	wantDecision(t, "after the TTL", peek(t, alive, "key"), true, 100, 0, 0)
-	for _, k := range []string{"spillway:gen;{key}", "spillway:gen;{key}:h"} {
-		v, _ := srv.Client(t).Get(ctx, k).Result()
-		n, _ := srv.Client(t).Exists(ctx, k).Result()
-		if k == "spillway:gen;{key}:h" && n != 0 || k == "spillway:gen;{key}" && strings.Contains(v, "h") {
-			t.Fatalf("after the TTL %s = %q (exists %d): the holds are still there", k, v, n)
-		}
+	if v, _ := srv.Client(t).Get(ctx, "spillway:gen;{key}").Result(); strings.Contains(v, "h") {
+		t.Fatalf("after the TTL the key = %q: the holds are still there", v)
 	}
 	// a late settle of the dead process's hold (its retry, from a live
 	// process) changes nothing
@@ -435,7 +432,7 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	// key, settled to 2 units of 1 ms, is full again within 2 ms: it may
 	// already be gone (PTTL -2) or in its last millisecond (0), but never
 	// lack an expiry (-1).
-	for _, k := range []string{"spillway:ttl;{a}", "spillway:ttl;{a}:h", "spillway:ttl;{b}", "spillway:ttl;{b}:h"} {
+	for _, k := range []string{"spillway:ttl;{a}", "spillway:ttl;{b}"} {
 		ttl, err := c.PTTL(ctx, k).Result()
 		bad := ttl <= 0
 		if k == "spillway:ttl;{a}" {
@@ -446,7 +443,7 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 		}
 	}
 	time.Sleep(350 * time.Millisecond)
-	if n, err := c.Exists(ctx, "spillway:ttl;{a}", "spillway:ttl;{a}:h", "spillway:ttl;{b}", "spillway:ttl;{b}:h").Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, "spillway:ttl;{a}", "spillway:ttl;{b}").Result(); err != nil || n != 0 {
 		t.Fatalf("%d keys left after the holds' TTL (%v), want none", n, err)
 	}
 	wantDecision(t, "after the keys expired", peek(t, l, "b"), true, 1000, 0, 0)

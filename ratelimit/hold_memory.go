@@ -27,17 +27,15 @@ func newHoldIDs() holdIDs {
 func (h holdIDs) next() string { return h.base + strconv.FormatUint(h.seq.Add(1), 36) }
 
 // holdSet is the hold side of a bucket-family entry of the memory store.
-// Holds and tombstones sit in maps (found by member) and in heaps by end
-// time, so a touch releases what expired in O(log n) per item, as the
-// Redis scripts do with their sorted sets. Heap entries whose hold was
-// settled meanwhile are skipped when they surface.
+// Holds sit in a map (found by member) and in a heap by end time, so a
+// touch releases what expired in O(log n) per item. Heap entries whose
+// hold was settled meanwhile are skipped when they surface. A settled
+// hold leaves nothing behind (see settleOne).
 type holdSet struct {
 	marked  bool                // the clamp is TAT − 2τ (see hold.go)
 	live    map[string]heldUnit // holds outstanding, by member
 	liveQ   unitHeap            // the same by release time (µs), lazily cleaned
 	lastExp int64               // ≥ every live hold's release time
-	tombs   map[string]int64    // settled holds: member → end of the tombstone
-	tombQ   unitHeap
 }
 
 type heldUnit struct {
@@ -87,30 +85,10 @@ func (hs *holdSet) reap(tat *int64, t, now, T int64) bool {
 }
 
 // touch is what every script does first on a marked key, and a settle on
-// any key: release the holds that expired and drop the tombstones that
-// ended. It reports whether a hold was released.
+// any key: release the holds that expired. It reports whether a hold was
+// released.
 func (hs *holdSet) touch(tat *int64, t, now, T int64) bool {
-	hs.trimTombs(now)
 	return hs.reap(tat, t, now, T)
-}
-
-// trimTombs drops the tombstones that ended by now.
-func (hs *holdSet) trimTombs(now int64) {
-	for len(hs.tombQ) > 0 && hs.tombQ[0].exp <= now {
-		u := heap.Pop(&hs.tombQ).(heldUnit)
-		if hs.tombs[u.member] == u.exp {
-			delete(hs.tombs, u.member)
-		}
-	}
-}
-
-// tomb records a settled hold's tombstone until exp.
-func (hs *holdSet) tomb(member string, exp int64) {
-	if hs.tombs == nil {
-		hs.tombs = make(map[string]int64)
-	}
-	hs.tombs[member] = exp
-	heap.Push(&hs.tombQ, heldUnit{member: member, exp: exp})
 }
 
 // write stores tat in e after a write at t and sets the mark: live holds,
@@ -224,7 +202,9 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 		h.allowed = true
 		h.id = s.ids.next()
 		exp := now + ttlUS
+		h.exps = make([]int64, len(items))
 		for i := range items {
+			h.exps[i] = exp
 			if items[i].Fixed {
 				continue // charged, not held
 			}
@@ -257,7 +237,7 @@ func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Durati
 }
 
 // settle implements holdSettler: each item's hold, if still live, is
-// replaced by its actual cost (heldSettle) and leaves a tombstone.
+// replaced by its actual cost (heldSettle).
 func (s *MemoryStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
 	now := s.now()
 	for i := range h.items {
@@ -266,7 +246,7 @@ func (s *MemoryStore) settle(ctx context.Context, h *Hold, actual []int64, res [
 			res[i] = SettleApplied // charged at admission: nothing to settle
 			continue
 		}
-		res[i] = s.settleOne(it, holdMember(h.id, i), settleCost(it, actual[i]), now)
+		res[i] = s.settleOne(it, holdMember(h.id, i), settleCost(it, actual[i]), h.exps[i], now)
 	}
 	return nil
 }
@@ -278,14 +258,23 @@ func (s *MemoryStore) settleAsync(h *Hold, actual []int64, then func([]SettleRes
 	then(res, err)
 }
 
-func (s *MemoryStore) settleOne(it *Item, member string, actual, now int64) SettleResult {
+// settleOne settles one item's hold, member, released at exp (µs). A hold
+// that is not live was settled before, if its end has not come (a second
+// settle, or the retry of one whose reply was lost; a Reset also forgets
+// it), else released by its TTL: the Redis store keeps no more than the
+// live holds either, and answers alike.
+func (s *MemoryStore) settleOne(it *Item, member string, actual, exp, now int64) SettleResult {
 	k := s.prepare(it.Scope, it.Key, it.Policy.Algorithm)
 	sh := &s.shards[k.shard]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	gone := SettleExpired
+	if now < exp {
+		gone = SettleAlreadySettled
+	}
 	e := sh.find(&k)
 	if e == nil || e.log == nil || e.log.holds == nil {
-		return SettleExpired // the key was reset or forgotten with its holds
+		return gone // never held here, settled and forgotten, or reset
 	}
 	lim := it.Policy.limits()
 	hs := e.log.holds
@@ -298,11 +287,7 @@ func (s *MemoryStore) settleOne(it *Item, member string, actual, now int64) Sett
 		delete(hs.live, member)
 		t = heldNow(tat, now, &lim, hs.marked)
 		hs.write(e, heldSettle(tat, t, u.est, actual, &lim), t, &lim)
-		hs.tomb(member, u.exp) // until the hold's release time
 		return SettleApplied
 	}
-	if _, ok := hs.tombs[member]; ok {
-		return SettleAlreadySettled
-	}
-	return SettleExpired
+	return gone
 }

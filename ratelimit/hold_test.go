@@ -173,13 +173,21 @@ func TestHoldExpires(t *testing.T) {
 		wantDecision(t, "expired settle charges nothing", peek(t, l, "k"), true, 10, 0, 0)
 		mustSettle(t, h, 3, SettleExpired)
 
-		// Reset forgets holds: their settle reports expired
+		// Reset forgets holds: a settle finds none, which before the
+		// hold's end reads as settled already, and charges nothing
 		h = mustReserve(t, l, "r", 2)
 		if err := l.Reset(context.Background(), "r"); err != nil {
 			t.Fatal(err)
 		}
-		mustSettle(t, h, 5, SettleExpired)
+		mustSettle(t, h, 5, SettleAlreadySettled)
 		wantDecision(t, "after reset", peek(t, l, "r"), true, 10, 0, 0)
+		h = mustReserve(t, l, "r", 2)
+		if err := l.Reset(context.Background(), "r"); err != nil {
+			t.Fatal(err)
+		}
+		clock.Set(ms(4000)) // the hold's end: its settle reports expired
+		mustSettle(t, h, 5, SettleExpired)
+		wantDecision(t, "after reset and the end", peek(t, l, "r"), true, 10, 0, 0)
 	})
 }
 

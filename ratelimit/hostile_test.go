@@ -34,7 +34,7 @@ func memState(s *MemoryStore) string {
 							live = append(live, fmt.Sprintf("%s:%d@%d", u.member, u.est, u.exp))
 						}
 						slices.Sort(live)
-						l += fmt.Sprint(" marked=", hs.marked, " holds=", live, " tombs=", len(hs.tombs))
+						l += fmt.Sprint(" marked=", hs.marked, " holds=", live)
 					}
 				}
 				lines = append(lines, l)
