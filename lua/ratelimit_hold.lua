@@ -3,34 +3,33 @@
 -- leaky-bucket items, each all or nothing, and, when every item of a
 -- group has room, hold each item's estimate under its group's hold id
 -- until ratelimit_settle.lua settles it or its TTL passes. The arithmetic is ratelimit/hold.go
--- (heldDecide) line by line; the helpers (hparse, hnow, hreap, hlast,
--- hwrite) and the layout of holds are ratelimit_holds.lua.
+-- (heldDecide) line by line; the helpers (hparse, hnow, hreap, hadd,
+-- hwrite, hsettle) and the layout of holds are ratelimit_holds.lua.
 --
--- KEYS[2i-1]  item i's bucket key K: its TAT in µs, "<tat>" or, marked,
---             "<tat>h<n>:<last>" (absent = full bucket)
--- KEYS[2i]    K..":h", the holds of K (sorted set)
---             All keys hash to one Cluster slot; a key may repeat.
+-- KEYS[i]  item i's bucket key K: its TAT in µs, "<tat>" or, marked,
+--          "<tat>h<first>:<last>" and its live holds (absent = full
+--          bucket). All keys hash to one Cluster slot; a key may repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2]  G, the number of groups: several callers' reservations
 --          coalesced into one call (ratelimit/redis_coalesce.go), each
 --          decided all or nothing, in order, exactly as if it were a call
 --          of its own made after the earlier ones
 -- ARGV[3 .. 2+2G]  group g's size (its items are the next ones in KEYS
---          order; the sizes sum to N = #KEYS/2) and ttl, the life of its
---          holds in µs (1000 .. 2^51)
+--          order; the sizes sum to N) and ttl, the life of its holds in
+--          µs (1000 .. 2^51)
 -- then, for item i, 4 values:
 --          T       the emission interval in µs (≥ 1)
 --          tau     Burst·T in µs (≤ 2^51)
 --          n       the estimate (≥ 0; ≤ Burst+1, Go sends a larger one as
 --                  Burst+1: denied as exceeding)
---          member  "<hold id>/<i>=<n>", the hold's member in K..":h";
+--          member  "<hold id>/<i>=<n>", the hold's name in K's value;
 --                  "" for a fixed item: decided and charged with its
 --                  group as the buckets script charges, holding nothing
 --                  (no member, no mark of its own)
--- then, for each settle that rides on the call (KEYS[2N+1 ..], a pair
---          per item, N = the sum of the group sizes), the 10 values of
---          an item of ratelimit_settle.lua; the settles run first, in
---          order, so that the reservations see them
+-- then, for each settle that rides on the call (KEYS[N+1 ..], one per
+--          item), the 6 values of a settled item of ratelimit_settle.lua;
+--          the settles run first, in order, so that the reservations see
+--          them
 --
 -- Reply: {now, allowed_1 .. allowed_G, wait_1 .. wait_N, tat_1 .. tat_N,
 -- wrote_1 .. wrote_N, mark_1 .. mark_N, settled_1 .. settled_S}
@@ -47,18 +46,14 @@
 --
 -- Writes: first the settles' (ratelimit_settle.lua). The release of the
 -- expired holds of a marked key (kept whatever the decisions). For each
--- allowed group: ZADD K..":h" now+ttl member for every held item (n = 0
--- included, so that its settle can charge). Then each key an allowed
--- group held or charged on, once: its TAT (TAT' = now' + wait + n·T for
--- n > 0); a key with live holds marked with them and the
--- latest end, with a PX that outlives the TAT and its holds, and
--- PEXPIRE of K..":h" to the same PX; a key without them as the
--- buckets script writes it (compact when the call reads TIME),
--- so that it lives as long as K (a key's tombstones may end early when a
--- reservation of a shorter ttl follows one of a longer ttl on a key that
--- was not marked). A key that only fixed items of cost 0 touched is not
--- written, its mark included, as the buckets script leaves it. A denied
--- group writes nothing else.
+-- allowed group, every held item (n = 0 included, so that its settle can
+-- charge) adds ",<member>@<now+ttl>" to its key's holds. Then each key an
+-- allowed group held or charged on, once: its TAT (TAT' = now' + wait +
+-- n·T for n > 0); a key with live holds marked, with them, and a PX that
+-- outlives the TAT and its holds; a key without them as the buckets
+-- script writes it (compact when the call reads TIME). A key that only
+-- fixed items of cost 0 touched is not written, its mark included, as
+-- the buckets script leaves it. A denied group writes nothing else.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -76,13 +71,16 @@ local reply = {now}
 -- one MGET reads the bucket keys of the items and of the settles (false
 -- for a missing key or one of another type), in chunks that unpack fits
 -- on Lua's stack
-local M = #KEYS / 2
-local cur = {}
-for j = 1, M, 1000 do
-  local bk = {}
-  for k = j, math.min(j + 999, M) do bk[#bk + 1] = KEYS[2 * k - 1] end
-  local part = redis.call('MGET', unpack(bk))
-  for k = 1, #part do cur[j + k - 1] = part[k] end
+local M = #KEYS
+local cur
+if M <= 1000 then
+  cur = redis.call('MGET', unpack(KEYS))
+else
+  cur = {}
+  for j = 1, M, 1000 do
+    local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, M)))
+    for k = 1, #part do cur[j + k - 1] = part[k] end
+  end
 end
 
 -- the settles that ride on the call: first, so that what follows sees
@@ -94,12 +92,12 @@ if NS > 0 then
   local b = 3 + 2 * G + 4 * N
   for s = 1, NS do
     local j = N + s
-    local key = KEYS[2 * j - 1]
+    local key = KEYS[j]
     local v = cur[j]
     if wrote[key] then v = nil end
     reply[1 + G + 4 * N + s] = hsettle(key, b, now, false, v)
     wrote[key] = true
-    b = b + 10
+    b = b + 6
   end
 end
 
@@ -116,7 +114,7 @@ for g = 1, G do
   local saved = {} -- key -> its state before this group (a denial restores it)
   for _ = 1, size do
     i = i + 1
-    local key = KEYS[2 * i - 1]
+    local key = KEYS[i]
     local T = tonumber(ARGV[a])
     local tau = tonumber(ARGV[a + 1])
     local n = tonumber(ARGV[a + 2])
@@ -159,7 +157,7 @@ for g = 1, G do
     local exp = now + ttl
     local exps = string.format('%d', exp)
     for j = i0 + 1, i do
-      local k = S[KEYS[2 * j - 1]]
+      local k = S[KEYS[j]]
       local member = ARGV[a0 + 4 * (j - i0 - 1) + 3]
       if member ~= '' then
         if k[3] == nil then k[3] = {0, 0, ''} end
@@ -178,7 +176,7 @@ for g = 1, G do
 end
 
 for j = 1, N do
-  local key = KEYS[2 * j - 1]
+  local key = KEYS[j]
   local k = S[key]
   if k[6] then
     k[6] = false

@@ -146,8 +146,9 @@ function hadd(h, member, exp, exps)
 end
 
 -- settles (or, with cancel, cancels) one item: key its bucket key,
--- ARGV[b .. b+9] its values as ratelimit_settle.lua lists them, v key's
--- value when the caller read it (nil: GET it).
+-- ARGV[b ..] its values as ratelimit_settle.lua lists them (6 for a
+-- settle, 7 for a cancel), v key's value when the caller read it (nil:
+-- GET it).
 -- Returns 1 applied, 2 already settled, 3 expired. The contract and the
 -- writes are ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
 -- settles that ride on a reservation. A member "" is an item its
@@ -157,8 +158,8 @@ function hsettle(key, b, now, cancel, v)
   local T = tonumber(ARGV[b])
   local tau = tonumber(ARGV[b + 1])
   local est = tonumber(ARGV[b + 2])
-  local actual = tonumber(ARGV[b + 3])
-  local member = ARGV[b + 4]
+  local actual, member = 0, ARGV[b + 3]
+  if not cancel then actual, member = tonumber(ARGV[b + 3]), ARGV[b + 4] end
   if v == nil then v = redis.pcall('GET', key) end -- v: the caller read it
   local tat, marked, h = hparse(v, key)
   if h == nil then h = {0, 0, ''} end
@@ -186,13 +187,13 @@ function hsettle(key, b, now, cancel, v)
   end
   if found then
     local t = hnow(tat, now, tau, marked)
-    if cancel and tat == tonumber(ARGV[b + 8]) then
+    if cancel and tat == tonumber(ARGV[b + 5]) then
       -- nothing charged since the reserve: restore what it saw, mark
       -- included, exactly as the memory store's rollback does
-      local v, px = hvalue(tonumber(ARGV[b + 7]), t, now, tau, h)
+      local v, px = hvalue(tonumber(ARGV[b + 4]), t, now, tau, h)
       if h[3] == '' then
-        v = ARGV[b + 7]
-        if ARGV[b + 9] == '1' then v = v .. 'h0:0' end
+        v = ARGV[b + 4]
+        if ARGV[b + 6] == '1' then v = v .. 'h0:0' end
       end
       hset(key, v, px)
     else
@@ -213,7 +214,7 @@ function hsettle(key, b, now, cancel, v)
     return 1
   end
   if dirty then hwrite(key, tat, t0, now, tau, h) end
-  if not cancel and now < tonumber(ARGV[b + 6]) then return 2 end
+  if not cancel and now < tonumber(ARGV[b + 5]) then return 2 end
   return 3
 end
 end

@@ -5,43 +5,43 @@
 -- ratelimit/hold.go (heldSettle) line by line; the helpers and the layout
 -- of holds are ratelimit_holds.lua.
 --
--- KEYS[2i-1]  item i's bucket key K ("<tat>" or "<tat>h<n>:<last>")
--- KEYS[2i]    K..":h", its holds and tombstones (sorted set)
---             All keys hash to one Cluster slot; a key may repeat.
+-- KEYS[i]  item i's bucket key K ("<tat>", or "<tat>h<first>:<last>" and
+--          its live holds). All keys hash to one Cluster slot; a key may
+--          repeat.
 -- ARGV[1]  now in µs, or "" to read Redis TIME
--- ARGV[2]  0 to settle; 1 to cancel: undo a reserve without leaving
---          tombstones, restoring the TAT and mark exactly when the key
---          still holds what the reserve wrote
--- then, for item i, 10 values:
+-- ARGV[2]  0 to settle; 1 to cancel: undo a reserve, restoring the TAT
+--          and mark exactly when the key still holds what the reserve
+--          wrote
+-- then, for item i, 6 values to settle:
 --          T, tau  the emission interval and Burst·T in µs (tau ≤ 2^51)
---          est     the estimate held; actual the actual cost (≤ est +
---                  2·Burst: Go caps it, beyond which the debt is at its
---                  bound anyway; 0 when cancelling)
---          member  "<hold id>/<i>=<est>", the hold; "" for an item its
---                  reservation charged without holding it (a fixed
---                  item: only cancelled, its cost given back as a
---                  hold's estimate would be)
---          tomb    "<hold id>/<i>", its tombstone
---          exp     the hold's release time (µs), the tombstone's score
---          old, wrote, mark  cancel only: the TAT the reserve saw and
---                  wrote, and the mark it saw (1: marked)
+--          est     the estimate held
+--          actual  the actual cost (≤ est + 2·Burst: Go caps it, beyond
+--                  which the debt is at its bound anyway)
+--          member  "<hold id>/<i>=<est>", the hold
+--          exp     the hold's release time (µs)
+--        or 7 to cancel:
+--          T, tau, est  as above
+--          member  as above, or "" for an item its reservation charged
+--                  without holding it (a fixed item: its cost given back
+--                  as a hold's estimate would be)
+--          old, wrote, mark  the TAT the reserve saw and wrote, and the
+--                  mark it saw (1: marked)
 --
--- Reply: one integer per item: 1 applied, 2 already settled (its
--- tombstone is there: a second settle, or the retry of one whose reply
--- was lost, until the hold's release time), 3 expired (the hold was
--- released, or its key reset, or the tombstone ended).
+-- Reply: one integer per item: 1 applied; 2 already settled: no hold of
+-- that name and its release time still to come (a second settle, the
+-- retry of one whose reply was lost, or a key reset meanwhile); 3
+-- expired: no hold and its release time passed (it was given back), or
+-- a cancel that found nothing to undo.
 --
 -- Writes, per item in order (in reverse order for a cancel, so that two
--- items on one key each find what the other left): the release of what
--- ended in K..":h" (as every script touching a marked key does; a settle
--- on any key, a cancel never); then (a settle) ZADD of the tombstone at
--- exp, which K..":h"'s TTL already covers while the hold is live; then, if
--- the hold is live: ZREM of it; TAT' from δ = actual − est (t = now after
--- the clamp): δ < 0 gives |δ|·T back, TAT' = max(TAT − |δ|·T, t) while TAT
--- > t; δ > 0 charges TAT' = min(max(TAT, t) + δ·T, t + 2·tau), at most
--- one burst of debt; the key written with its mark (live holds or TAT' −
--- t > tau) and a PX that outlives both. An already settled hold changes
--- nothing else; an expired one takes its tombstone back.
+-- items on one key each find what the other left): the release of the
+-- holds that ended (as every script touching a marked key does; a cancel
+-- never); then, if the hold is live, its removal and TAT' from δ = actual
+-- − est (t = now after the clamp): δ < 0 gives |δ|·T back, TAT' = max(TAT
+-- − |δ|·T, t) while TAT > t; δ > 0 charges TAT' = min(max(TAT, t) + δ·T,
+-- t + 2·tau), at most one burst of debt; the key written once, with its
+-- mark (live holds or TAT' − t > tau) and a PX that outlives both. A
+-- settle that finds no hold writes only the release of what ended.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -52,11 +52,13 @@ elseif now < 0 then
 end
 local cancel = ARGV[2] == '1'
 
-local N = #KEYS / 2
+local N = #KEYS
+local F = 6 -- values per item
+if cancel then F = 7 end
 local reply = {}
 local from, to, step = 1, N, 1
 if cancel then from, to, step = N, 1, -1 end -- a cancel undoes last first
 for i = from, to, step do
-  reply[i] = hsettle(KEYS[2 * i - 1], 3 + 10 * (i - 1), now, cancel)
+  reply[i] = hsettle(KEYS[i], 3 + F * (i - 1), now, cancel)
 end
 return reply

@@ -142,7 +142,7 @@ type Hold struct {
 	ttl     time.Duration
 	items   []Item   // copies; Cost is the estimate
 	exps    []int64  // Redis: each item's release time (µs, the server's clock)
-	rkeys   []string // Redis: each item's key and holds key
+	rkeys   []string // Redis: each item's key
 	members []string // Redis: each item's hold member, "<id>/<i>=<estimate>"
 	dec     []spillway.Decision
 	allowed bool

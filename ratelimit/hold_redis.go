@@ -15,9 +15,9 @@ import (
 )
 
 // Holds on Redis (see ratelimit_holds.lua): a bucket key K keeps its TAT
-// as "<tat>" or, marked, "<tat>h<live holds>:<last end>"; its holds and
-// its settled holds' tombstones live in the sorted set K+":h", in K's
-// slot.
+// as "<tat>" or, marked, "<tat>h<first end>:<last end>" followed by its
+// live holds, ",<hold id>/<i>=<estimate>@<end>" each: a reserve and a
+// settle write K alone.
 //
 // Reserve and settle run their own scripts (lua/ratelimit_hold.lua,
 // lua/ratelimit_settle.lua), one call per Cluster slot group, so that the
@@ -28,11 +28,6 @@ import (
 // pipeline of the decisions queued with them, and the settles of
 // Hold.SettleAsync join that pipeline too (redis_settle.go).
 
-// holdKeys returns the keys of a bucket-family item: K and K+":h".
-func holdKeys(prefix string, it *Item) (k, h string) {
-	k = redisKey(prefix, it)
-	return k, k + ":h"
-}
 
 // Reserve implements Reserver: one hold script per Cluster slot group
 // (Ring shard), the groups in parallel; when one group denies or fails
@@ -77,10 +72,10 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 func (s *RedisStore) newHold(items []Item, ttl time.Duration) (*Hold, string) {
 	h := &Hold{store: s, ttl: ttl, items: append([]Item(nil), items...), dec: make([]spillway.Decision, len(items)), until: time.Now().Add(ttl)}
 	id := s.holdIDs.next()
-	h.rkeys = make([]string, 2*len(items))
+	h.rkeys = make([]string, len(items))
 	h.members = make([]string, len(items))
 	for i := range h.items {
-		h.rkeys[2*i], h.rkeys[2*i+1] = holdKeys(s.prefix, &h.items[i])
+		h.rkeys[i] = redisKey(s.prefix, &h.items[i])
 		if !h.items[i].Fixed {
 			h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
 		}
@@ -247,10 +242,11 @@ func (s *RedisStore) reserveGroups(ctx context.Context, h *Hold, ttlUS int64, gr
 }
 
 // holdFields is the number of ARGV values per item of the hold script,
-// settleFields of the settle script.
+// settleFields of the settle script's settle, cancelFields of its cancel.
 const (
 	holdFields   = 4
-	settleFields = 10
+	settleFields = 6
+	cancelFields = 7
 )
 
 // runHold runs lua/ratelimit_hold.lua for g (one slot): its decisions go
@@ -260,9 +256,9 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	n := len(g.items)
 	keys := h.rkeys
 	if g.idx != nil {
-		keys = make([]string, 0, 2*n)
+		keys = make([]string, 0, n)
 		for _, i := range g.idx {
-			keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
+			keys = append(keys, h.rkeys[i])
 		}
 	}
 	args := make([]any, 4, 4+holdFields*n)
@@ -348,15 +344,10 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]int64) []any {
 	it := &h.items[i]
 	T := it.Policy.EmissionInterval()
-	var a, exp int64
-	if !cancel {
-		a, exp = settleCost(it, actual), h.exps[i]
+	if cancel {
+		return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, h.members[i], old[0], old[1], old[2])
 	}
-	member, tomb := h.members[i], ""
-	if member != "" { // "" for a fixed item
-		tomb = member[:strings.LastIndexByte(member, '=')] // "<hold id>/<i>"
-	}
-	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, a, member, tomb, exp, old[0], old[1], old[2])
+	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, settleCost(it, actual), h.members[i], h.exps[i])
 }
 
 // runSettle runs lua/ratelimit_settle.lua for g, writing each item's
@@ -364,9 +355,9 @@ func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]i
 // undoes g's holds instead (actual is ignored): see reserveGroups.
 func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *group, actual []int64, res []SettleResult) error {
 	n := len(g.items)
-	keys := make([]string, 0, 2*n)
+	keys := make([]string, 0, n)
 	idx := make([]int, 0, n) // the items sent: a settle skips the fixed ones
-	args := make([]any, 2, 2+settleFields*n)
+	args := make([]any, 2, 2+cancelFields*n)
 	args[0], args[1] = s.nowArg(), 0
 	if cancel {
 		args[1] = 1
@@ -381,7 +372,7 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		} else {
 			args = h.settleArgs(args, i, false, actual[i], [3]int64{})
 		}
-		keys = append(keys, h.rkeys[2*i], h.rkeys[2*i+1])
+		keys = append(keys, h.rkeys[i])
 		idx = append(idx, i)
 	}
 	if len(idx) == 0 {

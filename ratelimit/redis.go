@@ -707,13 +707,7 @@ func (s *RedisStore) Reset(ctx context.Context, scope, key string, p Policy) err
 	}
 	it := &Item{Scope: scope, Key: key, Policy: p}
 	k := redisKey(s.prefix, it)
-	ks := []string{k}
-	switch p.Algorithm {
-	case TokenBucket, GCRA, LeakyBucket:
-		_, hk := holdKeys(s.prefix, it) // its holds and tombstones, same slot
-		ks = append(ks, hk)
-	}
-	if err := s.client.Del(ctx, ks...).Err(); err != nil {
+	if err := s.client.Del(ctx, k).Err(); err != nil {
 		return fmt.Errorf("ratelimit: redis: reset %q: %w", k, err)
 	}
 	return nil

@@ -104,7 +104,7 @@ type waiter struct {
 	tag      string // byTag: the batch's hash tag
 	buckets  bool   // every item is of the bucket family
 	fixed    bool   // every item is a fixed window
-	hold     *Hold  // a reservation (Reserve): keys are its pairs K, K..":h"
+	hold     *Hold  // a reservation (Reserve): keys are its items' keys
 	ttl      int64  // the reservation's hold ttl in µs
 	res      []spillway.Decision
 	allowed  bool

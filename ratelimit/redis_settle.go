@@ -249,7 +249,7 @@ func (q *settleQueue) take(max int) []*asyncSettle {
 	for _, a := range batch {
 		a.flight = f
 		for i := range a.h.items {
-			f.keys = append(f.keys, a.h.rkeys[2*i])
+			f.keys = append(f.keys, a.h.rkeys[i])
 		}
 	}
 	q.flights = append(q.flights, f)
@@ -569,7 +569,7 @@ func (s *RedisStore) settleCalls(batch []*asyncSettle) []*settleCall {
 			if a.res[i] != 0 {
 				continue // answered by an earlier call
 			}
-			k := h.rkeys[2*i]
+			k := h.rkeys[i]
 			var c *settleCall
 			sl, tag := 0, ""
 			switch s.sharded {
@@ -589,7 +589,7 @@ func (s *RedisStore) settleCalls(batch []*asyncSettle) []*settleCall {
 				calls = append(calls, c)
 			}
 			c.refs = append(c.refs, settleRef{a, i})
-			c.keys = append(c.keys, k, h.rkeys[2*i+1])
+			c.keys = append(c.keys, k)
 			c.args = h.settleArgs(c.args, i, false, a.actual[i], [3]int64{})
 		}
 	}
@@ -609,7 +609,7 @@ func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, c
 			// a Cluster in disguise: each item on its own (nothing ran)
 			for _, r := range c.refs {
 				h := r.a.h
-				v, e := lua.RateLimitSettle.Run(ctx, s.client, h.rkeys[2*r.i:2*r.i+2], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
+				v, e := lua.RateLimitSettle.Run(ctx, s.client, h.rkeys[r.i:r.i+1], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
 				if e == nil {
 					e = r.a.answer(r.i, v)
 				}
