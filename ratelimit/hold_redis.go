@@ -28,7 +28,6 @@ import (
 // pipeline of the decisions queued with them, and the settles of
 // Hold.SettleAsync join that pipeline too (redis_settle.go).
 
-
 // Reserve implements Reserver: one hold script per Cluster slot group
 // (Ring shard), the groups in parallel; when one group denies or fails
 // after another held, the held groups are cancelled by the settle script,
