@@ -13,7 +13,9 @@
 -- ARGV[2]  G, the number of groups: several callers' reservations
 --          coalesced into one call (ratelimit/redis_coalesce.go), each
 --          decided all or nothing, in order, exactly as if it were a call
---          of its own made after the earlier ones
+--          of its own made after the earlier ones; sent as −G, it asks
+--          for the TATs and marks in the reply (what a Cluster cancel
+--          needs)
 -- ARGV[3 .. 2+2G]  group g's size (its items are the next ones in KEYS
 --          order; the sizes sum to N) and ttl, the life of its holds in
 --          µs (1000 .. 2^51)
@@ -31,8 +33,10 @@
 --          the settles run first, in order, so that the reservations see
 --          them
 --
--- Reply: {now, allowed_1 .. allowed_G, wait_1 .. wait_N, tat_1 .. tat_N,
--- wrote_1 .. wrote_N, mark_1 .. mark_N, settled_1 .. settled_S}
+-- Reply: {now, allowed_1 .. allowed_G, wait_1 .. wait_N, settled_1 ..
+-- settled_S}, or, asked with −G, {now, allowed_1 .. allowed_G, wait_1 ..
+-- wait_N, tat_1 .. tat_N, wrote_1 .. wrote_N, mark_1 .. mark_N,
+-- settled_1 .. settled_S}
 --   allowed_g  1 if every item of group g had room (and so is held)
 --   wait_i   in [0, 2·tau_i]: max(TAT, now') − now' for item i (TAT after
 --            the earlier items of its group and of the allowed earlier
@@ -64,6 +68,8 @@ elseif now < 0 then
 end
 
 local G = tonumber(ARGV[2])
+local full = G < 0 -- the reply carries the TATs and marks (a Cluster cancel's)
+if full then G = -G end
 local N = 0
 for g = 1, G do N = N + tonumber(ARGV[1 + 2 * g]) end
 local reply = {now}
@@ -90,34 +96,38 @@ local wrote = nil
 if NS > 0 then
   wrote = {}
   local b = 3 + 2 * G + 4 * N
+  local r = 1 + G + N -- the reply's last value before the settles'
+  if full then r = 1 + G + 4 * N end
   for s = 1, NS do
     local j = N + s
     local key = KEYS[j]
     local v = cur[j]
     if wrote[key] then v = nil end
-    reply[1 + G + 4 * N + s] = hsettle(key, b, now, false, v)
+    reply[r + s] = hsettle(key, b, now, false, v)
     wrote[key] = true
     b = b + 6
   end
 end
 
--- per key, {TAT, mark, live holds, last end, t of the last decision,
--- written, tau, TAT as read}: written once an allowed group holds or
--- charges on it (written at the end)
+-- per key, {TAT, mark, holds (hparse's), -, t of the last decision,
+-- written, tau, TAT as read, then TAT, mark and t before the group g that
+-- touched it last, and g}: written once an allowed group holds or
+-- charges on it (written at the end). The numbers of ARGV are read with
+-- '+ 0' (one conversion; tonumber makes two): Go sends only numbers there.
 local S = {}
 local i = 0
 local a = 3 + 2 * G -- the ARGV cursor of item i + 1
+local lastexp, exps
 for g = 1, G do
-  local size, ttl = tonumber(ARGV[1 + 2 * g]), tonumber(ARGV[2 + 2 * g])
+  local size, ttl = ARGV[1 + 2 * g] + 0, ARGV[2 + 2 * g] + 0
   local ok = true
   local i0, a0 = i, a
-  local saved = {} -- key -> its state before this group (a denial restores it)
   for _ = 1, size do
     i = i + 1
     local key = KEYS[i]
-    local T = tonumber(ARGV[a])
-    local tau = tonumber(ARGV[a + 1])
-    local n = tonumber(ARGV[a + 2])
+    local T = ARGV[a] + 0
+    local tau = ARGV[a + 1] + 0
+    local n = ARGV[a + 2] + 0
     a = a + 4
     local k = S[key]
     if k == nil then
@@ -130,12 +140,14 @@ for g = 1, G do
         tat, changed = hreap(h, tat, t0, now, T)
         if changed then marked = hwrite(key, tat, t0, now, tau, h) end
       end
-      k = {tat, marked, h, nil, now, false, tau, tat}
+      k = {tat, marked, h, 0, now, false, tau, tat, 0, false, 0, 0}
       S[key] = k
     end
-    if saved[key] == nil then saved[key] = {k[1], k[2], k[5]} end
+    if k[12] ~= g then -- its state before this group: a denial restores it
+      k[9], k[10], k[11], k[12] = k[1], k[2], k[5], g
+    end
     local tat, marked = k[1], k[2]
-    reply[1 + G + 3 * N + i] = marked and 1 or 0
+    if full then reply[1 + G + 3 * N + i] = marked and 1 or 0 end
     local t = hnow(tat, now, tau, marked)
     local wait = 0
     if tat > t then wait = tat - t end
@@ -150,26 +162,30 @@ for g = 1, G do
     if nt ~= tat then k[2] = (k[3] ~= nil and k[3][3] ~= '') or nt - t > tau end
     k[1], k[5], k[7] = nt, t, tau
     reply[1 + G + i] = wait
-    reply[1 + G + N + i] = tat
-    reply[1 + G + 2 * N + i] = nt
+    if full then
+      reply[1 + G + N + i] = tat
+      reply[1 + G + 2 * N + i] = nt
+    end
   end
   if ok then
     local exp = now + ttl
-    local exps = string.format('%d', exp)
+    if exp ~= lastexp then lastexp, exps = exp, string.format('%d', exp) end
     for j = i0 + 1, i do
       local k = S[KEYS[j]]
       local member = ARGV[a0 + 4 * (j - i0 - 1) + 3]
       if member ~= '' then
-        if k[3] == nil then k[3] = {0, 0, ''} end
+        if k[3] == nil then k[3] = {0, 0, '', '0', '0'} end
         hadd(k[3], member, exp, exps)
         k[2] = true -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
       k[6] = true
     end
   else
-    for key, v in pairs(saved) do
-      local k = S[key]
-      k[1], k[2], k[5] = v[1], v[2], v[3]
+    for j = i0 + 1, i do
+      local k = S[KEYS[j]]
+      if k[12] == g then
+        k[1], k[2], k[5], k[12] = k[9], k[10], k[11], 0
+      end
     end
   end
   reply[1 + g] = ok and 1 or 0

@@ -61,18 +61,29 @@ local function holdslib()
 if hparse ~= nil then return end
 
 -- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
--- that is not marked, else a table {first, last, live} (live: the holds'
--- string, "" for none); (0, false, nil) for no state or garbage. A mark
--- of an older layout ("<tat>h<n>:<last>", its holds in another key) reads
--- as a mark without holds: those holds stay charged until the TAT passes.
+-- that is not marked, else a table {first, last, live, first's string,
+-- last's string} (live: the holds' string, "" for none; a string nil when
+-- its number changed: hvalue formats it); (0, false, nil) for no state or
+-- garbage. A mark of an older layout ("<tat>h<n>:<last>", its holds in
+-- another key) reads as a mark without holds: those holds stay charged
+-- until the TAT passes. The header's strings are kept, so that a write
+-- formats only what changed.
 function hparse(v, key)
   if type(v) ~= 'string' then return 0, false, nil end
-  local x = tonumber(v)
-  if x ~= nil then return tatof(key, x), false, nil end
-  local a, f, l, live = string.match(v, '^(%d+)h(%d+):(%d+)(.*)$')
+  if string.find(v, 'h', 1, true) == nil then
+    local x = tonumber(v)
+    if x == nil then return 0, false, nil end
+    return tatof(key, x), false, nil
+  end
+  local a, fs, ls, q = string.match(v, '^(%d+)h(%d+):(%d+)()')
   if a == nil then return 0, false, nil end
-  if live ~= '' and string.byte(live, 1) ~= 44 then return 0, false, nil end -- ','
-  return tonumber(a), true, {tonumber(f), tonumber(l), live}
+  local live = ''
+  if q <= #v then
+    if string.byte(v, q) ~= 44 then return 0, false, nil end -- not ','
+    live = string.sub(v, q)
+  end
+  -- digits: '+ 0' converts once (tonumber converts twice)
+  return a + 0, true, {fs + 0, ls + 0, live, fs, ls}
 end
 
 function hnow(tat, now, tau, marked) -- now after the clamp
@@ -102,21 +113,25 @@ function hreap(h, tat, t, now, T)
       if first == 0 or x < first then first = x end
     end
   end
-  h[3], h[1] = table.concat(keep), first
-  if first == 0 then h[2] = 0 end
+  h[3], h[1], h[4] = table.concat(keep), first, nil
+  if first == 0 then h[2], h[5] = 0, '0' end
   return tat, true
 end
 
 -- the value of a bucket key: marked iff it has live holds or tat - t >
 -- tau; returns it, its TTL in ms (outliving the TAT and every live hold)
--- and the mark
+-- as a string ('%d': a number argument would be formatted with '%.17g',
+-- which costs more) and the mark
 function hvalue(tat, t, now, tau, h)
   local live = h ~= nil and h[3] ~= ''
   local marked = live or tat - t > tau
   local ttl = tat - now
   local v
   if live then
-    v = string.format('%dh%d:%d', tat, h[1], h[2]) .. h[3]
+    local fs, ls = h[4], h[5]
+    if fs == nil then fs = string.format('%d', h[1]) end
+    if ls == nil then ls = string.format('%d', h[2]) end
+    v = string.format('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[3]
     if h[2] - now > ttl then ttl = h[2] - now end
   elseif marked then
     v = string.format('%dh0:0', tat)
@@ -125,23 +140,32 @@ function hvalue(tat, t, now, tau, h)
   end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end
-  return v, px, marked
+  return v, string.format('%d', px), marked
 end
 
-function hset(key, v, px)
-  redis.call('SET', key, v, 'PX', px)
+function hset(key, v, px) -- px: a TTL in ms, or nil to keep the key's
+  if px == nil then
+    redis.call('SET', key, v, 'KEEPTTL')
+  else
+    redis.call('SET', key, v, 'PX', px)
+  end
 end
 
-function hwrite(key, tat, t, now, tau, h) -- hset of hvalue; returns the mark
+-- hset of hvalue; returns the mark. With keep, the key keeps its TTL,
+-- which already outlives the TAT written and every live hold (a TAT that
+-- did not move later, and no hold added).
+function hwrite(key, tat, t, now, tau, h, keep)
   local v, px, marked = hvalue(tat, t, now, tau, h)
+  if keep then px = nil end
   hset(key, v, px)
   return marked
 end
 
--- adds a live hold to h (a table of hparse; the caller writes K)
+-- adds a live hold to h (a table of hparse; the caller writes K); exps
+-- is exp's string
 function hadd(h, member, exp, exps)
-  if h[3] == '' or exp < h[1] then h[1] = exp end
-  if exp > h[2] then h[2] = exp end
+  if h[3] == '' or exp < h[1] then h[1], h[4] = exp, exps end
+  if exp > h[2] then h[2], h[5] = exp, exps end
   h[3] = h[3] .. ',' .. member .. '@' .. exps
 end
 
@@ -155,14 +179,14 @@ end
 -- reservation charged without holding (a fixed item): only a cancel
 -- touches it, giving its cost back as it would a hold's.
 function hsettle(key, b, now, cancel, v)
-  local T = tonumber(ARGV[b])
-  local tau = tonumber(ARGV[b + 1])
-  local est = tonumber(ARGV[b + 2])
+  local T = ARGV[b] + 0 -- numbers from Go: '+ 0' converts once
+  local tau = ARGV[b + 1] + 0
+  local est = ARGV[b + 2] + 0
   local actual, member = 0, ARGV[b + 3]
-  if not cancel then actual, member = tonumber(ARGV[b + 3]), ARGV[b + 4] end
+  if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
   if v == nil then v = redis.pcall('GET', key) end -- v: the caller read it
   local tat, marked, h = hparse(v, key)
-  if h == nil then h = {0, 0, ''} end
+  if h == nil then h = {0, 0, '', '0', '0'} end
   -- release what ended, as any touch of a marked key does (a settle on a
   -- key that is not marked finds nothing to release). A cancel does not:
   -- the reserve it undoes did that (the memory store decides a batch at
@@ -181,7 +205,7 @@ function hsettle(key, b, now, cancel, v)
       local rest = ''
       if q ~= nil then rest = string.sub(h[3], q) end
       h[3] = string.sub(h[3], 1, p - 1) .. rest
-      if h[3] == '' then h[1], h[2] = 0, 0 end
+      if h[3] == '' then h[1], h[2], h[4], h[5] = 0, 0, '0', '0' end
       found = true
     end
   end
@@ -209,7 +233,9 @@ function hsettle(key, b, now, cancel, v)
         nt = base + (actual - est) * T
         if nt > t + 2 * tau then nt = t + 2 * tau end
       end
-      hwrite(key, nt, t, now, tau, h)
+      -- a TAT no later than before keeps the key's TTL, which covered it
+      -- and every hold
+      hwrite(key, nt, t, now, tau, h, nt <= tat and tat > 0)
     end
     return 1
   end

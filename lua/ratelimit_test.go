@@ -385,7 +385,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// a reservation sees the TAT and marks the key (a string of its own)
-	res, err = RateLimitHold.Run(ctx, c, []string{"k"}, "", 1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
+	res, err = RateLimitHold.Run(ctx, c, []string{"k"}, "", -1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,7 @@ func deliverHolds(ws []*waiter, res any) error {
 		n += len(w.items)
 	}
 	G := len(ws)
-	v, err := intSlice(res, 1+G+4*n)
+	v, err := intSlice(res, 1+G+n)
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}
@@ -262,6 +262,10 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	}
 	args := make([]any, 4, 4+holdFields*n)
 	args[0], args[1], args[2], args[3] = s.nowArg(), 1, n, ttlUS // one group
+	want := 2 + n
+	if g.old != nil {
+		args[1], want = -1, 2+4*n // one group, and the TATs and marks a cancel restores
+	}
 	for j := range g.items {
 		it := &g.items[j]
 		T := it.Policy.EmissionInterval()
@@ -285,7 +289,7 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}
-	v, err := intSlice(res, 2+4*n)
+	v, err := intSlice(res, want)
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
 	}
