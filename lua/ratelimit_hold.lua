@@ -93,6 +93,11 @@ end
 -- them. A key a settle wrote is read again by what follows.
 local NS = M - N
 local wrote = nil
+-- the reply's values, filled in order first so that they live in the
+-- table's array part (the settles' results are set before the groups')
+local R = 1 + G + N + NS
+if full then R = R + 3 * N end
+for j = 2, R do reply[j] = 0 end
 if NS > 0 then
   wrote = {}
   local b = 3 + 2 * G + 4 * N
@@ -133,22 +138,33 @@ for g = 1, G do
     if k == nil then
       local v = cur[i]
       if wrote and wrote[key] then v = redis.pcall('GET', key) end
-      local tat, marked, h = hparse(v, key)
-      if marked then
-        local t0 = hnow(tat, now, tau, true)
-        local changed
-        tat, changed = hreap(h, tat, t0, now, T)
-        if changed then marked = hwrite(key, tat, t0, now, tau, h) end
+      local tat, marked, h = v and tonumber(v) or nil, false, nil
+      if tat ~= nil then
+        tat = tatof(key, tat) -- a plain TAT, the common case
+      elseif v then
+        tat, marked, h = hparse(v, key)
+        if marked then
+          local t0 = hnow(tat, now, tau, true)
+          local changed
+          tat, changed = hreap(h, tat, t0, now, T)
+          if changed then marked = hwrite(key, tat, t0, now, tau, h) end
+        end
+      else
+        tat = 0 -- no state: a full bucket
       end
-      k = {tat, marked, h, 0, now, false, tau, tat, 0, false, 0, 0}
+      k = {tat, marked, h, 0, now, false, tau, tat, tat, marked, now, g}
       S[key] = k
-    end
-    if k[12] ~= g then -- its state before this group: a denial restores it
+    elseif k[12] ~= g then -- its state before this group: a denial restores it
       k[9], k[10], k[11], k[12] = k[1], k[2], k[5], g
     end
     local tat, marked = k[1], k[2]
     if full then reply[1 + G + 3 * N + i] = marked and 1 or 0 end
-    local t = hnow(tat, now, tau, marked)
+    local t = now -- hnow, inline: now (≥ 0) after the clamp
+    if marked then
+      if t < tat - 2 * tau then t = tat - 2 * tau end
+    elseif t < tat - tau then
+      t = tat - tau
+    end
     local wait = 0
     if tat > t then wait = tat - t end
     local nt = tat

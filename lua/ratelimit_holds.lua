@@ -59,6 +59,9 @@ end
 local hparse, hnow, hreap, hvalue, hset, hwrite, hadd, hsettle
 local function holdslib()
 if hparse ~= nil then return end
+-- the library functions the helpers call, as upvalues (a global's field
+-- costs two table reads per call)
+local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub, string.format, string.match, string.byte, redis.call, redis.pcall
 
 -- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
 -- that is not marked, else a table {first, last, live, first's string,
@@ -70,17 +73,17 @@ if hparse ~= nil then return end
 -- formats only what changed.
 function hparse(v, key)
   if type(v) ~= 'string' then return 0, false, nil end
-  if string.find(v, 'h', 1, true) == nil then
+  if sfind(v, 'h', 1, true) == nil then
     local x = tonumber(v)
     if x == nil then return 0, false, nil end
     return tatof(key, x), false, nil
   end
-  local a, fs, ls, q = string.match(v, '^(%d+)h(%d+):(%d+)()')
+  local a, fs, ls, q = smatch(v, '^(%d+)h(%d+):(%d+)()')
   if a == nil then return 0, false, nil end
   local live = ''
   if q <= #v then
-    if string.byte(v, q) ~= 44 then return 0, false, nil end -- not ','
-    live = string.sub(v, q)
+    if sbyte(v, q) ~= 44 then return 0, false, nil end -- not ','
+    live = ssub(v, q)
   end
   -- digits: '+ 0' converts once (tonumber converts twice)
   return a + 0, true, {fs + 0, ls + 0, live, fs, ls}
@@ -121,33 +124,35 @@ end
 -- the value of a bucket key: marked iff it has live holds or tat - t >
 -- tau; returns it, its TTL in ms (outliving the TAT and every live hold)
 -- as a string ('%d': a number argument would be formatted with '%.17g',
--- which costs more) and the mark
-function hvalue(tat, t, now, tau, h)
+-- which costs more; nil with keep, for a write that keeps the key's TTL)
+-- and the mark
+function hvalue(tat, t, now, tau, h, keep)
   local live = h ~= nil and h[3] ~= ''
   local marked = live or tat - t > tau
   local ttl = tat - now
   local v
   if live then
     local fs, ls = h[4], h[5]
-    if fs == nil then fs = string.format('%d', h[1]) end
-    if ls == nil then ls = string.format('%d', h[2]) end
-    v = string.format('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[3]
+    if fs == nil then fs = sfmt('%d', h[1]) end
+    if ls == nil then ls = sfmt('%d', h[2]) end
+    v = sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[3]
     if h[2] - now > ttl then ttl = h[2] - now end
   elseif marked then
-    v = string.format('%dh0:0', tat)
+    v = sfmt('%dh0:0', tat)
   else
-    v = string.format('%d', tat)
+    v = sfmt('%d', tat)
   end
+  if keep then return v, nil, marked end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end
-  return v, string.format('%d', px), marked
+  return v, sfmt('%d', px), marked
 end
 
 function hset(key, v, px) -- px: a TTL in ms, or nil to keep the key's
   if px == nil then
-    redis.call('SET', key, v, 'KEEPTTL')
+    rcall('SET', key, v, 'KEEPTTL')
   else
-    redis.call('SET', key, v, 'PX', px)
+    rcall('SET', key, v, 'PX', px)
   end
 end
 
@@ -155,8 +160,7 @@ end
 -- which already outlives the TAT written and every live hold (a TAT that
 -- did not move later, and no hold added).
 function hwrite(key, tat, t, now, tau, h, keep)
-  local v, px, marked = hvalue(tat, t, now, tau, h)
-  if keep then px = nil end
+  local v, px, marked = hvalue(tat, t, now, tau, h, keep)
   hset(key, v, px)
   return marked
 end
@@ -184,7 +188,7 @@ function hsettle(key, b, now, cancel, v)
   local est = ARGV[b + 2] + 0
   local actual, member = 0, ARGV[b + 3]
   if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
-  if v == nil then v = redis.pcall('GET', key) end -- v: the caller read it
+  if v == nil then v = rpcall('GET', key) end -- v: the caller read it
   local tat, marked, h = hparse(v, key)
   if h == nil then h = {0, 0, '', '0', '0'} end
   -- release what ended, as any touch of a marked key does (a settle on a
@@ -199,12 +203,12 @@ function hsettle(key, b, now, cancel, v)
   end
   local found = cancel and member == ''
   if member ~= '' then
-    local p = string.find(h[3], ',' .. member .. '@', 1, true)
+    local p = sfind(h[3], ',' .. member .. '@', 1, true)
     if p ~= nil then
-      local q = string.find(h[3], ',', p + 1, true)
+      local q = sfind(h[3], ',', p + 1, true)
       local rest = ''
-      if q ~= nil then rest = string.sub(h[3], q) end
-      h[3] = string.sub(h[3], 1, p - 1) .. rest
+      if q ~= nil then rest = ssub(h[3], q) end
+      h[3] = ssub(h[3], 1, p - 1) .. rest
       if h[3] == '' then h[1], h[2], h[4], h[5] = 0, 0, '0', '0' end
       found = true
     end
