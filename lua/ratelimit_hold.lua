@@ -48,16 +48,18 @@
 --            cancel restores (ratelimit_settle.lua)
 --   settled_s  the result of settle s, as ratelimit_settle.lua replies it
 --
--- Writes: first the settles' (ratelimit_settle.lua). The release of the
--- expired holds of a marked key (kept whatever the decisions). For each
--- allowed group, every held item (n = 0 included, so that its settle can
--- charge) adds ",<member>@<now+ttl>" to its key's holds. Then each key an
--- allowed group held or charged on, once: its TAT (TAT' = now' + wait +
--- n·T for n > 0); a key with live holds marked, with them, and a PX that
--- outlives the TAT and its holds; a key without them as the buckets
--- script writes it (compact when the call reads TIME). A key that only
--- fixed items of cost 0 touched is not written, its mark included, as
--- the buckets script leaves it. A denied group writes nothing else.
+-- Writes, each key once at the end, whatever number of settles and
+-- holds touched it (hflush, ratelimit_holds.lua): first what the settles
+-- did (ratelimit_settle.lua), and the release of the expired holds of a
+-- marked key (kept whatever the decisions). For each allowed group, every
+-- held item (n = 0 included, so that its settle can charge) adds
+-- ",<member>@<now+ttl>" to its key's holds, and its TAT' = now' + wait +
+-- n·T for n > 0. A key with live holds is written marked, with them, and
+-- a PX that outlives the TAT and its holds; a key that had no mark and
+-- only fixed items charged as the buckets script writes it (compact when
+-- the call reads TIME). A key that only fixed items of cost 0 touched is
+-- not written, its mark included, as the buckets script leaves it. A
+-- denied group writes nothing else.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -89,37 +91,34 @@ else
   end
 end
 
--- the settles that ride on the call: first, so that what follows sees
--- them. A key a settle wrote is read again by what follows.
-local NS = M - N
-local wrote = nil
 -- the reply's values, filled in order first so that they live in the
 -- table's array part (the settles' results are set before the groups')
+local NS = M - N
 local R = 1 + G + N + NS
 if full then R = R + 3 * N end
 for j = 2, R do reply[j] = 0 end
+
+-- each key's record (hstate, ratelimit_holds.lua): read once, written
+-- once at the end (hflush), whatever number of settles and holds touch it
+local S = {}
+
+-- the settles that ride on the call: first, so that what follows sees
+-- them
 if NS > 0 then
-  wrote = {}
   local b = 3 + 2 * G + 4 * N
   local r = 1 + G + N -- the reply's last value before the settles'
   if full then r = 1 + G + 4 * N end
   for s = 1, NS do
     local j = N + s
-    local key = KEYS[j]
-    local v = cur[j]
-    if wrote[key] then v = nil end
-    reply[r + s] = hsettle(key, b, now, false, v)
-    wrote[key] = true
+    local T, tau = ARGV[b] + 0, ARGV[b + 1] + 0
+    local k = hstate(S, KEYS[j], cur[j], T, tau, now)
+    reply[r + s] = hsettle(k, b, now, false, T, tau)
     b = b + 6
   end
 end
 
--- per key, {TAT, mark, holds (hparse's), -, t of the last decision,
--- written, tau, TAT as read, then TAT, mark and t before the group g that
--- touched it last, and g}: written once an allowed group holds or
--- charges on it (written at the end). The numbers of ARGV are read with
--- '+ 0' (one conversion; tonumber makes two): Go sends only numbers there.
-local S = {}
+-- The numbers of ARGV are read with '+ 0' (one conversion; tonumber makes
+-- two): Go sends only numbers there.
 local i = 0
 local a = 3 + 2 * G -- the ARGV cursor of item i + 1
 local lastexp, exps
@@ -137,23 +136,15 @@ for g = 1, G do
     local k = S[key]
     if k == nil then
       local v = cur[i]
-      if wrote and wrote[key] then v = redis.pcall('GET', key) end
-      local tat, marked, h = v and tonumber(v) or nil, false, nil
-      if tat ~= nil then
-        tat = tatof(key, tat) -- a plain TAT, the common case
-      elseif v then
-        tat, marked, h = hparse(v, key)
-        if marked then
-          local t0 = hnow(tat, now, tau, true)
-          local changed
-          tat, changed = hreap(h, tat, t0, now, T)
-          if changed then marked = hwrite(key, tat, t0, now, tau, h) end
-        end
+      local x = v and #v < 20 and tonumber(v) -- hstate, inline for a plain TAT
+      if x then
+        x = tatof(key, x)
+        k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false}
+        S[key] = k
       else
-        tat = 0 -- no state: a full bucket
+        k = hstate(S, key, v, T, tau, now)
+        k[12] = g
       end
-      k = {tat, marked, h, 0, now, false, tau, tat, tat, marked, now, g}
-      S[key] = k
     elseif k[12] ~= g then -- its state before this group: a denial restores it
       k[9], k[10], k[11], k[12] = k[1], k[2], k[5], g
     end
@@ -175,7 +166,10 @@ for g = 1, G do
         ok = false
       end
     end
-    if nt ~= tat then k[2] = (k[3] ~= nil and k[3][3] ~= '') or nt - t > tau end
+    if nt ~= tat then
+      local h = k[3]
+      k[2] = (h ~= nil and h[3] ~= '') or nt - t > tau -- live holds, or a debt
+    end
     k[1], k[5], k[7] = nt, t, tau
     reply[1 + G + i] = wait
     if full then
@@ -190,9 +184,7 @@ for g = 1, G do
       local k = S[KEYS[j]]
       local member = ARGV[a0 + 4 * (j - i0 - 1) + 3]
       if member ~= '' then
-        if k[3] == nil then k[3] = {0, 0, '', '0', '0'} end
-        hadd(k[3], member, exp, exps)
-        k[2] = true -- marked: a live hold (a later group's clamp is TAT - 2·tau)
+        hadd(k, member, exp, exps) -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
       k[6] = true
     end
@@ -207,25 +199,9 @@ for g = 1, G do
   reply[1 + g] = ok and 1 or 0
 end
 
-for j = 1, N do
+for j = 1, M do
   local key = KEYS[j]
   local k = S[key]
-  if k[6] then
-    k[6] = false
-    if k[3] ~= nil and k[3][3] ~= '' then
-      -- marked: live holds, written with them
-      hwrite(key, k[1], k[5], now, k[7], k[3])
-    elseif k[1] ~= k[8] then
-      -- charged by fixed items alone: as the buckets script writes it
-      -- (an allowed charge leaves TAT within tau of now': no debt, no mark)
-      local px = math.floor((k[1] - now + 999) / 1000)
-      if px < 1 then px = 1 end
-      tatset(key, k[1], px)
-    end
-    -- else fixed items that charged nothing (cost 0): the key is left as
-    -- it was read, mark included, as the buckets script leaves it (a
-    -- rewrite would drop the mark of a debt that now' no longer proves,
-    -- and with it the 2·tau clamp the memory store keeps)
-  end
+  if k[6] then hflush(key, k, now) end
 end
 return reply

@@ -54,9 +54,9 @@ local function tatset(key, tat, px)
 end
 
 -- holdslib() defines the helpers below on its first call (a script that
--- never meets a marked key creates one closure, not eight); call it before
+-- never meets a marked key creates one closure, not ten); call it before
 -- using them.
-local hparse, hnow, hreap, hvalue, hset, hwrite, hadd, hsettle
+local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle
 local function holdslib()
 if hparse ~= nil then return end
 -- the library functions the helpers call, as upvalues (a global's field
@@ -165,44 +165,104 @@ function hwrite(key, tat, t, now, tau, h, keep)
   return marked
 end
 
--- adds a live hold to h (a table of hparse; the caller writes K); exps
--- is exp's string
-function hadd(h, member, exp, exps)
+-- The state of a key for the whole of one call of the hold or settle
+-- script, read once and written once (hflush): with many holds on one
+-- key, a call that settles and reserves several of them parses and
+-- writes the key's value once, not once per hold. A record k:
+--   k[1] TAT, k[2] mark, k[3] holds (hparse's table, or nil), k[4] hold
+--   bookkeeping changed (a hold released, added or settled), k[5] t of
+--   the last decision, k[6] to be written, k[7] tau, k[8] TAT as read
+--   (after the release of what ended), k[9..11] TAT, mark and t before
+--   the group k[12] (ratelimit_hold.lua), k[13] read marked (its TTL
+--   outlives its TAT and holds), k[14] a mark a cancel restores (nil:
+--   none), k[15] holds added.
+-- hstate returns key's record in S, making it from v (its value as read,
+-- false for none) at the first touch: the release of the holds that
+-- ended (not with noreap: a cancel's, see hsettle).
+function hstate(S, key, v, T, tau, now, noreap)
+  local k = S[key]
+  if k ~= nil then return k end
+  local tat, marked, h = 0, false, nil
+  if v then
+    -- a plain TAT has at most 17 characters, a marked one with Redis's
+    -- clock at least 20: a marked value is not parsed as a number first
+    tat = #v < 20 and tonumber(v)
+    if tat then
+      tat = tatof(key, tat)
+    else
+      tat, marked, h = hparse(v, key)
+    end
+  end
+  local changed = false
+  if marked and not noreap then
+    local t0 = hnow(tat, now, tau, true)
+    tat, changed = hreap(h, tat, t0, now, T)
+    if changed then marked = h[3] ~= '' or tat - t0 > tau end
+  end
+  k = {tat, marked, h, changed, now, changed, tau, tat, tat, marked, now, 0, h ~= nil, nil, false}
+  S[key] = k
+  return k
+end
+
+-- adds a live hold to k (written by hflush); exps is exp's string
+function hadd(k, member, exp, exps)
+  local h = k[3]
+  if h == nil then
+    h = {0, 0, '', '0', '0'}
+    k[3] = h
+  end
   if h[3] == '' or exp < h[1] then h[1], h[4] = exp, exps end
   if exp > h[2] then h[2], h[5] = exp, exps end
   h[3] = h[3] .. ',' .. member .. '@' .. exps
+  k[2], k[4], k[6], k[15] = true, true, true, true
 end
 
--- settles (or, with cancel, cancels) one item: key its bucket key,
--- ARGV[b ..] its values as ratelimit_settle.lua lists them (6 for a
--- settle, 7 for a cancel), v key's value when the caller read it (nil:
--- GET it).
--- Returns 1 applied, 2 already settled, 3 expired. The contract and the
--- writes are ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
+-- writes a record that changed
+function hflush(key, k, now)
+  k[6] = false
+  local h = k[3]
+  if not k[4] and not k[13] then
+    -- charged by fixed items alone, a key that had no mark: as the
+    -- buckets script writes it (an allowed charge leaves TAT within tau
+    -- of now': no debt, no mark); charged nothing (cost 0): left as read
+    if k[1] ~= k[8] then
+      local px = math.floor((k[1] - now + 999) / 1000)
+      if px < 1 then px = 1 end
+      tatset(key, k[1], px)
+    end
+    return
+  end
+  if not k[4] and k[1] == k[8] then return end -- nothing changed
+  -- a key read marked whose TAT moved no later, with no hold added, keeps
+  -- its TTL: it outlives the TAT and every hold
+  local keep = k[13] and not k[15] and k[1] <= k[8]
+  local v, px = hvalue(k[1], k[5], now, k[7], h, keep)
+  if k[14] ~= nil and (h == nil or h[3] == '') then
+    -- a cancel that restored a TAT: the mark it saw
+    v = sfmt('%d', k[1])
+    if k[14] then v = v .. 'h0:0' end
+  end
+  hset(key, v, px)
+end
+
+-- settles (or, with cancel, cancels) one item of the record k (hstate's;
+-- a cancel's made with noreap), ARGV[b ..] its values as
+-- ratelimit_settle.lua lists them (6 for a settle, 7 for a cancel), T and
+-- tau the first two as numbers.
+-- Returns 1 applied, 2 already settled, 3 expired; hflush writes k. The
+-- contract is ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
 -- settles that ride on a reservation. A member "" is an item its
 -- reservation charged without holding (a fixed item): only a cancel
--- touches it, giving its cost back as it would a hold's.
-function hsettle(key, b, now, cancel, v)
-  local T = ARGV[b] + 0 -- numbers from Go: '+ 0' converts once
-  local tau = ARGV[b + 1] + 0
-  local est = ARGV[b + 2] + 0
+-- touches it, giving its cost back as it would a hold's. A cancel does
+-- not release what ended: the reserve it undoes did that (the memory
+-- store decides a batch at one instant).
+function hsettle(k, b, now, cancel, T, tau)
+  local est = ARGV[b + 2] + 0 -- numbers from Go: '+ 0' converts once
   local actual, member = 0, ARGV[b + 3]
   if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
-  if v == nil then v = rpcall('GET', key) end -- v: the caller read it
-  local tat, marked, h = hparse(v, key)
-  if h == nil then h = {0, 0, '', '0', '0'} end
-  -- release what ended, as any touch of a marked key does (a settle on a
-  -- key that is not marked finds nothing to release). A cancel does not:
-  -- the reserve it undoes did that (the memory store decides a batch at
-  -- one instant)
-  local t0 = hnow(tat, now, tau, marked)
-  local dirty = false
-  if not cancel then
-    tat, dirty = hreap(h, tat, t0, now, T)
-    if dirty then marked = h[3] ~= '' or tat - t0 > tau end
-  end
+  local h = k[3]
   local found = cancel and member == ''
-  if member ~= '' then
+  if member ~= '' and h ~= nil and h[3] ~= '' then
     local p = sfind(h[3], ',' .. member .. '@', 1, true)
     if p ~= nil then
       local q = sfind(h[3], ',', p + 1, true)
@@ -213,38 +273,32 @@ function hsettle(key, b, now, cancel, v)
       found = true
     end
   end
-  if found then
-    local t = hnow(tat, now, tau, marked)
-    if cancel and tat == tonumber(ARGV[b + 5]) then
-      -- nothing charged since the reserve: restore what it saw, mark
-      -- included, exactly as the memory store's rollback does
-      local v, px = hvalue(tonumber(ARGV[b + 4]), t, now, tau, h)
-      if h[3] == '' then
-        v = ARGV[b + 4]
-        if ARGV[b + 6] == '1' then v = v .. 'h0:0' end
-      end
-      hset(key, v, px)
-    else
-      local nt = tat
-      if actual < est then
-        if tat > t then
-          nt = tat - (est - actual) * T
-          if nt < t then nt = t end
-        end
-      elseif actual > est then
-        local base = tat
-        if base < t then base = t end
-        nt = base + (actual - est) * T
-        if nt > t + 2 * tau then nt = t + 2 * tau end
-      end
-      -- a TAT no later than before keeps the key's TTL, which covered it
-      -- and every hold
-      hwrite(key, nt, t, now, tau, h, nt <= tat and tat > 0)
-    end
-    return 1
+  if not found then
+    if not cancel and now < ARGV[b + 5] + 0 then return 2 end
+    return 3
   end
-  if dirty then hwrite(key, tat, t0, now, tau, h) end
-  if not cancel and now < tonumber(ARGV[b + 5]) then return 2 end
-  return 3
+  local tat = k[1]
+  local t = hnow(tat, now, tau, k[2])
+  local nt = tat
+  if cancel and tat == ARGV[b + 5] + 0 then
+    -- nothing charged since the reserve: restore what it saw, mark
+    -- included, exactly as the memory store's rollback does
+    nt = ARGV[b + 4] + 0
+    k[14] = ARGV[b + 6] == '1'
+  elseif actual < est then
+    if tat > t then
+      nt = tat - (est - actual) * T
+      if nt < t then nt = t end
+    end
+  elseif actual > est then
+    local base = tat
+    if base < t then base = t end
+    nt = base + (actual - est) * T
+    if nt > t + 2 * tau then nt = t + 2 * tau end
+  end
+  local live = h ~= nil and h[3] ~= ''
+  k[1], k[2], k[4], k[5], k[6], k[7] = nt, live or nt - t > tau, true, t, true, tau
+  if k[14] ~= nil and not live then k[2] = k[14] end
+  return 1
 end
 end

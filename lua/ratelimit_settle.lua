@@ -33,15 +33,18 @@
 -- expired: no hold and its release time passed (it was given back), or
 -- a cancel that found nothing to undo.
 --
--- Writes, per item in order (in reverse order for a cancel, so that two
--- items on one key each find what the other left): the release of the
--- holds that ended (as every script touching a marked key does; a cancel
--- never); then, if the hold is live, its removal and TAT' from δ = actual
--- − est (t = now after the clamp): δ < 0 gives |δ|·T back, TAT' = max(TAT
--- − |δ|·T, t) while TAT > t; δ > 0 charges TAT' = min(max(TAT, t) + δ·T,
--- t + 2·tau), at most one burst of debt; the key written once, with its
--- mark (live holds or TAT' − t > tau) and a PX that outlives both. A
--- settle that finds no hold writes only the release of what ended.
+-- Writes: one MGET, then per item in order (in reverse order for a
+-- cancel, so that two items on one key each find what the other left),
+-- on the key's state kept for the call: at its first touch, the release
+-- of the holds that ended (as every script touching a marked key does; a
+-- cancel never); then, if the hold is live, its removal and TAT' from δ =
+-- actual − est (t = now after the clamp): δ < 0 gives |δ|·T back, TAT' =
+-- max(TAT − |δ|·T, t) while TAT > t; δ > 0 charges TAT' = min(max(TAT, t)
+-- + δ·T, t + 2·tau), at most one burst of debt. Each key that changed is
+-- written once at the end, with its mark (live holds or TAT' − t > tau)
+-- and a PX that outlives both (a TAT no later than read, no hold added:
+-- the TTL it had). A settle that finds no hold writes only the release of
+-- what ended.
 holdslib()
 local now = tonumber(ARGV[1])
 if now == nil then
@@ -55,10 +58,21 @@ local cancel = ARGV[2] == '1'
 local N = #KEYS
 local F = 6 -- values per item
 if cancel then F = 7 end
+-- one MGET, then each key's record (hstate) read once and written once
+local cur = redis.call('MGET', unpack(KEYS))
+local S = {}
 local reply = {}
+for i = 1, N do reply[i] = 0 end
 local from, to, step = 1, N, 1
 if cancel then from, to, step = N, 1, -1 end -- a cancel undoes last first
 for i = from, to, step do
-  reply[i] = hsettle(KEYS[i], 3 + F * (i - 1), now, cancel)
+  local b = 3 + F * (i - 1)
+  local T, tau = ARGV[b] + 0, ARGV[b + 1] + 0
+  local k = hstate(S, KEYS[i], cur[i], T, tau, now, cancel)
+  reply[i] = hsettle(k, b, now, cancel, T, tau)
+end
+for i = 1, N do
+  local k = S[KEYS[i]]
+  if k[6] then hflush(KEYS[i], k, now) end
 end
 return reply

@@ -83,14 +83,14 @@ func TestRedisHoldCommandCount(t *testing.T) {
 
 	var h *Hold
 	step("reserve on a fresh key", "mget=1 set=1 time=1", func() { h = reserve("fresh") })
-	step("its settle", "get=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
-	step("its settle retried", "get=1 time=1", func() { mustSettle(t, h.retried(), 4, SettleAlreadySettled) })
+	step("its settle", "mget=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
+	step("its settle retried", "mget=1 time=1", func() { mustSettle(t, h.retried(), 4, SettleAlreadySettled) })
 
 	other := reserve("busy") // a live hold that stays
 	step("reserve beside a live hold, the first touch since the key was marked", "mget=1 set=1 time=1", func() { h = reserve("busy") })
-	step("its settle", "get=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
+	step("its settle", "mget=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
 	step("reserve beside a live hold", "mget=1 set=1 time=1", func() { h = reserve("busy") })
-	step("its settle", "get=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
+	step("its settle", "mget=1 set=1 time=1", func() { mustSettle(t, h, 4, SettleApplied) })
 	step("a peek of the key", "get=1 time=1", func() { peek("busy") })
 	mustSettle(t, other, 4, SettleApplied)
 
