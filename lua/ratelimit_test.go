@@ -486,3 +486,79 @@ func TestRateLimitBucketsRepeatedKeyWrittenOnce(t *testing.T) {
 		t.Fatalf("%v SET calls, want 1 (h written once)", calls)
 	}
 }
+
+// The hold script keeps each key's state for the whole call: three
+// settles riding on it and two reservations, all on one key that already
+// holds three holds, read it once (MGET) and write it once (one SET),
+// with every settle and decision seeing the ones before it. The settle
+// script does the same for two items on one key.
+func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const (
+		T, tau = 1_000_000, 10_000_000 // 1 s, burst 10
+		now    = 1_000_000_000_000
+		ttl    = 60_000_000
+		E      = now + ttl // every hold's end
+	)
+	held := fmt.Sprintf("%dh%d:%d,a/0=2@%d,b/0=3@%d,c/0=1@%d", now+6*T, E, E, E, E, E)
+	if err := c.Set(ctx, "k", held, 120*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"k", "k", "k", "k", "k"}
+	args := []any{fmt.Sprint(now), 2, 1, ttl, 1, ttl,
+		T, tau, 1, "d/0=1", // group 1: hold 1
+		T, tau, 1, "e/0=1", // group 2: hold 1
+		T, tau, 2, 1, "a/0=2", E, // settle a: 1 of 2 used, 1 given back
+		T, tau, 3, 3, "b/0=3", E, // settle b: as estimated
+		T, tau, 1, 1, "x/0=1", E, // no such hold, its end to come: settled before
+	}
+	res, err := RateLimitHold.Run(ctx, c, keys, args...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// {now, allowed×2, wait×2, settled×3}: the reservations see the refund
+	want := []any{int64(now), int64(1), int64(1), int64(5 * T), int64(6 * T), int64(1), int64(1), int64(2)}
+	if fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("hold script: %v, want %v", res, want)
+	}
+	st := redistest.ReadCommandStats(t, c)
+	if st["mget"].Calls != 1 || st["set"].Calls != 1 || st["get"].Calls != 0 {
+		t.Fatalf("mget %v, set %v, get %v calls; want 1, 1, 0 (k read once, written once)", st["mget"].Calls, st["set"].Calls, st["get"].Calls)
+	}
+	v, err := c.Get(ctx, "k").Result()
+	if w := fmt.Sprintf("%dh%d:%d,c/0=1@%d,d/0=1@%d,e/0=1@%d", now+7*T, E, E, E, E, E); err != nil || v != w {
+		t.Fatalf("k = %q (%v), want %q", v, err, w)
+	}
+	pttl, err := c.PTTL(ctx, "k").Result()
+	if err != nil || pttl > 60*time.Second || pttl < 59*time.Second {
+		t.Fatalf("PTTL k = %v (%v), want the holds' 60s", pttl, err)
+	}
+
+	// the settle script: two items on k, both given back in full
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err = RateLimitSettle.Run(ctx, c, []string{"k", "k"}, fmt.Sprint(now), 0,
+		T, tau, 1, 0, "c/0=1", E,
+		T, tau, 1, 0, "e/0=1", E).Result()
+	if err != nil || fmt.Sprint(res) != fmt.Sprint([]any{int64(1), int64(1)}) {
+		t.Fatalf("settle script: %v %v, want [1 1]", res, err)
+	}
+	st = redistest.ReadCommandStats(t, c)
+	if st["mget"].Calls != 1 || st["set"].Calls != 1 {
+		t.Fatalf("mget %v, set %v calls; want 1, 1", st["mget"].Calls, st["set"].Calls)
+	}
+	v, err = c.Get(ctx, "k").Result()
+	if w := fmt.Sprintf("%dh%d:%d,d/0=1@%d", now+5*T, E, E, E); err != nil || v != w {
+		t.Fatalf("k = %q (%v), want %q", v, err, w)
+	}
+	// a TAT moved back and no hold added: the key keeps its TTL
+	if pttl2, err := c.PTTL(ctx, "k").Result(); err != nil || pttl2 > pttl || pttl2 < 59*time.Second {
+		t.Fatalf("PTTL k = %v (%v), want the TTL it had (%v)", pttl2, err, pttl)
+	}
+}
