@@ -192,7 +192,7 @@ for g = 1, #sizes do
       else
         tat = 0
         if s then
-          holdslib()
+          if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
           tat, marked, h = hparse(s, key)
         end
       end

@@ -60,7 +60,7 @@
 -- the call reads TIME). A key that only fixed items of cost 0 touched is
 -- not written, its mark included, as the buckets script leaves it. A
 -- denied group writes nothing else.
-holdslib()
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')

@@ -45,7 +45,7 @@
 -- and a PX that outlives both (a TAT no later than read, no hold added:
 -- the TTL it had). A settle that finds no hold writes only the release of
 -- what ended.
-holdslib()
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
