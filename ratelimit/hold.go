@@ -44,11 +44,11 @@ import (
 //     gives back |δ|·T as above (never past full); δ > 0 charges
 //     TAT = min(max(TAT, t) + δ·T, t + 2τ): the key may go up to one Burst
 //     into debt, and what is beyond is forgiven (the bound keeps every
-//     number exact). It leaves a tombstone for the hold's ttl, so a second
-//     settle of the same hold, a retry after a timeout included, reports
-//     SettleAlreadySettled and changes nothing. A hold already released
-//     (or forgotten with its key) reports SettleExpired and changes
-//     nothing.
+//     number exact). A settle that finds no live hold of its name changes
+//     nothing and reports by the hold's release time, which it carries:
+//     before it, SettleAlreadySettled (a second settle of the same hold,
+//     a retry after a timeout included, or a Reset meanwhile); after it,
+//     SettleExpired (the hold was released). No tombstone is kept.
 //   - After each write, the key is marked iff it has live holds or
 //     TAT − t > τ.
 
@@ -113,11 +113,13 @@ type SettleResult uint8
 const (
 	// SettleApplied: the hold was replaced by the actual cost.
 	SettleApplied SettleResult = iota + 1
-	// SettleAlreadySettled: the hold had been settled before (a second
-	// Settle, or a retry of one whose reply was lost); nothing changed.
+	// SettleAlreadySettled: no live hold was found before the hold's
+	// release time: it had been settled before (a second Settle, or a
+	// retry of one whose reply was lost), or its key was reset; nothing
+	// changed.
 	SettleAlreadySettled
-	// SettleExpired: the hold had passed its TTL and was released (or its
-	// key was reset); nothing changed.
+	// SettleExpired: the hold had passed its TTL and was released;
+	// nothing changed.
 	SettleExpired
 )
 
