@@ -136,7 +136,9 @@ for g = 1, G do
     local k = S[key]
     if k == nil then
       local v = cur[i]
-      local x = v and #v < 20 and tonumber(v) -- hstate, inline for a plain TAT
+      -- hstate's plain-TAT branch, inline: a function call less per item on
+      -- the common path (callgrind: 166k -> 162k instructions a request)
+      local x = v and #v < 20 and tonumber(v)
       if x then
         x = tatof(key, x)
         k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false}

@@ -161,11 +161,9 @@ function hset(key, v, px) -- px: a TTL in ms, or nil to keep the key's
   end
 end
 
--- hset of hvalue; returns the mark. With keep, the key keeps its TTL,
--- which already outlives the TAT written and every live hold (a TAT that
--- did not move later, and no hold added).
-function hwrite(key, tat, t, now, tau, h, keep)
-  local v, px, marked = hvalue(tat, t, now, tau, h, keep)
+-- hset of hvalue; returns the mark
+function hwrite(key, tat, t, now, tau, h)
+  local v, px, marked = hvalue(tat, t, now, tau, h)
   hset(key, v, px)
   return marked
 end

@@ -143,7 +143,7 @@ type Hold struct {
 	id      string
 	ttl     time.Duration
 	items   []Item   // copies; Cost is the estimate
-	exps    []int64  // Redis: each item's release time (µs, the server's clock)
+	exps    []int64  // each item's release time (µs, the store's clock: Redis's on a RedisStore)
 	rkeys   []string // Redis: each item's key
 	members []string // Redis: each item's hold member, "<id>/<i>=<estimate>"
 	dec     []spillway.Decision

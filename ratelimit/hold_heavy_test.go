@@ -418,8 +418,8 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 
 // TestRedisStoreHoldKeysExpire: every key a hold writes carries a TTL that
 // outlives what it holds and no more, on Redis's own clock (TIME): the
-// bucket key while its holds live, the holds set until its last hold's
-// release time; once that passed, Redis has dropped both, settled or not.
+// bucket key, holds included, until its last hold's release time; once
+// that passed, Redis has dropped it, settled or not.
 func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	srv, c := redisServer(t)
 	_ = srv

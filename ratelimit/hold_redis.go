@@ -360,7 +360,11 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 	n := len(g.items)
 	keys := make([]string, 0, n)
 	idx := make([]int, 0, n) // the items sent: a settle skips the fixed ones
-	args := make([]any, 2, 2+cancelFields*n)
+	fields := settleFields
+	if cancel {
+		fields = cancelFields
+	}
+	args := make([]any, 2, 2+fields*n)
 	args[0], args[1] = s.nowArg(), 0
 	if cancel {
 		args[1] = 1

@@ -367,7 +367,7 @@ func decideRound(ctx context.Context, s *RedisStore, round [][]Item) ([][]spillw
 }
 
 // freezeHook runs every script call in MULTI … EXEC followed by PTTL and
-// PERSIST of its keys (and PERSIST of each key's K..":h"). Redis expires keys in real time, which the fake
+// PERSIST of its keys (a bucket key's holds live in its value). Redis expires keys in real time, which the fake
 // clock of a differential test does not follow; removing the TTLs
 // atomically with the write keeps the states for the fake clock to judge,
 // and the PTTLs read in the same transaction are checked against the
@@ -423,9 +423,6 @@ func (h *freezeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if ttls[k] == nil {
 				ttls[k] = pipe.PTTL(ctx, k)
 				pipe.Persist(ctx, k)
-				// a bucket key's holds, which a script touching a
-				// marked key derives without naming them in KEYS
-				pipe.Persist(ctx, k+":h")
 			}
 		}
 		_, _ = pipe.Exec(ctx)

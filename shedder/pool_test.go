@@ -9,6 +9,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/internal/redistest"
@@ -272,15 +274,10 @@ func TestPoolQueuedReading(t *testing.T) {
 	}
 }
 
-// With a fleet, the slots are capped by what the fleet shedder allows this
-// server, and the capacity watcher sets the fleet's capacity from the
-// dependency's gauge; idle capacity raises the limit to the allowance.
-// Real redis-server.
-func TestPoolWithFleetAndCapacity(t *testing.T) {
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	clk := newClock()
-	fleet := func(id string) *shedder.Fleet {
+// poolFleets returns a maker of the pool tests' fleet servers: a fleet
+// "db" of 10 on client, refreshed only by hand, on clk, with no reserve.
+func poolFleets(t *testing.T, client redis.UniversalClient, clk *fakeClock) func(id string) *shedder.Fleet {
+	return func(id string) *shedder.Fleet {
 		f, err := shedder.NewFleet(client, "db", 10, shedder.WithServerID(id), shedder.WithClock(clk.Now),
 			shedder.WithoutAutoRefresh(), shedder.WithRand(func() float64 { return 0 }), shedder.WithReserve(0),
 			shedder.WithTimeout(2*time.Second))
@@ -289,6 +286,17 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 		}
 		return f
 	}
+}
+
+// With a fleet, the slots are capped by what the fleet shedder allows this
+// server, and the capacity watcher sets the fleet's capacity from the
+// dependency's gauge; idle capacity raises the limit to the allowance.
+// Real redis-server.
+func TestPoolWithFleetAndCapacity(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	clk := newClock()
+	fleet := poolFleets(t, client, clk)
 	a, b := fleet("a"), fleet("b")
 	refresh(t, a, b, a)
 	// Two servers on an idle fleet of 10: half each.
@@ -505,15 +513,7 @@ func TestPoolFleetBoundRefusalIsReported(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	clk := newClock()
-	fleet := func(id string) *shedder.Fleet {
-		f, err := shedder.NewFleet(client, "db", 10, shedder.WithServerID(id), shedder.WithClock(clk.Now),
-			shedder.WithoutAutoRefresh(), shedder.WithRand(func() float64 { return 0 }), shedder.WithReserve(0),
-			shedder.WithTimeout(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	fleet := poolFleets(t, client, clk)
 	// b, alone, fills 8 of the 10 with Sheddable work; then a joins: an
 	// even share of 5 each, a's allowance floor(5/18 × 2) = 0, its pool
 	// one slot (never fewer), below its learned 8.
