@@ -145,7 +145,7 @@ for g = 1, G do
           -- not a plain TAT: a marked key or garbage (parsed and
           -- released once per call, then cached)
           if st == nil then
-            if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
+            if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
             st, sm, hl = {}, {}, {}
           end
           tat, marked = st[key], sm[key]

@@ -60,7 +60,7 @@
 -- the call reads TIME). A key that only fixed items of cost 0 touched is
 -- not written, its mark included, as the buckets script leaves it. A
 -- denied group writes nothing else.
-if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -76,20 +76,9 @@ local N = 0
 for g = 1, G do N = N + tonumber(ARGV[1 + 2 * g]) end
 local reply = {now}
 
--- one MGET reads the bucket keys of the items and of the settles (false
--- for a missing key or one of another type), in chunks that unpack fits
--- on Lua's stack
+-- one MGET reads the bucket keys of the items and of the settles
 local M = #KEYS
-local cur
-if M <= 1000 then
-  cur = redis.call('MGET', unpack(KEYS))
-else
-  cur = {}
-  for j = 1, M, 1000 do
-    local part = redis.call('MGET', unpack(KEYS, j, math.min(j + 999, M)))
-    for k = 1, #part do cur[j + k - 1] = part[k] end
-  end
-end
+local cur = hmget(KEYS)
 
 -- the reply's values, filled in order first so that they live in the
 -- table's array part (the settles' results are set before the groups')

@@ -86,7 +86,7 @@ for i = #KEYS, 1, -1 do
       if cur ~= nil then
         cur = tatof(key, cur)
       else
-        if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
+        if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
         local c, m, hh = hparse(v, key)
         if m then cur, marked, h = c, true, hh end
       end

@@ -45,7 +45,7 @@
 -- and a PX that outlives both (a TAT no later than read, no hold added:
 -- the TTL it had). A settle that finds no hold writes only the release of
 -- what ended.
-if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle = holdslib() end
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -59,7 +59,7 @@ local N = #KEYS
 local F = 6 -- values per item
 if cancel then F = 7 end
 -- one MGET, then each key's record (hstate) read once and written once
-local cur = redis.call('MGET', unpack(KEYS))
+local cur = hmget(KEYS)
 local S = {}
 local reply = {}
 for i = 1, N do reply[i] = 0 end

@@ -596,3 +596,35 @@ func TestRateLimitOldHoldLayout(t *testing.T) {
 		t.Fatalf("peek 15 s back: %v %v, want wait %d (clamped at TAT − 2·tau)", res, err, 18*T)
 	}
 }
+
+// The settle script reads its keys in chunks that fit Lua's stack: 9000
+// items (unpack takes at most 8000 values) settle in one call, each
+// answered (no such hold, its end to come: settled before).
+func TestRateLimitSettleManyItems(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	const (
+		T, tau = 1_000_000, 10_000_000
+		now    = 1_000_000_000_000
+		n      = 9000
+	)
+	keys := make([]string, n)
+	args := []any{fmt.Sprint(now), 0}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i%3)
+		args = append(args, T, tau, 1, 1, fmt.Sprintf("m%d/0=1", i), now+60_000_000)
+	}
+	res, err := RateLimitSettle.Run(context.Background(), c, keys, args...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := res.([]any)
+	if !ok || len(r) != n {
+		t.Fatalf("settle script: %d results (%T), want %d", len(r), res, n)
+	}
+	for i, x := range r {
+		if x != int64(2) {
+			t.Fatalf("item %d: %v, want 2 (already settled)", i, x)
+		}
+	}
+}
