@@ -8,15 +8,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	gostats "github.com/lyft/gostats"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -47,8 +48,9 @@ func Logger(s Settings, w io.Writer) *slog.Logger {
 	default:
 		level = slog.LevelWarn
 	}
-	o := &slog.HandlerOptions{Level: level}
-	if strings.EqualFold(s.LogFormat, "json") {
+	json := strings.EqualFold(s.LogFormat, "json")
+	o := &slog.HandlerOptions{Level: level, ReplaceAttr: logAttrs(json)}
+	if json {
 		return slog.New(slog.NewJSONHandler(w, o))
 	}
 	return slog.New(slog.NewTextHandler(w, o))
@@ -138,6 +140,9 @@ type Server struct {
 
 	health   *health.Server
 	healthy  atomic.Bool // what /healthcheck answers
+	stopping atomic.Bool // the shutdown began: health stays NOT_SERVING
+	stopped  chan struct{}
+	statsd   gostats.Store // nil: no statsd
 	grpc     *grpc.Server
 	grpcLis  net.Listener
 	httpSrvs []*http.Server
@@ -156,9 +161,17 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 			return h.State().String(), st.Opened, st.Failures
 		}
 	}
+	stats.millis = s.ResponseTimeMillis
+	if log == nil {
+		log = slog.Default()
+	}
+	sd, err := newStatsd(s, stats, log)
+	if err != nil {
+		return nil, err
+	}
 	svc := NewService(store, s, stats, log)
 	svc.seen = s.LocalCacheSizeInBytes > 0
-	srv := &Server{Settings: s, Service: svc, Log: log, health: health.NewServer()}
+	srv := &Server{Settings: s, Service: svc, Log: log, health: health.NewServer(), stopped: make(chan struct{}), statsd: sd}
 	srv.Reloader = NewReloader(svc, s.ConfigDir(), s.RuntimeIgnoreDotFiles, LoadOptions{MergeDomains: s.MergeDomains}, log)
 	srv.Reloader.onLoad = func(c *Config, err error) {
 		if err == nil && s.HealthyWithConfig {
@@ -177,6 +190,7 @@ func (srv *Server) setHealth(ok bool) {
 	if ok {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
+	ok = ok && !srv.stopping.Load()
 	srv.healthy.Store(ok)
 	srv.health.SetServingStatus(HealthService, st)
 	srv.health.SetServingStatus("", st)
@@ -197,7 +211,7 @@ func (srv *Server) Listen() error {
 	}
 	srv.grpc = grpc.NewServer(ServerOptions(s)...)
 	pb.RegisterRateLimitServiceServer(srv.grpc, srv.Service)
-	healthpb.RegisterHealthServer(srv.grpc, srv.health)
+	healthpb.RegisterHealthServer(srv.grpc, healthServer{srv.health, srv.stopped})
 	reflection.Register(srv.grpc)
 
 	mux := http.NewServeMux()
@@ -213,17 +227,11 @@ func (srv *Server) Listen() error {
 		return err
 	}
 	if s.DebugPort != 0 {
-		dm := http.NewServeMux()
-		dm.HandleFunc("/debug/pprof/", pprof.Index)
-		dm.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		dm.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		dm.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		dm.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		if err := srv.listenHTTP(net.JoinHostPort(s.DebugHost, strconv.Itoa(s.DebugPort)), dm); err != nil {
+		if err := srv.listenHTTP(net.JoinHostPort(s.DebugHost, strconv.Itoa(s.DebugPort)), srv.debugMux()); err != nil {
 			return err
 		}
 	}
-	if s.UsePrometheus {
+	if s.UsePrometheus && !s.DisableStats {
 		pm := http.NewServeMux()
 		pm.Handle(s.PrometheusPath, srv.Service.stats.Handler())
 		if err := srv.listenHTTP(s.PrometheusAddr, pm); err != nil {
@@ -288,8 +296,11 @@ func (srv *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
-// Serve serves until ctx ends, then shuts down gracefully: health turns
-// NOT_SERVING, calls in flight finish (at most drain), listeners close.
+// Serve serves until ctx ends, then shuts down within drain in all:
+// health turns NOT_SERVING at once (Check, Watch and /healthcheck say so)
+// while calls are still answered, for a fifth of drain (at most 5s) so
+// that probers see it; then health Watch streams end, the listeners
+// close and calls in flight finish; whatever is left at drain is cut.
 func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 	errc := make(chan error, 1+len(srv.httpSrvs))
 	go func() { errc <- srv.grpc.Serve(srv.grpcLis) }()
@@ -303,31 +314,67 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+	var statsDone chan struct{}
+	if srv.statsd != nil {
+		statsDone = make(chan struct{})
+		go func() {
+			defer close(statsDone)
+			// flushes once more when rctx ends
+			srv.statsd.(interface {
+				StartContext(context.Context, *time.Ticker)
+			}).StartContext(rctx, time.NewTicker(srv.Settings.StatsFlushInterval))
+		}()
+	}
 
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	start := time.Now()
+	srv.stopping.Store(true)
 	srv.setHealth(false)
-	done := make(chan struct{})
-	go func() { srv.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(drain):
-		srv.grpc.Stop()
+	delay := min(drain/5, 5*time.Second)
+	srv.Log.Warn("rls: shutting down: health is NOT_SERVING; calls are answered until the listeners close",
+		"listeners_close_in", delay, "drain", drain)
+	if err == nil {
+		time.Sleep(delay)
 	}
-	sctx, scancel := context.WithTimeout(context.Background(), drain)
-	defer scancel()
+	close(srv.stopped) // ends health Watch streams
+	dctx, dcancel := context.WithDeadline(context.Background(), start.Add(drain))
+	defer dcancel()
+	var wg sync.WaitGroup
+	wg.Add(1 + len(srv.httpSrvs))
+	go func() {
+		defer wg.Done()
+		done := make(chan struct{})
+		go func() { srv.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-dctx.Done():
+			srv.grpc.Stop()
+		}
+	}()
 	for _, h := range srv.httpSrvs {
-		_ = h.Shutdown(sctx)
+		go func() {
+			defer wg.Done()
+			if h.Shutdown(dctx) != nil {
+				_ = h.Close()
+			}
+		}()
 	}
+	wg.Wait()
+	cancel()
+	if statsDone != nil {
+		<-statsDone
+	}
+	srv.Log.Warn("rls: stopped", "took", time.Since(start).Round(time.Millisecond))
 	return err
 }
 
 // Run is the binary: it reports the unsupported variables that are set,
 // builds the Redis client, the store and the server, and serves until ctx
-// ends (SIGTERM).
+// ends (SIGTERM), shutting down within SPILLWAY_DRAIN.
 func Run(ctx context.Context, s Settings, notices []string) error {
 	log := Logger(s, os.Stderr)
 	for _, n := range notices {
@@ -338,6 +385,11 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 		return err
 	}
 	defer client.Close()
+	errs := newRedisErrors(log)
+	client.AddHook(errs)
+	if _, err := fallback.NewHealth(client, fallback.HealthSettings{Name: "redis", OnStateChange: breakerLog(log, errs)}); err != nil {
+		return err
+	}
 	store, err := NewStore(client, s)
 	if err != nil {
 		return err
@@ -351,5 +403,5 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 	}
 	log.Warn("rls: serving", "grpc", srv.GRPCAddr().String(), "http", net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
 		"config", s.ConfigDir(), "redis", s.RedisType)
-	return srv.Serve(ctx, 20*time.Second)
+	return srv.Serve(ctx, s.Drain)
 }

@@ -132,6 +132,7 @@ func (e errService) Error() string { return string(e) }
 // ShouldRateLimit decides a request. See Service.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	s.stats.TotalRequests.Add(1)
+	defer s.stats.observe(time.Now())
 	resp, err := s.shouldRateLimit(ctx, req)
 	if err != nil {
 		var se errService
@@ -259,6 +260,11 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		var err error
 		if allowed, err = s.store.Decide(dctx, items, out); err != nil {
 			return nil, err
+		}
+		if out[0].Degraded {
+			// Redis did not decide this call (it failed, or the breaker
+			// is open): the reference counts such a call as redis_error
+			s.stats.RedisErrors.Add(1)
 		}
 		cached = reached != nil && !*reached && !allowed && !out[0].Degraded
 	}

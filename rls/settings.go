@@ -17,7 +17,7 @@ type Settings struct {
 	Port, GrpcPort int    // PORT (HTTP: /healthcheck, /json), GRPC_PORT
 	GrpcUDS        string // GRPC_UDS: a unix socket instead of GRPC_HOST:GRPC_PORT
 	DebugHost      string // DEBUG_HOST
-	DebugPort      int    // DEBUG_PORT: /debug/pprof/ when set (0: no debug listener)
+	DebugPort      int    // DEBUG_PORT (6070): /rlconfig, /stats, /debug/pprof/ (0: no debug listener)
 
 	GrpcMaxConnectionAge, GrpcMaxConnectionAgeGrace time.Duration
 
@@ -50,6 +50,18 @@ type Settings struct {
 	ReloadInterval time.Duration // SPILLWAY_RELOAD_INTERVAL: how often the config directory is checked (1s)
 	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
+
+	// Operations: stats sinks, shutdown (read by opsVariables).
+	UseStatsd          bool              // USE_STATSD (default true): the reference's stats to STATSD_HOST:STATSD_PORT
+	UseDogStatsd       bool              // USE_DOG_STATSD: the same stats in DogStatsD's format, EXTRA_TAGS as its tags
+	StatsdHost         string            // STATSD_HOST (localhost)
+	StatsdPort         int               // STATSD_PORT (8125)
+	StatsdProtocol     string            // STATSD_PROTOCOL: tcp, udp, or unset: tcp, udp when tcp is refused at start
+	ExtraTags          map[string]string // EXTRA_TAGS: k1:v1,k2:v2 on every statsd stat
+	StatsFlushInterval time.Duration     // STATS_FLUSH_INTERVAL (10s)
+	DisableStats       bool              // DISABLE_STATS: no statsd, no Prometheus endpoint
+	ResponseTimeMillis bool              // PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
+	Drain              time.Duration     // SPILLWAY_DRAIN (25s): the most a shutdown takes, NOT_SERVING first
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -115,12 +127,7 @@ var supported = []variable{
 	{"GRPC_PORT", "8081", integer(func(s *Settings) *int { return &s.GrpcPort })},
 	{"GRPC_UDS", "", str(func(s *Settings) *string { return &s.GrpcUDS })},
 	{"DEBUG_HOST", "0.0.0.0", str(func(s *Settings) *string { return &s.DebugHost })},
-	{"DEBUG_PORT", "", func(s *Settings, v string) error {
-		if v == "" {
-			return nil
-		}
-		return integer(func(s *Settings) *int { return &s.DebugPort })(s, v)
-	}},
+	{"DEBUG_PORT", "6070", integer(func(s *Settings) *int { return &s.DebugPort })},
 	{"GRPC_MAX_CONNECTION_AGE", "24h", duration(func(s *Settings) *time.Duration { return &s.GrpcMaxConnectionAge })},
 	{"GRPC_MAX_CONNECTION_AGE_GRACE", "1h", duration(func(s *Settings) *time.Duration { return &s.GrpcMaxConnectionAgeGrace })},
 	{"LOG_LEVEL", "WARN", str(func(s *Settings) *string { return &s.LogLevel })},
@@ -182,6 +189,38 @@ var supported = []variable{
 	{"SPILLWAY_IETF_HEADERS", "true", boolean(func(s *Settings) *bool { return &s.IETFHeaders })},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
+
+	// Operations: stats sinks and shutdown (the reference's defaults).
+	{"USE_STATSD", "true", boolean(func(s *Settings) *bool { return &s.UseStatsd })},
+	{"USE_DOG_STATSD", "false", boolean(func(s *Settings) *bool { return &s.UseDogStatsd })},
+	{"STATSD_HOST", "localhost", str(func(s *Settings) *string { return &s.StatsdHost })},
+	{"STATSD_PORT", "8125", integer(func(s *Settings) *int { return &s.StatsdPort })},
+	{"STATSD_PROTOCOL", "", func(s *Settings, v string) error {
+		switch v = strings.ToLower(v); v {
+		case "", "tcp", "udp", "tcp4", "tcp6", "udp4", "udp6":
+			s.StatsdProtocol = v
+			return nil
+		}
+		return fmt.Errorf("expected tcp or udp, got %q", v)
+	}},
+	{"EXTRA_TAGS", "", func(s *Settings, v string) error {
+		s.ExtraTags = map[string]string{}
+		if v == "" {
+			return nil
+		}
+		for _, kv := range strings.Split(v, ",") {
+			k, val, ok := strings.Cut(kv, ":")
+			if !ok || k == "" {
+				return fmt.Errorf("expected tags like key1:value1,key2:value2, got %q", kv)
+			}
+			s.ExtraTags[k] = val
+		}
+		return nil
+	}},
+	{"STATS_FLUSH_INTERVAL", "10s", duration(func(s *Settings) *time.Duration { return &s.StatsFlushInterval })},
+	{"DISABLE_STATS", "false", boolean(func(s *Settings) *bool { return &s.DisableStats })},
+	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false", boolean(func(s *Settings) *bool { return &s.ResponseTimeMillis })},
+	{"SPILLWAY_DRAIN", "25s", duration(func(s *Settings) *time.Duration { return &s.Drain })},
 }
 
 func noop(*Settings, string) error { return nil }
@@ -214,16 +253,8 @@ var unsupported = []struct {
 	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "no xDS config server", nil},
 	{"XDS_CLIENT_BACKOFF_JITTER", "no xDS config server", nil},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "no xDS config server", nil},
-	{"USE_STATSD", "no statsd sink: the same counters are on the Prometheus endpoint (USE_PROMETHEUS)", isFalse},
-	{"STATSD_HOST", "no statsd sink", nil},
-	{"STATSD_PORT", "no statsd sink", nil},
-	{"USE_DOG_STATSD", "no statsd sink", isFalse},
-	{"USE_DOG_STATSD_MOGRIFIERS", "no statsd sink", nil},
-	{"EXTRA_TAGS", "no statsd tags", nil},
-	{"STATS_FLUSH_INTERVAL", "counters are read at scrape time; nothing to flush", nil},
-	{"DISABLE_STATS", "stats are always kept; leave USE_PROMETHEUS off to not serve them", isFalse},
+	{"USE_DOG_STATSD_MOGRIFIERS", "no DogStatsD mogrifiers: stats keep the reference's default names", nil},
 	{"PROMETHEUS_MAPPER_YAML", "the metric names and labels are fixed (the reference's default mapping)", nil},
-	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "no response time histogram", nil},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "every key expires exactly when its state is back to full; no jitter needed", nil},
 	{"BACKEND_TYPE", "only Redis", func(v string) bool { return strings.EqualFold(v, "redis") }},
 	{"REDIS_TLS", "no TLS to Redis", isFalse},
@@ -249,7 +280,7 @@ var unsupported = []struct {
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "no second Redis for per-second limits", nil},
 	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "health stays SERVING while Redis is down: calls are answered by the local share", isFalse},
 	{"REDIS_TIMEOUT", "a call waits on Redis at most SPILLWAY_BUDGET (default 50ms), then the breaker's local share answers", nil},
-	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "a call waits for a pooled connection within SPILLWAY_BUDGET", func(v string) bool { return strings.EqualFold(v, "WAIT") }},
+	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "a call waits for a pooled connection within SPILLWAY_BUDGET (the reference refuses CREATE and ERROR at start too)", func(v string) bool { return strings.EqualFold(v, "WAIT") }},
 	{"REDIS_STARTUP_INITIAL_INTERVAL", "the server starts without Redis and answers from the local share until it is reachable", nil},
 	{"REDIS_STARTUP_MAX_INTERVAL", "the server starts without Redis", nil},
 	{"REDIS_STARTUP_MAX_ELAPSED_TIME", "the server starts without Redis", nil},
@@ -292,6 +323,9 @@ func Env(lookup func(string) (string, bool)) (Settings, []string, error) {
 	var notices []string
 	for _, u := range unsupported {
 		if val, ok := lookup(u.name); ok && (u.ok == nil || !u.ok(val)) {
+			if f := fatalWhen[u.name]; f != nil && f(val) {
+				return s, nil, fmt.Errorf("rls: %s=%s is not supported: %s; unset it (the server would not do what it asks)", u.name, val, u.why)
+			}
 			notices = append(notices, fmt.Sprintf("%s is set but not supported: %s", u.name, u.why))
 		}
 	}
@@ -339,5 +373,45 @@ func (s *Settings) validate() error {
 	default:
 		return fmt.Errorf("rls: LOG_FORMAT: %q is not text or json", s.LogFormat)
 	}
+	return s.validateOps()
+}
+
+// validateOps checks the operations settings.
+func (s *Settings) validateOps() error {
+	switch strings.ToLower(s.LogLevel) {
+	case "trace", "debug", "info", "warn", "warning", "error", "fatal", "panic":
+	default:
+		return fmt.Errorf("rls: LOG_LEVEL: %q is not a log level (trace, debug, info, warn, error, fatal, panic)", s.LogLevel)
+	}
+	if s.StatsFlushInterval <= 0 && s.UseStatsd {
+		return fmt.Errorf("rls: STATS_FLUSH_INTERVAL: must be positive")
+	}
+	if s.StatsdPort <= 0 || s.StatsdPort > 65535 {
+		return fmt.Errorf("rls: STATSD_PORT: %d is not a port", s.StatsdPort)
+	}
 	return nil
 }
+
+// fatalWhen holds the unsupported variables whose value would change what
+// is enforced, encrypted or reported: set to such a value (or to one that
+// does not parse), the server does not start, with one line naming it.
+// The others in unsupported change nothing observable and are warned
+// about. A variable that gets implemented leaves unsupported, and so this
+// list too.
+var fatalWhen = map[string]func(v string) bool{
+	"GRPC_SERVER_USE_TLS": notFalse, // plaintext where Envoy expects TLS
+	"REDIS_TLS":           notFalse, // Redis would be reached without TLS
+	// CONFIG_TYPE: GRPC_XDS_SOTW would leave the server without config;
+	// anything but FILE is invalid in the reference too.
+	"CONFIG_TYPE":                  func(v string) bool { return !strings.EqualFold(v, "FILE") },
+	"BACKEND_TYPE":                 func(v string) bool { return !strings.EqualFold(v, "redis") && v != "" },
+	"REDIS_PERSECOND":              notFalse,                                                     // per-second limits would go to the other Redis
+	"QUOTA_MODE":                   notFalse,                                                     // would enforce quota-mode limits
+	"RESPONSE_DYNAMIC_METADATA":    notFalse,                                                     // answers would lack the metadata
+	"TRACING_ENABLED":              notFalse,                                                     // no traces would be exported
+	"USE_DOG_STATSD_MOGRIFIERS":    func(v string) bool { return v != "" },                       // stat names would differ
+	"PROMETHEUS_MAPPER_YAML":       func(v string) bool { return v != "" },                       // metric names would differ
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR": func(v string) bool { return !strings.EqualFold(v, "WAIT") }, // the reference refuses CREATE and ERROR at start
+}
+
+func notFalse(v string) bool { return !isFalse(v) }

@@ -10,6 +10,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	gostats "github.com/lyft/gostats"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/common/expfmt"
 )
 
 // counters are the reference's per-limit stats, under its names
@@ -37,10 +43,41 @@ type Stats struct {
 	Degraded                                  atomic.Uint64 // descriptors answered by the local share
 	GlobalShadowMode                          atomic.Uint64 // calls over the limit answered OK because of SHADOW_MODE
 	health                                    func() (state string, opened, failures int64)
+
+	// response time: a histogram on the Prometheus endpoint (with the Go
+	// and process collectors) and, with statsd on, the reference's timer
+	reg       *prometheus.Registry
+	respTime  prometheus.Observer
+	millis    bool // PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
+	respTimer gostats.Timer
 }
 
 // NewStats returns empty stats.
-func NewStats() *Stats { return &Stats{keys: map[string]*counters{}} }
+func NewStats() *Stats {
+	s := &Stats{keys: map[string]*counters{}, reg: prometheus.NewRegistry()}
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ratelimit_service_response_time_seconds",
+		Help:    "Time to answer a ShouldRateLimit call.",
+		Buckets: prometheus.DefBuckets,
+	}, []string{"grpc_method"})
+	s.respTime = h.WithLabelValues("ShouldRateLimit")
+	s.reg.MustRegister(h, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return s
+}
+
+// observe records a call that started at start.
+func (s *Stats) observe(start time.Time) {
+	d := time.Since(start)
+	if s.millis {
+		s.respTime.Observe(float64(d) / float64(time.Millisecond))
+	} else {
+		s.respTime.Observe(d.Seconds())
+	}
+	if s.respTimer != nil {
+		// the reference's unit: whole milliseconds
+		s.respTimer.AddValue(float64(d.Milliseconds()))
+	}
+}
 
 var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 
@@ -210,6 +247,16 @@ func (s *Stats) WritePrometheus(w io.Writer) error {
 		}
 		counter("spillway_rls_redis_breaker_opened_total", "Times the breaker on Redis opened.", uint64(opened))
 		counter("spillway_rls_redis_failures_total", "Redis calls that failed (timeout, refused, reset).", uint64(failures))
+	}
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		return err
+	}
+	enc := expfmt.NewEncoder(bw, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return err
+		}
 	}
 	return bw.Flush()
 }

@@ -133,7 +133,7 @@ func start(t *testing.T, b backend, files map[string]string, extra ...string) *s
 		"RUNTIME_ROOT=" + s.dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort, "HOST=127.0.0.1", "PORT=" + httpPort,
 		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + s.prom, "LOG_LEVEL=info",
-		"SPILLWAY_RELOAD_INTERVAL=100ms",
+		"SPILLWAY_RELOAD_INTERVAL=100ms", "DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(t),
 		// a budget no loaded test machine (-race, a busy CI) overruns: the
 		// exact answers below are Redis's, not the local share's
 		"SPILLWAY_BUDGET=5s"}, b.env...)
