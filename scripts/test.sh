@@ -87,6 +87,13 @@ if [ "$#" -eq 0 ]; then
     check_module "$m"
   done
   check_dependencies
+  echo "test.sh: building cmd/spillway-ratelimit as its Dockerfile does (CGO_ENABLED=0: a static binary)" >&2
+  bin=$(mktemp -d)/spillway-ratelimit
+  (cd cmd/spillway-ratelimit && CGO_ENABLED=0 GOWORK=off go build -o "$bin" .) ||
+    fail "cmd/spillway-ratelimit does not build with CGO_ENABLED=0 (cmd/spillway-ratelimit/Dockerfile builds it so)"
+  go version -m "$bin" | grep -q 'CGO_ENABLED=0' || fail "$bin: not built with CGO_ENABLED=0"
+  "$bin" -version >/dev/null || fail "$bin -version failed"
+  rm -rf "$(dirname "$bin")"
   echo "test.sh: checking that loadtest/ decides no admission itself" >&2
   (cd loadtest && go test -count=1 -run 'TestNoAdmissionOutsideTheLibrary|TestAdmissionCheckFails' .) ||
     fail "loadtest/ decides admission outside the library's blocks (see loadtest/admission_test.go)"

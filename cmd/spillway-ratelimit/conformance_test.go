@@ -507,11 +507,10 @@ func TestHotReload(t *testing.T) {
 func TestStartupAndShutdown(t *testing.T) {
 	b := singleBackend(t)
 	s := start(t, b, map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n"},
-		"USE_STATSD=true", "REDIS_TLS=false", "QUOTA_MODE=true")
+		"USE_STATSD=false", "REDIS_TLS=false", "REDIS_TIMEOUT=1s")
 	// a set variable the server does not support is reported; one set to
 	// what it does anyway is not
-	require.Contains(t, s.log(), "USE_STATSD is set but not supported")
-	require.Contains(t, s.log(), "QUOTA_MODE is set but not supported")
+	require.Contains(t, s.log(), "REDIS_TIMEOUT is set but not supported")
 	require.NotContains(t, s.log(), "REDIS_TLS")
 
 	// an unknown domain: no limit, counted
@@ -616,6 +615,12 @@ func TestRedisDown(t *testing.T) {
 	require.EqualValues(t, 7, s.metric("spillway_rls_degraded_total"))
 	require.EqualValues(t, 1, s.metric(`spillway_rls_redis_breaker_state{state="open"}`))
 	require.EqualValues(t, 1, s.metric("spillway_rls_redis_breaker_opened_total"))
+	// calls Redis did not decide are redis_error, as the reference counts
+	// its failed calls; the breaker's opening is logged with its cause,
+	// and the first timeout once
+	require.EqualValues(t, 7, s.metric(`ratelimit_service_should_rate_limit_error{err_type="redis_error"}`))
+	require.Regexp(t, `redis breaker open: .* cause=".+"`, s.log())
+	require.Equal(t, 1, strings.Count(s.log(), "kind=timeout"), s.log())
 
 	// back: Redis decides again, with what it had
 	require.NoError(t, rs.Resume())
@@ -624,6 +629,7 @@ func TestRedisDown(t *testing.T) {
 		return s.metric(`spillway_rls_redis_breaker_state{state="closed"}`) == 1
 	})
 	check(t, s.call("d", 0, desc("k=up")), OK, ok(10, DAY, 8))
+	require.Contains(t, s.log(), "redis breaker closed")
 }
 
 // TestLocalCache: LOCAL_CACHE_SIZE_IN_BYTES keeps denials locally, as the
