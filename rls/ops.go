@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func newStatsd(s Settings, st *Stats, log *slog.Logger) (gostats.Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rls: USE_DOG_STATSD: %w", err)
 		}
-		sink = dogSink{c}
+		sink = dogSink{c, s.mogrifiers}
 		log.Info("rls: stats to DogStatsD", "addr", addr)
 	} else {
 		proto := s.StatsdProtocol
@@ -129,35 +130,64 @@ func (g *statsdGen) GenerateStats() {
 }
 
 // dogSink sends the store's stats in DogStatsD's format: the tags that
-// gostats serializes into a name (name.__key=value) become tags.
-type dogSink struct{ c *statsd.Client }
+// gostats serializes into a name (name.__key=value) become tags, and the
+// first of the mogrifiers that matches renames the stat and adds its tags.
+type dogSink struct {
+	c          *statsd.Client
+	mogrifiers []mogrifier
+}
 
-func splitTags(name string) (string, []string) {
-	short, rest, ok := strings.Cut(name, ".__")
-	if !ok {
-		return name, nil
+var submatch = regexp.MustCompile(`\$\d+`)
+
+// expand replaces $0, $1 … in p by m's submatches (kept when out of range).
+func expand(p string, m []string) string {
+	if !strings.Contains(p, "$") {
+		return p
 	}
-	var tags []string
-	for _, kv := range strings.Split(rest, ".__") {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			tags = append(tags, k+":"+v)
+	return submatch.ReplaceAllStringFunc(p, func(s string) string {
+		if i, err := strconv.Atoi(s[1:]); err == nil && i < len(m) {
+			return m[i]
 		}
+		return s
+	})
+}
+
+func (d dogSink) mogrify(name string) (string, []string) {
+	short, rest, ok := strings.Cut(name, ".__")
+	var tags []string
+	if ok {
+		for _, kv := range strings.Split(rest, ".__") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				tags = append(tags, k+":"+v)
+			}
+		}
+	}
+	for _, mg := range d.mogrifiers {
+		m := mg.re.FindStringSubmatch(short)
+		if m == nil {
+			continue
+		}
+		short = expand(mg.name, m)
+		for _, t := range mg.tags {
+			tags = append(tags, t[0]+":"+expand(t[1], m))
+		}
+		break
 	}
 	return short, tags
 }
 
 func (d dogSink) FlushCounter(name string, v uint64) {
-	n, tags := splitTags(name)
+	n, tags := d.mogrify(name)
 	_ = d.c.Count(n, int64(v), tags, 1)
 }
 
 func (d dogSink) FlushGauge(name string, v uint64) {
-	n, tags := splitTags(name)
+	n, tags := d.mogrify(name)
 	_ = d.c.Gauge(n, float64(v), tags, 1)
 }
 
 func (d dogSink) FlushTimer(name string, ms float64) {
-	n, tags := splitTags(name)
+	n, tags := d.mogrify(name)
 	_ = d.c.Timing(n, time.Duration(ms*float64(time.Millisecond)), tags, 1)
 }
 

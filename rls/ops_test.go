@@ -228,6 +228,27 @@ func TestStatsdTags(t *testing.T) {
 				g["ratelimit_server.ShouldRateLimit.response_time|ms|#env:prod,team:edge"] == 4
 		}, 5*time.Second, 20*time.Millisecond, "%v", l.snapshot())
 	})
+	t.Run("mogrifiers", func(t *testing.T) {
+		l := listenStatsd(t, "udp")
+		host, port, _ := net.SplitHostPort(l.addr)
+		_, c, _, _ := opsServer(t, map[string]string{"STATSD_HOST": host, "STATSD_PORT": port, "USE_DOG_STATSD": "true",
+			"USE_STATSD": "false", "EXTRA_TAGS": "env:prod", "USE_DOG_STATSD_MOGRIFIERS": "HITS,SERVER",
+			"DOG_STATSD_MOGRIFIER_HITS_PATTERN":   `^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$`,
+			"DOG_STATSD_MOGRIFIER_HITS_NAME":      "ratelimit.service.rate_limit.$3",
+			"DOG_STATSD_MOGRIFIER_HITS_TAGS":      "domain:$1,descriptor:$2",
+			"DOG_STATSD_MOGRIFIER_SERVER_PATTERN": `^ratelimit_server\.(\w+)\.(\w+)$`,
+			"DOG_STATSD_MOGRIFIER_SERVER_NAME":    "ratelimit_server.$2",
+			"DOG_STATSD_MOGRIFIER_SERVER_TAGS":    "method:$1"})
+		for range 4 {
+			call(t, c, "alice")
+		}
+		require.Eventually(t, func() bool {
+			g := sums(l.snapshot())
+			return g["ratelimit.service.rate_limit.total_hits|c|#env:prod,descriptor:user_alice,domain:ops"] == 4 &&
+				g["ratelimit.service.rate_limit.over_limit|c|#env:prod,descriptor:user_alice,domain:ops"] == 1 &&
+				g["ratelimit_server.total_requests|c|#env:prod,method:ShouldRateLimit"] == 4
+		}, 5*time.Second, 20*time.Millisecond, "%v", l.snapshot())
+	})
 }
 
 // TestPrometheusEndpoint: the response-time histogram under the

@@ -3,6 +3,7 @@ package rls
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +63,7 @@ type Settings struct {
 	DisableStats       bool              // DISABLE_STATS: no statsd, no Prometheus endpoint
 	ResponseTimeMillis bool              // PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
 	Drain              time.Duration     // SPILLWAY_DRAIN (25s): the most a shutdown takes, NOT_SERVING first
+	mogrifiers         []mogrifier       // USE_DOG_STATSD_MOGRIFIERS and their DOG_STATSD_MOGRIFIER_* variables
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -221,6 +223,7 @@ var supported = []variable{
 	{"DISABLE_STATS", "false", boolean(func(s *Settings) *bool { return &s.DisableStats })},
 	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false", boolean(func(s *Settings) *bool { return &s.ResponseTimeMillis })},
 	{"SPILLWAY_DRAIN", "25s", duration(func(s *Settings) *time.Duration { return &s.Drain })},
+	{"USE_DOG_STATSD_MOGRIFIERS", "", noop}, // read with its DOG_STATSD_MOGRIFIER_* by readMogrifiers
 }
 
 func noop(*Settings, string) error { return nil }
@@ -253,7 +256,6 @@ var unsupported = []struct {
 	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "no xDS config server", nil},
 	{"XDS_CLIENT_BACKOFF_JITTER", "no xDS config server", nil},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "no xDS config server", nil},
-	{"USE_DOG_STATSD_MOGRIFIERS", "no DogStatsD mogrifiers: stats keep the reference's default names", nil},
 	{"PROMETHEUS_MAPPER_YAML", "the metric names and labels are fixed (the reference's default mapping)", nil},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "every key expires exactly when its state is back to full; no jitter needed", nil},
 	{"BACKEND_TYPE", "only Redis", func(v string) bool { return strings.EqualFold(v, "redis") }},
@@ -333,6 +335,9 @@ func Env(lookup func(string) (string, bool)) (Settings, []string, error) {
 		notices = append(notices, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false is not supported: a denied request never charges any limit (all descriptors of a request are decided together)")
 	}
 	sort.Strings(notices)
+	if err := s.readMogrifiers(lookup); err != nil {
+		return s, nil, err
+	}
 	return s, notices, s.validate()
 }
 
@@ -409,9 +414,57 @@ var fatalWhen = map[string]func(v string) bool{
 	"QUOTA_MODE":                   notFalse,                                                     // would enforce quota-mode limits
 	"RESPONSE_DYNAMIC_METADATA":    notFalse,                                                     // answers would lack the metadata
 	"TRACING_ENABLED":              notFalse,                                                     // no traces would be exported
-	"USE_DOG_STATSD_MOGRIFIERS":    func(v string) bool { return v != "" },                       // stat names would differ
 	"PROMETHEUS_MAPPER_YAML":       func(v string) bool { return v != "" },                       // metric names would differ
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR": func(v string) bool { return !strings.EqualFold(v, "WAIT") }, // the reference refuses CREATE and ERROR at start
 }
 
 func notFalse(v string) bool { return !isFalse(v) }
+
+// mogrifier is one of USE_DOG_STATSD_MOGRIFIERS: a stat whose name
+// matches re is sent to DogStatsD as name, with tags; $1 … in either are
+// re's submatches.
+type mogrifier struct {
+	re   *regexp.Regexp
+	name string
+	tags [][2]string // key, value; sorted by key
+}
+
+// readMogrifiers reads USE_DOG_STATSD_MOGRIFIERS (NAME1,NAME2: tried in
+// this order, the first that matches applies) and, for each,
+// DOG_STATSD_MOGRIFIER_NAME_PATTERN, _NAME and _TAGS (k1:v1,k2:v2), as the
+// reference does.
+func (s *Settings) readMogrifiers(lookup func(string) (string, bool)) error {
+	v, _ := lookup("USE_DOG_STATSD_MOGRIFIERS")
+	if v == "" {
+		return nil
+	}
+	for _, m := range strings.Split(v, ",") {
+		p := "DOG_STATSD_MOGRIFIER_" + strings.ToUpper(m) + "_"
+		pattern, _ := lookup(p + "PATTERN")
+		name, _ := lookup(p + "NAME")
+		tags, _ := lookup(p + "TAGS")
+		if pattern == "" {
+			return fmt.Errorf("rls: USE_DOG_STATSD_MOGRIFIERS: no %sPATTERN for mogrifier %s", p, m)
+		}
+		re, err := regexp.Compile(pattern)
+		if err != nil {
+			return fmt.Errorf("rls: %sPATTERN: %w", p, err)
+		}
+		if name == "" {
+			return fmt.Errorf("rls: USE_DOG_STATSD_MOGRIFIERS: no %sNAME for mogrifier %s", p, m)
+		}
+		mg := mogrifier{re: re, name: name}
+		if tags != "" {
+			for _, kv := range strings.Split(tags, ",") {
+				k, val, _ := strings.Cut(kv, ":")
+				if k == "" || val == "" {
+					return fmt.Errorf("rls: %sTAGS: expected tags like key1:$1,key2:value2, got %q", p, kv)
+				}
+				mg.tags = append(mg.tags, [2]string{k, val})
+			}
+			sort.Slice(mg.tags, func(i, j int) bool { return mg.tags[i][0] < mg.tags[j][0] })
+		}
+		s.mogrifiers = append(s.mogrifiers, mg)
+	}
+	return nil
+}

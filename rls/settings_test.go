@@ -121,7 +121,7 @@ var referenceSettings = []struct {
 	{"XDS_CLIENT_BACKOFF_JITTER", "false", warn, "nothing without CONFIG_TYPE=GRPC_XDS_SOTW"},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1000", warn, "nothing without CONFIG_TYPE=GRPC_XDS_SOTW"},
 	{"USE_DOG_STATSD", "true", same, "implemented"},
-	{"USE_DOG_STATSD_MOGRIFIERS", "TAGS", fatal, "stat names would differ"},
+	{"USE_DOG_STATSD_MOGRIFIERS", "HITS", same, "implemented"},
 	{"USE_STATSD", "false", same, "implemented"},
 	{"STATSD_HOST", "statsd", same, "implemented"},
 	{"STATSD_PORT", "9125", same, "implemented"},
@@ -211,10 +211,24 @@ const (
 	fatal
 )
 
+// settingExtras are the variables a setting needs beside it.
+var settingExtras = map[string]map[string]string{
+	"USE_DOG_STATSD_MOGRIFIERS": {"DOG_STATSD_MOGRIFIER_HITS_PATTERN": `^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$`,
+		"DOG_STATSD_MOGRIFIER_HITS_NAME": "ratelimit.service.rate_limit.$3", "DOG_STATSD_MOGRIFIER_HITS_TAGS": "domain:$1,descriptor:$2"},
+}
+
+func settingEnv(name, value string) func(string) (string, bool) {
+	m := map[string]string{name: value}
+	for k, v := range settingExtras[name] {
+		m[k] = v
+	}
+	return env(m)
+}
+
 func TestReferenceSettings(t *testing.T) {
 	require.Len(t, referenceSettings, 114)
 	for _, c := range referenceSettings {
-		s, notices, err := Env(env(map[string]string{c.name: c.value}))
+		s, notices, err := Env(settingEnv(c.name, c.value))
 		switch c.class {
 		case same:
 			require.NoError(t, err, c.name)
@@ -239,7 +253,7 @@ func TestReferenceSettingsApplied(t *testing.T) {
 		if c.class != same || c.name == "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT" {
 			continue
 		}
-		s, _, err := Env(env(map[string]string{c.name: c.value}))
+		s, _, err := Env(settingEnv(c.name, c.value))
 		require.NoError(t, err)
 		require.NotEqual(t, def, s, "%s=%s changes nothing", c.name, c.value)
 	}
@@ -251,7 +265,7 @@ func TestInvalidValuesExit(t *testing.T) {
 	for k, v := range map[string]string{
 		"LOG_LEVEL": "loud", "USE_STATSD": "yes please", "STATSD_PORT": "x", "EXTRA_TAGS": "novalue",
 		"STATS_FLUSH_INTERVAL": "often", "DEBUG_PORT": "x", "SPILLWAY_DRAIN": "later", "STATSD_PROTOCOL": "sctp",
-		"REDIS_TLS": "maybe", "CONFIG_TYPE": "CONSUL", "BACKEND_TYPE": "etcd",
+		"REDIS_TLS": "maybe", "CONFIG_TYPE": "CONSUL", "BACKEND_TYPE": "etcd", "USE_DOG_STATSD_MOGRIFIERS": "NOPATTERN",
 	} {
 		_, _, err := Env(env(map[string]string{k: v}))
 		require.ErrorContains(t, err, k, "%s=%s", k, v)
