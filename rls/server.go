@@ -319,10 +319,9 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 		statsDone = make(chan struct{})
 		go func() {
 			defer close(statsDone)
-			// flushes once more when rctx ends
-			srv.statsd.(interface {
-				StartContext(context.Context, *time.Ticker)
-			}).StartContext(rctx, time.NewTicker(srv.Settings.StatsFlushInterval))
+			t := time.NewTicker(srv.Settings.StatsFlushInterval)
+			defer t.Stop()
+			srv.statsd.StartContext(rctx, t) // flushes once more when rctx ends
 		}()
 	}
 
@@ -380,6 +379,8 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 	for _, n := range notices {
 		log.Warn("rls: " + n)
 	}
+	// go-redis's own lines in the same format, one per pattern per 10s
+	redis.SetLogger(fallback.NewRedisLogger(log, 0))
 	client, err := NewRedisClient(s)
 	if err != nil {
 		return err

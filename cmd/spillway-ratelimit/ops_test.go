@@ -5,6 +5,7 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -249,3 +250,27 @@ func TestRedisErrorLoggedOnce(t *testing.T) {
 }
 
 var pbRequest = pb.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{desc("k=v")}}
+
+// TestJSONLogs: with LOG_FORMAT=json every line the server writes is
+// JSON with the reference's field names, go-redis's own lines and the
+// Redis error and breaker lines included (here Redis is not there).
+func TestJSONLogs(t *testing.T) {
+	b := backend{"none", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=single", "REDIS_URL=127.0.0.1:" + port(t)}, nil}
+	s := start(t, b, map[string]string{"d.yaml": opsYAML}, "LOG_FORMAT=json", "LOG_LEVEL=info", "SPILLWAY_BUDGET=50ms")
+	for range 10 {
+		s.call("d", 0, desc("k=v")) // the local share answers
+	}
+	redistest.WaitFor(t, "the breaker's line", 20*time.Millisecond, func() bool { return strings.Contains(s.log(), "redis breaker open") })
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	<-s.exited
+	lines := strings.Split(strings.TrimSpace(s.log()), "\n")
+	require.Greater(t, len(lines), 3)
+	for _, l := range lines {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		require.Contains(t, m, "@timestamp", l)
+		require.Contains(t, m, "@message", l)
+		require.Contains(t, []any{"debug", "info", "warning", "error"}, m["level"], l)
+	}
+	require.Contains(t, s.log(), `"kind":"connection refused"`)
+}
