@@ -133,7 +133,7 @@ func TestConfigAsReferenceReadsIt(t *testing.T) {
 		{[]string{"alias", "x"}, 5, "MINUTE", ""},
 		{[]string{"user", "u", "plan", "free"}, 2, "MINUTE", ""},
 		{[]string{"member", "u", "plan", "free"}, 2, "MINUTE", ""}, // the merged tree, under its own key
-		{[]string{"merged", "x"}, 7, "DAY", "first"},                // the first merged mapping wins
+		{[]string{"merged", "x"}, 7, "DAY", "first"},               // the first merged mapping wins
 		{[]string{"replacing", "x"}, 3, "SECOND", ""},
 		{[]string{"dup", "x"}, 9, "HOUR", ""}, // a key twice: the last, as the reference reads it
 		{[]string{"meta", "x"}, 4, "HOUR", ""},
