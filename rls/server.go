@@ -55,18 +55,24 @@ func Logger(s Settings, w io.Writer) *slog.Logger {
 }
 
 // NewRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
-// REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH and REDIS_POOL_SIZE
-// describe, tuned so that a call's budget holds (fallback.Tune…Options).
+// REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH, REDIS_POOL_SIZE and
+// REDIS_TLS* describe, tuned so that a call's budget holds
+// (fallback.Tune…Options).
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	user, pass := "", s.RedisAuth
 	if u, p, ok := strings.Cut(s.RedisAuth, ":"); ok {
 		user, pass = u, p
 	}
 	urls := strings.Split(s.RedisURL, ",")
+	rediss := strings.HasPrefix(s.RedisURL, "rediss://")
+	tc, err := redisTLS(s, rediss)
+	if err != nil {
+		return nil, err
+	}
 	switch strings.ToLower(s.RedisType) {
 	case "single":
 		var o *redis.Options
-		if strings.HasPrefix(s.RedisURL, "redis://") || strings.HasPrefix(s.RedisURL, "unix://") {
+		if rediss || strings.HasPrefix(s.RedisURL, "redis://") || strings.HasPrefix(s.RedisURL, "unix://") {
 			var err error
 			if o, err = redis.ParseURL(s.RedisURL); err != nil {
 				return nil, fmt.Errorf("rls: REDIS_URL: %w", err)
@@ -79,10 +85,19 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		}
 		o.PoolSize = s.RedisPoolSize
 		fallback.TuneOptions(o)
+		if tc != nil {
+			if o.TLSConfig != nil && o.TLSConfig.ServerName != "" { // rediss://host: its name
+				tc.ServerName = o.TLSConfig.ServerName
+			}
+			o.TLSConfig, o.Dialer = nil, tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewClient(o), nil
 	case "cluster":
 		o := &redis.UniversalOptions{Addrs: urls, Username: user, Password: pass, PoolSize: s.RedisPoolSize, IsClusterMode: true}
 		fallback.TuneUniversalOptions(o)
+		if tc != nil {
+			o.Dialer = tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewUniversalClient(o), nil
 	case "sentinel":
 		if len(urls) < 2 {
@@ -91,6 +106,9 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		o := &redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:], Username: user, Password: pass,
 			SentinelPassword: s.RedisSentinelAuth, PoolSize: s.RedisPoolSize}
 		fallback.TuneFailoverOptions(o)
+		if tc != nil {
+			o.Dialer = tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewFailoverClient(o), nil
 	}
 	return nil, fmt.Errorf("rls: REDIS_TYPE: %q is not single, cluster or sentinel", s.RedisType)
@@ -195,7 +213,16 @@ func (srv *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("rls: gRPC listener: %w", err)
 	}
-	srv.grpc = grpc.NewServer(ServerOptions(s)...)
+	opts := ServerOptions(s)
+	creds, err := grpcCreds(s, srv.Log)
+	if err != nil {
+		srv.grpcLis.Close()
+		return err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	srv.grpc = grpc.NewServer(opts...)
 	pb.RegisterRateLimitServiceServer(srv.grpc, srv.Service)
 	healthpb.RegisterHealthServer(srv.grpc, srv.health)
 	reflection.Register(srv.grpc)

@@ -50,6 +50,17 @@ type Settings struct {
 	ReloadInterval time.Duration // SPILLWAY_RELOAD_INTERVAL: how often the config directory is checked (1s)
 	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
+
+	// Transport: TLS to Redis and on the gRPC listener (tls.go), the
+	// reference's variables.
+	RedisTLS                              bool   // REDIS_TLS (or a rediss:// REDIS_URL)
+	RedisTLSClientCert, RedisTLSClientKey string // REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: files
+	RedisTLSCACert                        string // REDIS_TLS_CACERT: a file of roots, beside the system's
+	RedisTLSSkipHostnameVerification      bool   // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: verify the chain, not the name
+	GrpcServerUseTLS                      bool   // GRPC_SERVER_USE_TLS
+	GrpcServerTLSCert, GrpcServerTLSKey   string // GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY: files, read again when they change
+	GrpcClientTLSCACert                   string // GRPC_CLIENT_TLS_CACERT: require client certificates signed by these (mTLS)
+	GrpcClientTLSSAN                      string // GRPC_CLIENT_TLS_SAN: the name a client certificate must carry
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -180,6 +191,17 @@ var supported = []variable{
 	{"SPILLWAY_RELOAD_INTERVAL", "1s", duration(func(s *Settings) *time.Duration { return &s.ReloadInterval })},
 	{"SPILLWAY_COALESCE", "1", integer(func(s *Settings) *int { return &s.Coalesce })},
 	{"SPILLWAY_IETF_HEADERS", "true", boolean(func(s *Settings) *bool { return &s.IETFHeaders })},
+	// Transport (tls.go)
+	{"REDIS_TLS", "false", boolean(func(s *Settings) *bool { return &s.RedisTLS })},
+	{"REDIS_TLS_CLIENT_CERT", "", str(func(s *Settings) *string { return &s.RedisTLSClientCert })},
+	{"REDIS_TLS_CLIENT_KEY", "", str(func(s *Settings) *string { return &s.RedisTLSClientKey })},
+	{"REDIS_TLS_CACERT", "", str(func(s *Settings) *string { return &s.RedisTLSCACert })},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", boolean(func(s *Settings) *bool { return &s.RedisTLSSkipHostnameVerification })},
+	{"GRPC_SERVER_USE_TLS", "false", boolean(func(s *Settings) *bool { return &s.GrpcServerUseTLS })},
+	{"GRPC_SERVER_TLS_CERT", "", str(func(s *Settings) *string { return &s.GrpcServerTLSCert })},
+	{"GRPC_SERVER_TLS_KEY", "", str(func(s *Settings) *string { return &s.GrpcServerTLSKey })},
+	{"GRPC_CLIENT_TLS_CACERT", "", str(func(s *Settings) *string { return &s.GrpcClientTLSCACert })},
+	{"GRPC_CLIENT_TLS_SAN", "", str(func(s *Settings) *string { return &s.GrpcClientTLSSAN })},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
 }
@@ -193,11 +215,6 @@ var unsupported = []struct {
 	name, why string
 	ok        func(v string) bool
 }{
-	{"GRPC_SERVER_USE_TLS", "no TLS on the gRPC listener: terminate TLS in the mesh (sidecar)", isFalse},
-	{"GRPC_SERVER_TLS_CERT", "no TLS on the gRPC listener", nil},
-	{"GRPC_SERVER_TLS_KEY", "no TLS on the gRPC listener", nil},
-	{"GRPC_CLIENT_TLS_CACERT", "no TLS on the gRPC listener", nil},
-	{"GRPC_CLIENT_TLS_SAN", "no TLS on the gRPC listener", nil},
 	{"CONFIG_TYPE", "only FILE configs (no xDS config server)", func(v string) bool { return strings.EqualFold(v, "FILE") }},
 	{"CONFIG_GRPC_XDS_NODE_ID", "no xDS config server", nil},
 	{"CONFIG_GRPC_XDS_NODE_METADATA", "no xDS config server", nil},
@@ -226,11 +243,6 @@ var unsupported = []struct {
 	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "no response time histogram", nil},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "every key expires exactly when its state is back to full; no jitter needed", nil},
 	{"BACKEND_TYPE", "only Redis", func(v string) bool { return strings.EqualFold(v, "redis") }},
-	{"REDIS_TLS", "no TLS to Redis", isFalse},
-	{"REDIS_TLS_CLIENT_CERT", "no TLS to Redis", nil},
-	{"REDIS_TLS_CLIENT_KEY", "no TLS to Redis", nil},
-	{"REDIS_TLS_CACERT", "no TLS to Redis", nil},
-	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "no TLS to Redis", nil},
 	{"REDIS_PIPELINE_WINDOW", "calls in flight are coalesced into one script call without a timer; no window to set", nil},
 	{"REDIS_PIPELINE_LIMIT", "calls are coalesced without a limit to set", nil},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "a request's slots are decided in parallel", nil},
