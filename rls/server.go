@@ -140,6 +140,9 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
 	}
 	var inner ratelimit.Store = ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix), ratelimit.WithCoalescing(s.Coalesce))
+	if s.ReferenceKeys {
+		inner = &refStore{next: inner, client: client, prefix: s.CacheKeyPrefix, now: time.Now}
+	}
 	if fs.DenyCacheSize > 0 {
 		inner = seenStore{inner.(ratelimit.BoundedStore)}
 	}

@@ -61,6 +61,11 @@ type Settings struct {
 	GrpcServerTLSCert, GrpcServerTLSKey   string // GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY: files, read again when they change
 	GrpcClientTLSCACert                   string // GRPC_CLIENT_TLS_CACERT: require client certificates signed by these (mTLS)
 	GrpcClientTLSSAN                      string // GRPC_CLIENT_TLS_SAN: the name a client certificate must carry
+
+	// ReferenceKeys (SPILLWAY_KEY_FORMAT=reference): fixed-window limits in
+	// a reference unit keep their counts under the reference server's keys
+	// (refkeys.go), shared with its pods during a rolling swap.
+	ReferenceKeys bool
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -202,6 +207,17 @@ var supported = []variable{
 	{"GRPC_SERVER_TLS_KEY", "", str(func(s *Settings) *string { return &s.GrpcServerTLSKey })},
 	{"GRPC_CLIENT_TLS_CACERT", "", str(func(s *Settings) *string { return &s.GrpcClientTLSCACert })},
 	{"GRPC_CLIENT_TLS_SAN", "", str(func(s *Settings) *string { return &s.GrpcClientTLSSAN })},
+	{"SPILLWAY_KEY_FORMAT", "spillway", func(s *Settings, v string) error {
+		switch strings.ToLower(v) {
+		case "spillway":
+			s.ReferenceKeys = false
+		case "reference":
+			s.ReferenceKeys = true
+		default:
+			return fmt.Errorf("expected spillway or reference, got %q", v)
+		}
+		return nil
+	}},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
 }
