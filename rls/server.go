@@ -159,6 +159,7 @@ type Server struct {
 
 	health   *health.Server
 	healthy  atomic.Bool // what /healthcheck answers
+	xds      *xdsClient  // CONFIG_TYPE=GRPC_XDS_SOTW: the config's source instead of the directory
 	grpc     *grpc.Server
 	grpcLis  net.Listener
 	httpSrvs []*http.Server
@@ -187,6 +188,14 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 		}
 	}
 	srv.setHealth(!s.HealthyWithConfig)
+	if s.ConfigType == "GRPC_XDS_SOTW" {
+		// the config comes from the management server, once serving
+		if _, err := xdsDialOptions(s); err != nil {
+			return nil, err
+		}
+		srv.xds = &xdsClient{set: s, svc: svc, log: log, opts: LoadOptions{MergeDomains: s.MergeDomains}, onLoad: srv.Reloader.onLoad}
+		return srv, nil
+	}
 	if err := srv.Reloader.Load(); err != nil && !s.ForceStart {
 		return nil, err
 	}
@@ -332,7 +341,11 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+	if srv.xds != nil {
+		go srv.xds.run(rctx)
+	} else {
+		go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+	}
 
 	var err error
 	select {

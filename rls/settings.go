@@ -62,6 +62,20 @@ type Settings struct {
 	GrpcClientTLSCACert                   string // GRPC_CLIENT_TLS_CACERT: require client certificates signed by these (mTLS)
 	GrpcClientTLSSAN                      string // GRPC_CLIENT_TLS_SAN: the name a client certificate must carry
 
+	// xDS config (xds.go): CONFIG_TYPE=GRPC_XDS_SOTW and the reference's
+	// CONFIG_GRPC_XDS_* and XDS_CLIENT_* settings.
+	ConfigType                               string            // CONFIG_TYPE: FILE or GRPC_XDS_SOTW
+	XdsNodeID, XdsNodeMetadata, XdsServerURL string            // CONFIG_GRPC_XDS_NODE_ID, _NODE_METADATA (k=v,…), _SERVER_URL
+	XdsConnectRetryInterval                  time.Duration     // CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
+	XdsHeaders                               map[string]string // CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (k:v,…)
+	XdsServerUseTLS                          bool              // CONFIG_GRPC_XDS_SERVER_USE_TLS
+	XdsClientTLSCert, XdsClientTLSKey        string            // CONFIG_GRPC_XDS_CLIENT_TLS_CERT, _KEY
+	XdsServerTLSCACert, XdsServerTLSSAN      string            // CONFIG_GRPC_XDS_SERVER_TLS_CACERT, _SAN
+	XdsBackoffInitial, XdsBackoffMax         time.Duration     // XDS_CLIENT_BACKOFF_INITIAL_INTERVAL, _MAX_INTERVAL
+	XdsBackoffRandomFactor                   float64           // XDS_CLIENT_BACKOFF_RANDOM_FACTOR
+	XdsBackoffJitter                         bool              // XDS_CLIENT_BACKOFF_JITTER
+	XdsMaxMsgSize                            int               // XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES (0: gRPC's default)
+
 	// ReferenceKeys (SPILLWAY_KEY_FORMAT=reference): fixed-window limits in
 	// a reference unit keep their counts under the reference server's keys
 	// (refkeys.go), shared with its pods during a rolling swap.
@@ -207,6 +221,58 @@ var supported = []variable{
 	{"GRPC_SERVER_TLS_KEY", "", str(func(s *Settings) *string { return &s.GrpcServerTLSKey })},
 	{"GRPC_CLIENT_TLS_CACERT", "", str(func(s *Settings) *string { return &s.GrpcClientTLSCACert })},
 	{"GRPC_CLIENT_TLS_SAN", "", str(func(s *Settings) *string { return &s.GrpcClientTLSSAN })},
+	{"CONFIG_TYPE", "FILE", func(s *Settings, v string) error {
+		switch strings.ToUpper(v) {
+		case "FILE", "GRPC_XDS_SOTW":
+			s.ConfigType = strings.ToUpper(v)
+			return nil
+		}
+		return fmt.Errorf("expected FILE or GRPC_XDS_SOTW, got %q", v)
+	}},
+	{"CONFIG_GRPC_XDS_NODE_ID", "default", str(func(s *Settings) *string { return &s.XdsNodeID })},
+	{"CONFIG_GRPC_XDS_NODE_METADATA", "", str(func(s *Settings) *string { return &s.XdsNodeMetadata })},
+	{"CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", str(func(s *Settings) *string { return &s.XdsServerURL })},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", duration(func(s *Settings) *time.Duration { return &s.XdsConnectRetryInterval })},
+	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", func(s *Settings, v string) error {
+		s.XdsHeaders = nil
+		for _, kv := range strings.Split(v, ",") {
+			if kv == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(kv, ":")
+			if !ok {
+				return fmt.Errorf("expected key:value pairs separated by commas, got %q", kv)
+			}
+			if s.XdsHeaders == nil {
+				s.XdsHeaders = map[string]string{}
+			}
+			s.XdsHeaders[strings.TrimSpace(k)] = strings.TrimSpace(val)
+		}
+		return nil
+	}},
+	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", boolean(func(s *Settings) *bool { return &s.XdsServerUseTLS })},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", str(func(s *Settings) *string { return &s.XdsClientTLSCert })},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", str(func(s *Settings) *string { return &s.XdsClientTLSKey })},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", str(func(s *Settings) *string { return &s.XdsServerTLSCACert })},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", str(func(s *Settings) *string { return &s.XdsServerTLSSAN })},
+	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", duration(func(s *Settings) *time.Duration { return &s.XdsBackoffInitial })},
+	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", duration(func(s *Settings) *time.Duration { return &s.XdsBackoffMax })},
+	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", func(s *Settings, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			return fmt.Errorf("expected a factor from 0 to 1, got %q", v)
+		}
+		s.XdsBackoffRandomFactor = f
+		return nil
+	}},
+	{"XDS_CLIENT_BACKOFF_JITTER", "true", boolean(func(s *Settings) *bool { return &s.XdsBackoffJitter })},
+	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", func(s *Settings, v string) error {
+		if v == "" {
+			s.XdsMaxMsgSize = 0
+			return nil
+		}
+		return integer(func(s *Settings) *int { return &s.XdsMaxMsgSize })(s, v)
+	}},
 	{"SPILLWAY_KEY_FORMAT", "spillway", func(s *Settings, v string) error {
 		switch strings.ToLower(v) {
 		case "spillway":
@@ -231,22 +297,6 @@ var unsupported = []struct {
 	name, why string
 	ok        func(v string) bool
 }{
-	{"CONFIG_TYPE", "only FILE configs (no xDS config server)", func(v string) bool { return strings.EqualFold(v, "FILE") }},
-	{"CONFIG_GRPC_XDS_NODE_ID", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_NODE_METADATA", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_URL", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "no xDS config server", isFalse},
-	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_JITTER", "no xDS config server", nil},
-	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "no xDS config server", nil},
 	{"USE_STATSD", "no statsd sink: the same counters are on the Prometheus endpoint (USE_PROMETHEUS)", isFalse},
 	{"STATSD_HOST", "no statsd sink", nil},
 	{"STATSD_PORT", "no statsd sink", nil},
@@ -358,6 +408,9 @@ func (s *Settings) validate() error {
 	}
 	if s.ReloadInterval <= 0 {
 		return fmt.Errorf("rls: SPILLWAY_RELOAD_INTERVAL: must be positive")
+	}
+	if s.XdsBackoffInitial <= 0 || s.XdsBackoffMax < s.XdsBackoffInitial {
+		return fmt.Errorf("rls: XDS_CLIENT_BACKOFF_INITIAL_INTERVAL, XDS_CLIENT_BACKOFF_MAX_INTERVAL: want 0 < initial <= max")
 	}
 	if s.Budget <= 0 {
 		return fmt.Errorf("rls: SPILLWAY_BUDGET: must be positive")
