@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +90,47 @@ descriptors:
 	keys, err := client.Keys(ctx, "pre_d_*").Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{key}, keys)
+}
+
+// TestReferenceKeysCluster: on a Cluster the reference's keys (no hash
+// tags) of one call land in different slots and are decided one at a
+// time; a call denied by a later one gives back what an earlier one
+// charged.
+func TestReferenceKeysCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	set := DefaultSettings()
+	set.ReferenceKeys, set.Budget, set.RedisType, set.RedisURL = true, 5*time.Second, "cluster", strings.Join(cl.Addrs(), ",")
+	client, err := NewRedisClient(set)
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	store, err := NewStore(client, set)
+	require.NoError(t, err)
+	svc := NewService(store, set, nil, nil)
+	c, err := Load([]File{{Name: "c.yaml", Content: []byte("domain: c\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")}}, LoadOptions{})
+	require.NoError(t, err)
+	svc.SetConfig(c)
+	ctx := context.Background()
+	d := func(k, v string) *rlv3.RateLimitDescriptor {
+		return &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+	}
+	call := func() *pb.RateLimitResponse {
+		resp, err := svc.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "c", Descriptors: []*rlv3.RateLimitDescriptor{d("a", "1"), d("b", "1")}})
+		require.NoError(t, err)
+		return resp
+	}
+	start := strconv.FormatInt(time.Now().Unix()/3600*3600, 10)
+	get := func(k string) int {
+		n, err := client.Get(ctx, k+start).Int()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, pb.RateLimitResponse_OK, call().OverallCode)
+	require.Equal(t, 1, get("c_a_1_"))
+	require.Equal(t, 1, get("c_b_1_"))
+	r := call()
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.OverallCode)
+	require.Equal(t, pb.RateLimitResponse_OK, r.Statuses[0].Code)
+	require.Equal(t, pb.RateLimitResponse_OVER_LIMIT, r.Statuses[1].Code)
+	require.Equal(t, 1, get("c_a_1_"), "a's charge was given back")
+	require.Equal(t, 1, get("c_b_1_"))
 }
