@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,7 +65,7 @@ func (p *pki) write(name, typ string, der []byte) string {
 
 func (p *pki) caFile() string { return filepath.Join(p.dir, "ca.pem") }
 
-// issue signs a certificate for dns (and 127.0.0.1) with usage, writes
+// issue signs a certificate for dns (and 127.0.0.1 with localhost) with usage, writes
 // name.pem and name-key.pem and returns their paths.
 func (p *pki) issue(name string, usage x509.ExtKeyUsage, dns ...string) (cert, key string) {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -73,7 +74,10 @@ func (p *pki) issue(name string, usage x509.ExtKeyUsage, dns ...string) (cert, k
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.n), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		DNSNames: dns, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+		DNSNames: dns}
+	if slices.Contains(dns, "localhost") {
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &k.PublicKey, p.key)
 	require.NoError(p.t, err)
 	kder, err := x509.MarshalECPrivateKey(k)
@@ -82,9 +86,13 @@ func (p *pki) issue(name string, usage x509.ExtKeyUsage, dns ...string) (cert, k
 }
 
 // tlsRedis starts a redis-server that also listens with TLS (client
-// certificates required) and returns it and its TLS port.
-func tlsRedis(t *testing.T, p *pki) (*redistest.Server, int) {
-	cert, key := p.issue("redis", x509.ExtKeyUsageServerAuth, "localhost")
+// certificates required) under a certificate for names, and returns it
+// and its TLS port.
+func tlsRedis(t *testing.T, p *pki, names ...string) (*redistest.Server, int) {
+	if names == nil {
+		names = []string{"localhost"}
+	}
+	cert, key := p.issue("redis", x509.ExtKeyUsageServerAuth, names...)
 	tlsPort, err := redistest.FreePort()
 	require.NoError(t, err)
 	rs := redistest.Start(t, "--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", cert, "--tls-key-file", key,
@@ -200,3 +208,24 @@ func TestTLSBadSettings(t *testing.T) {
 }
 
 func ds(d ...*rlv3.RateLimitDescriptor) []*rlv3.RateLimitDescriptor { return d }
+
+// TestTLSSkipHostname: a Redis whose certificate does not name the
+// address it is reached at is refused (every call decided by the local
+// share) unless REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true, which still
+// verifies the chain.
+func TestTLSSkipHostname(t *testing.T) {
+	p := newPKI(t)
+	rs, tlsPort := tlsRedis(t, p, "redis.internal")
+	rcert, rkey := p.issue("ratelimit-client", x509.ExtKeyUsageClientAuth, "ratelimit")
+	env := []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=single", "REDIS_URL=127.0.0.1:" + strconv.Itoa(tlsPort), "REDIS_TLS=true",
+		"REDIS_TLS_CACERT=" + p.caFile(), "REDIS_TLS_CLIENT_CERT=" + rcert, "REDIS_TLS_CLIENT_KEY=" + rkey}
+
+	strict := start(t, backend{"strict", env, rs.Client(t)}, map[string]string{"t.yaml": tlsConfig}, "SPILLWAY_BUDGET=300ms")
+	strict.call("tls", 0, desc("k=v"))
+	require.EqualValues(t, 1, strict.metric("spillway_rls_degraded_total"), "the name does not match: not Redis's answer")
+
+	skip := start(t, backend{"skip", env, rs.Client(t)}, map[string]string{"t.yaml": tlsConfig}, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true")
+	check(t, skip.call("tls", 0, desc("k=v")), OK, ok(2, HOUR, 1))
+	check(t, skip.call("tls", 0, desc("k=v")), OK, ok(2, HOUR, 0))
+	require.EqualValues(t, 0, skip.metric("spillway_rls_degraded_total"))
+}

@@ -2,6 +2,8 @@ package main_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	confpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/spillway-go/spillway/internal/redistest"
@@ -30,7 +33,7 @@ type mgmt struct {
 	nacks chan string
 }
 
-func startMgmt(t *testing.T, addr string) *mgmt {
+func startMgmt(t *testing.T, addr string, opts ...grpc.ServerOption) *mgmt {
 	m := &mgmt{t: t, cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil), nacks: make(chan string, 16)}
 	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, r *discoverygrpc.DiscoveryRequest) error {
 		if r.GetErrorDetail() != nil {
@@ -38,7 +41,7 @@ func startMgmt(t *testing.T, addr string) *mgmt {
 		}
 		return nil
 	}}
-	m.grpc = grpc.NewServer()
+	m.grpc = grpc.NewServer(opts...)
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(m.grpc, serverv3.NewServer(context.Background(), m.cache, cb))
 	var lis net.Listener
 	var err error
@@ -146,4 +149,24 @@ func TestXDS(t *testing.T) {
 	m2.push("5", xdsConfig("one", 8, confpb.RateLimitUnit_HOUR))
 	enforced("after reconnecting", 8, 10*time.Second)
 	require.Contains(t, s.log(), "xDS stream to the management server ended; the last config stays")
+}
+
+// TestXDSTLS: CONFIG_GRPC_XDS_SERVER_USE_TLS with the management server's
+// CA, a client certificate and the name to verify.
+func TestXDSTLS(t *testing.T) {
+	p := newPKI(t)
+	mcert, mkey := p.issue("mgmt", x509.ExtKeyUsageServerAuth, "mgmt.internal")
+	pair, err := tls.LoadX509KeyPair(mcert, mkey)
+	require.NoError(t, err)
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: p.pool, ClientAuth: tls.RequireAndVerifyClientCert})
+	m := startMgmt(t, "127.0.0.1:0", grpc.Creds(creds))
+	m.push("1", xdsConfig("one", 3, confpb.RateLimitUnit_MINUTE))
+	ccert, ckey := p.issue("ratelimit", x509.ExtKeyUsageClientAuth, "ratelimit")
+	s := start(t, singleBackend(t), nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+m.addr, "CONFIG_GRPC_XDS_NODE_ID=node-1",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT="+p.caFile(), "CONFIG_GRPC_XDS_SERVER_TLS_SAN=mgmt.internal",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+ccert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY="+ckey)
+	redistest.WaitFor(t, "the config over TLS", 10*time.Millisecond, func() bool {
+		return s.metric("ratelimit_service_config_load_success") == 1
+	})
+	check(t, s.call("xds", 0, desc("k=a")), OK, ok(3, pb.RateLimitResponse_RateLimit_MINUTE, 2))
 }
