@@ -204,7 +204,16 @@ func (c *Config) loadFile(f File, o LoadOptions) error {
 	l := &loader{file: f.Name, c: c}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(f.Content, &doc); err != nil {
-		return &ConfigError{File: f.Name, Msg: "error loading config file: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		msg, line := strings.TrimPrefix(err.Error(), "yaml: "), 0
+		// "line N: what": the line goes where every other error has it
+		if rest, ok := strings.CutPrefix(msg, "line "); ok {
+			if n, what, ok := strings.Cut(rest, ": "); ok {
+				if v, err := strconv.Atoi(n); err == nil {
+					msg, line = what, v
+				}
+			}
+		}
+		return &ConfigError{File: f.Name, Line: line, Msg: "error loading config file: " + msg}
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {

@@ -32,7 +32,7 @@ func TestConfigRefusedAsReference(t *testing.T) {
 			"f0.yaml:9: replaces should not contain name of same descriptor"},
 		{"replaces empty", []string{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: s\n        rate_limit:\n          name: self\n          replaces:\n            - name:\n          unit: second\n          requests_per_unit: 5\n"}, false,
 			"f0.yaml:9: should not have an empty replaces entry"},
-		{"bad yaml", []string{"'''\n"}, false, "f0.yaml: error loading config file: line 2: found unexpected end of stream"},
+		{"bad yaml", []string{"'''\n"}, false, "f0.yaml:2: error loading config file: found unexpected end of stream"},
 		{"misspelled key", []string{"domain: d\ndescriptors:\n  - key: k\n    value: v\n    ratelimit:\n      unit: day\n      requests_per_unit: 5\n"}, false,
 			"f0.yaml:5: config error, unknown key 'ratelimit'"},
 		{"misspelled key 2", []string{"domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit:\n      unit: day\n      requestsperunit: 5\n"}, false,
