@@ -55,6 +55,17 @@ func TestConfigRefusedAsReference(t *testing.T) {
 			"f0.yaml:4: error loading config file: anchor 'a' value contains itself"},
 		{"a key the reference does not know, holding anchors", []string{"domain: d\nx-templates: &t {key: k}\ndescriptors: [*t]\n"}, false,
 			"f0.yaml:2: config error, unknown key 'x-templates'"},
+		{"an alias bomb", []string{"domain: d\nname: &a0 [{name: x}]\n" + func() string {
+			b := ""
+			for i := 1; i <= 12; i++ {
+				p := "*a" + string(rune('a'+i-1))
+				if i == 1 {
+					p = "*a0"
+				}
+				b += "replaces: &a" + string(rune('a'+i)) + " [{replaces: " + p + "}, {replaces: " + p + "}, {replaces: " + p + "}, {replaces: " + p + "}]\n"
+			}
+			return b
+		}()}, false, "aliases expand to more than"},
 		{"a merge of a scalar", []string{"domain: d\ndescriptors:\n  - <<: x\n    key: k\n"}, false,
 			"map merge requires map or sequence of maps"},
 		// spillway's extension keys at a level they do not belong to
