@@ -140,8 +140,18 @@ func unitOf(period time.Duration) pb.RateLimitResponse_RateLimit_Unit {
 	return pb.RateLimitResponse_RateLimit_UNKNOWN
 }
 
-// The keys the reference accepts, and spillway's extensions.
+// The keys of each level: the reference's, read where its config structs
+// have them, and spillway's extensions. The reference checks every key of
+// a file against one flat set (refKeys) and then ignores a known key where
+// its structs have no field for it, so a known key at another level is
+// accepted and ignored here too; an extension key at another level is
+// refused (the reference would refuse it as unknown anywhere).
 var (
+	refKeys = keySet("domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
+		"unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric", "value_to_metric",
+		"share_threshold", "metadata")
+	extKeys = map[string]string{"rate_limits": "a descriptor", "algorithm": "a rate_limit",
+		"period": "a rate_limit", "burst": "a rate_limit"}
 	rootKeys       = keySet("domain", "descriptors")
 	descriptorKeys = keySet("key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "metadata", "quota_mode", "share_threshold")
@@ -194,11 +204,25 @@ func (c *Config) loadFile(f File, o LoadOptions) error {
 	l := &loader{file: f.Name, c: c}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(f.Content, &doc); err != nil {
-		return &ConfigError{File: f.Name, Msg: "error loading config file: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		msg, line := strings.TrimPrefix(err.Error(), "yaml: "), 0
+		// "line N: what": the line goes where every other error has it
+		if rest, ok := strings.CutPrefix(msg, "line "); ok {
+			if n, what, ok := strings.Cut(rest, ": "); ok {
+				if v, err := strconv.Atoi(n); err == nil {
+					msg, line = what, v
+				}
+			}
+		}
+		return &ConfigError{File: f.Name, Line: line, Msg: "error loading config file: " + msg}
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = root.Content[0]
+	}
+	r := resolver{l: l, active: map[*yaml.Node]bool{}}
+	root, err := r.resolve(root)
+	if err != nil {
+		return err
 	}
 	if root.Kind == 0 || (root.Kind == yaml.ScalarNode && root.Tag == "!!null") {
 		return l.errf(nil, "config file cannot have empty domain")
@@ -228,24 +252,88 @@ func (c *Config) loadFile(f File, o LoadOptions) error {
 	return l.descriptors(d, domain, domain+".", fields["descriptors"], false)
 }
 
-// fields returns the values of mapping n by key, rejecting keys not in
-// allowed and duplicates.
+// fields returns the values of mapping n by key: the keys in allowed, the
+// last one when a key appears twice (as the reference reads them). A
+// reference key that belongs elsewhere is checked (checkTree) and ignored,
+// as the reference ignores it; any other key is refused.
 func (l *loader) fields(n *yaml.Node, allowed map[string]bool) (map[string]*yaml.Node, error) {
 	m := make(map[string]*yaml.Node, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, l.errf(k, "config error, key is not of type string")
+		if err := l.key(k); err != nil {
+			return nil, err
 		}
-		if !allowed[k.Value] {
-			return nil, l.errf(k, "config error, unknown key '%s'", k.Value)
+		if allowed[k.Value] {
+			if err := l.checkScalar(k.Value, v); err != nil {
+				return nil, err
+			}
+			m[k.Value] = v
+			continue
 		}
-		if _, dup := m[k.Value]; dup {
-			return nil, l.errf(k, "config error, key '%s' appears twice", k.Value)
+		if where, ok := extKeys[k.Value]; ok {
+			return nil, l.errf(k, "config error, key '%s' belongs in %s", k.Value, where)
 		}
-		m[k.Value] = v
+		if err := l.checkTree(k.Value, v); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
+}
+
+// key checks one mapping key: a string the reference or spillway knows.
+func (l *loader) key(k *yaml.Node) error {
+	if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
+		return l.errf(k, "config error, key is not of type string: %s", k.Value)
+	}
+	if !refKeys[k.Value] && extKeys[k.Value] == "" {
+		return l.errf(k, "config error, unknown key '%s'", k.Value)
+	}
+	return nil
+}
+
+// checkTree checks the value of a key that is ignored where it stands, as
+// the reference checks every value of a file: mappings of known keys, lists
+// of mappings, and scalars that are strings, integers, booleans or null.
+func (l *loader) checkTree(name string, v *yaml.Node) error {
+	if name == "metadata" {
+		return nil // free-form, as in the reference
+	}
+	switch v.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			if err := l.key(v.Content[i]); err != nil {
+				return err
+			}
+			if err := l.checkTree(v.Content[i].Value, v.Content[i+1]); err != nil {
+				return err
+			}
+		}
+	case yaml.SequenceNode:
+		for _, e := range v.Content {
+			if e.Kind != yaml.MappingNode {
+				return l.errf(e, "config error, yaml file contains list of type other than map: %s", e.Value)
+			}
+			if err := l.checkTree("", e); err != nil {
+				return err
+			}
+		}
+	case yaml.ScalarNode:
+		return l.checkScalar(name, v)
+	}
+	return nil
+}
+
+// checkScalar refuses the scalars the reference refuses anywhere: a
+// number with a fraction, a timestamp with an explicit tag, binary.
+func (l *loader) checkScalar(name string, v *yaml.Node) error {
+	if v.Kind != yaml.ScalarNode || name == "metadata" {
+		return nil
+	}
+	switch v.ShortTag() {
+	case "!!str", "!!int", "!!bool", "!!null", "!!timestamp":
+		return nil
+	}
+	return l.errf(v, "%s: %q is not a string, an integer or a boolean", name, v.Value)
 }
 
 func (l *loader) str(n *yaml.Node) (string, error) {
@@ -274,7 +362,7 @@ func (l *loader) integer(n *yaml.Node, name string, max uint64) (uint64, error) 
 		return 0, nil
 	}
 	v, err := strconv.ParseUint(n.Value, 10, 64)
-	if n.Kind != yaml.ScalarNode || err != nil || v > max {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || v > max {
 		return 0, l.errf(n, "%s: expected an integer from 0 to %d, got %q", name, max, n.Value)
 	}
 	return v, nil
@@ -291,7 +379,7 @@ func (l *loader) descriptors(parent *node, domain, path string, list *yaml.Node,
 	}
 	for _, dn := range list.Content {
 		if dn.Kind != yaml.MappingNode {
-			return l.errf(dn, "config error, yaml file contains list of type other than map")
+			return l.errf(dn, "config error, yaml file contains list of type other than map: %s", dn.Value)
 		}
 		f, err := l.fields(dn, descriptorKeys)
 		if err != nil {
@@ -511,7 +599,7 @@ func (l *loader) rateLimit(r *Rule, n *yaml.Node, first bool) error {
 		}
 		for _, e := range rp.Content {
 			if e.Kind != yaml.MappingNode {
-				return l.errf(e, "config error, yaml file contains list of type other than map")
+				return l.errf(e, "config error, yaml file contains list of type other than map: %s", e.Value)
 			}
 			ef, err := l.fields(e, replacesKeys)
 			if err != nil {
@@ -658,4 +746,95 @@ func (c *Config) metricKey(r *Rule, domain string, es []*rlv3.RateLimitDescripto
 		cur = next
 	}
 	return b.String()
+}
+
+// resolver expands a file's aliases and merge keys ("<<") into plain
+// nodes, as the reference's YAML library reads them, keeping each node's
+// line. A merged mapping's own keys win over the merged ones, and among
+// several merged mappings the first wins.
+type resolver struct {
+	l      *loader
+	active map[*yaml.Node]bool // anchors being expanded: a cycle
+	nodes  int                 // nodes made so far: aliases can multiply a small file
+}
+
+// maxNodes bounds what a file's aliases may expand to.
+const maxNodes = 1 << 20
+
+func (r *resolver) resolve(n *yaml.Node) (*yaml.Node, error) {
+	if n == nil {
+		return nil, nil
+	}
+	if r.nodes++; r.nodes > maxNodes {
+		return nil, r.l.errf(n, "error loading config file: aliases expand to more than %d nodes", maxNodes)
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		if n.Alias == nil {
+			return nil, r.l.errf(n, "error loading config file: unknown anchor '%s' referenced", n.Value)
+		}
+		if r.active[n.Alias] {
+			return nil, r.l.errf(n, "error loading config file: anchor '%s' value contains itself", n.Value)
+		}
+		r.active[n.Alias] = true
+		defer delete(r.active, n.Alias)
+		return r.resolve(n.Alias)
+	case yaml.SequenceNode:
+		c := *n
+		c.Content = make([]*yaml.Node, len(n.Content))
+		for i, e := range n.Content {
+			var err error
+			if c.Content[i], err = r.resolve(e); err != nil {
+				return nil, err
+			}
+		}
+		return &c, nil
+	case yaml.MappingNode:
+		c := *n
+		c.Content = nil
+		var merges []*yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+				merges = append(merges, v)
+				continue
+			}
+			rv, err := r.resolve(v)
+			if err != nil {
+				return nil, err
+			}
+			c.Content = append(c.Content, k, rv)
+		}
+		for _, m := range merges {
+			rm, err := r.resolve(m)
+			if err != nil {
+				return nil, err
+			}
+			srcs := []*yaml.Node{rm}
+			if rm.Kind == yaml.SequenceNode {
+				srcs = rm.Content
+			}
+			for _, src := range srcs {
+				if src.Kind != yaml.MappingNode {
+					return nil, r.l.errf(m, "error loading config file: map merge requires map or sequence of maps as the value")
+				}
+				for i := 0; i+1 < len(src.Content); i += 2 {
+					if !hasKey(&c, src.Content[i]) {
+						c.Content = append(c.Content, src.Content[i], src.Content[i+1])
+					}
+				}
+			}
+		}
+		return &c, nil
+	}
+	return n, nil
+}
+
+func hasKey(m, k *yaml.Node) bool {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Kind == yaml.ScalarNode && m.Content[i].Value == k.Value {
+			return true
+		}
+	}
+	return false
 }

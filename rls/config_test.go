@@ -41,7 +41,7 @@ func TestConfigErrors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: 1s, period: 2s, requests_per_unit: 1}", "f0.yaml:4: set either unit or period, not both"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window, burst: 20}", "f0.yaml:4: invalid policy: burst 20 is not supported by fixed_window"},
 		{"domain: d\ndescriptors: [1]", "f0.yaml:2: config error, yaml file contains list of type other than map"},
-		{"domain: d\ndescriptors:\n\t- key: k", "f0.yaml: error loading config file"},
+		{"domain: d\ndescriptors:\n\t- key: k", "f0.yaml:3: error loading config file: found character that cannot start any token"},
 	} {
 		_, err := load(t, tc.yaml)
 		require.Error(t, err, tc.yaml)

@@ -23,6 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -322,4 +324,20 @@ func TestJSONLogFields(t *testing.T) {
 	set.LogFormat = "text"
 	Logger(set, &buf).Error("boom")
 	require.Regexp(t, regexp.MustCompile(`level=error msg=boom`), buf.String())
+}
+
+// TestHealthStaysDownWhileDraining: a config loaded during the shutdown
+// (a directory reload, an xDS push) does not turn health back to SERVING.
+func TestHealthStaysDownWhileDraining(t *testing.T) {
+	srv := &Server{health: health.NewServer(), stopped: make(chan struct{})}
+	srv.setHealth(true)
+	srv.stopping.Store(true)
+	srv.setHealth(false)
+	srv.setHealth(true)
+	for _, name := range []string{HealthService, ""} {
+		resp, err := srv.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+		require.NoError(t, err)
+		require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, resp.Status, name)
+	}
+	require.False(t, srv.healthy.Load())
 }

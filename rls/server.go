@@ -57,18 +57,24 @@ func Logger(s Settings, w io.Writer) *slog.Logger {
 }
 
 // NewRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
-// REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH and REDIS_POOL_SIZE
-// describe, tuned so that a call's budget holds (fallback.Tune…Options).
+// REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH, REDIS_POOL_SIZE and
+// REDIS_TLS* describe, tuned so that a call's budget holds
+// (fallback.Tune…Options).
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	user, pass := "", s.RedisAuth
 	if u, p, ok := strings.Cut(s.RedisAuth, ":"); ok {
 		user, pass = u, p
 	}
 	urls := strings.Split(s.RedisURL, ",")
+	rediss := strings.HasPrefix(s.RedisURL, "rediss://")
+	tc, err := redisTLS(s, rediss)
+	if err != nil {
+		return nil, err
+	}
 	switch strings.ToLower(s.RedisType) {
 	case "single":
 		var o *redis.Options
-		if strings.HasPrefix(s.RedisURL, "redis://") || strings.HasPrefix(s.RedisURL, "unix://") {
+		if rediss || strings.HasPrefix(s.RedisURL, "redis://") || strings.HasPrefix(s.RedisURL, "unix://") {
 			var err error
 			if o, err = redis.ParseURL(s.RedisURL); err != nil {
 				return nil, fmt.Errorf("rls: REDIS_URL: %w", err)
@@ -81,10 +87,19 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		}
 		o.PoolSize = s.RedisPoolSize
 		fallback.TuneOptions(o)
+		if tc != nil {
+			if o.TLSConfig != nil && o.TLSConfig.ServerName != "" { // rediss://host: its name
+				tc.ServerName = o.TLSConfig.ServerName
+			}
+			o.TLSConfig, o.Dialer = nil, tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewClient(o), nil
 	case "cluster":
 		o := &redis.UniversalOptions{Addrs: urls, Username: user, Password: pass, PoolSize: s.RedisPoolSize, IsClusterMode: true}
 		fallback.TuneUniversalOptions(o)
+		if tc != nil {
+			o.Dialer = tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewUniversalClient(o), nil
 	case "sentinel":
 		if len(urls) < 2 {
@@ -93,6 +108,9 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		o := &redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:], Username: user, Password: pass,
 			SentinelPassword: s.RedisSentinelAuth, PoolSize: s.RedisPoolSize}
 		fallback.TuneFailoverOptions(o)
+		if tc != nil {
+			o.Dialer = tlsDialer(tc, o.DialTimeout)
+		}
 		return redis.NewFailoverClient(o), nil
 	}
 	return nil, fmt.Errorf("rls: REDIS_TYPE: %q is not single, cluster or sentinel", s.RedisType)
@@ -124,6 +142,9 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
 	}
 	var inner ratelimit.Store = ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix), ratelimit.WithCoalescing(s.Coalesce))
+	if s.ReferenceKeys {
+		inner = &refStore{next: inner, client: client, prefix: s.CacheKeyPrefix, now: time.Now}
+	}
 	if fs.DenyCacheSize > 0 {
 		inner = seenStore{inner.(ratelimit.BoundedStore)}
 	}
@@ -143,6 +164,7 @@ type Server struct {
 	stopping atomic.Bool // the shutdown began: health stays NOT_SERVING
 	stopped  chan struct{}
 	statsd   gostats.Store // nil: no statsd
+	xds      *xdsClient    // CONFIG_TYPE=GRPC_XDS_SOTW: the config's source instead of the directory
 	grpc     *grpc.Server
 	grpcLis  net.Listener
 	httpSrvs []*http.Server
@@ -179,6 +201,14 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 		}
 	}
 	srv.setHealth(!s.HealthyWithConfig)
+	if s.ConfigType == "GRPC_XDS_SOTW" {
+		// the config comes from the management server, once serving
+		if _, err := xdsDialOptions(s); err != nil {
+			return nil, err
+		}
+		srv.xds = &xdsClient{set: s, svc: svc, log: log, opts: LoadOptions{MergeDomains: s.MergeDomains}, onLoad: srv.Reloader.onLoad}
+		return srv, nil
+	}
 	if err := srv.Reloader.Load(); err != nil && !s.ForceStart {
 		return nil, err
 	}
@@ -186,11 +216,11 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 }
 
 func (srv *Server) setHealth(ok bool) {
+	ok = ok && !srv.stopping.Load() // a config loaded while draining does not turn it back
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	ok = ok && !srv.stopping.Load()
 	srv.healthy.Store(ok)
 	srv.health.SetServingStatus(HealthService, st)
 	srv.health.SetServingStatus("", st)
@@ -209,7 +239,16 @@ func (srv *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("rls: gRPC listener: %w", err)
 	}
-	srv.grpc = grpc.NewServer(ServerOptions(s)...)
+	opts := ServerOptions(s)
+	creds, err := grpcCreds(s, srv.Log)
+	if err != nil {
+		srv.grpcLis.Close()
+		return err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	srv.grpc = grpc.NewServer(opts...)
 	pb.RegisterRateLimitServiceServer(srv.grpc, srv.Service)
 	healthpb.RegisterHealthServer(srv.grpc, healthServer{srv.health, srv.stopped})
 	reflection.Register(srv.grpc)
@@ -313,7 +352,11 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+	if srv.xds != nil {
+		go srv.xds.run(rctx)
+	} else {
+		go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+	}
 	var statsDone chan struct{}
 	if srv.statsd != nil {
 		statsDone = make(chan struct{})

@@ -214,7 +214,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		if r == nil || p.replaced || r.Unlimited {
 			continue
 		}
-		key := entityOf(d.Entries)
+		key, refKey := entityOf(d.Entries), ""
 		for li := range r.Limits {
 			lim := &r.Limits[li]
 			if lim.denyAll {
@@ -225,6 +225,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 				continue
 			}
 			it := ratelimit.Item{Scope: lim.scope, Key: key, Policy: lim.Policy, Cost: p.hits}
+			if s.set.ReferenceKeys && refLimit(lim) {
+				if refKey == "" {
+					refKey = refKeyOf(req.Domain, d.Entries)
+				}
+				it.Scope, it.Key = refScope, refKey
+			}
 			if p.shadow {
 				if p.first < 0 {
 					p.first = len(sitems)

@@ -52,7 +52,7 @@ type Settings struct {
 	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
 
-	// Operations: stats sinks, shutdown (read by opsVariables).
+	// Operations: stats sinks, shutdown (the mogrifiers read by readMogrifiers).
 	UseStatsd          bool              // USE_STATSD (default true): the reference's stats to STATSD_HOST:STATSD_PORT
 	UseDogStatsd       bool              // USE_DOG_STATSD: the same stats in DogStatsD's format, EXTRA_TAGS as its tags
 	StatsdHost         string            // STATSD_HOST (localhost)
@@ -64,6 +64,36 @@ type Settings struct {
 	ResponseTimeMillis bool              // PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS
 	Drain              time.Duration     // SPILLWAY_DRAIN (25s): the most a shutdown takes, NOT_SERVING first
 	mogrifiers         []mogrifier       // USE_DOG_STATSD_MOGRIFIERS and their DOG_STATSD_MOGRIFIER_* variables
+
+	// Transport: TLS to Redis and on the gRPC listener (tls.go), the
+	// reference's variables.
+	RedisTLS                              bool   // REDIS_TLS (or a rediss:// REDIS_URL)
+	RedisTLSClientCert, RedisTLSClientKey string // REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: files
+	RedisTLSCACert                        string // REDIS_TLS_CACERT: a file of roots, beside the system's
+	RedisTLSSkipHostnameVerification      bool   // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: verify the chain, not the name
+	GrpcServerUseTLS                      bool   // GRPC_SERVER_USE_TLS
+	GrpcServerTLSCert, GrpcServerTLSKey   string // GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY: files, read again when they change
+	GrpcClientTLSCACert                   string // GRPC_CLIENT_TLS_CACERT: require client certificates signed by these (mTLS)
+	GrpcClientTLSSAN                      string // GRPC_CLIENT_TLS_SAN: the name a client certificate must carry
+
+	// xDS config (xds.go): CONFIG_TYPE=GRPC_XDS_SOTW and the reference's
+	// CONFIG_GRPC_XDS_* and XDS_CLIENT_* settings.
+	ConfigType                               string            // CONFIG_TYPE: FILE or GRPC_XDS_SOTW
+	XdsNodeID, XdsNodeMetadata, XdsServerURL string            // CONFIG_GRPC_XDS_NODE_ID, _NODE_METADATA (k=v,…), _SERVER_URL
+	XdsConnectRetryInterval                  time.Duration     // CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
+	XdsHeaders                               map[string]string // CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (k:v,…)
+	XdsServerUseTLS                          bool              // CONFIG_GRPC_XDS_SERVER_USE_TLS
+	XdsClientTLSCert, XdsClientTLSKey        string            // CONFIG_GRPC_XDS_CLIENT_TLS_CERT, _KEY
+	XdsServerTLSCACert, XdsServerTLSSAN      string            // CONFIG_GRPC_XDS_SERVER_TLS_CACERT, _SAN
+	XdsBackoffInitial, XdsBackoffMax         time.Duration     // XDS_CLIENT_BACKOFF_INITIAL_INTERVAL, _MAX_INTERVAL
+	XdsBackoffRandomFactor                   float64           // XDS_CLIENT_BACKOFF_RANDOM_FACTOR
+	XdsBackoffJitter                         bool              // XDS_CLIENT_BACKOFF_JITTER
+	XdsMaxMsgSize                            int               // XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES (0: gRPC's default)
+
+	// ReferenceKeys (SPILLWAY_KEY_FORMAT=reference): fixed-window limits in
+	// a reference unit keep their counts under the reference server's keys
+	// (refkeys.go), shared with its pods during a rolling swap.
+	ReferenceKeys bool
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -189,6 +219,80 @@ var supported = []variable{
 	{"SPILLWAY_RELOAD_INTERVAL", "1s", duration(func(s *Settings) *time.Duration { return &s.ReloadInterval })},
 	{"SPILLWAY_COALESCE", "1", integer(func(s *Settings) *int { return &s.Coalesce })},
 	{"SPILLWAY_IETF_HEADERS", "true", boolean(func(s *Settings) *bool { return &s.IETFHeaders })},
+	// Transport (tls.go)
+	{"REDIS_TLS", "false", boolean(func(s *Settings) *bool { return &s.RedisTLS })},
+	{"REDIS_TLS_CLIENT_CERT", "", str(func(s *Settings) *string { return &s.RedisTLSClientCert })},
+	{"REDIS_TLS_CLIENT_KEY", "", str(func(s *Settings) *string { return &s.RedisTLSClientKey })},
+	{"REDIS_TLS_CACERT", "", str(func(s *Settings) *string { return &s.RedisTLSCACert })},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", boolean(func(s *Settings) *bool { return &s.RedisTLSSkipHostnameVerification })},
+	{"GRPC_SERVER_USE_TLS", "false", boolean(func(s *Settings) *bool { return &s.GrpcServerUseTLS })},
+	{"GRPC_SERVER_TLS_CERT", "", str(func(s *Settings) *string { return &s.GrpcServerTLSCert })},
+	{"GRPC_SERVER_TLS_KEY", "", str(func(s *Settings) *string { return &s.GrpcServerTLSKey })},
+	{"GRPC_CLIENT_TLS_CACERT", "", str(func(s *Settings) *string { return &s.GrpcClientTLSCACert })},
+	{"GRPC_CLIENT_TLS_SAN", "", str(func(s *Settings) *string { return &s.GrpcClientTLSSAN })},
+	{"CONFIG_TYPE", "FILE", func(s *Settings, v string) error {
+		switch strings.ToUpper(v) {
+		case "FILE", "GRPC_XDS_SOTW":
+			s.ConfigType = strings.ToUpper(v)
+			return nil
+		}
+		return fmt.Errorf("expected FILE or GRPC_XDS_SOTW, got %q", v)
+	}},
+	{"CONFIG_GRPC_XDS_NODE_ID", "default", str(func(s *Settings) *string { return &s.XdsNodeID })},
+	{"CONFIG_GRPC_XDS_NODE_METADATA", "", str(func(s *Settings) *string { return &s.XdsNodeMetadata })},
+	{"CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", str(func(s *Settings) *string { return &s.XdsServerURL })},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", duration(func(s *Settings) *time.Duration { return &s.XdsConnectRetryInterval })},
+	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", func(s *Settings, v string) error {
+		s.XdsHeaders = nil
+		for _, kv := range strings.Split(v, ",") {
+			if kv == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(kv, ":")
+			if !ok {
+				return fmt.Errorf("expected key:value pairs separated by commas, got %q", kv)
+			}
+			if s.XdsHeaders == nil {
+				s.XdsHeaders = map[string]string{}
+			}
+			s.XdsHeaders[strings.TrimSpace(k)] = strings.TrimSpace(val)
+		}
+		return nil
+	}},
+	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", boolean(func(s *Settings) *bool { return &s.XdsServerUseTLS })},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", str(func(s *Settings) *string { return &s.XdsClientTLSCert })},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", str(func(s *Settings) *string { return &s.XdsClientTLSKey })},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", str(func(s *Settings) *string { return &s.XdsServerTLSCACert })},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", str(func(s *Settings) *string { return &s.XdsServerTLSSAN })},
+	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", duration(func(s *Settings) *time.Duration { return &s.XdsBackoffInitial })},
+	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", duration(func(s *Settings) *time.Duration { return &s.XdsBackoffMax })},
+	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", func(s *Settings, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			return fmt.Errorf("expected a factor from 0 to 1, got %q", v)
+		}
+		s.XdsBackoffRandomFactor = f
+		return nil
+	}},
+	{"XDS_CLIENT_BACKOFF_JITTER", "true", boolean(func(s *Settings) *bool { return &s.XdsBackoffJitter })},
+	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", func(s *Settings, v string) error {
+		if v == "" {
+			s.XdsMaxMsgSize = 0
+			return nil
+		}
+		return integer(func(s *Settings) *int { return &s.XdsMaxMsgSize })(s, v)
+	}},
+	{"SPILLWAY_KEY_FORMAT", "spillway", func(s *Settings, v string) error {
+		switch strings.ToLower(v) {
+		case "spillway":
+			s.ReferenceKeys = false
+		case "reference":
+			s.ReferenceKeys = true
+		default:
+			return fmt.Errorf("expected spillway or reference, got %q", v)
+		}
+		return nil
+	}},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
 
@@ -235,35 +339,9 @@ var unsupported = []struct {
 	name, why string
 	ok        func(v string) bool
 }{
-	{"GRPC_SERVER_USE_TLS", "no TLS on the gRPC listener: terminate TLS in the mesh (sidecar)", isFalse},
-	{"GRPC_SERVER_TLS_CERT", "no TLS on the gRPC listener", nil},
-	{"GRPC_SERVER_TLS_KEY", "no TLS on the gRPC listener", nil},
-	{"GRPC_CLIENT_TLS_CACERT", "no TLS on the gRPC listener", nil},
-	{"GRPC_CLIENT_TLS_SAN", "no TLS on the gRPC listener", nil},
-	{"CONFIG_TYPE", "only FILE configs (no xDS config server)", func(v string) bool { return strings.EqualFold(v, "FILE") }},
-	{"CONFIG_GRPC_XDS_NODE_ID", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_NODE_METADATA", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_URL", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "no xDS config server", isFalse},
-	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "no xDS config server", nil},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "no xDS config server", nil},
-	{"XDS_CLIENT_BACKOFF_JITTER", "no xDS config server", nil},
-	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "no xDS config server", nil},
 	{"PROMETHEUS_MAPPER_YAML", "the metric names and labels are fixed (the reference's default mapping)", nil},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "every key expires exactly when its state is back to full; no jitter needed", nil},
 	{"BACKEND_TYPE", "only Redis", func(v string) bool { return strings.EqualFold(v, "redis") }},
-	{"REDIS_TLS", "no TLS to Redis", isFalse},
-	{"REDIS_TLS_CLIENT_CERT", "no TLS to Redis", nil},
-	{"REDIS_TLS_CLIENT_KEY", "no TLS to Redis", nil},
-	{"REDIS_TLS_CACERT", "no TLS to Redis", nil},
-	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "no TLS to Redis", nil},
 	{"REDIS_PIPELINE_WINDOW", "calls in flight are coalesced into one script call without a timer; no window to set", nil},
 	{"REDIS_PIPELINE_LIMIT", "calls are coalesced without a limit to set", nil},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "a request's slots are decided in parallel", nil},
@@ -370,6 +448,9 @@ func (s *Settings) validate() error {
 	if s.ReloadInterval <= 0 {
 		return fmt.Errorf("rls: SPILLWAY_RELOAD_INTERVAL: must be positive")
 	}
+	if s.XdsBackoffInitial <= 0 || s.XdsBackoffMax < s.XdsBackoffInitial {
+		return fmt.Errorf("rls: XDS_CLIENT_BACKOFF_INITIAL_INTERVAL, XDS_CLIENT_BACKOFF_MAX_INTERVAL: want 0 < initial <= max")
+	}
 	if s.Budget <= 0 {
 		return fmt.Errorf("rls: SPILLWAY_BUDGET: must be positive")
 	}
@@ -404,11 +485,6 @@ func (s *Settings) validateOps() error {
 // about. A variable that gets implemented leaves unsupported, and so this
 // list too.
 var fatalWhen = map[string]func(v string) bool{
-	"GRPC_SERVER_USE_TLS": notFalse, // plaintext where Envoy expects TLS
-	"REDIS_TLS":           notFalse, // Redis would be reached without TLS
-	// CONFIG_TYPE: GRPC_XDS_SOTW would leave the server without config;
-	// anything but FILE is invalid in the reference too.
-	"CONFIG_TYPE":                  func(v string) bool { return !strings.EqualFold(v, "FILE") },
 	"BACKEND_TYPE":                 func(v string) bool { return !strings.EqualFold(v, "redis") && v != "" },
 	"REDIS_PERSECOND":              notFalse,                                                     // per-second limits would go to the other Redis
 	"QUOTA_MODE":                   notFalse,                                                     // would enforce quota-mode limits

@@ -729,3 +729,42 @@ func TestGRPCUnixSocket(t *testing.T) {
 	check(t, s.call("u", 0, desc("k=v")), OK, ok(1, DAY, 0))
 	check(t, s.call("u", 0, desc("k=v")), OVER, over(1, DAY))
 }
+
+// TestReferenceYAML: a file in the reference's format that leans on what
+// its YAML library resolves (anchors, aliases, merge keys) and on keys it
+// accepts and ignores at other levels (name on a descriptor) loads and
+// decides as the reference does; a reload to a file the reference refuses
+// keeps the last good config and logs the file and line.
+func TestReferenceYAML(t *testing.T) {
+	b := singleBackend(t)
+	s := start(t, b, map[string]string{"r.yaml": `
+domain: ref
+descriptors:
+  - key: api
+    name: the API, per client
+    rate_limit: &twoPerHour {unit: hour, requests_per_unit: 2}
+  - key: admin
+    rate_limit: *twoPerHour
+  - &tenant
+    key: tenant
+    descriptors:
+      - key: user
+        rate_limit: {<<: *twoPerHour, requests_per_unit: 1}
+  - <<: *tenant
+    key: org
+`})
+	check(t, s.call("ref", 0, desc("api=a")), OK, ok(2, HOUR, 1))
+	check(t, s.call("ref", 0, desc("admin=a")), OK, ok(2, HOUR, 1))
+	check(t, s.call("ref", 0, desc("admin=a")), OK, ok(2, HOUR, 0))
+	check(t, s.call("ref", 0, desc("admin=a")), OVER, over(2, HOUR))
+	check(t, s.call("ref", 0, desc("tenant=t", "user=u")), OK, ok(1, HOUR, 0))
+	check(t, s.call("ref", 0, desc("tenant=t", "user=u")), OVER, over(1, HOUR))
+	check(t, s.call("ref", 0, desc("org=o", "user=u")), OK, ok(1, HOUR, 0))
+
+	s.write("r.yaml", "domain: ref\ndescriptors:\n  - key: api\n    rate_limit: {unit: hour, requests_per_unit: 1.5}\n")
+	redistest.WaitFor(t, "the load error", 20*time.Millisecond, func() bool {
+		return s.metric("ratelimit_service_config_load_error") == 1
+	})
+	require.Contains(t, s.log(), `r.yaml:4: requests_per_unit: \"1.5\" is not a string, an integer or a boolean`)
+	check(t, s.call("ref", 0, desc("api=a")), OK, ok(2, HOUR, 0))
+}
