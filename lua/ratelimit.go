@@ -30,37 +30,51 @@ var (
 	ratelimitFixedSrc string
 )
 
+var rateLimitBatch = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitBatchSrc)
+
 // RateLimitBatch decides N (key, policy, cost) items of every algorithm all
 // or nothing in one call (ratelimit_batch.lua).
-var RateLimitBatch = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitBatchSrc)
+func RateLimitBatch() *redis.Script { return rateLimitBatch }
+
+var rateLimitTokenBucket = redis.NewScript(ratelimitHoldsSrc + ratelimitTokenBucketSrc)
 
 // RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
 // the lean common path (ratelimit_token_bucket.lua).
-var RateLimitTokenBucket = redis.NewScript(ratelimitHoldsSrc + ratelimitTokenBucketSrc)
+func RateLimitTokenBucket() *redis.Script { return rateLimitTokenBucket }
+
+var rateLimitBuckets = redis.NewScript(ratelimitHoldsSrc + ratelimitBucketsSrc)
 
 // RateLimitBuckets decides N items of the bucket family (token bucket, GCRA,
 // leaky bucket) all or nothing in one call, with a smaller ARGV and reply
 // than RateLimitBatch: the lean path of a multi-item batch
 // (ratelimit_buckets.lua).
-var RateLimitBuckets = redis.NewScript(ratelimitHoldsSrc + ratelimitBucketsSrc)
+func RateLimitBuckets() *redis.Script { return rateLimitBuckets }
+
+var rateLimitFixed = redis.NewScript(ratelimitFixedSrc)
 
 // RateLimitFixed decides N fixed-window items all or nothing in one call
 // with the state, decisions and writes of RateLimitBatch, but one MGET, a
 // small ARGV and one reply value per item: the lean path of a batch of
 // fixed windows (ratelimit_fixed.lua).
-var RateLimitFixed = redis.NewScript(ratelimitFixedSrc)
+func RateLimitFixed() *redis.Script { return rateLimitFixed }
+
+var rateLimitRefund = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitRefundSrc)
 
 // RateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
 // for the Redis Cluster (Ring) path where one slot group was charged and
 // another denied: it restores the state from before the charge when the
 // key still holds what the charge wrote (ratelimit_refund.lua).
-var RateLimitRefund = redis.NewScript(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitRefundSrc)
+func RateLimitRefund() *redis.Script { return rateLimitRefund }
+
+var rateLimitHold = redis.NewScript(ratelimitHoldsSrc + ratelimitHoldSrc)
 
 // RateLimitHold reserves N bucket-family items all or nothing and holds
 // their estimates under one hold id (ratelimit_hold.lua).
-var RateLimitHold = redis.NewScript(ratelimitHoldsSrc + ratelimitHoldSrc)
+func RateLimitHold() *redis.Script { return rateLimitHold }
+
+var rateLimitSettle = redis.NewScript(ratelimitHoldsSrc + ratelimitSettleSrc)
 
 // RateLimitSettle replaces holds by their actual costs, at most once per
 // hold, or cancels the holds of a Cluster reserve whose other slot group
 // was denied (ratelimit_settle.lua).
-var RateLimitSettle = redis.NewScript(ratelimitHoldsSrc + ratelimitSettleSrc)
+func RateLimitSettle() *redis.Script { return rateLimitSettle }

@@ -22,12 +22,12 @@ func TestRateLimitScripts(t *testing.T) {
 		src    string
 		script *redis.Script
 	}{
-		"ratelimit_batch.lua":        {ratelimitBatchSrc, RateLimitBatch},
-		"ratelimit_token_bucket.lua": {ratelimitTokenBucketSrc, RateLimitTokenBucket},
-		"ratelimit_buckets.lua":      {ratelimitBucketsSrc, RateLimitBuckets},
-		"ratelimit_refund.lua":       {ratelimitRefundSrc, RateLimitRefund},
-		"ratelimit_hold.lua":         {ratelimitHoldSrc, RateLimitHold},
-		"ratelimit_settle.lua":       {ratelimitSettleSrc, RateLimitSettle},
+		"ratelimit_batch.lua":        {ratelimitBatchSrc, rateLimitBatch},
+		"ratelimit_token_bucket.lua": {ratelimitTokenBucketSrc, rateLimitTokenBucket},
+		"ratelimit_buckets.lua":      {ratelimitBucketsSrc, rateLimitBuckets},
+		"ratelimit_refund.lua":       {ratelimitRefundSrc, rateLimitRefund},
+		"ratelimit_hold.lua":         {ratelimitHoldSrc, rateLimitHold},
+		"ratelimit_settle.lua":       {ratelimitSettleSrc, rateLimitSettle},
 	} {
 		if !strings.HasPrefix(sc.src, "-- "+name+":") {
 			t.Errorf("%s does not open with its name and purpose", name)
@@ -62,7 +62,7 @@ func bucketsArgs(now string, T, tau int64, costs ...int64) []any {
 	return args
 }
 
-// RateLimitBuckets replies its now, one wait per item and the TAT each item
+// rateLimitBuckets replies its now, one wait per item and the TAT each item
 // saw, lets an item see the charges of earlier items on its key, clamps a
 // clock gone backwards, and writes only when every item has room.
 func TestRateLimitBuckets(t *testing.T) {
@@ -76,7 +76,7 @@ func TestRateLimitBuckets(t *testing.T) {
 	)
 	run := func(now string, keys []string, costs ...int64) []any {
 		t.Helper()
-		res, err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(now, T, tau, costs...)...).Result()
+		res, err := rateLimitBuckets.Run(ctx, c, keys, bucketsArgs(now, T, tau, costs...)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +148,7 @@ func TestRateLimitBuckets(t *testing.T) {
 	state("k1", "1000700000000")
 }
 
-// RateLimitRefund restores a bucket item's TAT from before the charge
+// rateLimitRefund restores a bucket item's TAT from before the charge
 // exactly when the key still holds what the charge wrote: it deletes the
 // key only when there was no state, keeps a TAT at or before now (a clock
 // that goes back is clamped by it) with the charge's TTL, undoes items last
@@ -166,7 +166,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	nowS := fmt.Sprint(now)
 	charge := func(keys []string, costs ...int64) {
 		t.Helper()
-		if err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(nowS, T, tau, costs...)...).Err(); err != nil {
+		if err := rateLimitBuckets.Run(ctx, c, keys, bucketsArgs(nowS, T, tau, costs...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -188,7 +188,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	refund := func(want int64, items ...item) {
 		t.Helper()
 		keys, args := refundArgs(items)
-		got, err := RateLimitRefund.Run(ctx, c, keys, args...).Int64()
+		got, err := rateLimitRefund.Run(ctx, c, keys, args...).Int64()
 		if err != nil || got != want {
 			t.Fatalf("refund %+v: %d %v, want %d exactly restored", items, got, err, want)
 		}
@@ -244,7 +244,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	state("s", fmt.Sprint(now-5), 90*time.Second)
 }
 
-// RateLimitRefund restores a window's state from before the charge when
+// rateLimitRefund restores a window's state from before the charge when
 // the key still holds what the charge wrote (even a past window, which
 // clamps a clock that goes back), and otherwise takes the cost off the
 // charged window.
@@ -270,7 +270,7 @@ func TestRateLimitRefundWindows(t *testing.T) {
 		if err := c.Set(ctx, tc.key, tc.before, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
-		got, err := RateLimitRefund.Run(ctx, c, []string{tc.key}, "1000000000000", tc.alg, 1000, tc.n, "",
+		got, err := rateLimitRefund.Run(ctx, c, []string{tc.key}, "1000000000000", tc.alg, 1000, tc.n, "",
 			tc.old[0], tc.old[1], tc.old[2], tc.wrote[0], tc.wrote[1], tc.wrote[2]).Int64()
 		if err != nil || got != tc.exact {
 			t.Fatalf("%s: refund replied %d %v, want %d", tc.name, got, err, tc.exact)
@@ -305,7 +305,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	)
 	buckets := func(key string, n int64) (now, wait, tat int64) {
 		t.Helper()
-		res, err := RateLimitBuckets.Run(ctx, c, []string{key}, bucketsArgs("", T, tau, n)...).Result()
+		res, err := rateLimitBuckets.Run(ctx, c, []string{key}, bucketsArgs("", T, tau, n)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -348,7 +348,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// the token-bucket script: TAT' = TAT + T (the key is not full)
-	res, err := RateLimitTokenBucket.Run(ctx, c, []string{"k"}, "", T, tau, 1).Result()
+	res, err := rateLimitTokenBucket.Run(ctx, c, []string{"k"}, "", T, tau, 1).Result()
 	if err != nil || res.(int64) <= 0 || res.(int64) > T {
 		t.Fatalf("token-bucket script: %v %v, want a wait in (0, T]", res, err)
 	}
@@ -359,7 +359,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// the batch script (GCRA item): it replies the TAT it saw
-	res, err = RateLimitBatch.Run(ctx, c, []string{"k"}, "", 1, 1, 5*T, 5, T, 1, "").Result()
+	res, err = rateLimitBatch.Run(ctx, c, []string{"k"}, "", 1, 1, 5*T, 5, T, 1, "").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 	wrote := want + T
 	compact("k", wrote)
-	res, err = RateLimitRefund.Run(ctx, c, []string{"k"}, "", 1, T, 1, "", want, 0, 0, wrote, 0, 0).Result()
+	res, err = rateLimitRefund.Run(ctx, c, []string{"k"}, "", 1, T, 1, "", want, 0, 0, wrote, 0, 0).Result()
 	if err != nil || res != int64(1) {
 		t.Fatalf("refund: %v %v, want 1 restored", res, err)
 	}
@@ -385,7 +385,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// a reservation sees the TAT and marks the key (a string of its own)
-	res, err = RateLimitHold.Run(ctx, c, []string{"k"}, "", -1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
+	res, err = rateLimitHold.Run(ctx, c, []string{"k"}, "", -1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +424,7 @@ func TestRateLimitBucketsPolicyTable(t *testing.T) {
 		2,     // b: policy 2, cost 1 (room: the peek charged nothing)
 		-1, 4, // c: policy 1, cost 4 > burst: the group is denied
 	}
-	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitBuckets.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +465,7 @@ func TestRateLimitBucketsRepeatedKeyWrittenOnce(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitBuckets.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +517,7 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 		T, tau, 3, 3, "b/0=3", E, // settle b: as estimated
 		T, tau, 1, 1, "x/0=1", E, // no such hold, its end to come: settled before
 	}
-	res, err := RateLimitHold.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitHold.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +543,7 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err = RateLimitSettle.Run(ctx, c, []string{"k", "k"}, fmt.Sprint(now), 0,
+	res, err = rateLimitSettle.Run(ctx, c, []string{"k", "k"}, fmt.Sprint(now), 0,
 		T, tau, 1, 0, "c/0=1", E,
 		T, tau, 1, 0, "e/0=1", E).Result()
 	if err != nil || fmt.Sprint(res) != fmt.Sprint([]any{int64(1), int64(1)}) {
@@ -579,7 +579,7 @@ func TestRateLimitOldHoldLayout(t *testing.T) {
 	if err := c.Set(ctx, "k", fmt.Sprintf("%dh2:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err := RateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now), T, tau, 1).Result()
+	res, err := rateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now), T, tau, 1).Result()
 	if err != nil || res != int64(3*T) {
 		t.Fatalf("token bucket: %v %v, want wait %d (the TAT as it stood)", res, err, 3*T)
 	}
@@ -591,7 +591,7 @@ func TestRateLimitOldHoldLayout(t *testing.T) {
 	if err := c.Set(ctx, "k", fmt.Sprintf("%dh1:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err = RateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now-15*T), T, tau, 0).Result()
+	res, err = rateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now-15*T), T, tau, 0).Result()
 	if err != nil || res != int64(18*T) {
 		t.Fatalf("peek 15 s back: %v %v, want wait %d (clamped at TAT − 2·tau)", res, err, 18*T)
 	}
@@ -614,7 +614,7 @@ func TestRateLimitSettleManyItems(t *testing.T) {
 		keys[i] = fmt.Sprintf("k%d", i%3)
 		args = append(args, T, tau, 1, 1, fmt.Sprintf("m%d/0=1", i), now+60_000_000)
 	}
-	res, err := RateLimitSettle.Run(context.Background(), c, keys, args...).Result()
+	res, err := rateLimitSettle.Run(context.Background(), c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

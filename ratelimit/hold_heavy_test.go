@@ -305,7 +305,7 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
 	// timeout would never have run
-	for _, sc := range []*redis.Script{lua.RateLimitHold, lua.RateLimitSettle, lua.RateLimitTokenBucket} {
+	for _, sc := range []*redis.Script{lua.RateLimitHold(), lua.RateLimitSettle(), lua.RateLimitTokenBucket()} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			t.Fatal(err)
 		}

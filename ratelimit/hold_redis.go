@@ -280,11 +280,11 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 		// runs them first): one script call for both
 		calls := s.settleCalls(settles) // one: a single server
 		k, a := calls[0].ride(keys, args)
-		res, err = lua.RateLimitHold.Run(ctx, s.client, k, a...).Result()
+		res, err = lua.RateLimitHold().Run(ctx, s.client, k, a...).Result()
 		res = calls[0].split(ctx, res, err)
 		s.deliverSettles(ctx, settles, calls)
 	} else {
-		res, err = lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
+		res, err = lua.RateLimitHold().Run(ctx, s.client, keys, args...).Result()
 	}
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
@@ -385,7 +385,7 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 	if len(idx) == 0 {
 		return nil
 	}
-	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
+	r, err := lua.RateLimitSettle().Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
