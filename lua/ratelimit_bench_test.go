@@ -153,7 +153,7 @@ func BenchmarkFixedScriptPerKey(b *testing.B) {
 						for _, dim := range []string{"user", "ip", "api_key"}[:perRequest] {
 							keys = append(keys, "spillway:"+strconv.Itoa(v)+dim+":{"+dim+"="+e+"}:fw")
 							if v == 0 {
-								args = append(args, 2, L, P, 1, P/L, 1, "")
+								args = append(args, "fixed_window", L, P, 1, P/L, 1, "")
 							} else {
 								args = append(args, 1)
 							}

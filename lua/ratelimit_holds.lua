@@ -67,6 +67,9 @@ local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, 
 -- the library functions the helpers call, as upvalues (a global's field
 -- costs two table reads per call)
 local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub, string.format, string.match, string.byte, redis.call, redis.pcall
+-- hsettle's replies, ratelimit/hold_redis.go's settleReply* (a Go test,
+-- TestScriptConstants, checks that both name the same values)
+local APPLIED, ALREADY_SETTLED, EXPIRED = 1, 2, 3
 
 -- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
 -- that is not marked, else a table {first, last, live, first's string,
@@ -252,7 +255,7 @@ end
 -- a cancel's made with noreap), ARGV[b ..] its values as
 -- ratelimit_settle.lua lists them (6 for a settle, 7 for a cancel), T and
 -- tau the first two as numbers.
--- Returns 1 applied, 2 already settled, 3 expired; hflush writes k. The
+-- Returns APPLIED, ALREADY_SETTLED or EXPIRED; hflush writes k. The
 -- contract is ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
 -- settles that ride on a reservation. A member "" is an item its
 -- reservation charged without holding (a fixed item): only a cancel
@@ -277,8 +280,8 @@ function hsettle(k, b, now, cancel, T, tau)
     end
   end
   if not found then
-    if not cancel and now < ARGV[b + 5] + 0 then return 2 end
-    return 3
+    if not cancel and now < ARGV[b + 5] + 0 then return ALREADY_SETTLED end
+    return EXPIRED
   end
   local tat = k[1]
   local t = hnow(tat, now, tau, k[2])
@@ -302,7 +305,7 @@ function hsettle(k, b, now, cancel, T, tau)
   local live = h ~= nil and h[3] ~= ''
   k[1], k[2], k[4], k[5], k[6], k[7] = nt, live or nt - t > tau, true, t, true, tau
   if k[14] ~= nil and not live then k[2] = k[14] end
-  return 1
+  return APPLIED
 end
 -- the values of keys (false for a missing key or one of another type), in
 -- one MGET, or in chunks of 1000 that unpack fits on Lua's stack

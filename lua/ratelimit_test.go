@@ -181,7 +181,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 		args := []any{nowS}
 		for i, it := range items {
 			keys[i] = it.key
-			args = append(args, 0, T, it.n, "", it.mark, 0, 0, it.wrote, 0, 0)
+			args = append(args, "token_bucket", T, it.n, "", it.mark, 0, 0, it.wrote, 0, 0)
 		}
 		return keys, args
 	}
@@ -254,17 +254,18 @@ func TestRateLimitRefundWindows(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name, key, before string
-		alg, n            int64
+		alg               string
+		n                 int64
 		old, wrote        [3]int64
 		want              string // "" absent
 		exact             int64
 	}{
-		{"fixed: past window restored", "f1", "8:1", 2, 1, [3]int64{7, 2}, [3]int64{8, 1}, "7:2", 1},
-		{"fixed: no state before", "f2", "8:1", 2, 1, [3]int64{}, [3]int64{8, 1}, "", 1},
-		{"fixed: charged since", "f3", "8:3", 2, 1, [3]int64{}, [3]int64{8, 1}, "8:2", 0},
-		{"counter: past window restored", "c1", "9:2:1", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "8:1:2", 1},
-		{"counter: no state before", "c2", "9:0:3", 4, 3, [3]int64{}, [3]int64{9, 0, 3}, "", 1},
-		{"counter: charged window now the previous", "c3", "10:3:0", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "10:2:0", 0},
+		{"fixed: past window restored", "f1", "8:1", "fixed_window", 1, [3]int64{7, 2}, [3]int64{8, 1}, "7:2", 1},
+		{"fixed: no state before", "f2", "8:1", "fixed_window", 1, [3]int64{}, [3]int64{8, 1}, "", 1},
+		{"fixed: charged since", "f3", "8:3", "fixed_window", 1, [3]int64{}, [3]int64{8, 1}, "8:2", 0},
+		{"counter: past window restored", "c1", "9:2:1", "sliding_window_counter", 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "8:1:2", 1},
+		{"counter: no state before", "c2", "9:0:3", "sliding_window_counter", 3, [3]int64{}, [3]int64{9, 0, 3}, "", 1},
+		{"counter: charged window now the previous", "c3", "10:3:0", "sliding_window_counter", 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "10:2:0", 0},
 	}
 	for _, tc := range cases {
 		if err := c.Set(ctx, tc.key, tc.before, time.Hour).Err(); err != nil {
@@ -359,7 +360,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// the batch script (GCRA item): it replies the TAT it saw
-	res, err = rateLimitBatch.Run(ctx, c, []string{"k"}, "", 1, 1, 5*T, 5, T, 1, "").Result()
+	res, err = rateLimitBatch.Run(ctx, c, []string{"k"}, "", "gcra", 1, 5*T, 5, T, 1, "").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +377,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 	wrote := want + T
 	compact("k", wrote)
-	res, err = rateLimitRefund.Run(ctx, c, []string{"k"}, "", 1, T, 1, "", want, 0, 0, wrote, 0, 0).Result()
+	res, err = rateLimitRefund.Run(ctx, c, []string{"k"}, "", "gcra", T, 1, "", want, 0, 0, wrote, 0, 0).Result()
 	if err != nil || res != int64(1) {
 		t.Fatalf("refund: %v %v, want 1 restored", res, err)
 	}

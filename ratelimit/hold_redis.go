@@ -394,12 +394,37 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
 	for j, x := range v {
-		if x < int64(SettleApplied) || x > int64(SettleExpired) {
-			return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+		r, err := settleResultOf(j, x)
+		if err != nil {
+			return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 		}
-		res[idx[j]] = SettleResult(x)
+		res[idx[j]] = r
 	}
 	return nil
+}
+
+// The settle script's reply values, one per item (ratelimit_holds.lua's
+// hsettle returns its locals APPLIED, ALREADY_SETTLED and EXPIRED):
+// values of the wire, not SettleResult's, which settleResultOf maps.
+// TestScriptConstants checks that both sides name the same values.
+const (
+	settleReplyApplied        = 1
+	settleReplyAlreadySettled = 2
+	settleReplyExpired        = 3
+)
+
+// settleResultOf is the SettleResult of the settle script's reply value x
+// (the reply's j-th).
+func settleResultOf(j int, x int64) (SettleResult, error) {
+	switch x {
+	case settleReplyApplied:
+		return SettleApplied, nil
+	case settleReplyAlreadySettled:
+		return SettleAlreadySettled, nil
+	case settleReplyExpired:
+		return SettleExpired, nil
+	}
+	return 0, fmt.Errorf("unexpected reply value %d = %d, want %d, %d or %d", j, x, settleReplyApplied, settleReplyAlreadySettled, settleReplyExpired)
 }
 
 // fixedOnly reports whether every item of h is fixed (nothing to settle:

@@ -357,7 +357,7 @@ func fixedReply(res any, n int) ([]int64, error) {
 
 // fixedDecisions writes the decisions of fixed-window items from the
 // counts the script replied (see lua/ratelimit_fixed.lua) to out, exactly
-// as the batch script's alg 2 decides, and reports whether every item had
+// as the batch script decides a fixed_window item, and reports whether every item had
 // room.
 func fixedDecisions(items []Item, now int64, counts []int64, out []spillway.Decision) bool {
 	allowed := true
@@ -668,10 +668,10 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 			if uids != nil {
 				uid = "1"
 			}
-			args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
+			args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
 			continue
 		}
-		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
+		args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}
 	return args
 }

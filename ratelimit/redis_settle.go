@@ -623,11 +623,11 @@ func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, c
 			var v []int64
 			if v, err = intSlice(c.cmd.Val(), len(c.refs)); err == nil {
 				for j, r := range c.refs {
-					if x := v[j]; x < int64(SettleApplied) || x > int64(SettleExpired) {
-						err = fmt.Errorf("unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+					var sr SettleResult
+					if sr, err = settleResultOf(j, v[j]); err != nil {
 						break
 					}
-					r.a.res[r.i] = SettleResult(v[j])
+					r.a.res[r.i] = sr
 				}
 			}
 		}
@@ -659,10 +659,11 @@ func (a *asyncSettle) answer(i int, v any) error {
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
-	if r[0] < int64(SettleApplied) || r[0] > int64(SettleExpired) {
-		return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value 0 = %d, want 1, 2 or 3", r[0])
+	sr, err := settleResultOf(0, r[0])
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
-	a.res[i] = SettleResult(r[0])
+	a.res[i] = sr
 	return nil
 }
 
