@@ -60,7 +60,7 @@
 -- the call reads TIME). A key that only fixed items of cost 0 touched is
 -- not written, its mark included, as the buckets script leaves it. A
 -- denied group writes nothing else.
-if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -130,16 +130,17 @@ for g = 1, G do
       local x = v and #v < 20 and tonumber(v)
       if x then
         x = tatof(key, x)
-        k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false}
+        k = {tat = x, marked = false, changed = false, t = now, dirty = false, tau = tau, read = x,
+          gtat = x, gmarked = false, gt = now, group = g, readmarked = false, added = false}
         S[key] = k
       else
         k = hstate(S, key, v, T, tau, now)
-        k[12] = g
+        k.group = g
       end
-    elseif k[12] ~= g then -- its state before this group: a denial restores it
-      k[9], k[10], k[11], k[12] = k[1], k[2], k[5], g
+    elseif k.group ~= g then -- its state before this group: a denial restores it
+      k.gtat, k.gmarked, k.gt, k.group = k.tat, k.marked, k.t, g
     end
-    local tat, marked = k[1], k[2]
+    local tat, marked = k.tat, k.marked
     if full then reply[1 + G + 3 * N + i] = marked and 1 or 0 end
     local t = now -- hnow, inline: now (≥ 0) after the clamp
     if marked then
@@ -158,10 +159,10 @@ for g = 1, G do
       end
     end
     if nt ~= tat then
-      local h = k[3]
-      k[2] = (h ~= nil and h[3] ~= '') or nt - t > tau -- live holds, or a debt
+      local h = k.holds
+      k.marked = (h ~= nil and h.live ~= '') or nt - t > tau -- live holds, or a debt
     end
-    k[1], k[5], k[7] = nt, t, tau
+    k.tat, k.t, k.tau = nt, t, tau
     reply[1 + G + i] = wait
     if full then
       reply[1 + G + N + i] = tat
@@ -177,13 +178,13 @@ for g = 1, G do
       if member ~= '' then
         hadd(k, member, exp, exps) -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
-      k[6] = true
+      k.dirty = true
     end
   else
     for j = i0 + 1, i do
       local k = S[KEYS[j]]
-      if k[12] == g then
-        k[1], k[2], k[5], k[12] = k[9], k[10], k[11], 0
+      if k.group == g then
+        k.tat, k.marked, k.t, k.group = k.gtat, k.gmarked, k.gt, 0
       end
     end
   end
@@ -193,6 +194,6 @@ end
 for j = 1, M do
   local key = KEYS[j]
   local k = S[key]
-  if k[6] then hflush(key, k, now) end
+  if k.dirty then hflush(key, k, now) end
 end
 return reply

@@ -4,12 +4,20 @@
 -- ratelimit_batch.lua, ratelimit_refund.lua, ratelimit_hold.lua and
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
--- A bucket's key K holds its TAT in µs, plain (see below) or, while the key
--- is marked (holds outstanding or a debt), "<tat>h<first>:<last>" followed
--- by its live holds, each ",<hold id>/<i>=<estimate>@<end>" (end: the µs
--- release time). first is at most the earliest end of a live hold (a touch
--- looks for expired holds only once now reaches it, then makes it exact),
--- last the latest end; both 0 without holds (a debt alone). A reserve and a
+-- The layout of a bucket's key K, whose codec is hparse (decode) and
+-- hencode (encode) here, and ratelimit/hold_layout.go in Go (golden
+-- vectors in lua/testdata/hold_layout.json, checked by both):
+--   value := tat                         plain: not marked
+--          | tat 'h' first ':' last hold*  marked (holds outstanding or a debt)
+--   hold  := ',' id '/' i '=' est '@' end
+-- all numbers decimal integers in µs (est in units). Decoded: tat, the mark,
+-- and the holds {first, last, live, firsts, lasts}: first is at most the
+-- earliest end of a live hold (a touch looks for expired holds only once
+-- now reaches it, then makes it exact), last the latest end, both 0
+-- without holds (a debt alone: "<tat>h0:0"; a reader ignores them when
+-- there is no hold); live the holds' text ("" for none); firsts and lasts
+-- first's and last's text as read (nil once the number changed: the
+-- encoder formats it). A reserve and a
 -- settle each rewrite K alone: one SET, no second key. A settled hold
 -- leaves nothing behind: a settle that finds no hold of its own says
 -- "already settled" before the hold's end and "expired" after it (the end
@@ -61,9 +69,9 @@ end
 -- holdslib's own locals, not upvalues of the script: a closure's upvalues
 -- cost every call of every script that carries this file (13 of them took
 -- about 1 µs a call, redis-benchmark EVALSHA of this prelude alone).
-local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+local hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 local function holdslib()
-local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+local hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 -- the library functions the helpers call, as upvalues (a global's field
 -- costs two table reads per call)
 local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub, string.format, string.match, string.byte, redis.call, redis.pcall
@@ -71,14 +79,10 @@ local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub,
 -- TestScriptConstants, checks that both name the same values)
 local APPLIED, ALREADY_SETTLED, EXPIRED = 1, 2, 3
 
--- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
--- that is not marked, else a table {first, last, live, first's string,
--- last's string} (live: the holds' string, "" for none; a string nil when
--- its number changed: hvalue formats it); (0, false, nil) for no state or
--- garbage. A mark of an older layout ("<tat>h<n>:<last>", its holds in
--- another key) reads as a mark without holds: those holds stay charged
--- until the TAT passes. The header's strings are kept, so that a write
--- formats only what changed.
+-- The decoder: TAT, mark and holds of a GET reply v of key. The holds are
+-- nil for a key that is not marked, else the table of the layout above;
+-- (0, false, nil) for no state or garbage. The header's strings are kept,
+-- so that a write formats only what changed.
 function hparse(v, key)
   if type(v) ~= 'string' then return 0, false, nil end
   if sfind(v, 'h', 1, true) == nil then
@@ -94,7 +98,7 @@ function hparse(v, key)
     live = ssub(v, q)
   end
   -- digits: '+ 0' converts once (tonumber converts twice)
-  return a + 0, true, {fs + 0, ls + 0, live, fs, ls}
+  return a + 0, true, {first = fs + 0, last = ls + 0, live = live, firsts = fs, lasts = ls}
 end
 
 function hnow(tat, now, tau, marked) -- now after the clamp
@@ -110,9 +114,9 @@ end
 -- h's first end, and then makes it exact. Returns the TAT and whether h
 -- changed (then K must be written: a hold released, or first moved).
 function hreap(h, tat, t, now, T)
-  if h == nil or h[3] == '' or now < h[1] then return tat, false end
+  if h == nil or h.live == '' or now < h.first then return tat, false end
   local keep, first = {}, 0
-  for ent, e, x in string.gmatch(h[3], '(,[^,]-=(%d+)@(%d+))') do
+  for ent, e, x in string.gmatch(h.live, '(,[^,]-=(%d+)@(%d+))') do
     x = tonumber(x)
     if x <= now then
       if tat > t then
@@ -124,9 +128,24 @@ function hreap(h, tat, t, now, T)
       if first == 0 or x < first then first = x end
     end
   end
-  h[3], h[1], h[4] = table.concat(keep), first, nil
-  if first == 0 then h[2], h[5] = 0, '0' end
+  h.live, h.first, h.firsts = table.concat(keep), first, nil
+  if first == 0 then h.last, h.lasts = 0, '0' end
   return tat, true
+end
+
+-- The encoder: the value of a key of TAT tat, holds h (hparse's table, or
+-- nil) and mark marked (a key with live holds is marked whatever marked
+-- says). hparse(hencode(tat, h, m)) gives back tat, the mark and the holds.
+function hencode(tat, h, marked)
+  if h ~= nil and h.live ~= '' then
+    local fs, ls = h.firsts, h.lasts
+    if fs == nil then fs = sfmt('%d', h.first) end
+    if ls == nil then ls = sfmt('%d', h.last) end
+    return sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h.live
+  elseif marked then
+    return sfmt('%dh0:0', tat)
+  end
+  return sfmt('%d', tat)
 end
 
 -- the value of a bucket key: marked iff it has live holds or tat - t >
@@ -135,21 +154,11 @@ end
 -- which costs more; nil with keep, for a write that keeps the key's TTL)
 -- and the mark
 function hvalue(tat, t, now, tau, h, keep)
-  local live = h ~= nil and h[3] ~= ''
+  local live = h ~= nil and h.live ~= ''
   local marked = live or tat - t > tau
   local ttl = tat - now
-  local v
-  if live then
-    local fs, ls = h[4], h[5]
-    if fs == nil then fs = sfmt('%d', h[1]) end
-    if ls == nil then ls = sfmt('%d', h[2]) end
-    v = sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[3]
-    if h[2] - now > ttl then ttl = h[2] - now end
-  elseif marked then
-    v = sfmt('%dh0:0', tat)
-  else
-    v = sfmt('%d', tat)
-  end
+  local v = hencode(tat, h, marked)
+  if live and h.last - now > ttl then ttl = h.last - now end
   if keep then return v, nil, marked end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end
@@ -175,13 +184,14 @@ end
 -- script, read once and written once (hflush): with many holds on one
 -- key, a call that settles and reserves several of them parses and
 -- writes the key's value once, not once per hold. A record k:
---   k[1] TAT, k[2] mark, k[3] holds (hparse's table, or nil), k[4] hold
---   bookkeeping changed (a hold released, added or settled), k[5] t of
---   the last decision, k[6] to be written, k[7] tau, k[8] TAT as read
---   (after the release of what ended), k[9..11] TAT, mark and t before
---   the group k[12] (ratelimit_hold.lua), k[13] read marked (its TTL
---   outlives its TAT and holds), k[14] a mark a cancel restores (nil:
---   none), k[15] holds added.
+--   k.tat, k.marked  the TAT and the mark; k.holds  hparse's table, or nil
+--   k.changed  hold bookkeeping changed (a hold released, added or settled)
+--   k.t  t of the last decision; k.tau; k.dirty  to be written
+--   k.read  the TAT as read (after the release of what ended)
+--   k.gtat, k.gmarked, k.gt  TAT, mark and t before the group k.group
+--     (ratelimit_hold.lua), which a denial of that group restores
+--   k.readmarked  read marked (its TTL outlives its TAT and holds)
+--   k.restore  the mark a cancel restores (nil: none); k.added  holds added
 -- hstate returns key's record in S, making it from v (its value as read,
 -- false for none) at the first touch: the release of the holds that
 -- ended (not with noreap: a cancel's, see hsettle).
@@ -203,50 +213,50 @@ function hstate(S, key, v, T, tau, now, noreap)
   if marked and not noreap then
     local t0 = hnow(tat, now, tau, true)
     tat, changed = hreap(h, tat, t0, now, T)
-    if changed then marked = h[3] ~= '' or tat - t0 > tau end
+    if changed then marked = h.live ~= '' or tat - t0 > tau end
   end
-  k = {tat, marked, h, changed, now, changed, tau, tat, tat, marked, now, 0, h ~= nil, nil, false}
+  k = {tat = tat, marked = marked, holds = h, changed = changed, t = now, dirty = changed, tau = tau,
+    read = tat, gtat = tat, gmarked = marked, gt = now, group = 0, readmarked = h ~= nil, added = false}
   S[key] = k
   return k
 end
 
 -- adds a live hold to k (written by hflush); exps is exp's string
 function hadd(k, member, exp, exps)
-  local h = k[3]
+  local h = k.holds
   if h == nil then
-    h = {0, 0, '', '0', '0'}
-    k[3] = h
+    h = {first = 0, last = 0, live = '', firsts = '0', lasts = '0'}
+    k.holds = h
   end
-  if h[3] == '' or exp < h[1] then h[1], h[4] = exp, exps end
-  if exp > h[2] then h[2], h[5] = exp, exps end
-  h[3] = h[3] .. ',' .. member .. '@' .. exps
-  k[2], k[4], k[6], k[15] = true, true, true, true
+  if h.live == '' or exp < h.first then h.first, h.firsts = exp, exps end
+  if exp > h.last then h.last, h.lasts = exp, exps end
+  h.live = h.live .. ',' .. member .. '@' .. exps
+  k.marked, k.changed, k.dirty, k.added = true, true, true, true
 end
 
 -- writes a record that changed
 function hflush(key, k, now)
-  k[6] = false
-  local h = k[3]
-  if not k[4] and not k[13] then
+  k.dirty = false
+  local h = k.holds
+  if not k.changed and not k.readmarked then
     -- charged by fixed items alone, a key that had no mark: as the
     -- buckets script writes it (an allowed charge leaves TAT within tau
     -- of now': no debt, no mark); charged nothing (cost 0): left as read
-    if k[1] ~= k[8] then
-      local px = math.floor((k[1] - now + 999) / 1000)
+    if k.tat ~= k.read then
+      local px = math.floor((k.tat - now + 999) / 1000)
       if px < 1 then px = 1 end
-      tatset(key, k[1], px)
+      tatset(key, k.tat, px)
     end
     return
   end
-  if not k[4] and k[1] == k[8] then return end -- nothing changed
+  if not k.changed and k.tat == k.read then return end -- nothing changed
   -- a key read marked whose TAT moved no later, with no hold added, keeps
   -- its TTL: it outlives the TAT and every hold
-  local keep = k[13] and not k[15] and k[1] <= k[8]
-  local v, px = hvalue(k[1], k[5], now, k[7], h, keep)
-  if k[14] ~= nil and (h == nil or h[3] == '') then
+  local keep = k.readmarked and not k.added and k.tat <= k.read
+  local v, px = hvalue(k.tat, k.t, now, k.tau, h, keep)
+  if k.restore ~= nil and (h == nil or h.live == '') then
     -- a cancel that restored a TAT: the mark it saw
-    v = sfmt('%d', k[1])
-    if k[14] then v = v .. 'h0:0' end
+    v = hencode(k.tat, nil, k.restore)
   end
   hset(key, v, px)
 end
@@ -266,16 +276,16 @@ function hsettle(k, b, now, cancel, T, tau)
   local est = ARGV[b + 2] + 0 -- numbers from Go: '+ 0' converts once
   local actual, member = 0, ARGV[b + 3]
   if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
-  local h = k[3]
+  local h = k.holds
   local found = cancel and member == ''
-  if member ~= '' and h ~= nil and h[3] ~= '' then
-    local p = sfind(h[3], ',' .. member .. '@', 1, true)
+  if member ~= '' and h ~= nil and h.live ~= '' then
+    local p = sfind(h.live, ',' .. member .. '@', 1, true)
     if p ~= nil then
-      local q = sfind(h[3], ',', p + 1, true)
+      local q = sfind(h.live, ',', p + 1, true)
       local rest = ''
-      if q ~= nil then rest = ssub(h[3], q) end
-      h[3] = ssub(h[3], 1, p - 1) .. rest
-      if h[3] == '' then h[1], h[2], h[4], h[5] = 0, 0, '0', '0' end
+      if q ~= nil then rest = ssub(h.live, q) end
+      h.live = ssub(h.live, 1, p - 1) .. rest
+      if h.live == '' then h.first, h.last, h.firsts, h.lasts = 0, 0, '0', '0' end
       found = true
     end
   end
@@ -283,14 +293,14 @@ function hsettle(k, b, now, cancel, T, tau)
     if not cancel and now < ARGV[b + 5] + 0 then return ALREADY_SETTLED end
     return EXPIRED
   end
-  local tat = k[1]
-  local t = hnow(tat, now, tau, k[2])
+  local tat = k.tat
+  local t = hnow(tat, now, tau, k.marked)
   local nt = tat
   if cancel and tat == ARGV[b + 5] + 0 then
     -- nothing charged since the reserve: restore what it saw, mark
     -- included, exactly as the memory store's rollback does
     nt = ARGV[b + 4] + 0
-    k[14] = ARGV[b + 6] == '1'
+    k.restore = ARGV[b + 6] == '1'
   elseif actual < est then
     if tat > t then
       nt = tat - (est - actual) * T
@@ -302,9 +312,9 @@ function hsettle(k, b, now, cancel, T, tau)
     nt = base + (actual - est) * T
     if nt > t + 2 * tau then nt = t + 2 * tau end
   end
-  local live = h ~= nil and h[3] ~= ''
-  k[1], k[2], k[4], k[5], k[6], k[7] = nt, live or nt - t > tau, true, t, true, tau
-  if k[14] ~= nil and not live then k[2] = k[14] end
+  local live = h ~= nil and h.live ~= ''
+  k.tat, k.marked, k.changed, k.t, k.dirty, k.tau = nt, live or nt - t > tau, true, t, true, tau
+  if k.restore ~= nil and not live then k.marked = k.restore end
   return APPLIED
 end
 -- the values of keys (false for a missing key or one of another type), in
@@ -320,5 +330,5 @@ function hmget(keys)
   return cur
 end
 
-return hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+return hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 end

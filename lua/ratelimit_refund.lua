@@ -85,7 +85,7 @@ for i = #KEYS, 1, -1 do
       if cur ~= nil then
         cur = tatof(key, cur)
       else
-        if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+        if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
         local c, m, hh = hparse(v, key)
         if m then cur, marked, h = c, true, hh end
       end
@@ -93,11 +93,10 @@ for i = #KEYS, 1, -1 do
         -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
         -- and holds (or gets back the mark it had) and its TTL, which
         -- outlives its holds
-        local mark = fmt('h%d:%d', h[1], h[2]) .. h[3]
-        local tat = o1
+        local tat, mark = o1, true
         if cur == w1 then
           refunded = refunded + 1
-          if o2 ~= 1 and h[3] == '' then mark = '' end
+          mark = o2 == 1
         else
           tat = cur
           if tat > now then
@@ -105,12 +104,13 @@ for i = #KEYS, 1, -1 do
             if tat < now then tat = now end
           end
         end
-        redis.call('SET', key, fmt('%d', tat) .. mark, 'KEEPTTL')
+        redis.call('SET', key, hencode(tat, h, mark), 'KEEPTTL')
       elseif cur ~= nil then
         if cur == w1 then
           if o2 == 1 then
             -- the charge unmarked the key: restore its mark with it
-            redis.call('SET', key, fmt('%d', o1) .. 'h0:0', 'KEEPTTL')
+            if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+            redis.call('SET', key, hencode(o1, nil, true), 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
           elseif compact then

@@ -564,40 +564,6 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 	}
 }
 
-// A mark of the layout before holds moved into the key's value
-// ("<tat>h<live holds>:<last end>", the holds in a sorted set beside it)
-// reads as a mark without holds: the TAT stands (its holds stay charged
-// until it passes; nothing is admitted beyond it), the decision clamps at
-// TAT − 2·tau, and the first write puts the key in today's layout.
-func TestRateLimitOldHoldLayout(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	ctx := context.Background()
-	const (
-		T, tau = 1_000_000, 10_000_000 // 1 s, burst 10
-		now    = 1_000_000_000_000
-	)
-	if err := c.Set(ctx, "k", fmt.Sprintf("%dh2:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := rateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now), T, tau, 1).Result()
-	if err != nil || res != int64(3*T) {
-		t.Fatalf("token bucket: %v %v, want wait %d (the TAT as it stood)", res, err, 3*T)
-	}
-	if v, err := c.Get(ctx, "k").Result(); err != nil || v != fmt.Sprint(now+4*T) {
-		t.Fatalf("k = %q (%v), want %d: charged 1, no holds, no debt, no mark", v, err, now+4*T)
-	}
-	// with the clock 15 s back: an old mark clamps at TAT − 2·tau, so the
-	// decision sees a wait of 2·tau at most (TAT − tau unmarked)
-	if err := c.Set(ctx, "k", fmt.Sprintf("%dh1:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	res, err = rateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now-15*T), T, tau, 0).Result()
-	if err != nil || res != int64(18*T) {
-		t.Fatalf("peek 15 s back: %v %v, want wait %d (clamped at TAT − 2·tau)", res, err, 18*T)
-	}
-}
-
 // The settle script reads its keys in chunks that fit Lua's stack: 9000
 // items (unpack takes at most 8000 values) settle in one call, each
 // answered (no such hold, its end to come: settled before).
