@@ -195,7 +195,7 @@ for g = 1, #sizes do
       else
         tat = 0
         if s then
-          if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+          if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
           tat, marked, h = hparse(s, key)
         end
       end

@@ -145,7 +145,7 @@ for g = 1, G do
           -- not a plain TAT: a marked key or garbage (parsed and
           -- released once per call, then cached)
           if st == nil then
-            if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+            if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
             st, sm, hl = {}, {}, {}
           end
           tat, marked = st[key], sm[key]
@@ -182,7 +182,7 @@ for g = 1, G do
         -- a marked key stays marked while holds are live (hvalue)
         if pmark == nil then pmark, um = {}, {} end
         if npx == nil then npx = {} end
-        pmark[key] = h.live ~= ''
+        pmark[key] = h[LIVE] ~= ''
         v, npx[i] = hvalue(v, t, now, tau, h) -- px in ms
       elseif not compact then
         if npx == nil then npx = {} end

@@ -60,7 +60,7 @@
 -- the call reads TIME). A key that only fixed items of cost 0 touched is
 -- not written, its mark included, as the buckets script leaves it. A
 -- denied group writes nothing else.
-if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -130,17 +130,16 @@ for g = 1, G do
       local x = v and #v < 20 and tonumber(v)
       if x then
         x = tatof(key, x)
-        k = {tat = x, marked = false, changed = false, t = now, dirty = false, tau = tau, read = x,
-          gtat = x, gmarked = false, gt = now, group = g, readmarked = false, added = false}
+        k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false} -- hstate's, in slot order
         S[key] = k
       else
         k = hstate(S, key, v, T, tau, now)
-        k.group = g
+        k[GROUP] = g
       end
-    elseif k.group ~= g then -- its state before this group: a denial restores it
-      k.gtat, k.gmarked, k.gt, k.group = k.tat, k.marked, k.t, g
+    elseif k[GROUP] ~= g then -- its state before this group: a denial restores it
+      k[GTAT], k[GMARKED], k[GTNOW], k[GROUP] = k[TAT], k[MARKED], k[TNOW], g
     end
-    local tat, marked = k.tat, k.marked
+    local tat, marked = k[TAT], k[MARKED]
     if full then reply[1 + G + 3 * N + i] = marked and 1 or 0 end
     local t = now -- hnow, inline: now (≥ 0) after the clamp
     if marked then
@@ -159,10 +158,10 @@ for g = 1, G do
       end
     end
     if nt ~= tat then
-      local h = k.holds
-      k.marked = (h ~= nil and h.live ~= '') or nt - t > tau -- live holds, or a debt
+      local h = k[HOLDS]
+      k[MARKED] = (h ~= nil and h[LIVE] ~= '') or nt - t > tau -- live holds, or a debt
     end
-    k.tat, k.t, k.tau = nt, t, tau
+    k[TAT], k[TNOW], k[TAU] = nt, t, tau
     reply[1 + G + i] = wait
     if full then
       reply[1 + G + N + i] = tat
@@ -178,13 +177,13 @@ for g = 1, G do
       if member ~= '' then
         hadd(k, member, exp, exps) -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
-      k.dirty = true
+      k[DIRTY] = true
     end
   else
     for j = i0 + 1, i do
       local k = S[KEYS[j]]
-      if k.group == g then
-        k.tat, k.marked, k.t, k.group = k.gtat, k.gmarked, k.gt, 0
+      if k[GROUP] == g then
+        k[TAT], k[MARKED], k[TNOW], k[GROUP] = k[GTAT], k[GMARKED], k[GTNOW], 0
       end
     end
   end
@@ -194,6 +193,6 @@ end
 for j = 1, M do
   local key = KEYS[j]
   local k = S[key]
-  if k.dirty then hflush(key, k, now) end
+  if k[DIRTY] then hflush(key, k, now) end
 end
 return reply

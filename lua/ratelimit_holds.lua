@@ -5,20 +5,20 @@
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
 -- The layout of a bucket's key K, whose codec is hparse (decode) and
--- hencode (encode) here, and ratelimit/hold_layout.go in Go (golden
+-- hvalue (encode) here, and ratelimit/hold_layout.go in Go (golden
 -- vectors in lua/testdata/hold_layout.json, checked by both):
 --   value := tat                         plain: not marked
 --          | tat 'h' first ':' last hold*  marked (holds outstanding or a debt)
 --   hold  := ',' id '/' i '=' est '@' end
 -- all numbers decimal integers in µs (est in units). Decoded: tat, the mark,
--- and the holds {first, last, live, firsts, lasts}: first is at most the
--- earliest end of a live hold (a touch looks for expired holds only once
--- now reaches it, then makes it exact), last the latest end, both 0
--- without holds (a debt alone: "<tat>h0:0"; a reader ignores them when
--- there is no hold); live the holds' text ("" for none); firsts and lasts
--- first's and last's text as read (nil once the number changed: the
--- encoder formats it). A reserve and a
--- settle each rewrite K alone: one SET, no second key. A settled hold
+-- and the holds h: h[FIRST] is at most the earliest end of a live hold (a
+-- touch looks for expired holds only once now reaches it, then makes it
+-- exact), h[LAST] the latest end, both 0 without holds (a debt alone:
+-- "<tat>h0:0"; a reader ignores them when there is no hold); h[LIVE] the
+-- holds' text ("" for none); h[FIRSTS] and h[LASTS] first's and last's
+-- text as read (nil once the number changed: the encoder formats it).
+--
+-- A reserve and a settle each rewrite K alone: one SET, no second key. A settled hold
 -- leaves nothing behind: a settle that finds no hold of its own says
 -- "already settled" before the hold's end and "expired" after it (the end
 -- travels with the settle). The plain decision scripts parse the holds
@@ -61,6 +61,19 @@ local function tatset(key, tat, px)
   end
 end
 
+-- Named slots and constants. The fields of the holds h and of a call's
+-- record k (hstate) are array slots with names, and hsettle's replies
+-- named numbers: when it builds a script, lua/ratelimit.go writes each
+-- NAME in brackets that a slots line below lists as its slot number (1,
+-- 2, … in the order listed), and each NAME of the consts line as its
+-- value. A table with named keys costs about 2.5k instructions more to
+-- make (callgrind), and a local per name an upvalue per helper. The
+-- consts are ratelimit/hold_redis.go's settleReply* (TestScriptConstants
+-- checks that both sides name the same values).
+--   slots h: FIRST LAST LIVE FIRSTS LASTS
+--   slots k: TAT MARKED HOLDS CHANGED TNOW DIRTY TAU READ GTAT GMARKED GTNOW GROUP READMARKED RESTORE ADDED
+--   consts: APPLIED=1 ALREADY_SETTLED=2 EXPIRED=3
+
 -- holdslib() makes the helpers below and returns them; a script calls it
 -- once, before it first needs them, as
 --   if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite,
@@ -69,15 +82,12 @@ end
 -- holdslib's own locals, not upvalues of the script: a closure's upvalues
 -- cost every call of every script that carries this file (13 of them took
 -- about 1 µs a call, redis-benchmark EVALSHA of this prelude alone).
-local hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 local function holdslib()
-local hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 -- the library functions the helpers call, as upvalues (a global's field
 -- costs two table reads per call)
 local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub, string.format, string.match, string.byte, redis.call, redis.pcall
--- hsettle's replies, ratelimit/hold_redis.go's settleReply* (a Go test,
--- TestScriptConstants, checks that both name the same values)
-local APPLIED, ALREADY_SETTLED, EXPIRED = 1, 2, 3
 
 -- The decoder: TAT, mark and holds of a GET reply v of key. The holds are
 -- nil for a key that is not marked, else the table of the layout above;
@@ -98,7 +108,7 @@ function hparse(v, key)
     live = ssub(v, q)
   end
   -- digits: '+ 0' converts once (tonumber converts twice)
-  return a + 0, true, {first = fs + 0, last = ls + 0, live = live, firsts = fs, lasts = ls}
+  return a + 0, true, {fs + 0, ls + 0, live, fs, ls} -- FIRST .. LASTS
 end
 
 function hnow(tat, now, tau, marked) -- now after the clamp
@@ -114,9 +124,9 @@ end
 -- h's first end, and then makes it exact. Returns the TAT and whether h
 -- changed (then K must be written: a hold released, or first moved).
 function hreap(h, tat, t, now, T)
-  if h == nil or h.live == '' or now < h.first then return tat, false end
+  if h == nil or h[LIVE] == '' or now < h[FIRST] then return tat, false end
   local keep, first = {}, 0
-  for ent, e, x in string.gmatch(h.live, '(,[^,]-=(%d+)@(%d+))') do
+  for ent, e, x in string.gmatch(h[LIVE], '(,[^,]-=(%d+)@(%d+))') do
     x = tonumber(x)
     if x <= now then
       if tat > t then
@@ -128,37 +138,35 @@ function hreap(h, tat, t, now, T)
       if first == 0 or x < first then first = x end
     end
   end
-  h.live, h.first, h.firsts = table.concat(keep), first, nil
-  if first == 0 then h.last, h.lasts = 0, '0' end
+  h[LIVE], h[FIRST], h[FIRSTS] = table.concat(keep), first, nil
+  if first == 0 then h[LAST], h[LASTS] = 0, '0' end
   return tat, true
 end
 
--- The encoder: the value of a key of TAT tat, holds h (hparse's table, or
--- nil) and mark marked (a key with live holds is marked whatever marked
--- says). hparse(hencode(tat, h, m)) gives back tat, the mark and the holds.
-function hencode(tat, h, marked)
-  if h ~= nil and h.live ~= '' then
-    local fs, ls = h.firsts, h.lasts
-    if fs == nil then fs = sfmt('%d', h.first) end
-    if ls == nil then ls = sfmt('%d', h.last) end
-    return sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h.live
-  elseif marked then
-    return sfmt('%dh0:0', tat)
-  end
-  return sfmt('%d', tat)
-end
-
--- the value of a bucket key: marked iff it has live holds or tat - t >
--- tau; returns it, its TTL in ms (outliving the TAT and every live hold)
--- as a string ('%d': a number argument would be formatted with '%.17g',
--- which costs more; nil with keep, for a write that keeps the key's TTL)
--- and the mark
-function hvalue(tat, t, now, tau, h, keep)
-  local live = h ~= nil and h.live ~= ''
+-- The encoder: the value of a bucket key of TAT tat and holds h (hparse's
+-- table, or nil), marked iff it has live holds or, without mark, tat - t >
+-- tau (with mark: mark, a mark restored as it was read); hparse of it gives
+-- back tat, the mark and the holds. Returns it, its TTL in ms (outliving
+-- the TAT and every live hold) as a string ('%d': a number argument would
+-- be formatted with '%.17g', which costs more; nil with keep, for a write
+-- that keeps the key's TTL) and the mark.
+function hvalue(tat, t, now, tau, h, keep, mark)
+  local live = h ~= nil and h[LIVE] ~= ''
   local marked = live or tat - t > tau
+  if mark ~= nil and not live then marked = mark end
   local ttl = tat - now
-  local v = hencode(tat, h, marked)
-  if live and h.last - now > ttl then ttl = h.last - now end
+  local v
+  if live then
+    local fs, ls = h[FIRSTS], h[LASTS]
+    if fs == nil then fs = sfmt('%d', h[FIRST]) end
+    if ls == nil then ls = sfmt('%d', h[LAST]) end
+    v = sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[LIVE]
+    if h[LAST] - now > ttl then ttl = h[LAST] - now end
+  elseif marked then
+    v = sfmt('%dh0:0', tat)
+  else
+    v = sfmt('%d', tat)
+  end
   if keep then return v, nil, marked end
   local px = math.floor((ttl + 999) / 1000)
   if px < 1 then px = 1 end
@@ -184,14 +192,14 @@ end
 -- script, read once and written once (hflush): with many holds on one
 -- key, a call that settles and reserves several of them parses and
 -- writes the key's value once, not once per hold. A record k:
---   k.tat, k.marked  the TAT and the mark; k.holds  hparse's table, or nil
---   k.changed  hold bookkeeping changed (a hold released, added or settled)
---   k.t  t of the last decision; k.tau; k.dirty  to be written
---   k.read  the TAT as read (after the release of what ended)
---   k.gtat, k.gmarked, k.gt  TAT, mark and t before the group k.group
+--   k[TAT], k[MARKED]  the TAT and the mark; k[HOLDS]  hparse's table, or nil
+--   k[CHANGED]  hold bookkeeping changed (a hold released, added or settled)
+--   k[TNOW]  t of the last decision; k[TAU]; k[DIRTY]  to be written
+--   k[READ]  the TAT as read (after the release of what ended)
+--   k[GTAT], k[GMARKED], k[GTNOW]  TAT, mark and t before the group k[GROUP]
 --     (ratelimit_hold.lua), which a denial of that group restores
---   k.readmarked  read marked (its TTL outlives its TAT and holds)
---   k.restore  the mark a cancel restores (nil: none); k.added  holds added
+--   k[READMARKED]  read marked (its TTL outlives its TAT and holds)
+--   k[RESTORE]  the mark a cancel restores (nil: none); k[ADDED]  holds added
 -- hstate returns key's record in S, making it from v (its value as read,
 -- false for none) at the first touch: the release of the holds that
 -- ended (not with noreap: a cancel's, see hsettle).
@@ -213,51 +221,49 @@ function hstate(S, key, v, T, tau, now, noreap)
   if marked and not noreap then
     local t0 = hnow(tat, now, tau, true)
     tat, changed = hreap(h, tat, t0, now, T)
-    if changed then marked = h.live ~= '' or tat - t0 > tau end
+    if changed then marked = h[LIVE] ~= '' or tat - t0 > tau end
   end
-  k = {tat = tat, marked = marked, holds = h, changed = changed, t = now, dirty = changed, tau = tau,
-    read = tat, gtat = tat, gmarked = marked, gt = now, group = 0, readmarked = h ~= nil, added = false}
+  -- in slot order: TAT, MARKED, HOLDS, CHANGED, TNOW, DIRTY, TAU, READ, GTAT,
+  -- GMARKED, GTNOW, GROUP, READMARKED, RESTORE, ADDED
+  k = {tat, marked, h, changed, now, changed, tau, tat, tat, marked, now, 0, h ~= nil, nil, false}
   S[key] = k
   return k
 end
 
 -- adds a live hold to k (written by hflush); exps is exp's string
 function hadd(k, member, exp, exps)
-  local h = k.holds
+  local h = k[HOLDS]
   if h == nil then
-    h = {first = 0, last = 0, live = '', firsts = '0', lasts = '0'}
-    k.holds = h
+    h = {0, 0, '', '0', '0'} -- FIRST .. LASTS
+    k[HOLDS] = h
   end
-  if h.live == '' or exp < h.first then h.first, h.firsts = exp, exps end
-  if exp > h.last then h.last, h.lasts = exp, exps end
-  h.live = h.live .. ',' .. member .. '@' .. exps
-  k.marked, k.changed, k.dirty, k.added = true, true, true, true
+  if h[LIVE] == '' or exp < h[FIRST] then h[FIRST], h[FIRSTS] = exp, exps end
+  if exp > h[LAST] then h[LAST], h[LASTS] = exp, exps end
+  h[LIVE] = h[LIVE] .. ',' .. member .. '@' .. exps
+  k[MARKED], k[CHANGED], k[DIRTY], k[ADDED] = true, true, true, true
 end
 
 -- writes a record that changed
 function hflush(key, k, now)
-  k.dirty = false
-  local h = k.holds
-  if not k.changed and not k.readmarked then
+  k[DIRTY] = false
+  local h = k[HOLDS]
+  if not k[CHANGED] and not k[READMARKED] then
     -- charged by fixed items alone, a key that had no mark: as the
     -- buckets script writes it (an allowed charge leaves TAT within tau
     -- of now': no debt, no mark); charged nothing (cost 0): left as read
-    if k.tat ~= k.read then
-      local px = math.floor((k.tat - now + 999) / 1000)
+    if k[TAT] ~= k[READ] then
+      local px = math.floor((k[TAT] - now + 999) / 1000)
       if px < 1 then px = 1 end
-      tatset(key, k.tat, px)
+      tatset(key, k[TAT], px)
     end
     return
   end
-  if not k.changed and k.tat == k.read then return end -- nothing changed
+  if not k[CHANGED] and k[TAT] == k[READ] then return end -- nothing changed
   -- a key read marked whose TAT moved no later, with no hold added, keeps
   -- its TTL: it outlives the TAT and every hold
-  local keep = k.readmarked and not k.added and k.tat <= k.read
-  local v, px = hvalue(k.tat, k.t, now, k.tau, h, keep)
-  if k.restore ~= nil and (h == nil or h.live == '') then
-    -- a cancel that restored a TAT: the mark it saw
-    v = hencode(k.tat, nil, k.restore)
-  end
+  local keep = k[READMARKED] and not k[ADDED] and k[TAT] <= k[READ]
+  -- a cancel that restored a TAT writes the mark it saw (k[RESTORE])
+  local v, px = hvalue(k[TAT], k[TNOW], now, k[TAU], h, keep, k[RESTORE])
   hset(key, v, px)
 end
 
@@ -276,16 +282,16 @@ function hsettle(k, b, now, cancel, T, tau)
   local est = ARGV[b + 2] + 0 -- numbers from Go: '+ 0' converts once
   local actual, member = 0, ARGV[b + 3]
   if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
-  local h = k.holds
+  local h = k[HOLDS]
   local found = cancel and member == ''
-  if member ~= '' and h ~= nil and h.live ~= '' then
-    local p = sfind(h.live, ',' .. member .. '@', 1, true)
+  if member ~= '' and h ~= nil and h[LIVE] ~= '' then
+    local p = sfind(h[LIVE], ',' .. member .. '@', 1, true)
     if p ~= nil then
-      local q = sfind(h.live, ',', p + 1, true)
+      local q = sfind(h[LIVE], ',', p + 1, true)
       local rest = ''
-      if q ~= nil then rest = ssub(h.live, q) end
-      h.live = ssub(h.live, 1, p - 1) .. rest
-      if h.live == '' then h.first, h.last, h.firsts, h.lasts = 0, 0, '0', '0' end
+      if q ~= nil then rest = ssub(h[LIVE], q) end
+      h[LIVE] = ssub(h[LIVE], 1, p - 1) .. rest
+      if h[LIVE] == '' then h[FIRST], h[LAST], h[FIRSTS], h[LASTS] = 0, 0, '0', '0' end
       found = true
     end
   end
@@ -293,14 +299,14 @@ function hsettle(k, b, now, cancel, T, tau)
     if not cancel and now < ARGV[b + 5] + 0 then return ALREADY_SETTLED end
     return EXPIRED
   end
-  local tat = k.tat
-  local t = hnow(tat, now, tau, k.marked)
+  local tat = k[TAT]
+  local t = hnow(tat, now, tau, k[MARKED])
   local nt = tat
   if cancel and tat == ARGV[b + 5] + 0 then
     -- nothing charged since the reserve: restore what it saw, mark
     -- included, exactly as the memory store's rollback does
     nt = ARGV[b + 4] + 0
-    k.restore = ARGV[b + 6] == '1'
+    k[RESTORE] = ARGV[b + 6] == '1'
   elseif actual < est then
     if tat > t then
       nt = tat - (est - actual) * T
@@ -312,9 +318,9 @@ function hsettle(k, b, now, cancel, T, tau)
     nt = base + (actual - est) * T
     if nt > t + 2 * tau then nt = t + 2 * tau end
   end
-  local live = h ~= nil and h.live ~= ''
-  k.tat, k.marked, k.changed, k.t, k.dirty, k.tau = nt, live or nt - t > tau, true, t, true, tau
-  if k.restore ~= nil and not live then k.marked = k.restore end
+  local live = h ~= nil and h[LIVE] ~= ''
+  k[TAT], k[MARKED], k[CHANGED], k[TNOW], k[DIRTY], k[TAU] = nt, live or nt - t > tau, true, t, true, tau
+  if k[RESTORE] ~= nil and not live then k[MARKED] = k[RESTORE] end
   return APPLIED
 end
 -- the values of keys (false for a missing key or one of another type), in
@@ -330,5 +336,5 @@ function hmget(keys)
   return cur
 end
 
-return hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
+return hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget
 end

@@ -85,7 +85,7 @@ for i = #KEYS, 1, -1 do
       if cur ~= nil then
         cur = tatof(key, cur)
       else
-        if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+        if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
         local c, m, hh = hparse(v, key)
         if m then cur, marked, h = c, true, hh end
       end
@@ -104,13 +104,13 @@ for i = #KEYS, 1, -1 do
             if tat < now then tat = now end
           end
         end
-        redis.call('SET', key, hencode(tat, h, mark), 'KEEPTTL')
+        redis.call('SET', key, (hvalue(tat, 0, 0, 0, h, true, mark)), 'KEEPTTL')
       elseif cur ~= nil then
         if cur == w1 then
           if o2 == 1 then
             -- the charge unmarked the key: restore its mark with it
-            if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
-            redis.call('SET', key, hencode(o1, nil, true), 'KEEPTTL')
+            if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+            redis.call('SET', key, (hvalue(o1, 0, 0, 0, nil, true, true)), 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
           elseif compact then

@@ -46,7 +46,7 @@
 -- and a PX that outlives both (a TAT no later than read, no hold added:
 -- the TTL it had). A settle that finds no hold writes only the release of
 -- what ended.
-if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -74,6 +74,6 @@ for i = from, to, step do
 end
 for i = 1, N do
   local k = S[KEYS[i]]
-  if k.dirty then hflush(KEYS[i], k, now) end
+  if k[DIRTY] then hflush(KEYS[i], k, now) end
 end
 return reply

@@ -595,3 +595,34 @@ func TestRateLimitSettleManyItems(t *testing.T) {
 		}
 	}
 }
+
+// The named slots of ratelimit_holds.lua: every [NAME] of a script that
+// carries it is a declared slot (none is left for Lua to read as a
+// global), each name is declared once, and they become their numbers.
+func TestRateLimitSlots(t *testing.T) {
+	seen := map[string]bool{}
+	for _, m := range slotLine.FindAllStringSubmatch(ratelimitHoldsSrc, -1) {
+		for _, name := range strings.Fields(m[1]) {
+			if seen[name] {
+				t.Errorf("slot %s declared twice", name)
+			}
+			seen[name] = true
+		}
+	}
+	if len(seen) != 20 {
+		t.Errorf("%d slots declared, want 20 (5 of h, 15 of k)", len(seen))
+	}
+	for _, src := range []string{ratelimitBatchSrc, ratelimitTokenBucketSrc, ratelimitBucketsSrc, ratelimitRefundSrc, ratelimitHoldSrc, ratelimitSettleSrc} {
+		if left := slotRef.FindAllString(slotted(ratelimitHoldsSrc+src), -1); len(left) > 0 {
+			t.Errorf("names left after slotted: %v", left)
+		}
+	}
+	for _, src := range []string{ratelimitHoldSrc, ratelimitSettleSrc} {
+		if s := slotted(ratelimitHoldsSrc + src); strings.Contains(s, "return APPLIED") || !strings.Contains(s, "return 1\n") {
+			t.Error("APPLIED not written as its value")
+		}
+	}
+	if got := slotted("--   slots k: A B\n--   consts: X=7\nk[B] = k[A] .. x[C] + X + XY"); got != "--   slots k: A B\n--   consts: X=7\nk[2] = k[1] .. x[C] + 7 + XY" {
+		t.Errorf("slotted: %q", got)
+	}
+}

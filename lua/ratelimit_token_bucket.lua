@@ -44,7 +44,7 @@ local tat = tonumber(v)
 if tat ~= nil then
   tat = tatof(KEYS[1], tat)
 else
-  if hparse == nil then hparse, hencode, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+  if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
   local marked, h
   tat, marked, h = hparse(v, KEYS[1])
   if marked then

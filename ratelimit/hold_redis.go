@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +75,7 @@ func (s *RedisStore) newHold(items []Item, ttl time.Duration) (*Hold, string) {
 	for i := range h.items {
 		h.rkeys[i] = redisKey(s.prefix, &h.items[i])
 		if !h.items[i].Fixed {
-			h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+			h.members[i] = holdName(holdMember(id, i), h.items[i].Cost)
 		}
 	}
 	return h, id

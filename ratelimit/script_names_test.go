@@ -41,16 +41,16 @@ func TestScriptAlgorithmNames(t *testing.T) {
 }
 
 // TestScriptConstants checks that the settle replies ratelimit_holds.lua
-// names (its locals APPLIED, ALREADY_SETTLED, EXPIRED) have the values
+// names (its consts APPLIED, ALREADY_SETTLED, EXPIRED) have the values
 // settleResultOf maps, and map to the SettleResult of the same name.
 func TestScriptConstants(t *testing.T) {
 	src, err := os.ReadFile("../lua/ratelimit_holds.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^local APPLIED, ALREADY_SETTLED, EXPIRED = (\d+), (\d+), (\d+)$`).FindStringSubmatch(string(src))
+	m := regexp.MustCompile(`(?m)^--   consts: APPLIED=(\d+) ALREADY_SETTLED=(\d+) EXPIRED=(\d+)$`).FindStringSubmatch(string(src))
 	if m == nil {
-		t.Fatal("ratelimit_holds.lua: no line `local APPLIED, ALREADY_SETTLED, EXPIRED = …`")
+		t.Fatal("ratelimit_holds.lua: no line `--   consts: APPLIED=… ALREADY_SETTLED=… EXPIRED=…`")
 	}
 	for i, want := range []SettleResult{SettleApplied, SettleAlreadySettled, SettleExpired} {
 		x, _ := strconv.ParseInt(m[i+1], 10, 64)
