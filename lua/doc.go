@@ -10,6 +10,3 @@
 // Each building block declares its scripts in its own file here
 // (ratelimit.go, concurrency.go, …).
 package lua
-
-// Version is an exported func added without updating api/spillway.txt.
-func Version() string { return "demo" }
