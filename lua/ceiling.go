@@ -13,10 +13,14 @@ var (
 	ceilingRefundSrc string
 )
 
+var ceilingCharge = redis.NewScript(ceilingChargeSrc)
+
 // CeilingCharge increments one shard of a global-ceiling counter and gives
 // a new counter its TTL. See ceiling_charge.lua.
-var CeilingCharge = redis.NewScript(ceilingChargeSrc)
+func CeilingCharge() *redis.Script { return ceilingCharge }
+
+var ceilingRefund = redis.NewScript(ceilingRefundSrc)
 
 // CeilingRefund takes back a charge after a denied admission, without ever
 // creating a counter. See ceiling_refund.lua.
-var CeilingRefund = redis.NewScript(ceilingRefundSrc)
+func CeilingRefund() *redis.Script { return ceilingRefund }

@@ -10,17 +10,20 @@
 --          G, then the number of items of each group, in KEYS order (they
 --          sum to N = #KEYS). Without them the call is one group of N.
 -- then, for item i, 7 values:
---          alg  0 token bucket, 1 GCRA, 2 fixed window, 3 sliding window
---               log, 4 sliding window counter, 5 leaky bucket, 6 sliding
---               window buckets
+--          alg  the algorithm's name, as ratelimit.Algorithm's String
+--               spells it: token_bucket, gcra, leaky_bucket (the bucket
+--               family, decided alike), fixed_window, sliding_window_log,
+--               sliding_window_counter, sliding_window_buckets (a Go test,
+--               TestScriptAlgorithmNames, checks that the scripts and Go
+--               agree on these names)
 --          L    limit; P period in µs; B burst (effective, ≥ 1)
 --          T    emission interval ceil(P/L) in µs
---               (alg 6: B is N, the sub-windows per period, P a multiple
+--               (sliding_window_buckets: B is N, the sub-windows per period, P a multiple
 --               of N; T is the mode, 1 conservative, 0 interpolated)
 --          n    cost (≥ 0; 0 peeks; ≤ capacity+1 ≤ 2^52+1, exact: Go sends a larger cost as capacity+1)
 --          uid  unique id of this item in this call: the sliding window
 --               log's members are uid (n = 1) or uid..":"..j (j = 1..n);
---               alg 6: "1" asks for the counts the item saw (for a refund)
+--               sliding_window_buckets: "1" asks for the counts the item saw (for a refund)
 --
 -- Reply: {now, allowed, then 7 integers per item: ok, remaining, reset,
 --         retry, s1, s2, s3}
@@ -91,7 +94,7 @@ local function drain(p, m, P)
   return floor(((p - m - 1) * P + 1 + p - 1) / p)
 end
 
--- The bucketed window (alg 6), ratelimit/algorithms.go's bucketsDecide
+-- The bucketed window (sliding_window_buckets), ratelimit/algorithms.go's bucketsDecide
 -- (bparse, bformat: ratelimit_subwindows.lua). bshift moves the counts c
 -- (1-based, newest first) sh sub-windows on, in place (a fresh table of
 -- zeros for no state): a[i+1] is then a(i). bwt is the oldest
@@ -150,7 +153,7 @@ local logs = {}    -- key -> {n added, at}
 local writes = {}
 local gp, gl, gw
 local reply = {now, 1}
-local extra = {} -- the counts alg 6 items saw, when asked
+local extra = {} -- the counts sliding_window_buckets items saw, when asked
 
 -- hl: a marked bucket key's {live holds, last end} (ratelimit_holds.lua),
 -- set at its touches; rewritten: its state after its first touch released
@@ -175,7 +178,7 @@ for g = 1, #sizes do
     i = i + 1
     local key = KEYS[i]
     local b = first + 7 * (i - 1)
-    local alg = tonumber(ARGV[b])
+    local alg = ARGV[b]
     local L = tonumber(ARGV[b + 1])
     local P = tonumber(ARGV[b + 2])
     local B = tonumber(ARGV[b + 3])
@@ -183,7 +186,7 @@ for g = 1, #sizes do
     local n = tonumber(ARGV[b + 5])
     local ok, rem, reset, retry, s1, s2, s3 = 0, 0, 0, 0, 0, 0, 0
 
-    if alg == 0 or alg == 1 or alg == 5 then
+    if alg == 'token_bucket' or alg == 'gcra' or alg == 'leaky_bucket' then
       local tau = B * T
       local s = getstr(key)
       local tat, marked, h = s and tonumber(s), false, nil
@@ -243,7 +246,7 @@ for g = 1, #sizes do
         end
       end
 
-    elseif alg == 2 then
+    elseif alg == 'fixed_window' then
       local w, c = 0, 0
       local s = getstr(key)
       if s ~= nil then
@@ -272,7 +275,7 @@ for g = 1, #sizes do
         end
       end
 
-    elseif alg == 4 then
+    elseif alg == 'sliding_window_counter' then
       local w, prev, cur = 0, 0, 0
       local s = getstr(key)
       if s ~= nil then
@@ -316,7 +319,7 @@ for g = 1, #sizes do
         gw[#gw + 1] = {0, key, v, ttl(reset)}
       end
 
-    elseif alg == 3 then
+    elseif alg == 'sliding_window_log' then
       local zkey = true -- false: the key holds another type, replace it
       local c, newest = 0, nil
       local lg = gl[key]
@@ -365,7 +368,7 @@ for g = 1, #sizes do
       end
       if c > 0 then reset = newest + P - t end
       if ok == 1 and n > 0 then gw[#gw][7] = ttl(reset) end
-    elseif alg == 6 then
+    elseif alg == 'sliding_window_buckets' then
       local NB, cons = B, T == 1
       local W = P / NB
       local h, c = 0, nil

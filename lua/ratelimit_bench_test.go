@@ -15,7 +15,7 @@ var liveKeys = flag.Bool("live", false, "BenchmarkBucketsScriptPerKey: 500 entit
 
 // bucketsFloor does what a bucket-family charge cannot do without: one
 // MGET of the keys and one SET … PXAT per key, with no decision. Its time
-// is the floor of RateLimitBuckets on the same keys.
+// is the floor of rateLimitBuckets on the same keys.
 var bucketsFloor = redis.NewScript(`local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 redis.call('MGET', unpack(KEYS))
@@ -29,7 +29,7 @@ end
 return reply`)
 
 // BenchmarkBucketsScriptPerKey measures where Redis spends its time on the
-// coalesced calls of tiers checks: RateLimitBuckets on calls of 31
+// coalesced calls of tiers checks: rateLimitBuckets on calls of 31
 // requests (what 64 goroutines coalesce into one call) of one key each and
 // of three keys each (ip, user, api_key), the policy of bench/ (GCRA
 // 100/s, burst 100) on 10,000 entities (so a key has expired since its
@@ -56,14 +56,14 @@ func BenchmarkBucketsScriptPerKey(b *testing.B) {
 	}
 	for _, perRequest := range []int{1, 3} {
 		b.Run(strconv.Itoa(perRequest)+"_keys_per_request", func(b *testing.B) {
-			scripts := []*redis.Script{RateLimitBuckets, bucketsFloor}
+			scripts := []*redis.Script{rateLimitBuckets, bucketsFloor}
 			for _, s := range scripts {
 				if err := s.Load(ctx, c).Err(); err != nil {
 					b.Fatal(err)
 				}
 			}
 			var usec [2]float64
-			cmd := map[string]redistest.CommandStat{} // RateLimitBuckets' calls
+			cmd := map[string]redistest.CommandStat{} // rateLimitBuckets' calls
 			for i := range b.N {
 				for v, s := range scripts {
 					keys := make([]string, 0, requests*perRequest)
@@ -129,7 +129,7 @@ func BenchmarkFixedScriptPerKey(b *testing.B) {
 	)
 	for _, perRequest := range []int{1, 3} {
 		b.Run(strconv.Itoa(perRequest)+"_keys_per_request", func(b *testing.B) {
-			scripts := []*redis.Script{RateLimitBatch, RateLimitFixed}
+			scripts := []*redis.Script{rateLimitBatch, rateLimitFixed}
 			for _, s := range scripts {
 				if err := s.Load(ctx, c).Err(); err != nil {
 					b.Fatal(err)
@@ -153,7 +153,7 @@ func BenchmarkFixedScriptPerKey(b *testing.B) {
 						for _, dim := range []string{"user", "ip", "api_key"}[:perRequest] {
 							keys = append(keys, "spillway:"+strconv.Itoa(v)+dim+":{"+dim+"="+e+"}:fw")
 							if v == 0 {
-								args = append(args, 2, L, P, 1, P/L, 1, "")
+								args = append(args, "fixed_window", L, P, 1, P/L, 1, "")
 							} else {
 								args = append(args, 1)
 							}

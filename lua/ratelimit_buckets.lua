@@ -182,7 +182,7 @@ for g = 1, G do
         -- a marked key stays marked while holds are live (hvalue)
         if pmark == nil then pmark, um = {}, {} end
         if npx == nil then npx = {} end
-        pmark[key] = h[3] ~= ''
+        pmark[key] = h[LIVE] ~= ''
         v, npx[i] = hvalue(v, t, now, tau, h) -- px in ms
       elseif not compact then
         if npx == nil then npx = {} end

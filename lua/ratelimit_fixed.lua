@@ -1,6 +1,6 @@
 -- ratelimit_fixed.lua: decide N fixed-window items all or nothing per
 -- group in one call: the lean path of ratelimit_batch.lua for batches
--- whose items are all fixed windows (alg 2), with the same state, the
+-- whose items are all fixed windows (fixed_window), with the same state, the
 -- same decisions and the same writes, but one MGET for every key, a small
 -- ARGV and one reply value per item.
 --

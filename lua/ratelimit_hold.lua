@@ -130,16 +130,16 @@ for g = 1, G do
       local x = v and #v < 20 and tonumber(v)
       if x then
         x = tatof(key, x)
-        k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false}
+        k = {x, false, nil, false, now, false, tau, x, x, false, now, g, false, nil, false} -- hstate's, in slot order
         S[key] = k
       else
         k = hstate(S, key, v, T, tau, now)
-        k[12] = g
+        k[GROUP] = g
       end
-    elseif k[12] ~= g then -- its state before this group: a denial restores it
-      k[9], k[10], k[11], k[12] = k[1], k[2], k[5], g
+    elseif k[GROUP] ~= g then -- its state before this group: a denial restores it
+      k[GTAT], k[GMARKED], k[GTNOW], k[GROUP] = k[TAT], k[MARKED], k[TNOW], g
     end
-    local tat, marked = k[1], k[2]
+    local tat, marked = k[TAT], k[MARKED]
     if full then reply[1 + G + 3 * N + i] = marked and 1 or 0 end
     local t = now -- hnow, inline: now (≥ 0) after the clamp
     if marked then
@@ -158,10 +158,10 @@ for g = 1, G do
       end
     end
     if nt ~= tat then
-      local h = k[3]
-      k[2] = (h ~= nil and h[3] ~= '') or nt - t > tau -- live holds, or a debt
+      local h = k[HOLDS]
+      k[MARKED] = (h ~= nil and h[LIVE] ~= '') or nt - t > tau -- live holds, or a debt
     end
-    k[1], k[5], k[7] = nt, t, tau
+    k[TAT], k[TNOW], k[TAU] = nt, t, tau
     reply[1 + G + i] = wait
     if full then
       reply[1 + G + N + i] = tat
@@ -177,13 +177,13 @@ for g = 1, G do
       if member ~= '' then
         hadd(k, member, exp, exps) -- marked: a live hold (a later group's clamp is TAT - 2·tau)
       end
-      k[6] = true
+      k[DIRTY] = true
     end
   else
     for j = i0 + 1, i do
       local k = S[KEYS[j]]
-      if k[12] == g then
-        k[1], k[2], k[5], k[12] = k[9], k[10], k[11], 0
+      if k[GROUP] == g then
+        k[TAT], k[MARKED], k[TNOW], k[GROUP] = k[GTAT], k[GMARKED], k[GTNOW], 0
       end
     end
   end
@@ -193,6 +193,6 @@ end
 for j = 1, M do
   local key = KEYS[j]
   local k = S[key]
-  if k[6] then hflush(key, k, now) end
+  if k[DIRTY] then hflush(key, k, now) end
 end
 return reply

@@ -4,13 +4,21 @@
 -- ratelimit_batch.lua, ratelimit_refund.lua, ratelimit_hold.lua and
 -- ratelimit_settle.lua. The arithmetic is ratelimit/hold.go line by line.
 --
--- A bucket's key K holds its TAT in µs, plain (see below) or, while the key
--- is marked (holds outstanding or a debt), "<tat>h<first>:<last>" followed
--- by its live holds, each ",<hold id>/<i>=<estimate>@<end>" (end: the µs
--- release time). first is at most the earliest end of a live hold (a touch
--- looks for expired holds only once now reaches it, then makes it exact),
--- last the latest end; both 0 without holds (a debt alone). A reserve and a
--- settle each rewrite K alone: one SET, no second key. A settled hold
+-- The layout of a bucket's key K, whose codec is hparse (decode) and
+-- hvalue (encode) here, and ratelimit/hold_layout.go in Go (golden
+-- vectors in lua/testdata/hold_layout.json, checked by both):
+--   value := tat                         plain: not marked
+--          | tat 'h' first ':' last hold*  marked (holds outstanding or a debt)
+--   hold  := ',' id '/' i '=' est '@' end
+-- all numbers decimal integers in µs (est in units). Decoded: tat, the mark,
+-- and the holds h: h[FIRST] is at most the earliest end of a live hold (a
+-- touch looks for expired holds only once now reaches it, then makes it
+-- exact), h[LAST] the latest end, both 0 without holds (a debt alone:
+-- "<tat>h0:0"; a reader ignores them when there is no hold); h[LIVE] the
+-- holds' text ("" for none); h[FIRSTS] and h[LASTS] first's and last's
+-- text as read (nil once the number changed: the encoder formats it).
+--
+-- A reserve and a settle each rewrite K alone: one SET, no second key. A settled hold
 -- leaves nothing behind: a settle that finds no hold of its own says
 -- "already settled" before the hold's end and "expired" after it (the end
 -- travels with the settle). The plain decision scripts parse the holds
@@ -53,6 +61,19 @@ local function tatset(key, tat, px)
   end
 end
 
+-- Named slots and constants. The fields of the holds h and of a call's
+-- record k (hstate) are array slots with names, and hsettle's replies
+-- named numbers: when it builds a script, lua/ratelimit.go writes each
+-- NAME in brackets that a slots line below lists as its slot number (1,
+-- 2, … in the order listed), and each NAME of the consts line as its
+-- value. A table with named keys costs about 2.5k instructions more to
+-- make (callgrind), and a local per name an upvalue per helper. The
+-- consts are ratelimit/hold_redis.go's settleReply* (TestScriptConstants
+-- checks that both sides name the same values).
+--   slots h: FIRST LAST LIVE FIRSTS LASTS
+--   slots k: TAT MARKED HOLDS CHANGED TNOW DIRTY TAU READ GTAT GMARKED GTNOW GROUP READMARKED RESTORE ADDED
+--   consts: APPLIED=1 ALREADY_SETTLED=2 EXPIRED=3
+
 -- holdslib() makes the helpers below and returns them; a script calls it
 -- once, before it first needs them, as
 --   if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite,
@@ -68,14 +89,10 @@ local hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, 
 -- costs two table reads per call)
 local sfind, ssub, sfmt, smatch, sbyte, rcall, rpcall = string.find, string.sub, string.format, string.match, string.byte, redis.call, redis.pcall
 
--- TAT, mark and holds of a GET reply v of key. The holds are nil for a key
--- that is not marked, else a table {first, last, live, first's string,
--- last's string} (live: the holds' string, "" for none; a string nil when
--- its number changed: hvalue formats it); (0, false, nil) for no state or
--- garbage. A mark of an older layout ("<tat>h<n>:<last>", its holds in
--- another key) reads as a mark without holds: those holds stay charged
--- until the TAT passes. The header's strings are kept, so that a write
--- formats only what changed.
+-- The decoder: TAT, mark and holds of a GET reply v of key. The holds are
+-- nil for a key that is not marked, else the table of the layout above;
+-- (0, false, nil) for no state or garbage. The header's strings are kept,
+-- so that a write formats only what changed.
 function hparse(v, key)
   if type(v) ~= 'string' then return 0, false, nil end
   if sfind(v, 'h', 1, true) == nil then
@@ -91,7 +108,7 @@ function hparse(v, key)
     live = ssub(v, q)
   end
   -- digits: '+ 0' converts once (tonumber converts twice)
-  return a + 0, true, {fs + 0, ls + 0, live, fs, ls}
+  return a + 0, true, {fs + 0, ls + 0, live, fs, ls} -- FIRST .. LASTS
 end
 
 function hnow(tat, now, tau, marked) -- now after the clamp
@@ -107,9 +124,9 @@ end
 -- h's first end, and then makes it exact. Returns the TAT and whether h
 -- changed (then K must be written: a hold released, or first moved).
 function hreap(h, tat, t, now, T)
-  if h == nil or h[3] == '' or now < h[1] then return tat, false end
+  if h == nil or h[LIVE] == '' or now < h[FIRST] then return tat, false end
   local keep, first = {}, 0
-  for ent, e, x in string.gmatch(h[3], '(,[^,]-=(%d+)@(%d+))') do
+  for ent, e, x in string.gmatch(h[LIVE], '(,[^,]-=(%d+)@(%d+))') do
     x = tonumber(x)
     if x <= now then
       if tat > t then
@@ -121,27 +138,30 @@ function hreap(h, tat, t, now, T)
       if first == 0 or x < first then first = x end
     end
   end
-  h[3], h[1], h[4] = table.concat(keep), first, nil
-  if first == 0 then h[2], h[5] = 0, '0' end
+  h[LIVE], h[FIRST], h[FIRSTS] = table.concat(keep), first, nil
+  if first == 0 then h[LAST], h[LASTS] = 0, '0' end
   return tat, true
 end
 
--- the value of a bucket key: marked iff it has live holds or tat - t >
--- tau; returns it, its TTL in ms (outliving the TAT and every live hold)
--- as a string ('%d': a number argument would be formatted with '%.17g',
--- which costs more; nil with keep, for a write that keeps the key's TTL)
--- and the mark
-function hvalue(tat, t, now, tau, h, keep)
-  local live = h ~= nil and h[3] ~= ''
+-- The encoder: the value of a bucket key of TAT tat and holds h (hparse's
+-- table, or nil), marked iff it has live holds or, without mark, tat - t >
+-- tau (with mark: mark, a mark restored as it was read); hparse of it gives
+-- back tat, the mark and the holds. Returns it, its TTL in ms (outliving
+-- the TAT and every live hold) as a string ('%d': a number argument would
+-- be formatted with '%.17g', which costs more; nil with keep, for a write
+-- that keeps the key's TTL) and the mark.
+function hvalue(tat, t, now, tau, h, keep, mark)
+  local live = h ~= nil and h[LIVE] ~= ''
   local marked = live or tat - t > tau
+  if mark ~= nil and not live then marked = mark end
   local ttl = tat - now
   local v
   if live then
-    local fs, ls = h[4], h[5]
-    if fs == nil then fs = sfmt('%d', h[1]) end
-    if ls == nil then ls = sfmt('%d', h[2]) end
-    v = sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[3]
-    if h[2] - now > ttl then ttl = h[2] - now end
+    local fs, ls = h[FIRSTS], h[LASTS]
+    if fs == nil then fs = sfmt('%d', h[FIRST]) end
+    if ls == nil then ls = sfmt('%d', h[LAST]) end
+    v = sfmt('%d', tat) .. 'h' .. fs .. ':' .. ls .. h[LIVE]
+    if h[LAST] - now > ttl then ttl = h[LAST] - now end
   elseif marked then
     v = sfmt('%dh0:0', tat)
   else
@@ -172,13 +192,14 @@ end
 -- script, read once and written once (hflush): with many holds on one
 -- key, a call that settles and reserves several of them parses and
 -- writes the key's value once, not once per hold. A record k:
---   k[1] TAT, k[2] mark, k[3] holds (hparse's table, or nil), k[4] hold
---   bookkeeping changed (a hold released, added or settled), k[5] t of
---   the last decision, k[6] to be written, k[7] tau, k[8] TAT as read
---   (after the release of what ended), k[9..11] TAT, mark and t before
---   the group k[12] (ratelimit_hold.lua), k[13] read marked (its TTL
---   outlives its TAT and holds), k[14] a mark a cancel restores (nil:
---   none), k[15] holds added.
+--   k[TAT], k[MARKED]  the TAT and the mark; k[HOLDS]  hparse's table, or nil
+--   k[CHANGED]  hold bookkeeping changed (a hold released, added or settled)
+--   k[TNOW]  t of the last decision; k[TAU]; k[DIRTY]  to be written
+--   k[READ]  the TAT as read (after the release of what ended)
+--   k[GTAT], k[GMARKED], k[GTNOW]  TAT, mark and t before the group k[GROUP]
+--     (ratelimit_hold.lua), which a denial of that group restores
+--   k[READMARKED]  read marked (its TTL outlives its TAT and holds)
+--   k[RESTORE]  the mark a cancel restores (nil: none); k[ADDED]  holds added
 -- hstate returns key's record in S, making it from v (its value as read,
 -- false for none) at the first touch: the release of the holds that
 -- ended (not with noreap: a cancel's, see hsettle).
@@ -200,8 +221,10 @@ function hstate(S, key, v, T, tau, now, noreap)
   if marked and not noreap then
     local t0 = hnow(tat, now, tau, true)
     tat, changed = hreap(h, tat, t0, now, T)
-    if changed then marked = h[3] ~= '' or tat - t0 > tau end
+    if changed then marked = h[LIVE] ~= '' or tat - t0 > tau end
   end
+  -- in slot order: TAT, MARKED, HOLDS, CHANGED, TNOW, DIRTY, TAU, READ, GTAT,
+  -- GMARKED, GTNOW, GROUP, READMARKED, RESTORE, ADDED
   k = {tat, marked, h, changed, now, changed, tau, tat, tat, marked, now, 0, h ~= nil, nil, false}
   S[key] = k
   return k
@@ -209,42 +232,38 @@ end
 
 -- adds a live hold to k (written by hflush); exps is exp's string
 function hadd(k, member, exp, exps)
-  local h = k[3]
+  local h = k[HOLDS]
   if h == nil then
-    h = {0, 0, '', '0', '0'}
-    k[3] = h
+    h = {0, 0, '', '0', '0'} -- FIRST .. LASTS
+    k[HOLDS] = h
   end
-  if h[3] == '' or exp < h[1] then h[1], h[4] = exp, exps end
-  if exp > h[2] then h[2], h[5] = exp, exps end
-  h[3] = h[3] .. ',' .. member .. '@' .. exps
-  k[2], k[4], k[6], k[15] = true, true, true, true
+  if h[LIVE] == '' or exp < h[FIRST] then h[FIRST], h[FIRSTS] = exp, exps end
+  if exp > h[LAST] then h[LAST], h[LASTS] = exp, exps end
+  h[LIVE] = h[LIVE] .. ',' .. member .. '@' .. exps
+  k[MARKED], k[CHANGED], k[DIRTY], k[ADDED] = true, true, true, true
 end
 
 -- writes a record that changed
 function hflush(key, k, now)
-  k[6] = false
-  local h = k[3]
-  if not k[4] and not k[13] then
+  k[DIRTY] = false
+  local h = k[HOLDS]
+  if not k[CHANGED] and not k[READMARKED] then
     -- charged by fixed items alone, a key that had no mark: as the
     -- buckets script writes it (an allowed charge leaves TAT within tau
     -- of now': no debt, no mark); charged nothing (cost 0): left as read
-    if k[1] ~= k[8] then
-      local px = math.floor((k[1] - now + 999) / 1000)
+    if k[TAT] ~= k[READ] then
+      local px = math.floor((k[TAT] - now + 999) / 1000)
       if px < 1 then px = 1 end
-      tatset(key, k[1], px)
+      tatset(key, k[TAT], px)
     end
     return
   end
-  if not k[4] and k[1] == k[8] then return end -- nothing changed
+  if not k[CHANGED] and k[TAT] == k[READ] then return end -- nothing changed
   -- a key read marked whose TAT moved no later, with no hold added, keeps
   -- its TTL: it outlives the TAT and every hold
-  local keep = k[13] and not k[15] and k[1] <= k[8]
-  local v, px = hvalue(k[1], k[5], now, k[7], h, keep)
-  if k[14] ~= nil and (h == nil or h[3] == '') then
-    -- a cancel that restored a TAT: the mark it saw
-    v = sfmt('%d', k[1])
-    if k[14] then v = v .. 'h0:0' end
-  end
+  local keep = k[READMARKED] and not k[ADDED] and k[TAT] <= k[READ]
+  -- a cancel that restored a TAT writes the mark it saw (k[RESTORE])
+  local v, px = hvalue(k[TAT], k[TNOW], now, k[TAU], h, keep, k[RESTORE])
   hset(key, v, px)
 end
 
@@ -252,7 +271,7 @@ end
 -- a cancel's made with noreap), ARGV[b ..] its values as
 -- ratelimit_settle.lua lists them (6 for a settle, 7 for a cancel), T and
 -- tau the first two as numbers.
--- Returns 1 applied, 2 already settled, 3 expired; hflush writes k. The
+-- Returns APPLIED, ALREADY_SETTLED or EXPIRED; hflush writes k. The
 -- contract is ratelimit_settle.lua's; ratelimit_hold.lua runs it for the
 -- settles that ride on a reservation. A member "" is an item its
 -- reservation charged without holding (a fixed item): only a cancel
@@ -263,31 +282,31 @@ function hsettle(k, b, now, cancel, T, tau)
   local est = ARGV[b + 2] + 0 -- numbers from Go: '+ 0' converts once
   local actual, member = 0, ARGV[b + 3]
   if not cancel then actual, member = ARGV[b + 3] + 0, ARGV[b + 4] end
-  local h = k[3]
+  local h = k[HOLDS]
   local found = cancel and member == ''
-  if member ~= '' and h ~= nil and h[3] ~= '' then
-    local p = sfind(h[3], ',' .. member .. '@', 1, true)
+  if member ~= '' and h ~= nil and h[LIVE] ~= '' then
+    local p = sfind(h[LIVE], ',' .. member .. '@', 1, true)
     if p ~= nil then
-      local q = sfind(h[3], ',', p + 1, true)
+      local q = sfind(h[LIVE], ',', p + 1, true)
       local rest = ''
-      if q ~= nil then rest = ssub(h[3], q) end
-      h[3] = ssub(h[3], 1, p - 1) .. rest
-      if h[3] == '' then h[1], h[2], h[4], h[5] = 0, 0, '0', '0' end
+      if q ~= nil then rest = ssub(h[LIVE], q) end
+      h[LIVE] = ssub(h[LIVE], 1, p - 1) .. rest
+      if h[LIVE] == '' then h[FIRST], h[LAST], h[FIRSTS], h[LASTS] = 0, 0, '0', '0' end
       found = true
     end
   end
   if not found then
-    if not cancel and now < ARGV[b + 5] + 0 then return 2 end
-    return 3
+    if not cancel and now < ARGV[b + 5] + 0 then return ALREADY_SETTLED end
+    return EXPIRED
   end
-  local tat = k[1]
-  local t = hnow(tat, now, tau, k[2])
+  local tat = k[TAT]
+  local t = hnow(tat, now, tau, k[MARKED])
   local nt = tat
   if cancel and tat == ARGV[b + 5] + 0 then
     -- nothing charged since the reserve: restore what it saw, mark
     -- included, exactly as the memory store's rollback does
     nt = ARGV[b + 4] + 0
-    k[14] = ARGV[b + 6] == '1'
+    k[RESTORE] = ARGV[b + 6] == '1'
   elseif actual < est then
     if tat > t then
       nt = tat - (est - actual) * T
@@ -299,10 +318,10 @@ function hsettle(k, b, now, cancel, T, tau)
     nt = base + (actual - est) * T
     if nt > t + 2 * tau then nt = t + 2 * tau end
   end
-  local live = h ~= nil and h[3] ~= ''
-  k[1], k[2], k[4], k[5], k[6], k[7] = nt, live or nt - t > tau, true, t, true, tau
-  if k[14] ~= nil and not live then k[2] = k[14] end
-  return 1
+  local live = h ~= nil and h[LIVE] ~= ''
+  k[TAT], k[MARKED], k[CHANGED], k[TNOW], k[DIRTY], k[TAU] = nt, live or nt - t > tau, true, t, true, tau
+  if k[RESTORE] ~= nil and not live then k[MARKED] = k[RESTORE] end
+  return APPLIED
 end
 -- the values of keys (false for a missing key or one of another type), in
 -- one MGET, or in chunks of 1000 that unpack fits on Lua's stack

@@ -6,9 +6,8 @@
 -- KEYS[i]  the state key of item i (all in one Cluster slot)
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2 + 10(i-1) .. 11 + 10(i-1)], for item i:
---          alg  as sent to the charging script (0 token bucket, 1 GCRA,
---               2 fixed window, 3 sliding window log, 4 sliding window
---               counter, 5 leaky bucket, 6 sliding window buckets)
+--          alg  the algorithm's name, as sent to the charging script
+--               (ratelimit_batch.lua lists them)
 --          T    the emission interval in µs; n the cost; uid the log's id
 --               as sent
 --          o1 o2 o3  the state the item saw before its charge, as the
@@ -18,7 +17,7 @@
 --          w1 w2 w3  the state the charge wrote, in the same form (the Go
 --               side recomputes it with algorithms.go from o and the
 --               charge's now)
---          alg 6 (bucketed window): uid is the value before the charge
+--          sliding_window_buckets: uid is the value before the charge
 --               ("" for none), o1 the sub-window charged, o2 N, o3 the
 --               limit L, w1 the value the charge wrote
 --               (ratelimit_subwindows.lua)
@@ -73,14 +72,14 @@ local refunded = 0
 for i = #KEYS, 1, -1 do
   local key = KEYS[i]
   local b = 2 + 10 * (i - 1)
-  local alg = tonumber(ARGV[b])
+  local alg = ARGV[b]
   local T = tonumber(ARGV[b + 1])
   local n = tonumber(ARGV[b + 2])
   local uid = ARGV[b + 3]
   local o1, o2, o3 = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
   local w1, w2, w3 = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
   if n > 0 then
-    if alg == 0 or alg == 1 or alg == 5 then
+    if alg == 'token_bucket' or alg == 'gcra' or alg == 'leaky_bucket' then
       local v = redis.pcall('GET', key)
       local cur, marked, h = tonumber(v), false, nil
       if cur ~= nil then
@@ -94,11 +93,10 @@ for i = #KEYS, 1, -1 do
         -- a key with holds or a debt (ratelimit_holds.lua) keeps its mark
         -- and holds (or gets back the mark it had) and its TTL, which
         -- outlives its holds
-        local mark = fmt('h%d:%d', h[1], h[2]) .. h[3]
-        local tat = o1
+        local tat, mark = o1, true
         if cur == w1 then
           refunded = refunded + 1
-          if o2 ~= 1 and h[3] == '' then mark = '' end
+          mark = o2 == 1
         else
           tat = cur
           if tat > now then
@@ -106,12 +104,13 @@ for i = #KEYS, 1, -1 do
             if tat < now then tat = now end
           end
         end
-        redis.call('SET', key, fmt('%d', tat) .. mark, 'KEEPTTL')
+        redis.call('SET', key, (hvalue(tat, 0, 0, 0, h, true, mark)), 'KEEPTTL')
       elseif cur ~= nil then
         if cur == w1 then
           if o2 == 1 then
             -- the charge unmarked the key: restore its mark with it
-            redis.call('SET', key, fmt('%d', o1) .. 'h0:0', 'KEEPTTL')
+            if hparse == nil then hparse, hnow, hreap, hvalue, hset, hwrite, hstate, hadd, hflush, hsettle, hmget = holdslib() end
+            redis.call('SET', key, (hvalue(o1, 0, 0, 0, nil, true, true)), 'KEEPTTL')
           elseif o1 <= 0 then
             redis.call('DEL', key)
           elseif compact then
@@ -131,7 +130,7 @@ for i = #KEYS, 1, -1 do
           end
         end
       end
-    elseif alg == 2 then
+    elseif alg == 'fixed_window' then
       local s = redis.pcall('GET', key)
       if type(s) == 'string' then
         local ks, cs = string.match(s, '^(%d+):(%d+)$')
@@ -151,7 +150,7 @@ for i = #KEYS, 1, -1 do
           end
         end
       end
-    elseif alg == 4 then
+    elseif alg == 'sliding_window_counter' then
       local s = redis.pcall('GET', key)
       if type(s) == 'string' then
         local ks, ps, cs = string.match(s, '^(%d+):(%d+):(%d+)$')
@@ -182,7 +181,7 @@ for i = #KEYS, 1, -1 do
           end
         end
       end
-    elseif alg == 6 then
+    elseif alg == 'sliding_window_buckets' then
       local s = redis.pcall('GET', key)
       if type(s) == 'string' then
         local old, wrote = ARGV[b + 3], ARGV[b + 7]
@@ -209,7 +208,7 @@ for i = #KEYS, 1, -1 do
           end
         end
       end
-    elseif alg == 3 then
+    elseif alg == 'sliding_window_log' then
       local members = {}
       if n == 1 then
         members[1] = uid
@@ -222,6 +221,8 @@ for i = #KEYS, 1, -1 do
         if type(r) == 'number' then removed = removed + r end
       end
       if removed == n then refunded = refunded + 1 end
+    else
+      return redis.error_reply('ERR unknown algorithm ' .. tostring(alg))
     end
   end
 end

@@ -27,11 +27,12 @@
 --          old, wrote, mark  the TAT the reserve saw and wrote, and the
 --                  mark it saw (1: marked)
 --
--- Reply: one integer per item: 1 applied; 2 already settled: no hold of
--- that name and its release time still to come (a second settle, the
--- retry of one whose reply was lost, or a key reset meanwhile); 3
--- expired: no hold and its release time passed (it was given back), or
--- a cancel that found nothing to undo.
+-- Reply: one integer per item, ratelimit_holds.lua's named values:
+-- APPLIED (1); ALREADY_SETTLED (2): no hold of that name and its release
+-- time still to come (a second settle, the retry of one whose reply was
+-- lost, or a key reset meanwhile); EXPIRED (3): no hold and its release
+-- time passed (it was given back), or a cancel that found nothing to
+-- undo.
 --
 -- Writes: one MGET, then per item in order (in reverse order for a
 -- cancel, so that two items on one key each find what the other left),
@@ -73,6 +74,6 @@ for i = from, to, step do
 end
 for i = 1, N do
   local k = S[KEYS[i]]
-  if k[6] then hflush(KEYS[i], k, now) end
+  if k[DIRTY] then hflush(KEYS[i], k, now) end
 end
 return reply

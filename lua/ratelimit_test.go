@@ -22,12 +22,12 @@ func TestRateLimitScripts(t *testing.T) {
 		src    string
 		script *redis.Script
 	}{
-		"ratelimit_batch.lua":        {ratelimitBatchSrc, RateLimitBatch},
-		"ratelimit_token_bucket.lua": {ratelimitTokenBucketSrc, RateLimitTokenBucket},
-		"ratelimit_buckets.lua":      {ratelimitBucketsSrc, RateLimitBuckets},
-		"ratelimit_refund.lua":       {ratelimitRefundSrc, RateLimitRefund},
-		"ratelimit_hold.lua":         {ratelimitHoldSrc, RateLimitHold},
-		"ratelimit_settle.lua":       {ratelimitSettleSrc, RateLimitSettle},
+		"ratelimit_batch.lua":        {ratelimitBatchSrc, rateLimitBatch},
+		"ratelimit_token_bucket.lua": {ratelimitTokenBucketSrc, rateLimitTokenBucket},
+		"ratelimit_buckets.lua":      {ratelimitBucketsSrc, rateLimitBuckets},
+		"ratelimit_refund.lua":       {ratelimitRefundSrc, rateLimitRefund},
+		"ratelimit_hold.lua":         {ratelimitHoldSrc, rateLimitHold},
+		"ratelimit_settle.lua":       {ratelimitSettleSrc, rateLimitSettle},
 	} {
 		if !strings.HasPrefix(sc.src, "-- "+name+":") {
 			t.Errorf("%s does not open with its name and purpose", name)
@@ -62,7 +62,7 @@ func bucketsArgs(now string, T, tau int64, costs ...int64) []any {
 	return args
 }
 
-// RateLimitBuckets replies its now, one wait per item and the TAT each item
+// rateLimitBuckets replies its now, one wait per item and the TAT each item
 // saw, lets an item see the charges of earlier items on its key, clamps a
 // clock gone backwards, and writes only when every item has room.
 func TestRateLimitBuckets(t *testing.T) {
@@ -76,7 +76,7 @@ func TestRateLimitBuckets(t *testing.T) {
 	)
 	run := func(now string, keys []string, costs ...int64) []any {
 		t.Helper()
-		res, err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(now, T, tau, costs...)...).Result()
+		res, err := rateLimitBuckets.Run(ctx, c, keys, bucketsArgs(now, T, tau, costs...)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +148,7 @@ func TestRateLimitBuckets(t *testing.T) {
 	state("k1", "1000700000000")
 }
 
-// RateLimitRefund restores a bucket item's TAT from before the charge
+// rateLimitRefund restores a bucket item's TAT from before the charge
 // exactly when the key still holds what the charge wrote: it deletes the
 // key only when there was no state, keeps a TAT at or before now (a clock
 // that goes back is clamped by it) with the charge's TTL, undoes items last
@@ -166,7 +166,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	nowS := fmt.Sprint(now)
 	charge := func(keys []string, costs ...int64) {
 		t.Helper()
-		if err := RateLimitBuckets.Run(ctx, c, keys, bucketsArgs(nowS, T, tau, costs...)...).Err(); err != nil {
+		if err := rateLimitBuckets.Run(ctx, c, keys, bucketsArgs(nowS, T, tau, costs...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -181,14 +181,14 @@ func TestRateLimitRefundBucket(t *testing.T) {
 		args := []any{nowS}
 		for i, it := range items {
 			keys[i] = it.key
-			args = append(args, 0, T, it.n, "", it.mark, 0, 0, it.wrote, 0, 0)
+			args = append(args, "token_bucket", T, it.n, "", it.mark, 0, 0, it.wrote, 0, 0)
 		}
 		return keys, args
 	}
 	refund := func(want int64, items ...item) {
 		t.Helper()
 		keys, args := refundArgs(items)
-		got, err := RateLimitRefund.Run(ctx, c, keys, args...).Int64()
+		got, err := rateLimitRefund.Run(ctx, c, keys, args...).Int64()
 		if err != nil || got != want {
 			t.Fatalf("refund %+v: %d %v, want %d exactly restored", items, got, err, want)
 		}
@@ -244,7 +244,7 @@ func TestRateLimitRefundBucket(t *testing.T) {
 	state("s", fmt.Sprint(now-5), 90*time.Second)
 }
 
-// RateLimitRefund restores a window's state from before the charge when
+// rateLimitRefund restores a window's state from before the charge when
 // the key still holds what the charge wrote (even a past window, which
 // clamps a clock that goes back), and otherwise takes the cost off the
 // charged window.
@@ -254,23 +254,24 @@ func TestRateLimitRefundWindows(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name, key, before string
-		alg, n            int64
+		alg               string
+		n                 int64
 		old, wrote        [3]int64
 		want              string // "" absent
 		exact             int64
 	}{
-		{"fixed: past window restored", "f1", "8:1", 2, 1, [3]int64{7, 2}, [3]int64{8, 1}, "7:2", 1},
-		{"fixed: no state before", "f2", "8:1", 2, 1, [3]int64{}, [3]int64{8, 1}, "", 1},
-		{"fixed: charged since", "f3", "8:3", 2, 1, [3]int64{}, [3]int64{8, 1}, "8:2", 0},
-		{"counter: past window restored", "c1", "9:2:1", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "8:1:2", 1},
-		{"counter: no state before", "c2", "9:0:3", 4, 3, [3]int64{}, [3]int64{9, 0, 3}, "", 1},
-		{"counter: charged window now the previous", "c3", "10:3:0", 4, 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "10:2:0", 0},
+		{"fixed: past window restored", "f1", "8:1", "fixed_window", 1, [3]int64{7, 2}, [3]int64{8, 1}, "7:2", 1},
+		{"fixed: no state before", "f2", "8:1", "fixed_window", 1, [3]int64{}, [3]int64{8, 1}, "", 1},
+		{"fixed: charged since", "f3", "8:3", "fixed_window", 1, [3]int64{}, [3]int64{8, 1}, "8:2", 0},
+		{"counter: past window restored", "c1", "9:2:1", "sliding_window_counter", 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "8:1:2", 1},
+		{"counter: no state before", "c2", "9:0:3", "sliding_window_counter", 3, [3]int64{}, [3]int64{9, 0, 3}, "", 1},
+		{"counter: charged window now the previous", "c3", "10:3:0", "sliding_window_counter", 1, [3]int64{8, 1, 2}, [3]int64{9, 2, 1}, "10:2:0", 0},
 	}
 	for _, tc := range cases {
 		if err := c.Set(ctx, tc.key, tc.before, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
-		got, err := RateLimitRefund.Run(ctx, c, []string{tc.key}, "1000000000000", tc.alg, 1000, tc.n, "",
+		got, err := rateLimitRefund.Run(ctx, c, []string{tc.key}, "1000000000000", tc.alg, 1000, tc.n, "",
 			tc.old[0], tc.old[1], tc.old[2], tc.wrote[0], tc.wrote[1], tc.wrote[2]).Int64()
 		if err != nil || got != tc.exact {
 			t.Fatalf("%s: refund replied %d %v, want %d", tc.name, got, err, tc.exact)
@@ -305,7 +306,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	)
 	buckets := func(key string, n int64) (now, wait, tat int64) {
 		t.Helper()
-		res, err := RateLimitBuckets.Run(ctx, c, []string{key}, bucketsArgs("", T, tau, n)...).Result()
+		res, err := rateLimitBuckets.Run(ctx, c, []string{key}, bucketsArgs("", T, tau, n)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -348,7 +349,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// the token-bucket script: TAT' = TAT + T (the key is not full)
-	res, err := RateLimitTokenBucket.Run(ctx, c, []string{"k"}, "", T, tau, 1).Result()
+	res, err := rateLimitTokenBucket.Run(ctx, c, []string{"k"}, "", T, tau, 1).Result()
 	if err != nil || res.(int64) <= 0 || res.(int64) > T {
 		t.Fatalf("token-bucket script: %v %v, want a wait in (0, T]", res, err)
 	}
@@ -359,7 +360,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// the batch script (GCRA item): it replies the TAT it saw
-	res, err = RateLimitBatch.Run(ctx, c, []string{"k"}, "", 1, 1, 5*T, 5, T, 1, "").Result()
+	res, err = rateLimitBatch.Run(ctx, c, []string{"k"}, "", "gcra", 1, 5*T, 5, T, 1, "").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +377,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 	wrote := want + T
 	compact("k", wrote)
-	res, err = RateLimitRefund.Run(ctx, c, []string{"k"}, "", 1, T, 1, "", want, 0, 0, wrote, 0, 0).Result()
+	res, err = rateLimitRefund.Run(ctx, c, []string{"k"}, "", "gcra", T, 1, "", want, 0, 0, wrote, 0, 0).Result()
 	if err != nil || res != int64(1) {
 		t.Fatalf("refund: %v %v, want 1 restored", res, err)
 	}
@@ -385,7 +386,7 @@ func TestRateLimitCompactTAT(t *testing.T) {
 	}
 
 	// a reservation sees the TAT and marks the key (a string of its own)
-	res, err = RateLimitHold.Run(ctx, c, []string{"k"}, "", -1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
+	res, err = rateLimitHold.Run(ctx, c, []string{"k"}, "", -1, 1, 60_000_000, T, tau, 1, "h1/0=1").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +425,7 @@ func TestRateLimitBucketsPolicyTable(t *testing.T) {
 		2,     // b: policy 2, cost 1 (room: the peek charged nothing)
 		-1, 4, // c: policy 1, cost 4 > burst: the group is denied
 	}
-	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitBuckets.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +466,7 @@ func TestRateLimitBucketsRepeatedKeyWrittenOnce(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err := RateLimitBuckets.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitBuckets.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +518,7 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 		T, tau, 3, 3, "b/0=3", E, // settle b: as estimated
 		T, tau, 1, 1, "x/0=1", E, // no such hold, its end to come: settled before
 	}
-	res, err := RateLimitHold.Run(ctx, c, keys, args...).Result()
+	res, err := rateLimitHold.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +544,7 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err = RateLimitSettle.Run(ctx, c, []string{"k", "k"}, fmt.Sprint(now), 0,
+	res, err = rateLimitSettle.Run(ctx, c, []string{"k", "k"}, fmt.Sprint(now), 0,
 		T, tau, 1, 0, "c/0=1", E,
 		T, tau, 1, 0, "e/0=1", E).Result()
 	if err != nil || fmt.Sprint(res) != fmt.Sprint([]any{int64(1), int64(1)}) {
@@ -560,40 +561,6 @@ func TestRateLimitHoldKeyWrittenOnce(t *testing.T) {
 	// a TAT moved back and no hold added: the key keeps its TTL
 	if pttl2, err := c.PTTL(ctx, "k").Result(); err != nil || pttl2 > pttl || pttl2 < 59*time.Second {
 		t.Fatalf("PTTL k = %v (%v), want the TTL it had (%v)", pttl2, err, pttl)
-	}
-}
-
-// A mark of the layout before holds moved into the key's value
-// ("<tat>h<live holds>:<last end>", the holds in a sorted set beside it)
-// reads as a mark without holds: the TAT stands (its holds stay charged
-// until it passes; nothing is admitted beyond it), the decision clamps at
-// TAT − 2·tau, and the first write puts the key in today's layout.
-func TestRateLimitOldHoldLayout(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	ctx := context.Background()
-	const (
-		T, tau = 1_000_000, 10_000_000 // 1 s, burst 10
-		now    = 1_000_000_000_000
-	)
-	if err := c.Set(ctx, "k", fmt.Sprintf("%dh2:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := RateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now), T, tau, 1).Result()
-	if err != nil || res != int64(3*T) {
-		t.Fatalf("token bucket: %v %v, want wait %d (the TAT as it stood)", res, err, 3*T)
-	}
-	if v, err := c.Get(ctx, "k").Result(); err != nil || v != fmt.Sprint(now+4*T) {
-		t.Fatalf("k = %q (%v), want %d: charged 1, no holds, no debt, no mark", v, err, now+4*T)
-	}
-	// with the clock 15 s back: an old mark clamps at TAT − 2·tau, so the
-	// decision sees a wait of 2·tau at most (TAT − tau unmarked)
-	if err := c.Set(ctx, "k", fmt.Sprintf("%dh1:%d", now+3*T, now+60*T), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	res, err = RateLimitTokenBucket.Run(ctx, c, []string{"k"}, fmt.Sprint(now-15*T), T, tau, 0).Result()
-	if err != nil || res != int64(18*T) {
-		t.Fatalf("peek 15 s back: %v %v, want wait %d (clamped at TAT − 2·tau)", res, err, 18*T)
 	}
 }
 
@@ -614,7 +581,7 @@ func TestRateLimitSettleManyItems(t *testing.T) {
 		keys[i] = fmt.Sprintf("k%d", i%3)
 		args = append(args, T, tau, 1, 1, fmt.Sprintf("m%d/0=1", i), now+60_000_000)
 	}
-	res, err := RateLimitSettle.Run(context.Background(), c, keys, args...).Result()
+	res, err := rateLimitSettle.Run(context.Background(), c, keys, args...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,5 +593,36 @@ func TestRateLimitSettleManyItems(t *testing.T) {
 		if x != int64(2) {
 			t.Fatalf("item %d: %v, want 2 (already settled)", i, x)
 		}
+	}
+}
+
+// The named slots of ratelimit_holds.lua: every [NAME] of a script that
+// carries it is a declared slot (none is left for Lua to read as a
+// global), each name is declared once, and they become their numbers.
+func TestRateLimitSlots(t *testing.T) {
+	seen := map[string]bool{}
+	for _, m := range slotLine.FindAllStringSubmatch(ratelimitHoldsSrc, -1) {
+		for _, name := range strings.Fields(m[1]) {
+			if seen[name] {
+				t.Errorf("slot %s declared twice", name)
+			}
+			seen[name] = true
+		}
+	}
+	if len(seen) != 20 {
+		t.Errorf("%d slots declared, want 20 (5 of h, 15 of k)", len(seen))
+	}
+	for _, src := range []string{ratelimitBatchSrc, ratelimitTokenBucketSrc, ratelimitBucketsSrc, ratelimitRefundSrc, ratelimitHoldSrc, ratelimitSettleSrc} {
+		if left := slotRef.FindAllString(slotted(ratelimitHoldsSrc+src), -1); len(left) > 0 {
+			t.Errorf("names left after slotted: %v", left)
+		}
+	}
+	for _, src := range []string{ratelimitHoldSrc, ratelimitSettleSrc} {
+		if s := slotted(ratelimitHoldsSrc + src); strings.Contains(s, "return APPLIED") || !strings.Contains(s, "return 1\n") {
+			t.Error("APPLIED not written as its value")
+		}
+	}
+	if got := slotted("--   slots k: A B\n--   consts: X=7\nk[B] = k[A] .. x[C] + X + XY"); got != "--   slots k: A B\n--   consts: X=7\nk[2] = k[1] .. x[C] + 7 + XY" {
+		t.Errorf("slotted: %q", got)
 	}
 }

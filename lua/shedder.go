@@ -9,7 +9,9 @@ import (
 //go:embed shedder_fleet.lua
 var shedderFleetSrc string
 
+var shedderFleet = redis.NewScript(shedderFleetSrc)
+
 // ShedderFleet reports one server's in-flight work per priority and returns
 // the fleet's (the fleet usage load shedder). See shedder_fleet.lua for
 // KEYS, ARGV and the reply.
-var ShedderFleet = redis.NewScript(shedderFleetSrc)
+func ShedderFleet() *redis.Script { return shedderFleet }

@@ -47,8 +47,7 @@ func memKeyState(s *MemoryStore, it *Item) keyState {
 }
 
 // redisState reads the state of it's key from Redis: the TAT and the
-// estimates of the live holds its value carries ("<tat>h<first>:<last>"
-// then ",<id>/<i>=<est>@<end>" per hold).
+// estimates of the live holds its value carries (hold_layout.go).
 func redisState(ctx context.Context, c redis.UniversalClient, prefix string, it *Item) (keyState, error) {
 	k := redisKey(prefix, it)
 	v, err := c.Get(ctx, k).Result()
@@ -58,27 +57,13 @@ func redisState(ctx context.Context, c redis.UniversalClient, prefix string, it 
 	if err != nil {
 		return keyState{}, err
 	}
-	var st keyState
-	head, live, _ := strings.Cut(v, ",")
-	if i := strings.IndexByte(head, 'h'); i >= 0 {
-		head = head[:i]
+	hv, ok := parseHeldValue(v)
+	if !ok {
+		return keyState{}, fmt.Errorf("%s = %q: not of the layout", k, v)
 	}
-	if st.tat, err = strconv.ParseInt(head, 10, 64); err != nil {
-		return keyState{}, fmt.Errorf("TAT of %q: %v", v, err)
-	}
-	if live == "" {
-		return st, nil
-	}
-	for _, m := range strings.Split(live, ",") {
-		eq, at := strings.LastIndexByte(m, '='), strings.LastIndexByte(m, '@')
-		if eq < 0 || at < eq {
-			return keyState{}, fmt.Errorf("hold %q of %q", m, v)
-		}
-		est, err := strconv.ParseInt(m[eq+1:at], 10, 64)
-		if err != nil {
-			return keyState{}, fmt.Errorf("hold %q: %v", m, err)
-		}
-		st.holds = append(st.holds, est)
+	st := keyState{tat: hv.tat}
+	for _, e := range hv.holds {
+		st.holds = append(st.holds, e.est)
 	}
 	return st, nil
 }
@@ -305,7 +290,7 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
 	// timeout would never have run
-	for _, sc := range []*redis.Script{lua.RateLimitHold, lua.RateLimitSettle, lua.RateLimitTokenBucket} {
+	for _, sc := range []*redis.Script{lua.RateLimitHold(), lua.RateLimitSettle(), lua.RateLimitTokenBucket()} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			t.Fatal(err)
 		}

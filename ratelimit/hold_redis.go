@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +75,7 @@ func (s *RedisStore) newHold(items []Item, ttl time.Duration) (*Hold, string) {
 	for i := range h.items {
 		h.rkeys[i] = redisKey(s.prefix, &h.items[i])
 		if !h.items[i].Fixed {
-			h.members[i] = holdMember(id, i) + "=" + strconv.FormatInt(h.items[i].Cost, 10)
+			h.members[i] = holdName(holdMember(id, i), h.items[i].Cost)
 		}
 	}
 	return h, id
@@ -280,11 +279,11 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 		// runs them first): one script call for both
 		calls := s.settleCalls(settles) // one: a single server
 		k, a := calls[0].ride(keys, args)
-		res, err = lua.RateLimitHold.Run(ctx, s.client, k, a...).Result()
+		res, err = lua.RateLimitHold().Run(ctx, s.client, k, a...).Result()
 		res = calls[0].split(ctx, res, err)
 		s.deliverSettles(ctx, settles, calls)
 	} else {
-		res, err = lua.RateLimitHold.Run(ctx, s.client, keys, args...).Result()
+		res, err = lua.RateLimitHold().Run(ctx, s.client, keys, args...).Result()
 	}
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
@@ -385,7 +384,7 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 	if len(idx) == 0 {
 		return nil
 	}
-	r, err := lua.RateLimitSettle.Run(ctx, s.client, keys, args...).Result()
+	r, err := lua.RateLimitSettle().Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
@@ -394,12 +393,37 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
 	for j, x := range v {
-		if x < int64(SettleApplied) || x > int64(SettleExpired) {
-			return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+		r, err := settleResultOf(j, x)
+		if err != nil {
+			return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 		}
-		res[idx[j]] = SettleResult(x)
+		res[idx[j]] = r
 	}
 	return nil
+}
+
+// The settle script's reply values, one per item (ratelimit_holds.lua's
+// hsettle returns its locals APPLIED, ALREADY_SETTLED and EXPIRED):
+// values of the wire, not SettleResult's, which settleResultOf maps.
+// TestScriptConstants checks that both sides name the same values.
+const (
+	settleReplyApplied        = 1
+	settleReplyAlreadySettled = 2
+	settleReplyExpired        = 3
+)
+
+// settleResultOf is the SettleResult of the settle script's reply value x
+// (the reply's j-th).
+func settleResultOf(j int, x int64) (SettleResult, error) {
+	switch x {
+	case settleReplyApplied:
+		return SettleApplied, nil
+	case settleReplyAlreadySettled:
+		return SettleAlreadySettled, nil
+	case settleReplyExpired:
+		return SettleExpired, nil
+	}
+	return 0, fmt.Errorf("unexpected reply value %d = %d, want %d, %d or %d", j, x, settleReplyApplied, settleReplyAlreadySettled, settleReplyExpired)
 }
 
 // fixedOnly reports whether every item of h is fixed (nothing to settle:

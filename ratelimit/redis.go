@@ -222,7 +222,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := s.run(ctx, lua.RateLimitTokenBucket, []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
+	res, err := s.run(ctx, lua.RateLimitTokenBucket(), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -298,7 +298,7 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	var b bucketsArgs
 	b.add(items)
-	res, err := s.run(ctx, lua.RateLimitBuckets, keys, b.argv(s.nowArg(), g != nil)...).Result()
+	res, err := s.run(ctx, lua.RateLimitBuckets(), keys, b.argv(s.nowArg(), g != nil)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
@@ -331,7 +331,7 @@ func (s *RedisStore) runFixed(ctx context.Context, items []Item, out []spillway.
 	}
 	var b bucketsArgs
 	b.addFixed(items)
-	res, err := s.run(ctx, lua.RateLimitFixed, keys, b.argv(s.nowArg(), false)...).Result()
+	res, err := s.run(ctx, lua.RateLimitFixed(), keys, b.argv(s.nowArg(), false)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: fixed window script: %w", err)
 	}
@@ -357,7 +357,7 @@ func fixedReply(res any, n int) ([]int64, error) {
 
 // fixedDecisions writes the decisions of fixed-window items from the
 // counts the script replied (see lua/ratelimit_fixed.lua) to out, exactly
-// as the batch script's alg 2 decides, and reports whether every item had
+// as the batch script decides a fixed_window item, and reports whether every item had
 // room.
 func fixedDecisions(items []Item, now int64, counts []int64, out []spillway.Decision) bool {
 	allowed := true
@@ -536,7 +536,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	}
 	args := s.batchArgs(make([]any, 1, 1+batchFields*len(items)), items, uids)
 	args[0] = s.nowArg()
-	res, err := s.run(ctx, lua.RateLimitBatch, keys, args...).Result()
+	res, err := s.run(ctx, lua.RateLimitBatch(), keys, args...).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}
@@ -668,10 +668,10 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 			if uids != nil {
 				uid = "1"
 			}
-			args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
+			args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
 			continue
 		}
-		args = append(args, uint8(p.Algorithm), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
+		args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
 	}
 	return args
 }

@@ -136,7 +136,7 @@ func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 				keys[i] = redisKey(s.prefix, &g.items[i])
 				args = refundArgs(args, &g.items[i], g.uids[i], g.old[i], g.now)
 			}
-			if err := lua.RateLimitRefund.Run(ctx, s.client, keys, args...).Err(); err != nil {
+			if err := lua.RateLimitRefund().Run(ctx, s.client, keys, args...).Err(); err != nil {
 				return fmt.Errorf("ratelimit: redis: refund script: %w", err)
 			}
 			return nil
@@ -169,7 +169,7 @@ func refundArgs(args []any, it *Item, uid string, old [3]int64, now int64) []any
 	case SlidingWindowBuckets:
 		return append(args, bucketsRefundArgs(it, uid, now)...)
 	}
-	return append(args, uint8(p.Algorithm), p.EmissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
+	return append(args, p.Algorithm.String(), p.EmissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
 }
 
 // bucketsRefundArgs is the refund script's ARGV for a bucketed window's
@@ -187,7 +187,7 @@ func bucketsRefundArgs(it *Item, old string, now int64) []any {
 		shiftBuckets(c, k-h)
 	}
 	c[0] += it.Cost
-	return []any{uint8(p.Algorithm), p.EmissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
+	return []any{p.Algorithm.String(), p.EmissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its

@@ -424,7 +424,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		for _, c := range alone {
-			c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+			c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range calls {
@@ -434,7 +434,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 		}
 		for _, c := range alone {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+				c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
 	}
@@ -565,15 +565,15 @@ func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalesce
 
 func (c *coalescedCall) script() *redis.Script {
 	if c.hold {
-		return lua.RateLimitHold
+		return lua.RateLimitHold()
 	}
 	if c.buckets {
-		return lua.RateLimitBuckets
+		return lua.RateLimitBuckets()
 	}
 	if c.fixed {
-		return lua.RateLimitFixed
+		return lua.RateLimitFixed()
 	}
-	return lua.RateLimitBatch
+	return lua.RateLimitBatch()
 }
 
 // deliver decodes the call's reply into each waiter's result and wakes it.

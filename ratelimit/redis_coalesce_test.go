@@ -73,7 +73,7 @@ func (h *gateHook) count() int {
 // one EVALSHA (no NOSCRIPT retry) for a gateHook to count.
 func loadScripts(t *testing.T, c *redis.Client) {
 	t.Helper()
-	for _, sc := range []*redis.Script{lua.RateLimitBuckets, lua.RateLimitBatch, lua.RateLimitFixed, lua.RateLimitTokenBucket} {
+	for _, sc := range []*redis.Script{lua.RateLimitBuckets(), lua.RateLimitBatch(), lua.RateLimitFixed(), lua.RateLimitTokenBucket()} {
 		if err := sc.Load(context.Background(), c).Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -332,20 +332,20 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 		// first trip too (a NOSCRIPT would send them again after it). A
 		// server that lost its scripts since (a restart, SCRIPT FLUSH)
 		// runs them after the call once.
-		if err := lua.RateLimitSettle.Load(ctx, s.client).Err(); err == nil {
+		if err := lua.RateLimitSettle().Load(ctx, s.client).Err(); err == nil {
 			s.settleLoaded.Store(true)
 		}
 	}
 	calls := s.settleCalls(settles)
 	pipe := s.client.Pipeline()
 	for _, c := range calls {
-		c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+		c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	cmd := script.EvalSha(ctx, pipe, keys, args...)
 	_, _ = pipe.Exec(ctx)
 	for _, c := range calls {
 		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+			c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
 		}
 	}
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -517,16 +517,16 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 		calls := s.settleCalls(batch)
 		if len(calls) == 1 {
 			c := calls[0]
-			c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+			c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
 		} else {
 			pipe := s.client.Pipeline()
 			for _, c := range calls {
-				c.cmd = lua.RateLimitSettle.EvalSha(ctx, pipe, c.keys, c.args...)
+				c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
 			}
 			_, _ = pipe.Exec(ctx)
 			for _, c := range calls {
 				if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-					c.cmd = lua.RateLimitSettle.Run(ctx, s.client, c.keys, c.args...)
+					c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
 				}
 			}
 		}
@@ -609,7 +609,7 @@ func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, c
 			// a Cluster in disguise: each item on its own (nothing ran)
 			for _, r := range c.refs {
 				h := r.a.h
-				v, e := lua.RateLimitSettle.Run(ctx, s.client, h.rkeys[r.i:r.i+1], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
+				v, e := lua.RateLimitSettle().Run(ctx, s.client, h.rkeys[r.i:r.i+1], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
 				if e == nil {
 					e = r.a.answer(r.i, v)
 				}
@@ -623,11 +623,11 @@ func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, c
 			var v []int64
 			if v, err = intSlice(c.cmd.Val(), len(c.refs)); err == nil {
 				for j, r := range c.refs {
-					if x := v[j]; x < int64(SettleApplied) || x > int64(SettleExpired) {
-						err = fmt.Errorf("unexpected reply value %d = %d, want 1, 2 or 3", j, x)
+					var sr SettleResult
+					if sr, err = settleResultOf(j, v[j]); err != nil {
 						break
 					}
-					r.a.res[r.i] = SettleResult(v[j])
+					r.a.res[r.i] = sr
 				}
 			}
 		}
@@ -659,10 +659,11 @@ func (a *asyncSettle) answer(i int, v any) error {
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
-	if r[0] < int64(SettleApplied) || r[0] > int64(SettleExpired) {
-		return fmt.Errorf("ratelimit: redis: settle script: unexpected reply value 0 = %d, want 1, 2 or 3", r[0])
+	sr, err := settleResultOf(0, r[0])
+	if err != nil {
+		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}
-	a.res[i] = SettleResult(r[0])
+	a.res[i] = sr
 	return nil
 }
 

@@ -26,6 +26,9 @@
 #   figures             no figure measured in README.md is in more than one
 #                       other tracked file: one home per figure
 #                       (internal/docfigures, git ls-files)
+#   api                 the exported API of the library packages is the one
+#                       api/spillway.txt records (internal/apidump;
+#                       regenerate with go run ./internal/apidump -w)
 # then finds redis-server (and redis-cli, for the Cluster tests) or installs
 # them with apt-get when running as root, and runs go test -race over every
 # module's packages in one go test (the workspace: go test ./... at the
@@ -35,7 +38,7 @@
 # (e.g. ./scripts/test.sh -run Cluster ./tiers/).
 #
 # CHECKS_ONLY=1 ./scripts/test.sh runs the checks (every module, then the
-# dependencies, admission and figures checks) and stops before the tests: to debug
+# dependencies, admission, figures and api checks) and stops before the tests: to debug
 # a CI failure in the checks without the test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,6 +103,9 @@ if [ "$#" -eq 0 ]; then
   echo "test.sh: checking that no figure measured in README.md has more than one other home" >&2
   go test -count=1 -run 'TestReadmeFigures' ./internal/docfigures/ ||
     fail "a figure measured in README.md is in more than one other file: keep it in docs/measurements.md (or its page's raw log) and link to it (see internal/docfigures)"
+  echo "test.sh: checking that the exported API is the one api/spillway.txt records" >&2
+  go run ./internal/apidump ||
+    fail "the exported API differs from api/spillway.txt: if the change is meant, run go run ./internal/apidump -w and commit the file with it"
   if [ "${CHECKS_ONLY:-}" = 1 ]; then
     echo "test.sh: CHECKS_ONLY=1: the checks passed; no tests run" >&2
     exit 0
