@@ -49,7 +49,9 @@ var bounds = []string{"≥", "≤", "<", ">", "within", "under", "at most", "at 
 // with one line saying why it is not a measurement. Keep it short.
 var allowed = map[string]string{
 	"0.8–1.2×": "the accuracy target's source rates, a test parameter",
-	"1.5×":     "the harness's goodput target (full ≥ 1.5× none), a bound often written without its sign",
+	"1.5×":     "the harness's load past the capacity in most scenarios, a parameter",
+	"1.2×":     "the harness's ceiling over the database's throughput, the learned limit's latency threshold: parameters",
+	"2.5×":     "the cascade spike over the database's capacity, a parameter",
 }
 
 // measured reports whether number (one figure's number or range) is
