@@ -150,16 +150,18 @@ func documented(name string) bool {
 }
 
 // duplicates returns one finding per figure measured in the files given
-// that is not allowed and that more than one of them holds. Generated
+// that is not allowed and that more than one of them states as a
+// measurement (a file that states it only as a bound, "≤ 1.3×", is no
+// home of it). Generated
 // tables are each their own home: two runs' tables may hold the same
 // value, and such a pair alone is no finding; any other file beside a
 // generated one is. (Go files are not checked: their figures are
 // parameters and test thresholds, which go doc states where they apply.)
 func duplicates(files map[string]string) []string {
-	where := map[string]bool{}
-	for _, text := range files {
+	where := map[string][]string{} // figure → the files that state it
+	for name, text := range files {
 		for _, f := range figures(text) {
-			where[f] = true
+			where[f] = append(where[f], name)
 		}
 	}
 	var figs []string
@@ -171,14 +173,11 @@ func duplicates(files map[string]string) []string {
 	sort.Strings(figs)
 	var out []string
 	for _, fig := range figs {
-		var in []string
+		in := where[fig]
 		hand := 0 // files that are not generated tables
-		for name, text := range files {
-			if contains(text, fig) {
-				in = append(in, name)
-				if !generated(text) {
-					hand++
-				}
+		for _, name := range in {
+			if !generated(files[name]) {
+				hand++
 			}
 		}
 		if len(in) > 1 && hand > 0 {
