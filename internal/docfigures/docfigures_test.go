@@ -126,20 +126,6 @@ func boundary(text string, start, end int) bool {
 	return true
 }
 
-// contains reports whether text holds fig verbatim, standing alone.
-func contains(text, fig string) bool {
-	for i := 0; ; {
-		j := strings.Index(text[i:], fig)
-		if j < 0 {
-			return false
-		}
-		if boundary(text, i+j, i+j+len(fig)) {
-			return true
-		}
-		i += j + 1
-	}
-}
-
 // generated reports whether text is a generated table (internal/genmd).
 func generated(text string) bool { return strings.HasPrefix(text, genmd.Marker) }
 
