@@ -29,6 +29,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
@@ -43,6 +44,7 @@ var (
 	slice      = flag.Int("slice", 2000, "decisions per turn of a contender in BenchmarkRedisDecisions")
 	only       = flag.String("only", "", "comma-separated contenders of BenchmarkRedisDecisions (default: all)")
 	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.WithCoalescing)")
+	md         = flag.String("md", "", "BenchmarkRedisDecisions: write every round's table and the medians as markdown to this file (relative to bench/, e.g. ../docs/figures/peers.md), with a header naming the command, date, commit and load average")
 	rate       = flag.Float64("rate", 0, "BenchmarkRedisDecisions: decisions per second offered by all callers together (open loop; a decision started late counts from its scheduled start); 0: each caller starts its next decision when the last one ends (closed loop)")
 )
 
@@ -248,6 +250,7 @@ func BenchmarkRedisDecisions(b *testing.B) {
 		return // the probe run of -benchtime Nx: nothing to measure
 	}
 	var all []map[string]result
+	load := genmd.LoadAvg()
 	b.ResetTimer()
 	for range *rounds {
 		acc := map[string]*tally{}
@@ -274,6 +277,11 @@ func BenchmarkRedisDecisions(b *testing.B) {
 	// A decision the fallback made locally (the budget ran out on a
 	// loaded machine) would flatter its figure: say how many there were.
 	fmt.Printf("spillway_fallback: %+v\n", fb.Stats())
+	if *md != "" {
+		if err := genmd.Write(*md, benchCommand(), load, markdown(names, all, fb.Stats())); err != nil {
+			b.Fatalf("-md: %v", err)
+		}
+	}
 	if r := all[len(all)-1]; r["spillway"].n > 0 && r["redis_rate"].n > 0 {
 		b.ReportMetric(r["spillway"].dps/r["redis_rate"].dps, "spillway/redis_rate")
 	}
@@ -427,6 +435,70 @@ func table(names []string, res map[string]result) string {
 		}
 	}
 	return sb.String()
+}
+
+// markdown formats every round's table and the medians of the ratios as
+// the body of a generated file (-md).
+func markdown(names []string, all []map[string]result, fallbackStats any) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d goroutines, %d keys, pool %d, limit %d/second per key", *goroutines, *numKeys, *pool, *limit)
+	if *rate > 0 {
+		fmt.Fprintf(&sb, ", open loop at %.0f decisions/s", *rate)
+	} else {
+		sb.WriteString(", closed loop")
+	}
+	fmt.Fprintf(&sb, "; %d rounds. Latencies in µs; mean≤p99: the mean of the decisions at or under the p99; script µs/dec: Redis's time in the scripts per decision; cpu µs/dec: redis-server's CPU per decision.\n", len(all))
+	for i, res := range all {
+		fmt.Fprintf(&sb, "\nRound %d, %d decisions per contender:\n\n", i+1, res[names[0]].n)
+		var rows [][]string
+		for _, name := range names {
+			r := res[name]
+			rows = append(rows, []string{name, fmt.Sprintf("%.0f", r.dps), fmt.Sprintf("%.0f", r.p50), fmt.Sprintf("%.0f", r.p99),
+				fmt.Sprintf("%.1f", r.trim), fmt.Sprintf("%.2f", r.usec), fmt.Sprintf("%.2f", r.cpu), fmt.Sprintf("%.1f", r.calls), fmt.Sprintf("%.3f", r.allowed)})
+		}
+		sb.WriteString(genmd.Table([]string{"contender", "decisions/s", "p50", "p99", "mean≤p99", "script µs/dec", "cpu µs/dec", "dec/call", "allowed"}, rows))
+	}
+	var rows [][]string
+	for _, r := range ratios {
+		var v []string
+		var xs []float64
+		for _, res := range all {
+			if x := r.f(res); x > 0 && !math.IsInf(x, 0) && !math.IsNaN(x) {
+				xs = append(xs, x)
+				v = append(v, fmt.Sprintf("%.2f", x))
+			}
+		}
+		if len(xs) == 0 {
+			continue
+		}
+		sorted := slices.Sorted(slices.Values(xs))
+		rows = append(rows, []string{r.name, fmt.Sprintf("%.2f×", sorted[len(sorted)/2]), strings.Join(v, " ")})
+	}
+	if len(rows) > 0 {
+		sb.WriteString("\nMedians of the ratios over the rounds:\n\n")
+		sb.WriteString(genmd.Table([]string{"ratio", "median", "by round"}, rows))
+	}
+	fmt.Fprintf(&sb, "\nspillway_fallback's local decisions: %+v\n", fallbackStats)
+	return sb.String()
+}
+
+// benchCommand is the command line that ran the benchmark, as typed in
+// bench/: the flags set, without the test binary's bookkeeping ones.
+func benchCommand() string {
+	parts := []string{"cd bench && go test"}
+	flag.Visit(func(f *flag.Flag) {
+		name := strings.TrimPrefix(f.Name, "test.")
+		switch name {
+		case "paniconexit0", "testlogfile", "timeout", "gocoverdir", "v":
+			return
+		}
+		v := f.Value.String()
+		if v == "" || strings.ContainsAny(v, " \t'\"$^*|") {
+			v = "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
+		}
+		parts = append(parts, "-"+name, v)
+	})
+	return strings.Join(parts, " ")
 }
 
 // medians formats the median of every ratio over the rounds, with the

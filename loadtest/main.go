@@ -8,6 +8,7 @@
 //
 //	go run ./loadtest                       # the cascade, ~90 s
 //	go run ./loadtest -scenario all -out out # everything, with plots
+//	go run ./loadtest -md docs/figures/loadtest-cascade.md # the verdict as a generated table
 //
 // It exits 0 when every criterion passed, 3 when one failed, 2 on bad
 // flags and 1 on any other error. Through go run the shell sees 1 for any
@@ -28,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/loadtest/chains"
 	"github.com/spillway-go/spillway/loadtest/report"
 	"github.com/spillway-go/spillway/loadtest/scenario"
@@ -38,6 +40,7 @@ import (
 type options struct {
 	scenario.Params
 	cpuprofile string // write a CPU profile here
+	md         string // write the verdict as markdown here
 }
 
 func main() {
@@ -62,6 +65,7 @@ func main() {
 		}
 	}
 	raiseFileLimit()
+	load := genmd.LoadAvg()
 	sum, err := scenario.Run(ctx, p.Params, progress)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -79,6 +83,13 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Printf("\nwrote %s\n", strings.Join(files, ", "))
+	}
+	if p.md != "" {
+		if err := genmd.Write(p.md, command(os.Args[1:]), load, report.Markdown(rep)); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: -md:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("\nwrote %s\n", p.md)
 	}
 	if !rep.Passed() {
 		pprof.StopCPUProfile()
@@ -105,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	debug := fs.Bool("debug", os.Getenv("LOADTEST_DEBUG") != "", "print, after the verdict, denials by priority and block, client answers, degraded causes and timings (default from LOADTEST_DEBUG)")
 	trace := fs.Bool("trace", os.Getenv("LOADTEST_TRACE") != "", "print every change of a learned limit on stderr (default from LOADTEST_TRACE)")
 	fs.BoolVar(&p.NoProxy, "no-proxy", os.Getenv("LOADTEST_NO_PROXY") != "", "connect the fleet to Redis directly, not through the fault proxy: the Redis phases then do nothing (default from LOADTEST_NO_PROXY)")
+	fs.StringVar(&p.md, "md", "", "write the verdict table as markdown to this file, with a header naming the command, date, commit and load average (e.g. docs/figures/loadtest-cascade.md; empty: none)")
 	fs.StringVar(&p.cpuprofile, "cpuprofile", os.Getenv("LOADTEST_CPUPROFILE"), "write a CPU profile to this file (default from LOADTEST_CPUPROFILE)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: go run ./loadtest [flags]\n\nExit status: 0 every criterion passed, 3 one failed, 2 bad flags, 1 other errors\n(go run turns any non-zero status into 1 and prints \"exit status N\").\n\nFlags:")
@@ -156,4 +168,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return p, fmt.Errorf("loadtest: -scale %v: want more than 0 and at most 10", p.Scale)
 	}
 	return p, nil
+}
+
+// command is the command line that ran the harness, as a user retypes it
+// from the repository's root.
+func command(args []string) string {
+	q := make([]string, 0, len(args)+2)
+	q = append(q, "go", "run", "./loadtest")
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$") {
+			a = strconv.Quote(a)
+		}
+		q = append(q, a)
+	}
+	return strings.Join(q, " ")
 }

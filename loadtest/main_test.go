@@ -246,3 +246,35 @@ func TestParseFlags(t *testing.T) {
 type nilWriter struct{}
 
 func (nilWriter) Write(b []byte) (int, error) { return len(b), nil }
+
+// -md writes the verdict as a generated markdown table whose header names
+// the command that made it.
+func TestMarkdownVerdict(t *testing.T) {
+	p, err := parseFlags([]string{"-scenario", "cascade", "-md", "docs/figures/x.md"}, nilWriter{})
+	if err != nil || p.md != "docs/figures/x.md" {
+		t.Fatalf("parseFlags -md: %+v, %v", p.md, err)
+	}
+	if got, want := command([]string{"-scenario", "all", "-configs", "full, static"}), `go run ./loadtest -scenario all -configs "full, static"`; got != want {
+		t.Fatalf("command = %q, want %q", got, want)
+	}
+	rep := &report.Report{
+		Summary: &scenario.Summary{Seed: 1, Servers: 3, Retry: "honor", Redis: "redis-server", GoVersion: "go1.26", CPUs: 2},
+		Verdict: []report.Check{
+			{Scenario: "cascade", Configuration: "full", Criterion: "goodput ≥ 1.5× none's", Measured: "2.1× (a|b)", Pass: true},
+			{Scenario: "cascade", Configuration: "static", Criterion: "Critical ok", Measured: "80%", Expected: true},
+			{Scenario: "cascade", Configuration: "full", Criterion: "no backend overload", Measured: "peak 130", Pass: false},
+		},
+	}
+	md := report.Markdown(rep)
+	for _, want := range []string{
+		"| scenario | configuration | criterion | measured | result |\n|---|---|---|---|---|\n",
+		"| cascade | full | goodput ≥ 1.5× none's | 2.1× (a\\|b) | PASS |\n",
+		"| cascade | static | Critical ok | 80% | MISSED |\n",
+		"| cascade | full | no backend overload | peak 130 | FAIL |\n",
+		"Verdict: a criterion failed.",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+}

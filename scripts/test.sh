@@ -23,8 +23,11 @@
 #                       go.opentelemetry.io/otel/exporters/ module
 #   admission           no code in loadtest/ decides admission itself
 #                       (loadtest/admission_test.go, go/ast)
-#   figures             no figure measured in README.md is in more than one
-#                       other tracked file: one home per figure
+#   figures             no figure measured in README.md or docs/ is in more
+#                       than one of those files: one home per figure, a
+#                       generated table under docs/figures/ for what a
+#                       command measures; and docs/'s prose (generated
+#                       tables excluded) stays within its word budget
 #                       (internal/docfigures, git ls-files)
 #   api                 the exported API of the library packages is the one
 #                       api/spillway.txt records (internal/apidump;
@@ -100,9 +103,9 @@ if [ "$#" -eq 0 ]; then
   echo "test.sh: checking that loadtest/ decides no admission itself" >&2
   (cd loadtest && go test -count=1 -run 'TestNoAdmissionOutsideTheLibrary|TestAdmissionCheckFails' .) ||
     fail "loadtest/ decides admission outside the library's blocks (see loadtest/admission_test.go)"
-  echo "test.sh: checking that no figure measured in README.md has more than one other home" >&2
-  go test -count=1 -run 'TestReadmeFigures' ./internal/docfigures/ ||
-    fail "a figure measured in README.md is in more than one other file: keep it in docs/measurements.md (or its page's raw log) and link to it (see internal/docfigures)"
+  echo "test.sh: checking that every figure measured in README.md or docs/ has one home, and docs/'s word budget" >&2
+  go test -count=1 -run 'TestFigures|TestDocsWordBudget' ./internal/docfigures/ ||
+    fail "a figure measured in README.md or docs/ is in more than one of those files (keep it in its generated table under docs/figures/ and link there), or docs/ is over its word budget (see internal/docfigures)"
   echo "test.sh: checking that the exported API is the one api/spillway.txt records" >&2
   go run ./internal/apidump ||
     fail "the exported API differs from api/spillway.txt: if the change is meant, run go run ./internal/apidump -w and commit the file with it"

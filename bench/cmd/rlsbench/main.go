@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway/bench/rlsload"
+	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
 )
 
@@ -69,6 +70,7 @@ var (
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
 	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
+	md           = flag.String("md", "", "write the summary and the outage test as markdown to this file (relative to bench/, e.g. ../docs/figures/rls-bench.md), with a header naming the command, date, commit and load average")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
 
@@ -144,7 +146,8 @@ func run() error {
 	printf("# rlsbench %s: %d callers over %d connections, %d keys, %v window after %v warm-up, %s, limit %d/second per descriptor, redis-server %s\n",
 		time.Now().UTC().Format(time.RFC3339), *callers, *conns, *keys, *duration, *warmup, loop(), *limit, rdb.Addr)
 	printf("# reference: %s\n", referenceVersion())
-	printf("# load average at start: %s\n", loadavg())
+	startLoad := loadavg()
+	printf("# load average at start: %s\n", startLoad)
 	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included, and what the server did after it until it and Redis were idle)\n")
 	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
 	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
@@ -204,6 +207,7 @@ func run() error {
 	printf("\n")
 	summary(printf, names, counts, results)
 
+	var outageRows [][]string
 	if *outage {
 		printf("\n# outage: Redis stopped (SIGSTOP) while %d callers call for %v, one descriptor, each call's deadline %v; target: every call answered within budget %v + 20 ms\n",
 			*callers, *outageWindow, *callTimeout, *budget)
@@ -211,10 +215,19 @@ func run() error {
 		printf("%-10s %7s %6s %6s %6s %8s %9s %9s %9s %9s %9s  %s\n",
 			"server", "calls", "ok", "over", "errors", "degraded", ">bound", "first", "p50", "p99", "max", "after SIGCONT")
 		for _, name := range names {
-			if err := outageTest(ctx, printf, srvs[name], rdb, redisPid); err != nil {
+			row, err := outageTest(ctx, printf, srvs[name], rdb, redisPid)
+			if err != nil {
 				return err
 			}
+			outageRows = append(outageRows, row)
 		}
+	}
+	if *md != "" {
+		body := markdown(names, counts, results, outageRows)
+		if err := genmd.Write(*md, commandLine(), startLoad, body); err != nil {
+			return fmt.Errorf("-md: %w", err)
+		}
+		printf("# wrote %s\n", *md)
 	}
 	printf("# load average at end: %s\n", loadavg())
 	return nil
@@ -733,19 +746,19 @@ func minMax(rs []*rlsload.Result, f func(*rlsload.Result) float64) (lo, hi float
 // (SIGSTOP), keeps the callers calling for -outage-window, waits for every
 // call started to end (each within -call-timeout), resumes Redis and checks
 // that the server answers again.
-func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb *redistest.Server, redisPid int) error {
+func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb *redistest.Server, redisPid int) ([]string, error) {
 	if err := flush(ctx, rdb); err != nil {
-		return err
+		return nil, err
 	}
 	settle(ctx, s.cmd.Process.Pid, redisPid)
 	cfg := rlsload.Config{Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: 1, CallTimeout: *callTimeout, Seed: 99}
 	warm := cfg
 	warm.Duration = time.Second
 	if _, err := rlsload.Run(ctx, warm); err != nil {
-		return err
+		return nil, err
 	}
 	if err := rdb.Pause(); err != nil {
-		return err
+		return nil, err
 	}
 	down := cfg
 	down.Duration = *outageWindow
@@ -758,7 +771,7 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 		err = rerr
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// After SIGCONT: how long until a call is answered OK again (up to 60 s).
 	after := "no OK answer within 60s"
@@ -768,7 +781,7 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 		probe.Callers, probe.Conns, probe.Duration = 4, 1, 500*time.Millisecond
 		pr, err := rlsload.Run(ctx, probe)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if pr.Calls > 0 && pr.Errors == 0 {
 			after = fmt.Sprintf("all OK within %.1fs", time.Since(t0).Seconds())
@@ -784,5 +797,54 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 	if len(res.Slow) > 0 {
 		printf("#   calls over %v by when they started (after SIGSTOP): %s\n", bound, slowByStart(res.Slow))
 	}
-	return s.alive()
+	row := []string{s.name, strconv.Itoa(res.Calls), strconv.Itoa(res.OK), strconv.Itoa(res.OverLimit), strconv.Itoa(res.Errors), count(deg),
+		strconv.Itoa(res.Over(bound)), ms(res.First), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Max()), after}
+	return row, s.alive()
+}
+
+// markdown is the body of the generated file -md writes: the settings, the
+// summary over the rounds and the outage test.
+func markdown(names []string, counts []int, results map[key][]*rlsload.Result, outageRows [][]string) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d callers over %d connections, %d keys, %v window after %v warm-up, %s, limit %d/second per descriptor; reference %s; %d rounds, min–max over the rounds.\n\n",
+		*callers, *conns, *keys, *duration, *warmup, loop(), *limit, referenceVersion(), *rounds)
+	var rows [][]string
+	for _, n := range counts {
+		for _, name := range names {
+			rs := results[key{name, n}]
+			if len(rs) == 0 {
+				continue
+			}
+			lo, hi := minMax(rs, func(r *rlsload.Result) float64 { return r.PerSecond() })
+			plo, phi := minMax(rs, func(r *rlsload.Result) float64 { return float64(r.Quantile(0.99)) / 1e6 })
+			ratio, p99 := "", ""
+			if sp, ref := results[key{"spillway", n}], results[key{"reference", n}]; name == "spillway" && len(ref) > 0 {
+				var rs, ps []string
+				for i := range min(len(sp), len(ref)) {
+					rs = append(rs, fmt.Sprintf("%.2f", sp[i].PerSecond()/ref[i].PerSecond()))
+					ps = append(ps, fmt.Sprintf("%.2f", float64(sp[i].Quantile(0.99))/float64(ref[i].Quantile(0.99))))
+				}
+				ratio, p99 = strings.Join(rs, " "), strings.Join(ps, " ")
+			}
+			rows = append(rows, []string{strconv.Itoa(n), name, fmt.Sprintf("%.0f–%.0f", lo, hi), fmt.Sprintf("%.2f–%.2f", plo, phi), ratio, p99})
+		}
+	}
+	sb.WriteString(genmd.Table([]string{"descriptors", "server", "calls/s", "p99 ms", "spillway/reference calls/s by round", "spillway/reference p99 by round"}, rows))
+	if len(outageRows) > 0 {
+		fmt.Fprintf(&sb, "\nOutage: Redis stopped (SIGSTOP) while the callers call for %v, one descriptor; bound: budget %v + 20 ms; latencies in ms.\n\n", *outageWindow, *budget)
+		sb.WriteString(genmd.Table([]string{"server", "calls", "ok", "over", "errors", "degraded", ">bound", "first", "p50", "p99", "max", "after SIGCONT"}, outageRows))
+	}
+	return sb.String()
+}
+
+// commandLine is the command that ran rlsbench, as typed in bench/.
+func commandLine() string {
+	parts := []string{"cd bench && go run ./cmd/rlsbench"}
+	for _, a := range os.Args[1:] {
+		if a == "" || strings.ContainsAny(a, " \t'\"$") {
+			a = strconv.Quote(a)
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
 }
