@@ -8,5 +8,9 @@
 // a call's keys share a hash tag.
 //
 // Each building block declares its scripts in its own file here
-// (ratelimit.go, concurrency.go, …).
+// (ratelimit.go, concurrency.go, …). No Go enum's ordinal crosses into a
+// script: an algorithm goes in ARGV by its config name, and the numbers
+// the scripts and Go share (the settle replies, the slots of the hold
+// helpers' tables) are named once in ratelimit_holds.lua and written as
+// numbers when the script is built, at no cost when it runs.
 package lua

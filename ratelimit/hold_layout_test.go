@@ -30,11 +30,12 @@ type holdVector struct {
 			End    int64  `json:"end"`
 		} `json:"holds"`
 	} `json:"decoded"` // nil: not of the layout (read as no state)
-	Op     string `json:"op"` // "decide" (ratelimit_token_bucket.lua) or "settle" (ratelimit_settle.lua)
+	Op     string `json:"op"` // "decide" (ratelimit_token_bucket.lua), "reserve" (ratelimit_hold.lua) or "settle" (ratelimit_settle.lua)
 	Now    int64  `json:"now"`
 	T      int64  `json:"T"`
 	Tau    int64  `json:"tau"`
-	N      int64  `json:"n"` // decide: the cost
+	N      int64  `json:"n"`   // decide: the cost; reserve: the estimate
+	TTL    int64  `json:"ttl"` // reserve: the hold's life, µs
 	Member string `json:"member"`
 	Est    int64  `json:"est"`
 	Actual int64  `json:"actual"`
@@ -108,6 +109,20 @@ func (v *holdVector) apply() (wait int64, allowed bool, res SettleResult, after 
 		after = hv.String()
 	}
 	switch v.Op {
+	case "reserve":
+		o, nt, t := heldDecide(hv.tat, v.Now, lim, v.N, hv.marked)
+		wait = max(hv.tat, t) - t
+		if o.allowed {
+			end := v.Now + v.TTL
+			if len(hv.holds) == 0 || end < hv.first {
+				hv.first = end
+			}
+			hv.last = max(hv.last, end)
+			hv.tat, hv.marked = nt, true
+			hv.holds = append(hv.holds, heldEntry{member: v.Member, est: v.N, end: end})
+			after = hv.String()
+		}
+		return wait, o.allowed, 0, after
 	case "decide":
 		o, nt, t := heldDecide(hv.tat, v.Now, lim, v.N, hv.marked)
 		wait = max(hv.tat, t) - t
@@ -162,7 +177,7 @@ func TestHoldLayoutVectors(t *testing.T) {
 		}
 		wait, allowed, res, after := v.apply()
 		switch v.Op {
-		case "decide":
+		case "decide", "reserve":
 			if wait != v.Wait || allowed != v.Allowed {
 				t.Errorf("%s: Go decides wait %d allowed %v, want %d %v", v.Name, wait, allowed, v.Wait, v.Allowed)
 			}
@@ -179,7 +194,8 @@ func TestHoldLayoutVectors(t *testing.T) {
 
 // TestHoldLayoutVectorsRedis runs the golden vectors through the scripts
 // on redis-server: the key set to the vector's value, one call of
-// ratelimit_token_bucket.lua (decide) or ratelimit_settle.lua (settle)
+// ratelimit_token_bucket.lua (decide), ratelimit_hold.lua (reserve) or
+// ratelimit_settle.lua (settle)
 // with the vector's clock, and the reply and the key's value after
 // checked against the vector.
 func TestHoldLayoutVectorsRedis(t *testing.T) {
@@ -202,6 +218,15 @@ func TestHoldLayoutVectorsRedis(t *testing.T) {
 			o := waitOutcome(wait, &limits{T: v.T, tau: v.Tau, B: v.Tau / v.T}, v.N)
 			if wait != v.Wait || o.allowed != v.Allowed {
 				t.Errorf("%s: the script replies wait %d (allowed %v), want %d %v", v.Name, wait, o.allowed, v.Wait, v.Allowed)
+			}
+		case "reserve":
+			r, err := lua.RateLimitHold().Run(ctx, c, []string{key}, now, 1, 1, v.TTL,
+				v.T, v.Tau, v.N, holdName(v.Member, v.N)).Int64Slice()
+			if err != nil || len(r) != 3 {
+				t.Fatalf("%s: %v %v", v.Name, r, err)
+			}
+			if r[2] != v.Wait || (r[1] == 1) != v.Allowed {
+				t.Errorf("%s: the hold script replies %v, want wait %d allowed %v", v.Name, r, v.Wait, v.Allowed)
 			}
 		case "settle":
 			r, err := lua.RateLimitSettle().Run(ctx, c, []string{key}, now, 0,
