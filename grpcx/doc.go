@@ -7,6 +7,8 @@
 //
 // The shortest use:
 //
+//	import "google.golang.org/grpc"
+//
 //	srv := grpc.NewServer(
 //		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
 //		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),

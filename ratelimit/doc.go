@@ -5,7 +5,7 @@
 // The shortest use:
 //
 //	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 100, Period: time.Second})
-//	if err != nil { … }                         // the policy is invalid
+//	if err != nil { return err }                // the policy is invalid
 //	d, err := lim.Allow(ctx, clientIP)
 //	if err == nil && !d.Allowed {
 //		// answer 429 with Retry-After: d.RetryAfter

@@ -55,12 +55,21 @@ func TestLimiterDefaults(t *testing.T) {
 		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
 	}
 	d, err := l.Allow(context.Background(), "k")
-	if err != nil || d.Limiter != "QmCX23" || d.Limit != 50 || d.Remaining != 49 {
+	// The key's scope is the digest; the decision names the policy.
+	if err != nil || d.Limiter != "token_bucket 100/1s burst 50" || d.Limit != 50 || d.Remaining != 49 {
 		t.Fatalf("%+v %v", d, err)
+	}
+	r := &spillway.Request{Priority: spillway.Critical}
+	r.Set(spillway.DimIP, "192.0.2.7")
+	if d, _, err := l.ByDimension(spillway.DimIP).Admit(context.Background(), r); err != nil || d.Limiter != "token_bucket 100/1s burst 50:ip" {
+		t.Fatalf("by dimension: %+v %v", d, err)
 	}
 	named := mustLimiter(t, NewMemoryStore(), p, WithScope("login"))
 	if d, _ := named.Allow(context.Background(), "k"); d.Limiter != "login" {
 		t.Fatalf("Limiter %q, want login", d.Limiter)
+	}
+	if d, _, _ := named.ByDimension(spillway.DimIP).Admit(context.Background(), r); d.Limiter != "login:ip" {
+		t.Fatalf("Limiter %q, want login:ip", d.Limiter)
 	}
 }
 
