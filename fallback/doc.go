@@ -40,7 +40,9 @@
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	health, err := fallback.NewHealth(client, fallback.HealthSettings{})
 //	if err != nil { return err }
-//	store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Health: health})
+//	redisStore, err := ratelimit.NewRedisStore(client)
+//	if err != nil { return err }
+//	store, err := fallback.NewStore(redisStore, fallback.Settings{Health: health})
 //	if err != nil { return err }
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second})
 //

@@ -12,7 +12,7 @@
 //	}
 //
 // To put it in a spillway.Chain, key it by a request dimension:
-// lim.ByDimension(spillway.DimIP).
+// ratelimit.PerKey(lim, spillway.DimIP).
 //
 // # Algorithms
 //

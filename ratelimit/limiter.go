@@ -213,9 +213,9 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (spillway.Deci
 	}
 }
 
-// DimensionLimiter is a Limiter keyed by one dimension of a
-// spillway.Request; see Limiter.ByDimension.
-type DimensionLimiter struct {
+// dimensionLimiter is a Limiter keyed by one dimension of a
+// spillway.Request; see PerKey.
+type dimensionLimiter struct {
 	l       *Limiter
 	dim     string
 	scope   string
@@ -224,9 +224,7 @@ type DimensionLimiter struct {
 	missing string
 }
 
-var _ spillway.Limiter = (*DimensionLimiter)(nil)
-
-// ByDimension adapts l to a spillway.Limiter that keys each request by the
+// PerKey adapts l to a spillway.Limiter that keys each request by the
 // value of its dimension dim (spillway.DimIP, spillway.DimUser, …; see
 // spillway.Request.Get) and charges Request.EffectiveCost.
 //
@@ -241,20 +239,17 @@ var _ spillway.Limiter = (*DimensionLimiter)(nil)
 // spillway.ReasonInvalid. A store failure returns a *spillway.StoreError
 // carrying the limiter's fail mode (WithFailMode). Done is spillway.Noop: a
 // rate limit has nothing to release.
-func (l *Limiter) ByDimension(dim string) *DimensionLimiter {
+func PerKey(l *Limiter, dim string) spillway.Limiter {
 	scope, name := l.scope+":"+dim, l.name+":"+dim
-	d := &DimensionLimiter{l: l, dim: dim, scope: scope, name: name, missing: name + ":absent"}
+	d := &dimensionLimiter{l: l, dim: dim, scope: scope, name: name, missing: name + ":absent"}
 	if l.mem != nil {
 		d.hash = l.mem.scopeHash(scope)
 	}
 	return d
 }
 
-// PerKey is l.ByDimension(dim).
-func PerKey(l *Limiter, dim string) *DimensionLimiter { return l.ByDimension(dim) }
-
 // Admit implements spillway.Limiter.
-func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+func (d *dimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.name}, spillway.Noop, nil
 	}
@@ -278,14 +273,3 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	out[0].Window, out[0].Limiter = l.window, d.name
 	return out[0], spillway.Noop, nil
 }
-
-// Reset forgets the state of the dimension value v.
-func (d *DimensionLimiter) Reset(ctx context.Context, v string) error {
-	if err := d.l.store.Reset(ctx, d.scope, v, d.l.policy); err != nil {
-		return wrapf(err, "%s: reset", d.name)
-	}
-	return nil
-}
-
-// Scope returns the adapter's scope, "<limiter scope>:<dim>".
-func (d *DimensionLimiter) Scope() string { return d.scope }

@@ -16,7 +16,9 @@
 //	cfg, err := tiers.ParseFile("limits.yaml")
 //	if err != nil { return err } // "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit""
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	lim, err := tiers.New(cfg, ratelimit.NewRedisStore(rdb))
+//	store, err := ratelimit.NewRedisStore(rdb)
+//	if err != nil { return err }
+//	lim, err := tiers.New(cfg, store)
 //	r := &spillway.Request{Endpoint: "/api/v1/login", Method: "POST"}
 //	r.Set("ip", clientIP)
 //	d, done, err := lim.Admit(ctx, r)

@@ -289,7 +289,11 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
+	redisStore, err := ratelimit.NewRedisStore(rdb)
+	if err != nil {
+		return fail(err)
+	}
+	rateStore, err := fallback.NewStore(redisStore, settings("rate"))
 	if err != nil {
 		return fail(err)
 	}

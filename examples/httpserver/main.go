@@ -336,7 +336,12 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
 	// local share); rules marked "fail: closed" deny while Redis is out
 	// (their store items say so).
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
+	redisStore, err := ratelimit.NewRedisStore(rdb)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	rateStore, err := fallback.NewStore(redisStore, settings("rate"))
 	if err != nil {
 		b.close()
 		return nil, err
