@@ -110,7 +110,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000, shedder.WithName("fleet"))
+	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000)
 	if err != nil {
 		t.Fatal(err)
 	}

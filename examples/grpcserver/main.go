@@ -317,7 +317,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithTimeout(budget))
 	if err != nil {
 		return fail(err)
 	}

@@ -377,7 +377,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// Fleet shedder: degrades on its own (its share of the capacity) when
 	// Redis is out, so it needs no fallback wrapper.
-	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithTimeout(budget))
 	if err != nil {
 		b.close()
 		return nil, err
