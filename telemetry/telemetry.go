@@ -51,7 +51,7 @@ const (
 // seconds: decisions take microseconds (memory) to milliseconds (Redis).
 var DurationBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
-// Option configures Instrument and NewBreakerGauge.
+// Option configures Instrument, ObserveBreaker and NewHoldMetrics.
 type Option func(*config)
 
 type config struct {
