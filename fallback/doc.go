@@ -37,6 +37,7 @@
 //
 //	import "github.com/redis/go-redis/v9"
 //
+//	redis.SetLogger(fallback.NewRedisLogger(nil, 0)) // go-redis's own log: to slog, one line per pattern per 10 s
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	health, err := fallback.NewHealth(client, fallback.HealthSettings{})
 //	if err != nil { return err }
