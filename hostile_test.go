@@ -3,6 +3,7 @@ package spillway_test
 import (
 	"context"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func TestHostileChain(t *testing.T) {
 		if err := hostiletest.RedisDelete(ctx, rdb, "hostile:*"); err != nil {
 			return err
 		}
-		rl, err := ratelimit.New(ratelimit.NewRedisStore(rdb, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")), ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.WithScope("rate"))
+		rl, err := ratelimit.New(mustRedisStore(rdb, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")), ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.WithScope("rate"))
 		if err != nil {
 			return err
 		}
@@ -45,7 +46,7 @@ func TestHostileChain(t *testing.T) {
 		if worker, err = shedder.NewWorker(30, shedder.WithClock(now)); err != nil {
 			return err
 		}
-		chain = spillway.Chain(rl.ByDimension(spillway.DimUser), concurrency.PerKey(cl, spillway.DimUser), worker)
+		chain = spillway.Chain(ratelimit.PerKey(rl, spillway.DimUser), concurrency.PerKey(cl, spillway.DimUser), worker)
 		return nil
 	}
 	hostiletest.Run(t, hostiletest.Subject{
@@ -64,4 +65,14 @@ func TestHostileChain(t *testing.T) {
 		},
 		Reset: reset,
 	})
+}
+
+// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

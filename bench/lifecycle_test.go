@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,7 +73,7 @@ limits:
 func BenchmarkRedisLifecycle(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client(b)
-	store := ratelimit.NewRedisStore(c)
+	store := mustRedisStore(c)
 	ctx := context.Background()
 	limiters := [2]*tiers.Limiter{}
 	for i, yml := range []string{lifecyclePlain, lifecycleResponse} {
@@ -223,4 +224,14 @@ func logCommands(b *testing.B, turn string, st map[string]redistest.CommandStat,
 		fmt.Fprintf(&sb, " %s %.2f/req %.2fµs/req;", name, st[name].Calls/float64(n), st[name].Usec/float64(n))
 	}
 	b.Logf("%s:%s", turn, sb.String())
+}
+
+// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

@@ -122,7 +122,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 	space := 0
 	store := func(opts ...ratelimit.Option) *ratelimit.RedisStore {
 		space++
-		return ratelimit.NewRedisStore(c, append([]ratelimit.Option{ratelimit.WithCoalescing(*coalesce), ratelimit.WithPrefix("spillwa" + strconv.Itoa(space%10) + ":")}, opts...)...)
+		return mustRedisStore(c, append([]ratelimit.Option{ratelimit.WithCoalescing(*coalesce), ratelimit.WithPrefix("spillwa" + strconv.Itoa(space%10) + ":")}, opts...)...)
 	}
 	fb, err := fallback.NewStore(store(), fallback.Settings{})
 	if err != nil {
@@ -640,18 +640,18 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 				var allow func(i int) error
 				switch name {
 				case "spillway_default_scope":
-					l, err := ratelimit.New(ratelimit.NewRedisStore(c), ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Hour, Burst: 1000})
+					l, err := ratelimit.New(mustRedisStore(c), ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Hour, Burst: 1000})
 					if err != nil {
 						b.Fatal(err)
 					}
 					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
 				case "window_counter", "window_buckets", "window_buckets_60", "window_log":
-					l := memWindow(b, name, ratelimit.NewRedisStore(c))
+					l := memWindow(b, name, mustRedisStore(c))
 					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
 				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
 					var now atomic.Int64
 					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
-					l := memWindow(b, strings.TrimSuffix(name, "_busy"), ratelimit.NewRedisStore(c, ratelimit.WithClock(func() time.Time { return time.UnixMicro(now.Load()) })))
+					l := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.WithClock(func() time.Time { return time.UnixMicro(now.Load()) })))
 					p := l.Policy()
 					steps, cost := int64(2), int64(50) // the counter: two windows
 					if p.Algorithm == ratelimit.SlidingWindowBuckets {

@@ -22,8 +22,9 @@
 //	resp, err := call()
 //	if !overloaded(resp, err) { th.Accepted() }
 //	if retryable(resp, err) && budget.TryRetry() {
-//		wait, ok := clientside.Backoff{}.Delay(1, retryAfter)
-//		…
+//		if wait, ok := (clientside.Backoff{}).Delay(1, retryAfter); ok {
+//			time.Sleep(wait) // then call again
+//		}
 //	}
 //
 // Throttle and RetryBudget are safe for concurrent use; Backoff is a value.

@@ -41,6 +41,7 @@ func TestRedisCluster(t *testing.T) {
 		for _, done := range dones {
 			done(spillway.Success)
 		}
+		lim.WaitReleases()
 		if d, _, err := lim.Acquire(ctx, key); err != nil || !d.Allowed || d.Remaining != 1 {
 			t.Fatalf("%s after release: %+v %v", key, d, err)
 		}
@@ -65,6 +66,7 @@ func TestRedisCluster(t *testing.T) {
 			t.Fatalf("%s cost 1 beside a cost 2: %+v %v; want denied", key, d, err)
 		}
 		done(spillway.Success)
+		lim.WaitReleases()
 		if d, _, err := lim.Acquire(ctx, key); err != nil || !d.Allowed || d.Remaining != 1 {
 			t.Fatalf("%s after the cost 2 is done: %+v %v", key, d, err)
 		}

@@ -23,9 +23,13 @@
 //
 // The shortest use:
 //
-//	store := concurrency.NewRedisStore(rdb)
+//	import "github.com/redis/go-redis/v9"
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	store, err := concurrency.NewRedisStore(rdb)
+//	if err != nil { return err }
 //	lim, err := concurrency.New(store, 20) // at most 20 in flight per key
-//	...
+//	if err != nil { return err }
 //	d, done, err := lim.Acquire(ctx, userID)
 //	if err == nil && d.Allowed {
 //		defer done(spillway.Success)

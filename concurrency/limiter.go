@@ -31,6 +31,8 @@ type Limiter struct {
 	dropped   atomic.Int64
 	retrying  atomic.Bool
 	retryWait sync.WaitGroup
+
+	releasing sync.WaitGroup // releases done handed to the background, not yet answered
 }
 
 // pendingRelease is a release to retry.
@@ -78,8 +80,10 @@ func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl }
 func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
 
 // WithReleaseTimeout bounds the store call of a Done (default
-// spillway.DefaultBudget, 50 ms): a Done never keeps the handler waiting
-// on a hung store longer than that. Done runs detached from the admission
+// spillway.DefaultBudget, 50 ms). A Done never waits for the store: it
+// hands the release to a goroutine of its own and returns, so a response
+// is not delayed by a slow or stopped store (WaitReleases waits for the
+// releases handed off). The release runs detached from the admission
 // context's cancellation (a cancelled request must still release its slot)
 // but keeps its values. A release that fails is not lost: see
 // WithMaxPendingReleases.
@@ -154,7 +158,8 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 //
 // Allowed: Remaining is Limit minus the units in flight (this request's
 // included); done frees the request's n units — call it once when the work
-// ends; further calls do nothing. Denied: Reason is
+// ends; further calls do nothing. done does not wait for the store: the
+// release runs on a goroutine of its own (see WithReleaseTimeout). Denied: Reason is
 // spillway.ReasonConcurrency (answer 429), Remaining is the units left
 // (fewer than n; 0 for n = 1) and RetryAfter is the WithRetryAfter hint,
 // or the time until enough of the oldest entries are reaped for n units to
@@ -203,12 +208,19 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	}
 	at := time.Now()
 	return d, spillway.Once(func(spillway.Outcome) {
-		if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
-			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
-			if l.o.onReleaseError != nil {
-				l.o.onReleaseError(err)
+		// The release leaves the response path: done returns at once and
+		// the store call runs on its own goroutine, bounded by the
+		// release timeout.
+		l.releasing.Add(1)
+		go func() {
+			defer l.releasing.Done()
+			if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
+				l.keep(pendingRelease{key: key, id: id, n: n, at: at})
+				if l.o.onReleaseError != nil {
+					l.o.onReleaseError(err)
+				}
 			}
-		}
+		}()
 	}), nil
 }
 
@@ -266,9 +278,11 @@ func (l *Limiter) PendingReleases() (pending, dropped int64) {
 	return l.npending.Load(), l.dropped.Load()
 }
 
-// WaitReleases waits for a background retry of pending releases to end
-// (for tests and shutdown).
-func (l *Limiter) WaitReleases() { l.retryWait.Wait() }
+// WaitReleases waits until the releases whose done has run so far were
+// answered by the store (or failed: see WithMaxPendingReleases), and for a
+// background retry of pending releases to end. Call it before reading a
+// key's state right after a request, and at shutdown.
+func (l *Limiter) WaitReleases() { l.releasing.Wait(); l.retryWait.Wait() }
 
 // PerKey adapts l to spillway.Limiter: the key is the value of the request
 // dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that

@@ -53,6 +53,7 @@ func TestLimiterDecisions(t *testing.T) {
 			// done twice releases one slot, not two.
 			done1(spillway.Success)
 			done1(spillway.Success)
+			lim.WaitReleases() // done hands the release to the background
 			d4, done4, _ := lim.Acquire(ctx, "u1")
 			if !d4.Allowed || d4.Remaining != 0 {
 				t.Fatalf("after done: %+v, want allowed with 0 remaining", d4)
@@ -204,11 +205,13 @@ func TestPerKeyCost(t *testing.T) {
 			// done of a cost-3 request frees exactly 3 units, once.
 			doneA(spillway.Success)
 			doneA(spillway.Success)
+			lim.WaitReleases() // done hands the release to the background
 			admit(4, denied(3))
 			admit(3, allowed(0))
 			admit(1, denied(0))
 			// Cost 0 is 1 (EffectiveCost).
 			doneD(spillway.Success)
+			lim.WaitReleases()
 			done0 := admit(0, allowed(0))
 			admit(0, denied(0))
 			done0(spillway.Success)
@@ -230,6 +233,7 @@ func TestPerKeyCost(t *testing.T) {
 			} else {
 				done(spillway.Success) // Noop
 			}
+			lim.WaitReleases()
 			if got := store.releases.Load(); got != 3 {
 				t.Fatalf("%d store releases, want 3 (doneA twice is one)", got)
 			}
@@ -307,6 +311,7 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 	if releaseErrs.Load() != 0 {
 		t.Fatalf("%d releases failed; last: %v", releaseErrs.Load(), lastReleaseErr.Load())
 	}
+	lim.WaitReleases()
 	n, err := rdb.Exists(ctx, store.Key("concurrency", "hot")).Result()
 	if err != nil || n != 0 {
 		t.Fatalf("after every done the set should be gone: exists=%d err=%v", n, err)
@@ -374,6 +379,7 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	}
 	srv.Stop()
 	done(spillway.Success)
+	lim.WaitReleases()
 	if e, _ := releaseErr.Load().(error); e == nil || !strings.HasPrefix(e.Error(), "concurrency: release: ") {
 		t.Fatalf("release error = %v", e)
 	}

@@ -41,6 +41,7 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	done(spillway.Success)
+	lim.WaitReleases() // done hands the release to the background
 	if pending, dropped := lim.PendingReleases(); pending != 1 || dropped != 0 || releaseErrs != 1 {
 		t.Fatalf("after a failed release: %d pending, %d dropped, %d errors; want 1, 0, 1", pending, dropped, releaseErrs)
 	}

@@ -182,7 +182,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	// A Store given no Health, as the shortest use builds it.
 	c1 := redis.NewClient(kind.opts(p.Addr()))
 	defer c1.Close()
-	store, err := fallback.NewStore(ratelimit.NewRedisStore(c1), fallback.Settings{Budget: budget})
+	store, err := fallback.NewStore(mustRedisStore(c1), fallback.Settings{Budget: budget})
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	}
 	sent := &userCounter{}
 	c2.AddHook(sent)
-	tstore, err := fallback.NewStore(ratelimit.NewRedisStore(c2), fallback.Settings{Name: "rate", Health: h, Budget: budget})
+	tstore, err := fallback.NewStore(mustRedisStore(c2), fallback.Settings{Name: "rate", Health: h, Budget: budget})
 	if err != nil {
 		return err
 	}
@@ -422,7 +422,7 @@ func TestBudgetHoldsOnABareClusterClient(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Health: h, Budget: budget})
+		store, err := fallback.NewStore(mustRedisStore(client), fallback.Settings{Health: h, Budget: budget})
 		if err != nil {
 			return err
 		}

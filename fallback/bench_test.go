@@ -60,7 +60,7 @@ func BenchmarkDecisionLatency(b *testing.B) {
 	direct := redis.NewClient(directOpt)
 	defer direct.Close()
 	newStoreOn := func(b *testing.B, c *redis.Client, openTimeout time.Duration) *fallback.Store {
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(c), fallback.Settings{
+		st, err := fallback.NewStore(mustRedisStore(c), fallback.Settings{
 			Budget: 50 * time.Millisecond, OpenTimeout: openTimeout,
 		})
 		if err != nil {
@@ -228,10 +228,10 @@ func BenchmarkWrapperThroughput(b *testing.B) {
 	}
 	prefix := func(name string) ratelimit.Option { return ratelimit.WithPrefix("bench-" + name + ":") }
 	b.Run("bare", func(b *testing.B) {
-		bench(b, ratelimit.NewRedisStore(newClient(b), prefix("bare")))
+		bench(b, mustRedisStore(newClient(b), prefix("bare")))
 	})
 	b.Run("fallback", func(b *testing.B) {
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(newClient(b), prefix("fallback")), fallback.Settings{Budget: time.Second})
+		st, err := fallback.NewStore(mustRedisStore(newClient(b), prefix("fallback")), fallback.Settings{Budget: time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -243,14 +243,14 @@ func BenchmarkWrapperThroughput(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		st, err := fallback.NewStore(ratelimit.NewRedisStore(c, prefix("health")), fallback.Settings{Health: h, Budget: time.Second})
+		st, err := fallback.NewStore(mustRedisStore(c, prefix("health")), fallback.Settings{Health: h, Budget: time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
 		bench(b, st)
 	})
 	b.Run("detached", func(b *testing.B) {
-		st, err := fallback.NewStore(anonymousStore{ratelimit.NewRedisStore(newClient(b), prefix("detached"))}, fallback.Settings{Budget: time.Second})
+		st, err := fallback.NewStore(anonymousStore{mustRedisStore(newClient(b), prefix("detached"))}, fallback.Settings{Budget: time.Second})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -284,7 +284,7 @@ func BenchmarkDoneWhileOpen(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tstore, err := fallback.NewStore(ratelimit.NewRedisStore(c), fallback.Settings{Health: h})
+	tstore, err := fallback.NewStore(mustRedisStore(c), fallback.Settings{Health: h})
 	if err != nil {
 		b.Fatal(err)
 	}

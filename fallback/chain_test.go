@@ -17,7 +17,6 @@ import (
 	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/redistest"
-	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/shedder"
 )
 
@@ -89,7 +88,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	sent := &sentCounter{}
 	client.AddHook(sent)
 
-	store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Name: "rate", Health: h})
+	store, err := fallback.NewStore(mustRedisStore(client), fallback.Settings{Name: "rate", Health: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +110,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000, shedder.WithName("fleet"))
+	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@
 //     decisions come from a local memory store with every policy scaled to
 //     Share of its quota (default 20%), marked Degraded; N servers admit at
 //     most N × Share of the quota during an outage;
-//   - fail-open or fail-closed per scope (Settings.Mode); fail-closed denies
+//   - fail-open or fail-closed per scope (Settings.Fail); fail-closed denies
 //     with spillway.ReasonFailClosed.
 //
 // The Store adds a cache of denials (a key Redis denied until T is denied
@@ -35,11 +35,16 @@
 //
 // Shortest use:
 //
+//	import "github.com/redis/go-redis/v9"
+//
+//	redis.SetLogger(fallback.NewRedisLogger(nil, 0)) // go-redis's own log: to slog, one line per pattern per 10 s
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	health, err := fallback.NewHealth(client, fallback.HealthSettings{})
-//	if err != nil { … }
-//	store, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{Health: health})
-//	if err != nil { … }
+//	if err != nil { return err }
+//	redisStore, err := ratelimit.NewRedisStore(client)
+//	if err != nil { return err }
+//	store, err := fallback.NewStore(redisStore, fallback.Settings{Health: health})
+//	if err != nil { return err }
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second})
 //
 // Stores and Limiters are safe for concurrent use.

@@ -71,12 +71,12 @@ func (b *bed) warm(t *testing.T) {
 
 // redisStore is the real Redis store over the proxy, on the fake clock.
 func (b *bed) redisStore() *ratelimit.RedisStore {
-	return ratelimit.NewRedisStore(b.client, ratelimit.WithClock(b.clock.Now))
+	return mustRedisStore(b.client, ratelimit.WithClock(b.clock.Now))
 }
 
 // directStore talks to the server without the proxy, for assertions.
 func (b *bed) directStore(t *testing.T) *ratelimit.RedisStore {
-	return ratelimit.NewRedisStore(b.srv.Client(t), ratelimit.WithClock(b.clock.Now))
+	return mustRedisStore(b.srv.Client(t), ratelimit.WithClock(b.clock.Now))
 }
 
 func (b *bed) fallback(t *testing.T, s fallback.Settings) *fallback.Store {
@@ -170,3 +170,13 @@ func TestMain(m *testing.M) {
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}

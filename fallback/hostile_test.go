@@ -88,7 +88,7 @@ func TestHostileStore(t *testing.T) {
 					}
 					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.WithClock(now))}
 					var err error
-					st, err = fallback.NewStore(ratelimit.NewRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")),
+					st, err = fallback.NewStore(mustRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")),
 						fallback.Settings{Local: local, Clock: now, Budget: time.Second})
 					return err
 				},
@@ -148,7 +148,7 @@ func TestHostileLimiter(t *testing.T) {
 							return err
 						}
 					}
-					inner, err := ratelimit.New(ratelimit.NewRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile-lim:")),
+					inner, err := ratelimit.New(mustRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile-lim:")),
 						ratelimit.Policy{Limit: 10, Period: time.Hour})
 					if err != nil {
 						return err
@@ -158,7 +158,7 @@ func TestHostileLimiter(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					l, err = fallback.NewLimiter(inner.ByDimension(spillway.DimAPIKey), loc.ByDimension(spillway.DimAPIKey),
+					l, err = fallback.NewLimiter(ratelimit.PerKey(inner, spillway.DimAPIKey), ratelimit.PerKey(loc, spillway.DimAPIKey),
 						fallback.Settings{Name: "lim", Clock: now, Budget: time.Second, OpenTimeout: 3 * time.Second})
 					return err
 				},

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/degrade"
 )
 
 // Limiter wraps any spillway.Limiter whose backend may fail (a
@@ -66,7 +67,10 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		d    spillway.Decision
 		done spillway.Done
 	)
-	err := l.br.call(ctx, l.set.Budget, l.br.direct, func(ctx context.Context) error {
+	// A telemetry.Instrument inside counts the local decision that
+	// replaces its error, degraded, not the error.
+	sc := degrade.Fallback(ctx)
+	err := l.br.call(sc, l.set.Budget, l.br.direct, func(ctx context.Context) error {
 		var err error
 		d, done, err = l.inner.Admit(ctx, r)
 		return err
@@ -84,9 +88,13 @@ func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 		return d, l.release(done), nil
 	}
 	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
+		sc.Resolve(spillway.Decision{}, err)
 		return spillway.Decision{}, spillway.Noop, err
 	}
-	return l.degrade(ctx, r, err)
+	// Fresh variables: an abandoned inner call may still write d and done.
+	ld, ldone, lerr := l.degrade(ctx, r, err)
+	sc.Resolve(ld, lerr)
+	return ld, ldone, lerr
 }
 
 // release wraps the inner limiter's done (a release on the backend): it

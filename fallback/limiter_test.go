@@ -48,7 +48,7 @@ func TestLimiterBudgetBreakerProbes(t *testing.T) {
 		}
 		var rec states
 		var degraded atomic.Int64
-		l, err := fallback.NewLimiter(inner, local.ByDimension(spillway.DimUser), fallback.Settings{
+		l, err := fallback.NewLimiter(inner, ratelimit.PerKey(local, spillway.DimUser), fallback.Settings{
 			Budget: 50 * time.Millisecond, Failures: 3, OpenTimeout: time.Second, Probes: 2,
 			OnStateChange: rec.hook,
 			OnDegraded:    func(fallback.DegradedEvent) { degraded.Add(1) },

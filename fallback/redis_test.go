@@ -339,7 +339,7 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 	fallback.TuneFailoverOptions(opt)
 	client := redis.NewFailoverClient(opt)
 	t.Cleanup(func() { client.Close() })
-	st, err := fallback.NewStore(ratelimit.NewRedisStore(client), fallback.Settings{OpenTimeout: 200 * time.Millisecond})
+	st, err := fallback.NewStore(mustRedisStore(client), fallback.Settings{OpenTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

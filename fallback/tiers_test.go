@@ -75,7 +75,7 @@ limits:
 	}
 
 	// The same rule over the bare Redis store: the error says fail closed.
-	bare := tiersLimiter(t, yml, ratelimit.NewRedisStore(b.client))
+	bare := tiersLimiter(t, yml, mustRedisStore(b.client))
 	r := &spillway.Request{Endpoint: "/login", Priority: spillway.Critical}
 	r.Set(spillway.DimIP, "10.1.2.3")
 	_, _, err := bare.Admit(context.Background(), r)

@@ -63,8 +63,11 @@
 //
 // The shortest use:
 //
+//	import "github.com/redis/go-redis/v9"
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	ceil, err := globalceiling.New(rdb, "orders-db", 5000, time.Second)
-//	...
+//	if err != nil { return err }
 //	defer ceil.Close()
 //	local, _ := globalceiling.NewLocalBucket(1000, time.Second) // this server's share
 //	guard, _ := globalceiling.NewGuard(ceil, globalceiling.WithFallback(local))

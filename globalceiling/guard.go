@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/degrade"
 )
 
 // ErrCeilingReached is the sentinel of a rejection: errors.Is(err,
@@ -139,7 +140,18 @@ func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	if r == nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: g.name}, spillway.Noop, nil
 	}
-	d, done, err := g.lim.Admit(ctx, r)
+	inner := ctx
+	var sc *degrade.Scope
+	if g.local != nil {
+		// A telemetry.Instrument inside counts the local decision that
+		// replaces its error, degraded, not the error.
+		sc = degrade.Fallback(ctx)
+		inner = sc
+	}
+	d, done, err := g.lim.Admit(inner, r)
+	if sc != nil {
+		defer func() { sc.Resolve(d, nil) }()
+	}
 	if err != nil {
 		if g.local == nil {
 			// The guard fails closed: say so in the error, so that an

@@ -7,6 +7,8 @@
 //
 // The shortest use:
 //
+//	import "google.golang.org/grpc"
+//
 //	srv := grpc.NewServer(
 //		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
 //		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
@@ -18,8 +20,10 @@
 //
 // Each call (each stream, when it opens) becomes a spillway.Request: the
 // Endpoint is the full method ("/pkg.Service/Method"), Method is empty,
-// Priority comes from the classifier (default Critical, lowered by the
-// spillway.PriorityMetadataKey metadata), and the identity dimensions are "ip" (the
+// Priority comes from the classifier (WithPriority; default Critical),
+// lowered by the caller's spillway.PriorityMetadataKey metadata whatever
+// the classifier (WithoutReceivedPriority turns that off), and the
+// identity dimensions are "ip" (the
 // peer address, or x-forwarded-for from a trusted proxy: WithTrustedProxies),
 // "user" (WithUser or WithUserMetadata) and "api_key"
 // (WithAPIKeyMetadata). A denial answers codes.ResourceExhausted for rate

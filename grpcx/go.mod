@@ -3,6 +3,7 @@ module github.com/spillway-go/spillway/grpcx
 go 1.26.8
 
 require (
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spillway-go/spillway v0.0.0
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
@@ -12,7 +13,6 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.60.0 // indirect

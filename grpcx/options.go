@@ -27,6 +27,7 @@ type config struct {
 	skip          func(ctx context.Context, fullMethod string) bool
 	priority      func(ctx context.Context, fullMethod string) spillway.Priority
 	trustPriority bool
+	noReceived    bool
 	cost          func(ctx context.Context, fullMethod string) int64
 	meter         bool
 	estimateMD    string
@@ -86,10 +87,12 @@ func SkipMethods(methods ...string) func(ctx context.Context, fullMethod string)
 // SkipHealthChecks is a selector matching the standard gRPC health service.
 var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")
 
-// WithPriority sets the server's classifier. The default gives every call
-// spillway.Critical, lowered (never raised, unless WithTrustPriorityMetadata)
-// to the priority named in the spillway.PriorityMetadataKey metadata (see
-// spillway.ReceivedPriority).
+// WithPriority sets the server's classifier (default: every call is
+// spillway.Critical). Whatever the classifier, the priority named in the
+// caller's spillway.PriorityMetadataKey metadata lowers it (never raises
+// it, unless WithTrustPriorityMetadata; see spillway.ReceivedPriority),
+// unless WithoutReceivedPriority. A classifier returning an invalid
+// priority gets the call answered InvalidArgument. Server only.
 func WithPriority(classify func(ctx context.Context, fullMethod string) spillway.Priority) Option {
 	return func(c *config) { c.priority = classify }
 }
@@ -99,6 +102,14 @@ func WithPriority(classify func(ctx context.Context, fullMethod string) spillway
 // outside traffic. Server only.
 func WithTrustPriorityMetadata() Option {
 	return func(c *config) { c.trustPriority = true }
+}
+
+// WithoutReceivedPriority ignores the spillway.PriorityMetadataKey
+// metadata a caller sends: the classifier (WithPriority) alone gives the
+// priority. By default a caller's lower priority wins over the
+// classifier's. Server only.
+func WithoutReceivedPriority() Option {
+	return func(c *config) { c.noReceived = true }
 }
 
 // WithCost sets how many tokens a call costs (default 1). Server only.

@@ -106,14 +106,18 @@ type server struct {
 }
 
 func (s *server) priority(ctx context.Context, method string) spillway.Priority {
+	p := spillway.Critical
 	if s.c.priority != nil {
-		return s.c.priority(ctx, method)
+		p = s.c.priority(ctx, method)
+	}
+	if s.c.noReceived || !p.Valid() {
+		return p
 	}
 	var received string
 	if v := metadata.ValueFromIncomingContext(ctx, spillway.PriorityMetadataKey); len(v) > 0 {
 		received = v[0]
 	}
-	return spillway.ReceivedPriority(spillway.Critical, received, s.c.trustPriority)
+	return spillway.ReceivedPriority(p, received, s.c.trustPriority)
 }
 
 // admit returns the Done to call after the handler, the priority the call

@@ -11,10 +11,12 @@
 // For each request it builds a spillway.Request: the Endpoint is the Go
 // 1.22+ ServeMux pattern's path ("/api/v1/search"; see WithEndpoint and
 // EndpointFromMux when wrapping a whole mux), Method the HTTP method,
-// Priority from the classifier (WithPriority; default Critical), and the
-// identity dimensions "ip" (the peer address, or the forwarding header when
-// the peer is a trusted proxy: see WithTrustedProxies and ClientIP), "user"
-// (WithUser) and "api_key" (WithAPIKeyHeader).
+// Priority from the classifier (WithPriority; default Critical), lowered
+// by the caller's spillway.PriorityHeader header whatever the classifier
+// (WithoutReceivedPriority turns that off), and the identity dimensions
+// "ip" (the peer address, or the forwarding header when the peer is a
+// trusted proxy: see WithTrustedProxies and ClientIP), "user" (WithUser)
+// and "api_key" (WithAPIKeyHeader).
 //
 // Then it asks the limiter and answers:
 //

@@ -142,6 +142,12 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 	c := &h.c
 	req := admission.NewRequest()
 	req.Method, req.Priority = r.Method, c.priority(r)
+	if !c.noReceived && req.Priority.Valid() {
+		// A caller that sent a lower priority keeps it, whatever the
+		// classifier said (a classifier that raises on the header, as
+		// shedder.HTTPClassifier's TrustHeader, has already done so).
+		req.Priority = spillway.ReceivedPriority(req.Priority, r.Header.Get(spillway.PriorityHeader), false)
+	}
 	switch {
 	case c.endpoint != nil:
 		req.Endpoint = c.endpoint(r)

@@ -28,6 +28,7 @@ type config struct {
 	denied      func(http.ResponseWriter, *http.Request, spillway.Decision)
 	problemURI  string
 	noPropagate bool
+	noReceived  bool
 	meter       bool
 	estHeader   string // header carrying the estimate; empty: none
 	usageHeader string // response header or trailer carrying the actual cost
@@ -79,9 +80,19 @@ func EndpointFromMux(mux *http.ServeMux) func(*http.Request) string {
 // WithPriority sets the classifier that gives a request its priority
 // (default: every request is spillway.Critical). The shedder package's HTTP
 // classifier fits here. A classifier returning an invalid priority gets the
-// request answered 400.
+// request answered 400. Whatever the classifier, a lower priority that the
+// caller sent in the spillway.PriorityHeader header still applies
+// (spillway.ReceivedPriority: lowering is always safe), unless
+// WithoutReceivedPriority.
 func WithPriority(classify func(*http.Request) spillway.Priority) Option {
 	return func(c *config) { c.priority = classify }
+}
+
+// WithoutReceivedPriority ignores the spillway.PriorityHeader header a
+// caller sends: the classifier (WithPriority) alone gives the priority.
+// By default a caller's lower priority wins over the classifier's.
+func WithoutReceivedPriority() Option {
+	return func(c *config) { c.noReceived = true }
 }
 
 // WithCost sets how many tokens a request costs (default 1). A negative cost

@@ -13,7 +13,7 @@ import (
 // The per-dimension adapter conforms over both stores: a rate limit holds
 // nothing, denies once its quota is spent, and over a Redis that is gone
 // returns an error with the zero Decision.
-func TestDimensionLimiterContract(t *testing.T) {
+func TestPerKeyContract(t *testing.T) {
 	policy := ratelimit.Policy{Limit: 1000, Period: time.Hour}
 	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
 		lim, err := ratelimit.New(store, policy, ratelimit.WithScope("contract"))
@@ -21,9 +21,9 @@ func TestDimensionLimiterContract(t *testing.T) {
 			t.Fatal(err)
 		}
 		return contracttest.Instance{
-			Limiter: lim.ByDimension(spillway.DimUser),
+			Limiter: ratelimit.PerKey(lim, spillway.DimUser),
 			Deny: func(t *testing.T) {
-				if _, _, err := lim.ByDimension(spillway.DimUser).Admit(context.Background(), &spillway.Request{Cost: 1000, Dims: []spillway.Dimension{{Name: spillway.DimUser, Value: "u-contract"}}}); err != nil {
+				if _, _, err := ratelimit.PerKey(lim, spillway.DimUser).Admit(context.Background(), &spillway.Request{Cost: 1000, Dims: []spillway.Dimension{{Name: spillway.DimUser, Value: "u-contract"}}}); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -38,7 +38,11 @@ func TestDimensionLimiterContract(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 			c, brk := contracttest.Redis(t)
-			return instance(t, ratelimit.NewRedisStore(c), brk)
+			store, err := ratelimit.NewRedisStore(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return instance(t, store, brk)
 		}})
 	})
 }

@@ -5,14 +5,14 @@
 // The shortest use:
 //
 //	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 100, Period: time.Second})
-//	if err != nil { … }                         // the policy is invalid
+//	if err != nil { return err }                // the policy is invalid
 //	d, err := lim.Allow(ctx, clientIP)
 //	if err == nil && !d.Allowed {
 //		// answer 429 with Retry-After: d.RetryAfter
 //	}
 //
 // To put it in a spillway.Chain, key it by a request dimension:
-// lim.ByDimension(spillway.DimIP).
+// ratelimit.PerKey(lim, spillway.DimIP).
 //
 // # Algorithms
 //

@@ -39,7 +39,7 @@ func TestStoresAgreeAtTheEdge(t *testing.T) {
 		}
 		clk := newFakeClock(rt0)
 		mem := NewMemoryStore(WithClock(clk.Now))
-		red := NewRedisStore(rdb, WithClock(clk.Now), WithPrefix("edge:"))
+		red := mustRedisStore(rdb, WithClock(clk.Now), WithPrefix("edge:"))
 		fw := Policy{Algorithm: FixedWindow, Limit: 5, Period: time.Second}
 		for _, cost := range []int64{burst + 1, 1<<53 + 1, 1 << 62, math.MaxInt64} {
 			batches := map[string][]Item{

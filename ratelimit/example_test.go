@@ -71,10 +71,10 @@ func ExampleLimiter_Schedule() {
 	// allowed=false delay=0s retry_after=100ms
 }
 
-func ExampleLimiter_ByDimension() {
+func ExamplePerKey() {
 	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start })),
 		ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Minute}, ratelimit.WithScope("login"))
-	chain := spillway.Chain(lim.ByDimension(spillway.DimIP))
+	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP))
 	for i := 0; i < 3; i++ {
 		r := &spillway.Request{Endpoint: "/login", Priority: spillway.Critical}
 		r.Set(spillway.DimIP, "198.51.100.9")

@@ -363,10 +363,10 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hol
 	items := []Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: estimate, Fail: l.fail}}
 	h, err := r.Reserve(ctx, items, l.holdTTL)
 	if err != nil {
-		return nil, wrapf(err, "%s", l.scope)
+		return nil, wrapf(err, "%s", l.name)
 	}
 	for i := range h.dec {
-		h.dec[i].Window = l.window
+		h.dec[i].Window, h.dec[i].Limiter = l.window, l.name
 	}
 	return h, nil
 }

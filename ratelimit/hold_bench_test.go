@@ -46,7 +46,7 @@ func BenchmarkRedisHold(b *testing.B) {
 	c := srv.Client(b)
 	hook := &countHook{}
 	c.AddHook(hook)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	p := Policy{Limit: 1_000_000, Period: time.Second}
 	keys := make([]string, 1000)

@@ -28,8 +28,8 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 		c    redis.UniversalClient
 	}{
 		{"memory", NewMemoryStore(), nil},
-		{"redis", NewRedisStore(srv.Client(t)), srv.Client(t)},
-		{"cluster", NewRedisStore(cl.Client(t)), cl.Client(t)},
+		{"redis", mustRedisStore(srv.Client(t)), srv.Client(t)},
+		{"cluster", mustRedisStore(cl.Client(t)), cl.Client(t)},
 	}
 	ctx := context.Background()
 	// T = 36 s: nothing refills within the test, so every Remaining is exact.

@@ -89,7 +89,7 @@ func TestHoldConcurrentInvariant(t *testing.T) {
 		clk := newFakeClock(rt0)
 		var stores []Reserver
 		for range 4 {
-			stores = append(stores, NewRedisStore(srv.Client(t), WithClock(clk.Now)))
+			stores = append(stores, mustRedisStore(srv.Client(t), WithClock(clk.Now)))
 		}
 		holdInvariant(t, stores, clk, func(it *Item) (keyState, error) {
 			return redisState(context.Background(), c, "spillway:", it)
@@ -238,7 +238,7 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	ctx := context.Background()
 
 	dead := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	l := mustLimiter(t, NewRedisStore(dead, WithClock(clk.Now)), p, WithScope("gen"), WithHoldTTL(30*time.Second))
+	l := mustLimiter(t, mustRedisStore(dead, WithClock(clk.Now)), p, WithScope("gen"), WithHoldTTL(30*time.Second))
 	for _, est := range []int64{40, 30} {
 		if h := mustReserve(t, l, "key", est); !h.Allowed() {
 			t.Fatalf("reserve %d: %+v", est, h.Decision())
@@ -253,7 +253,7 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	}
 	_ = dead.Close()
 
-	alive := mustLimiter(t, NewRedisStore(srv.Client(t), WithClock(clk.Now)), p, WithScope("gen"))
+	alive := mustLimiter(t, mustRedisStore(srv.Client(t), WithClock(clk.Now)), p, WithScope("gen"))
 	wantDecision(t, "held by the dead", peek(t, alive, "key"), true, 10, 90*36*time.Second, 0)
 	clk.Add(30*time.Second - time.Microsecond)
 	if d := peek(t, alive, "key"); d.Remaining != 10 {
@@ -286,7 +286,7 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	clk := newFakeClock(rt0)
-	l := mustLimiter(t, NewRedisStore(c, WithClock(clk.Now)), Policy{Limit: 100, Period: time.Hour}, WithScope("retry"))
+	l := mustLimiter(t, mustRedisStore(c, WithClock(clk.Now)), Policy{Limit: 100, Period: time.Hour}, WithScope("retry"))
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
 	// timeout would never have run
@@ -331,7 +331,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 		clk := newFakeClock(rt0)
 		var stores []Reserver
 		for range 4 {
-			stores = append(stores, NewRedisStore(cl.Client(t), WithClock(clk.Now)))
+			stores = append(stores, mustRedisStore(cl.Client(t), WithClock(clk.Now)))
 		}
 		c := cl.Client(t)
 		a, b := holdInvariantItems()
@@ -358,7 +358,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
 		c := cl.Client(t)
 		clk := newFakeClock(rt0)
-		s := NewRedisStore(c, WithClock(clk.Now), WithPrefix("cancel:"))
+		s := mustRedisStore(c, WithClock(clk.Now), WithPrefix("cancel:"))
 		p := Policy{Limit: 10, Period: time.Hour}
 		room := Item{Scope: "ip", Key: "198.51.100.7", Policy: p, Cost: 3}
 		full := Item{Scope: "user", Key: "u42", Policy: p, Cost: 10}
@@ -409,7 +409,7 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	srv, c := redisServer(t)
 	_ = srv
 	ctx := context.Background()
-	l := mustLimiter(t, NewRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(300*time.Millisecond))
+	l := mustLimiter(t, mustRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(300*time.Millisecond))
 	settled := mustReserve(t, l, "a", 5)
 	dropped := mustReserve(t, l, "b", 5)
 	mustSettle(t, settled, 2, SettleApplied)

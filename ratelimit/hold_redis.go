@@ -34,9 +34,6 @@ import (
 // between. A group that failed (a timeout after the script ran, say) is
 // not cancelled: its holds, if any, are released by their TTL.
 func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duration) (*Hold, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	ttlUS, ttl, err := holdTTLOf(ttl)
 	if err != nil {
 		return nil, err
@@ -308,9 +305,6 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 // settle implements holdSettler: one settle script per slot group, in
 // parallel.
 func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []SettleResult) error {
-	if s.err != nil {
-		return s.err
-	}
 	if h.fixedOnly(res) {
 		return nil
 	}

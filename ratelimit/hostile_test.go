@@ -105,7 +105,7 @@ func memorySubject(p Policy, bystander bool) hostiletest.Subject {
 
 func redisSubject(c redis.UniversalClient, prefix string, p Policy, bystander bool) hostiletest.Subject {
 	s := storeSubject(func() Store {
-		return NewRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+		return mustRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
 	},
 		func(Store) (string, error) { return hostiletest.RedisState(context.Background(), c, prefix+"*") }, p, bystander)
 	s.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, c, prefix+"*") }
@@ -154,7 +154,7 @@ func TestHostileStores(t *testing.T) {
 			}{{"redis", node}, {"cluster", cluster}} {
 				const prefix = "hostile-hold:"
 				mk := func() Store {
-					return NewRedisStore(r.c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+					return mustRedisStore(r.c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
 				}
 				red := reserveSubject(mk, func(Store) (string, error) { return hostiletest.RedisState(context.Background(), r.c, prefix+"*") }, p)
 				red.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, r.c, prefix+"*") }
@@ -233,9 +233,9 @@ func limiterSubject(mk func() Store, state func(Store) (string, error), p Policy
 	}
 }
 
-// dimensionSubject describes ByDimension's Admit: Request.Cost, 0 is 1.
+// dimensionSubject describes PerKey's Admit: Request.Cost, 0 is 1.
 func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostiletest.Subject {
-	var d *DimensionLimiter
+	var d spillway.Limiter
 	var st Store
 	reset := func() {
 		st = mk()
@@ -243,7 +243,7 @@ func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostilet
 		if err != nil {
 			panic(err)
 		}
-		d = l.ByDimension(spillway.DimUser)
+		d = PerKey(l, spillway.DimUser)
 	}
 	reset()
 	s.ZeroIsOne = true
@@ -260,7 +260,7 @@ func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostilet
 }
 
 // TestHostileLimiters runs the suite on Limiter.AllowN and on
-// ByDimension's Admit (Request.Cost), over the memory store (its
+// PerKey's Admit (Request.Cost), over the memory store (its
 // allocation-free path) and Redis.
 func TestHostileLimiters(t *testing.T) {
 	node := redistest.Start(t).Client(t)
@@ -272,7 +272,7 @@ func TestHostileLimiters(t *testing.T) {
 			memState := func(Store) (string, error) { return memState(mem), nil }
 			mkRed := func() Store {
 				_ = hostiletest.RedisDelete(context.Background(), node, "hl:*")
-				return NewRedisStore(node, clock, WithPrefix("hl:"))
+				return mustRedisStore(node, clock, WithPrefix("hl:"))
 			}
 			redState := func(Store) (string, error) { return hostiletest.RedisState(context.Background(), node, "hl:*") }
 			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkMem, memState, p)) })
@@ -340,7 +340,7 @@ func FuzzRedisVsMemory(f *testing.F) {
 		prefix := fmt.Sprintf("fz%d:", run.Add(1))
 		defer hostiletest.RedisDelete(ctx, rdb, prefix+"*")
 		clock := WithClock(func() time.Time { return hostileT0 })
-		stores := [2]Store{NewMemoryStore(clock), NewRedisStore(rdb, clock, WithPrefix(prefix))}
+		stores := [2]Store{NewMemoryStore(clock), mustRedisStore(rdb, clock, WithPrefix(prefix))}
 		other := Policy{Algorithm: FixedWindow, Limit: 1000, Period: time.Hour}
 		batches := [][]Item{
 			{{Scope: "s", Key: "a", Policy: p, Cost: w}},

@@ -25,6 +25,7 @@ type Limiter struct {
 	policy  Policy
 	lim     limits // policy in µs
 	scope   string
+	name    string // the Limiter of its decisions: the scope, or the policy's String() by default
 	hash    uint64 // the scope's hash in mem
 	fail    spillway.FailMode
 	window  time.Duration // policy.Window(), the Window of every decision
@@ -36,12 +37,16 @@ type LimiterOption func(*Limiter)
 
 // WithScope names the limiter: the scope under which its keys live in the
 // store (two limiters with different scopes keep separate state for the
-// same key) and the Limiter field of its decisions. The default is a
+// same key) and the Limiter field of its decisions. The default scope is a
 // 6-character digest of the policy's String() (see DefaultScope), so that
 // a default key in Redis is only a few bytes longer than the user's key,
 // and two limiters with the same policy on the same store share state
-// unless named. Name a limiter for readable decisions and telemetry.
-func WithScope(scope string) LimiterOption { return func(l *Limiter) { l.scope = scope } }
+// unless named; the decisions of an unnamed limiter carry the policy's
+// String() ("token_bucket 100/1s burst 50"), readable where the digest is
+// not.
+func WithScope(scope string) LimiterOption {
+	return func(l *Limiter) { l.scope, l.name = scope, scope }
+}
 
 // DefaultScope returns the scope of a Limiter of policy p made without
 // WithScope: the first 36 bits of the SHA-256 of p.String(), as 6
@@ -81,6 +86,9 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 			return nil, err
 		}
 	}
+	if l.name == "" {
+		l.name = p.String()
+	}
 	if l.mem != nil {
 		l.hash = l.mem.scopeHash(l.scope)
 	}
@@ -108,29 +116,30 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 // is not an error: err != nil only when the store failed.
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
-// the policy's Capacity; Window is Policy.Window; Limiter is the scope.
+// the policy's Capacity; Window is Policy.Window; Limiter is the scope
+// (WithScope), or the policy's String() when none was given.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
 	if l.mem != nil {
 		l.mem.decideOne(&d, l.scope, l.hash, key, l.policy.Algorithm, &l.lim, n)
-		d.Window = l.window
+		d.Window, d.Limiter = l.window, l.name
 		return d, nil
 	}
 	items := [1]Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: n, Fail: l.fail}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
-		return spillway.Decision{}, wrapf(err, "%s", l.scope)
+		return spillway.Decision{}, wrapf(err, "%s", l.name)
 	}
-	out[0].Window = l.window
+	out[0].Window, out[0].Limiter = l.window, l.name
 	return out[0], nil
 }
 
 // Reset forgets the state of key.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := l.store.Reset(ctx, l.scope, key, l.policy); err != nil {
-		return wrapf(err, "%s: reset", l.scope)
+		return wrapf(err, "%s: reset", l.name)
 	}
 	return nil
 }
@@ -200,52 +209,49 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (spillway.Deci
 	case <-t.C:
 		return r.Decision, nil
 	case <-ctx.Done():
-		return r.Decision, fmt.Errorf("ratelimit: %s: wait: %w", l.scope, ctx.Err())
+		return r.Decision, fmt.Errorf("ratelimit: %s: wait: %w", l.name, ctx.Err())
 	}
 }
 
-// DimensionLimiter is a Limiter keyed by one dimension of a
-// spillway.Request; see Limiter.ByDimension.
-type DimensionLimiter struct {
+// dimensionLimiter is a Limiter keyed by one dimension of a
+// spillway.Request; see PerKey.
+type dimensionLimiter struct {
 	l       *Limiter
 	dim     string
 	scope   string
+	name    string // the Limiter of its decisions: "<l's name>:<dim>"
 	hash    uint64 // the scope's hash in the memory store
 	missing string
 }
 
-var _ spillway.Limiter = (*DimensionLimiter)(nil)
-
-// ByDimension adapts l to a spillway.Limiter that keys each request by the
+// PerKey adapts l to a spillway.Limiter that keys each request by the
 // value of its dimension dim (spillway.DimIP, spillway.DimUser, …; see
 // spillway.Request.Get) and charges Request.EffectiveCost.
 //
-// Its state lives under the scope "<l's scope>:<dim>", which is also the
-// Limiter name of its decisions, so adapters over different dimensions
-// never share state. A request without the dimension is allowed without
+// Its state lives under the scope "<l's scope>:<dim>", so adapters over
+// different dimensions never share state; its decisions are named
+// "<l's name>:<dim>" (the name is the scope, or the policy's String() when
+// l has no WithScope). A request without the dimension is allowed without
 // being charged, with Limit 0 (a Chain then ignores it for headers) and the
-// Limiter name "<scope>:<dim>:absent", so the gap is visible in telemetry;
+// Limiter name "<name>:<dim>:absent", so the gap is visible in telemetry;
 // put a limiter that denies such requests in front if that is wrong for
 // you. A nil or malformed request (spillway.Request.Valid) is denied with
 // spillway.ReasonInvalid. A store failure returns a *spillway.StoreError
 // carrying the limiter's fail mode (WithFailMode). Done is spillway.Noop: a
 // rate limit has nothing to release.
-func (l *Limiter) ByDimension(dim string) *DimensionLimiter {
-	scope := l.scope + ":" + dim
-	d := &DimensionLimiter{l: l, dim: dim, scope: scope, missing: scope + ":absent"}
+func PerKey(l *Limiter, dim string) spillway.Limiter {
+	scope, name := l.scope+":"+dim, l.name+":"+dim
+	d := &dimensionLimiter{l: l, dim: dim, scope: scope, name: name, missing: name + ":absent"}
 	if l.mem != nil {
 		d.hash = l.mem.scopeHash(scope)
 	}
 	return d
 }
 
-// PerKey is l.ByDimension(dim).
-func PerKey(l *Limiter, dim string) *DimensionLimiter { return l.ByDimension(dim) }
-
 // Admit implements spillway.Limiter.
-func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+func (d *dimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
-		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.scope}, spillway.Noop, nil
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.name}, spillway.Noop, nil
 	}
 	v, ok := r.Get(d.dim)
 	if !ok {
@@ -256,25 +262,14 @@ func (d *DimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spil
 	if l.mem != nil {
 		var dec spillway.Decision
 		l.mem.decideOne(&dec, d.scope, d.hash, v, l.policy.Algorithm, &l.lim, n)
-		dec.Window = l.window
+		dec.Window, dec.Limiter = l.window, d.name
 		return dec, spillway.Noop, nil
 	}
 	items := [1]Item{{Scope: d.scope, Key: v, Policy: l.policy, Cost: n, Fail: l.fail}}
 	var out [1]spillway.Decision
 	if _, err := l.store.Decide(ctx, items[:], out[:]); err != nil {
-		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: d.scope, Fail: l.fail, Err: err}
+		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: d.name, Fail: l.fail, Err: err}
 	}
-	out[0].Window = l.window
+	out[0].Window, out[0].Limiter = l.window, d.name
 	return out[0], spillway.Noop, nil
 }
-
-// Reset forgets the state of the dimension value v.
-func (d *DimensionLimiter) Reset(ctx context.Context, v string) error {
-	if err := d.l.store.Reset(ctx, d.scope, v, d.l.policy); err != nil {
-		return wrapf(err, "%s: reset", d.scope)
-	}
-	return nil
-}
-
-// Scope returns the adapter's scope, "<limiter scope>:<dim>".
-func (d *DimensionLimiter) Scope() string { return d.scope }

@@ -55,12 +55,21 @@ func TestLimiterDefaults(t *testing.T) {
 		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
 	}
 	d, err := l.Allow(context.Background(), "k")
-	if err != nil || d.Limiter != "QmCX23" || d.Limit != 50 || d.Remaining != 49 {
+	// The key's scope is the digest; the decision names the policy.
+	if err != nil || d.Limiter != "token_bucket 100/1s burst 50" || d.Limit != 50 || d.Remaining != 49 {
 		t.Fatalf("%+v %v", d, err)
+	}
+	r := &spillway.Request{Priority: spillway.Critical}
+	r.Set(spillway.DimIP, "192.0.2.7")
+	if d, _, err := PerKey(l, spillway.DimIP).Admit(context.Background(), r); err != nil || d.Limiter != "token_bucket 100/1s burst 50:ip" {
+		t.Fatalf("by dimension: %+v %v", d, err)
 	}
 	named := mustLimiter(t, NewMemoryStore(), p, WithScope("login"))
 	if d, _ := named.Allow(context.Background(), "k"); d.Limiter != "login" {
 		t.Fatalf("Limiter %q, want login", d.Limiter)
+	}
+	if d, _, _ := PerKey(named, spillway.DimIP).Admit(context.Background(), r); d.Limiter != "login:ip" {
+		t.Fatalf("Limiter %q, want login:ip", d.Limiter)
 	}
 }
 
@@ -115,7 +124,7 @@ func TestLimiterStoreErrors(t *testing.T) {
 	if err := l.Reset(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: reset: backend down" {
 		t.Fatalf("Reset: %v", err)
 	}
-	d, done, err := l.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
+	d, done, err := PerKey(l, spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
 	var se *spillway.StoreError
 	if !errors.Is(err, errBackend) || !errors.As(err, &se) || se.Fail != spillway.FailOpen || d != (spillway.Decision{}) || done == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): backend down" {
 		t.Fatalf("Admit: %+v %v", d, err)
@@ -124,15 +133,12 @@ func TestLimiterStoreErrors(t *testing.T) {
 	if closed.FailMode() != spillway.FailClosed {
 		t.Fatalf("FailMode() = %v", closed.FailMode())
 	}
-	_, _, err = closed.ByDimension(spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
+	_, _, err = PerKey(closed, spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
 	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
 		t.Fatalf("fail-closed Admit: %v", err)
 	}
 	if _, err := New(failingStore{}, Policy{Limit: 1, Period: time.Second}, WithFailMode(5)); err == nil || err.Error() != "ratelimit: unknown fail mode 5 (want spillway.FailOpen or spillway.FailClosed)" {
 		t.Fatalf("WithFailMode(5): %v", err)
-	}
-	if err := l.ByDimension(spillway.DimIP).Reset(ctx, "1"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s:ip: reset: backend down" {
-		t.Fatalf("dimension Reset: %v", err)
 	}
 }
 
@@ -142,16 +148,18 @@ func TestLimiterStoreErrors(t *testing.T) {
 func TestErrorsSayRatelimitOnce(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Limit: 1, Period: time.Second}
-	l := mustLimiter(t, NewRedisStore(nil), p, WithScope("s"))
-	if _, err := l.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: client is nil" {
-		t.Fatalf("Allow over a nil client: %v", err)
+	// A client that fails (closed): the Redis error keeps its own "redis:".
+	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
 	}
-	if err := l.Reset(ctx, "k"); err == nil || err.Error() != "ratelimit: s: reset: redis: client is nil" {
-		t.Fatalf("Reset over a nil client: %v", err)
+	l := mustLimiter(t, mustRedisStore(closed), p, WithScope("s"))
+	if err := l.Reset(ctx, "k"); err == nil || err.Error() != `ratelimit: s: reset: redis: reset "spillway:s;{k}": redis: client is closed` {
+		t.Fatalf("Reset over a closed client: %v", err)
 	}
-	d := l.ByDimension(spillway.DimIP)
-	if _, _, err := d.Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}}); err == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): ratelimit: redis: client is nil" {
-		t.Fatalf("Admit over a nil client: %v", err)
+	d := PerKey(l, spillway.DimIP)
+	if _, _, err := d.Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}}); err == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): ratelimit: redis: token bucket script: redis: client is closed" {
+		t.Fatalf("Admit over a closed client: %v", err)
 	}
 	// A store whose errors are ratelimit's own validation errors.
 	wl := mustLimiter(t, wrappedStore{NewMemoryStore()}, p, WithScope("w"))
@@ -160,16 +168,11 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 	if err == nil || err.Error() != "ratelimit: w: item 0: invalid policy: limit 0 must be positive" || !errors.Is(err, ErrInvalidPolicy) {
 		t.Fatalf("invalid item through a limiter: %v", err)
 	}
-	// A client that fails (closed): the Redis error keeps its own "redis:".
-	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	if err := closed.Close(); err != nil {
-		t.Fatal(err)
-	}
-	cl := mustLimiter(t, NewRedisStore(closed), p, WithScope("s"))
+	cl := mustLimiter(t, mustRedisStore(closed), p, WithScope("s"))
 	if _, err := cl.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: token bucket script: redis: client is closed" || !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("Allow over a closed client: %v", err)
 	}
-	for _, st := range []Store{NewMemoryStore(), NewRedisStore(closed)} {
+	for _, st := range []Store{NewMemoryStore(), mustRedisStore(closed)} {
 		out := make([]spillway.Decision, 1)
 		_, err := st.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p, Cost: -1}}, out)
 		if err == nil || err.Error() != "ratelimit: item 0: invalid cost: cost -1 is negative" || !errors.Is(err, ErrInvalidCost) {
@@ -178,10 +181,10 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 	}
 }
 
-func TestByDimension(t *testing.T) {
+func TestPerKey(t *testing.T) {
 	clock := newConfClock()
 	l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Limit: 2, Period: time.Second}, WithScope("api"))
-	byIP := l.ByDimension(spillway.DimIP)
+	byIP := PerKey(l, spillway.DimIP)
 	byUser := PerKey(l, spillway.DimUser)
 	ctx := context.Background()
 	req := func(cost int64, dims ...string) *spillway.Request {
@@ -226,15 +229,12 @@ func TestByDimension(t *testing.T) {
 	if d := admit(byIP, req(1, "user", "u")); !d.Allowed || d.Limiter != "api:ip:absent" || d.Limit != 0 {
 		t.Fatalf("no ip: %+v", d)
 	}
-	// Reset through the adapter.
-	if err := byIP.Reset(ctx, "10.0.0.1"); err != nil {
+	// The adapter's state lives under "<scope>:<dim>".
+	if err := l.store.Reset(ctx, "api:ip", "10.0.0.1", l.policy); err != nil {
 		t.Fatal(err)
 	}
 	if d := admit(byIP, req(2, "ip", "10.0.0.1")); !d.Allowed {
 		t.Fatalf("after reset: %+v", d)
-	}
-	if byIP.Scope() != "api:ip" {
-		t.Fatal(byIP.Scope())
 	}
 	// In a chain: the most restrictive decision wins, denial stops it.
 	chain := spillway.Chain(byIP, byUser)
@@ -248,9 +248,9 @@ func TestByDimension(t *testing.T) {
 	}
 }
 
-func TestByDimensionAllocations(t *testing.T) {
+func TestPerKeyAllocations(t *testing.T) {
 	l := mustLimiter(t, NewMemoryStore(), Policy{Limit: 1000, Period: time.Millisecond})
-	lim := l.ByDimension(spillway.DimIP)
+	lim := PerKey(l, spillway.DimIP)
 	r := &spillway.Request{Dims: []spillway.Dimension{{Name: spillway.DimIP, Value: "10.0.0.1"}}}
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(1000, func() { lim.Admit(ctx, r) }); n != 0 {

@@ -53,7 +53,6 @@ type RedisStore struct {
 	client  redis.UniversalClient
 	prefix  string
 	clock   func() time.Time
-	err     error // a construction problem, returned by every call
 	sharded sharding
 	idBase  string
 	idSeq   atomic.Uint64
@@ -80,9 +79,9 @@ const (
 // *redis.ClusterClient, a failover client or a *redis.Ring). It honours
 // WithPrefix (default "spillway:"), WithClock (default: the scripts read
 // Redis TIME) and WithCoalescing (default DefaultCoalescing); WithMaxKeys
-// and WithShards do not apply. A nil client or a
-// prefix containing '{' or '}' makes every call return an error saying so.
-func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
+// and WithShards do not apply. It fails when client is nil or the prefix
+// contains '{' or '}'.
+func NewRedisStore(client redis.UniversalClient, opts ...Option) (*RedisStore, error) {
 	o := defaultStoreOptions()
 	for _, opt := range opts {
 		if opt != nil {
@@ -105,14 +104,15 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) *RedisStore {
 		s.sharded = byTag
 	}
 	if nilClient {
-		s.err = errors.New("ratelimit: redis: client is nil")
-	} else if err := keys.ValidatePrefix(o.prefix); err != nil {
-		s.err = fmt.Errorf("ratelimit: redis: %w", err)
+		return nil, errors.New("ratelimit: NewRedisStore: client is nil")
+	}
+	if err := keys.ValidatePrefix(o.prefix); err != nil {
+		return nil, fmt.Errorf("ratelimit: NewRedisStore: %w", err)
 	}
 	var b [9]byte
 	_, _ = rand.Read(b[:])
 	s.idBase = base64.RawURLEncoding.EncodeToString(b[:]) + "."
-	return s
+	return s, nil
 }
 
 // Client returns the client the store sends its commands through.
@@ -165,9 +165,6 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 // millisecond, closed at its end by one timer: the bound is then up to
 // 1 ms later than deadline, and no timer is made per call.
 func (s *RedisStore) DecideBy(ctx context.Context, deadline time.Time, items []Item, out []spillway.Decision) (bool, error) {
-	if s.err != nil {
-		return false, s.err
-	}
 	if err := validateBatch(items, out); err != nil {
 		return false, err
 	}
@@ -702,9 +699,6 @@ func (s *RedisStore) batchDecisions(items []Item, v []int64, out []spillway.Deci
 // Reset implements Store: it deletes the key of (scope, key) under the
 // layout of p (TokenBucket, GCRA and LeakyBucket share one).
 func (s *RedisStore) Reset(ctx context.Context, scope, key string, p Policy) error {
-	if s.err != nil {
-		return s.err
-	}
 	it := &Item{Scope: scope, Key: key, Policy: p}
 	k := redisKey(s.prefix, it)
 	if err := s.client.Del(ctx, k).Err(); err != nil {

@@ -20,7 +20,7 @@ import (
 //	go test -run '^$' -bench RedisStore -benchtime 20000x ./ratelimit/
 func BenchmarkRedisStore(b *testing.B) {
 	_, c := redisServer(b)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	p := Policy{Limit: 1_000_000, Period: time.Second}
 	w := Policy{Algorithm: SlidingWindowCounter, Limit: 1_000_000, Period: time.Minute}
@@ -67,7 +67,7 @@ func BenchmarkRedisStore(b *testing.B) {
 //	go test -run '^$' -bench RedisScriptCPU -benchtime 20000x ./ratelimit/
 func BenchmarkRedisScriptCPU(b *testing.B) {
 	_, c := redisServer(b)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	p := Policy{Limit: 1_000_000, Period: time.Second}
 	out := make([]spillway.Decision, 3)

@@ -135,7 +135,7 @@ func TestRedisStoreCoalescedAsSequential(t *testing.T) {
 			hook := newGateHook(2) // call 1 pre-drains y, call 2 is the one in flight
 			c.AddHook(hook)
 			clk := newFakeClock(rt0)
-			rs := NewRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
+			rs := mustRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
 			ms := NewMemoryStore(WithClock(clk.Now))
 			// 3 per 1000 s: nothing refills during the test
 			p := Policy{Algorithm: tc.alg, Limit: 3, Period: 1000 * time.Second, Burst: 3}
@@ -229,7 +229,7 @@ func TestRedisStoreCoalescedCancel(t *testing.T) {
 	hook := newGateHook(1, 2)
 	c.AddHook(hook)
 	clk := newFakeClock(rt0)
-	rs := NewRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
+	rs := mustRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
 	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
 	it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }
 
@@ -282,7 +282,7 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 	loadScripts(t, c)
 	hook := newGateHook(1)
 	c.AddHook(hook)
-	rs := NewRedisStore(c, WithCoalescing(0))
+	rs := mustRedisStore(c, WithCoalescing(0))
 	if rs.co != nil {
 		t.Fatal("WithCoalescing(0) left coalescing on")
 	}
@@ -301,7 +301,7 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 	if n := hook.count(); n != 3 {
 		t.Fatalf("%d script calls, want 3", n)
 	}
-	if s := NewRedisStore(c); s.co == nil || s.co.max != DefaultCoalescing {
+	if s := mustRedisStore(c); s.co == nil || s.co.max != DefaultCoalescing {
 		t.Fatalf("default store: coalescing %+v, want on with %d calls", s.co, DefaultCoalescing)
 	}
 }
@@ -518,5 +518,5 @@ func hungCoalescingStore(t *testing.T) (rs *RedisStore, it func(key string) Item
 		return err
 	}
 	t.Cleanup(func() { _ = resume() })
-	return NewRedisStore(c, WithCoalescing(1)), func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }, resume
+	return mustRedisStore(c, WithCoalescing(1)), func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }, resume
 }

@@ -21,7 +21,7 @@ func init() {
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			c.AddHook(&freezeHook{raw: srv.Client(t)})
-			return NewRedisStore(c, WithClock(now))
+			return mustRedisStore(c, WithClock(now))
 		},
 	})
 }

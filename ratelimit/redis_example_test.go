@@ -15,7 +15,10 @@ import (
 // bursts of up to 20, decided by one Lua script call against Redis.
 func ExampleNewRedisStore() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	store := ratelimit.NewRedisStore(rdb, ratelimit.WithPrefix("myapp:rl:"))
+	store, err := ratelimit.NewRedisStore(rdb, ratelimit.WithPrefix("myapp:rl:"))
+	if err != nil {
+		panic(err) // a nil client or a prefix with a brace
+	}
 	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second, Burst: 20}, ratelimit.WithScope("api"))
 	if err != nil {
 		panic(err) // the policy is invalid
@@ -35,7 +38,10 @@ func ExampleNewRedisStore() {
 // per Cluster slot): a per-IP and a per-user limit of one request.
 func ExampleRedisStore_Decide() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	store := ratelimit.NewRedisStore(rdb)
+	store, err := ratelimit.NewRedisStore(rdb)
+	if err != nil {
+		panic(err)
+	}
 	items := []ratelimit.Item{
 		{Scope: "ip", Key: "203.0.113.7", Policy: ratelimit.Policy{Limit: 100, Period: time.Second}, Cost: 1},
 		{Scope: "user", Key: "alice", Policy: ratelimit.Policy{Algorithm: ratelimit.SlidingWindowLog, Limit: 1000, Period: time.Hour}, Cost: 1},

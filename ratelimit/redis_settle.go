@@ -173,10 +173,6 @@ func (q *settleQueue) collect() {
 
 // settleAsync implements holdSettler: it queues the settle.
 func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResult, error)) {
-	if s.err != nil {
-		then(nil, s.err)
-		return
-	}
 	res := make([]SettleResult, len(h.items))
 	if h.fixedOnly(res) { // nothing held: nothing to send
 		then(res, nil)
@@ -681,9 +677,6 @@ func (a *asyncSettle) answered() bool {
 // ctx.Err()). A settle its call could not send is put back while its hold
 // lives, so Flush returns only once that settle was answered or dropped.
 func (s *RedisStore) Flush(ctx context.Context) error {
-	if s.err != nil {
-		return nil
-	}
 	q := s.sq
 	for {
 		q.mu.Lock()
@@ -712,9 +705,6 @@ func (s *RedisStore) Flush(ctx context.Context) error {
 // the client, which belongs to the caller. It returns ctx.Err() when ctx
 // ended first.
 func (s *RedisStore) Close(ctx context.Context) error {
-	if s.err != nil {
-		return nil
-	}
 	q := s.sq
 	q.closed.Store(true)
 	signal(q.wake)

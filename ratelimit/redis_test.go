@@ -37,7 +37,7 @@ var rt0 = time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
 func TestRedisStoreTokenBucketSteps(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s := NewRedisStore(c, WithClock(clk.Now))
+	s := mustRedisStore(c, WithClock(clk.Now))
 	// T = 100s, tau = 300s: Redis expires keys in real time, and no TTL
 	// may end during the test, however loaded the machine
 	p := Policy{Limit: 10, Period: 1000 * time.Second, Burst: 3}
@@ -78,7 +78,7 @@ func TestRedisStoreTokenBucketSteps(t *testing.T) {
 func TestRedisStoreBatchAllOrNothing(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s := NewRedisStore(c, WithClock(clk.Now))
+	s := mustRedisStore(c, WithClock(clk.Now))
 	ctx := context.Background()
 	tb := Policy{Limit: 5, Period: time.Second}
 	fw := Policy{Algorithm: FixedWindow, Limit: 2, Period: time.Second}
@@ -190,7 +190,7 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 	r := rand.New(rand.NewPCG(seed, 99))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("diff%d:", seed)
-	rs := NewRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+	rs := mustRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
 	ms := NewMemoryStore(WithClock(clk.Now))
 	ctx := context.Background()
 
@@ -471,7 +471,7 @@ func TestRedisStoreContention(t *testing.T) {
 			clk := newFakeClock(rt0)                                     // frozen: no refill at all
 			var stores [4]*RedisStore
 			for i := range stores {
-				stores[i] = NewRedisStore(srv.Client(t), WithClock(clk.Now))
+				stores[i] = mustRedisStore(srv.Client(t), WithClock(clk.Now))
 			}
 			var admitted atomic.Int64
 			var wg sync.WaitGroup
@@ -513,7 +513,7 @@ func TestRedisStoreContention(t *testing.T) {
 
 func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
 	srv, c := redisServer(t)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	out := make([]spillway.Decision, 2)
 	// Redis TIME is the clock here (the default path), so the bucket refills
@@ -551,7 +551,7 @@ func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
 // clock) and asserts that every key has a TTL no longer than its period.
 func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 	_, c := redisServer(t)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	var items []Item
 	for a := Algorithm(0); a < numAlgorithms; a++ {
@@ -596,7 +596,7 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 
 func TestRedisStoreReset(t *testing.T) {
 	_, c := redisServer(t)
-	s := NewRedisStore(c, WithPrefix("rs:"))
+	s := mustRedisStore(c, WithPrefix("rs:"))
 	ctx := context.Background()
 	for a := Algorithm(0); a < numAlgorithms; a++ {
 		p := Policy{Algorithm: a, Limit: 2, Period: time.Minute}
@@ -625,8 +625,8 @@ func TestRedisStoreReset(t *testing.T) {
 func TestRedisStoreLogMembersUnique(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s1 := NewRedisStore(c, WithClock(clk.Now))
-	s2 := NewRedisStore(c, WithClock(clk.Now))
+	s1 := mustRedisStore(c, WithClock(clk.Now))
+	s2 := mustRedisStore(c, WithClock(clk.Now))
 	p := Policy{Algorithm: SlidingWindowLog, Limit: 3000, Period: time.Minute}
 	ctx := context.Background()
 	out := make([]spillway.Decision, 1)
@@ -651,7 +651,7 @@ func TestRedisStoreLogMembersUnique(t *testing.T) {
 // the same layout family, or garbage, reads as empty instead of failing.
 func TestRedisStoreForeignState(t *testing.T) {
 	_, c := redisServer(t)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	for a := Algorithm(0); a < numAlgorithms; a++ {
 		p := Policy{Algorithm: a, Limit: 3, Period: time.Minute}
@@ -717,7 +717,7 @@ func TestRedisStoreUnexpectedReply(t *testing.T) {
 		[]any{int64(-1), int64(0)}, []any{int64(0), int64(0), int64(0), int64(0), int64(0)}} {
 		c := srv.Client(t)
 		c.AddHook(replyHook{val})
-		s := NewRedisStore(c)
+		s := mustRedisStore(c)
 		out := make([]spillway.Decision, 2)
 		for _, items := range [][]Item{{{Scope: "s", Key: "k", Policy: p, Cost: 1}}, {{Scope: "s", Key: "k", Policy: p, Cost: 1}, {Scope: "w", Key: "k", Policy: w, Cost: 1}}, {{Scope: "s", Key: "k", Policy: p, Cost: 1}, {Scope: "t", Key: "k", Policy: p, Cost: 1}}} {
 			ok, err := s.Decide(ctx, items, out)
@@ -736,17 +736,14 @@ func TestRedisStoreBadInput(t *testing.T) {
 	var nilClient *redis.Client
 	var nilCluster *redis.ClusterClient
 	for _, c := range []redis.UniversalClient{nil, nilClient, nilCluster} {
-		if _, err := NewRedisStore(c).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "client is nil") {
-			t.Errorf("nil client %T: %v", c, err)
-		}
-		if err := NewRedisStore(c).Reset(ctx, "s", "k", it[0].Policy); err == nil {
-			t.Errorf("nil client %T: Reset: no error", c)
+		if s, err := NewRedisStore(c); s != nil || err == nil || err.Error() != "ratelimit: NewRedisStore: client is nil" {
+			t.Errorf("nil client %T: %v, %v", c, s, err)
 		}
 	}
-	if _, err := NewRedisStore(c, WithPrefix("a{b}")).Decide(ctx, it, out); err == nil || !strings.Contains(err.Error(), "prefix") {
-		t.Errorf("bad prefix: %v", err)
+	if s, err := NewRedisStore(c, WithPrefix("a{b}")); s != nil || err == nil || !strings.Contains(err.Error(), "prefix") {
+		t.Errorf("bad prefix: %v, %v", s, err)
 	}
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: Policy{Limit: 1, Period: time.Second}, Cost: -1}}, out); err == nil {
 		t.Error("negative cost: no error")
 	}
@@ -784,7 +781,7 @@ func TestSlotMatchesCluster(t *testing.T) {
 // about an hour and a reset of about three, whatever the client's clock says.
 func TestRedisStoreServerTime(t *testing.T) {
 	_, c := redisServer(t)
-	s := NewRedisStore(c)
+	s := mustRedisStore(c)
 	ctx := context.Background()
 	p := Policy{Limit: 1, Period: time.Hour, Burst: 3}
 	out := make([]spillway.Decision, 1)
@@ -862,7 +859,7 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	rs := NewRedisStore(c, WithCoalescing(0)) // Redis TIME
+	rs := mustRedisStore(c, WithCoalescing(0)) // Redis TIME
 	var memNow atomic.Int64
 	ms := NewMemoryStore(WithClock(func() time.Time { return time.UnixMicro(memNow.Load()) }))
 	policies := []Policy{
@@ -955,4 +952,13 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	if v, err := c.Get(ctx, k).Int64(); err == nil && (v < 0 || v > 999) {
 		t.Fatalf("%s = %d, want the compact remainder in [0, 999]", k, v)
 	}
+}
+
+// mustRedisStore is NewRedisStore for a client and options that are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...Option) *RedisStore {
+	s, err := NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

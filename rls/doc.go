@@ -15,10 +15,12 @@
 // Redis client, the store (a ratelimit.RedisStore behind a fallback.Store)
 // and the gRPC and HTTP servers.
 //
-// Shortest use, in process:
+// The shortest use, in process:
+//
+//	import pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 //
 //	cfg, err := rls.Load([]rls.File{{Name: "limits.yaml", Content: yaml}}, rls.LoadOptions{})
-//	if err != nil { … } // rls: limits.yaml:4: invalid rate limit unit 'fortnight'
+//	if err != nil { return err } // rls: limits.yaml:4: invalid rate limit unit 'fortnight'
 //	svc := rls.NewService(store, rls.DefaultSettings(), nil, nil)
 //	svc.SetConfig(cfg)
 //	pb.RegisterRateLimitServiceServer(grpcServer, svc)

@@ -141,7 +141,11 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		// bytes; the deny cache keeps whole denials, about 100 bytes each
 		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
 	}
-	var inner ratelimit.Store = ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix), ratelimit.WithCoalescing(s.Coalesce))
+	rs, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix), ratelimit.WithCoalescing(s.Coalesce))
+	if err != nil {
+		return nil, err
+	}
+	var inner ratelimit.Store = rs
 	if s.ReferenceKeys {
 		inner = &refStore{next: inner, client: client, prefix: s.CacheKeyPrefix, now: time.Now}
 	}

@@ -38,7 +38,7 @@
 // The shortest use:
 //
 //	w, err := shedder.NewWorker(64) // 64 requests in flight at most
-//	if err != nil { … }
+//	if err != nil { return err }
 //	chain := spillway.Chain(rateLimits, w)
 //	d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: shedder.ClassifyHTTP(req)})
 //	if d.Allowed { defer done(spillway.Success) }

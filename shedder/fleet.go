@@ -119,7 +119,9 @@ type Fleet struct {
 }
 
 // NewFleet returns the fleet shedder named name (every server of one fleet
-// uses the same name, capacity and options) on client.
+// uses the same name, capacity and options) on client. The name is its
+// Redis keys' and its decisions' (Decision.Limiter): WithName does not
+// apply to a Fleet, and NewFleet fails when it is given.
 func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ...Option) (*Fleet, error) {
 	if client == nil {
 		return nil, fmt.Errorf("shedder: fleet redis client is nil")
@@ -130,9 +132,12 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if capacity <= 0 || capacity > MaxFleetCapacity {
 		return nil, fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
 	}
-	o := defaultOptions("fleet")
+	o := defaultOptions(name)
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.name != name {
+		return nil, fmt.Errorf("shedder: fleet %q: WithName(%q) does not apply to a Fleet: NewFleet's name is its name", name, o.name)
 	}
 	if err := o.validateCommon(); err != nil {
 		return nil, err

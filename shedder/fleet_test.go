@@ -44,6 +44,10 @@ type fleetStep struct {
 	rem     int64 // Remaining of a denial
 }
 
+// testFleetNames are the names the tests give their fleets (NewFleet's
+// name is the Limiter of its decisions).
+var testFleetNames = map[string]bool{"api": true, "db": true}
+
 func runFleet(t *testing.T, f *shedder.Fleet, steps []fleetStep) []spillway.Done {
 	t.Helper()
 	var dones []spillway.Done
@@ -56,7 +60,7 @@ func runFleet(t *testing.T, f *shedder.Fleet, steps []fleetStep) []spillway.Done
 			t.Fatalf("step %d (%v cost %d): %+v, want allowed=%v, not degraded", i, s.p, s.cost, d, s.allowed)
 		}
 		if !d.Allowed {
-			if d.Reason != spillway.ReasonShed || d.Remaining != s.rem || d.RetryAfter != time.Second || d.Limiter != "fleet" {
+			if d.Reason != spillway.ReasonShed || d.Remaining != s.rem || d.RetryAfter != time.Second || !testFleetNames[d.Limiter] {
 				t.Fatalf("step %d: denial %+v, want shed with remaining %d and RetryAfter 1s", i, d, s.rem)
 			}
 		} else {
@@ -126,7 +130,7 @@ func TestFleetSharedUsage(t *testing.T) {
 		limit int64
 	}{{spillway.Sheddable, 81, 80}, {spillway.Critical, 101, 100}} {
 		d, _, _ := a.Admit(context.Background(), &spillway.Request{Priority: c.p, Cost: c.cost})
-		if want := (spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "fleet", Limit: c.limit}); d != want {
+		if want := (spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "api", Limit: c.limit}); d != want {
 			t.Fatalf("%v cost %d: %+v, want %+v", c.p, c.cost, d, want)
 		}
 	}
@@ -465,6 +469,7 @@ func TestNewFleetValidates(t *testing.T) {
 		{"x", 10, []shedder.Option{shedder.WithReserve(1.5)}, "reserve"},
 		{"x", 10, []shedder.Option{shedder.WithLocalShare(0)}, "local share"},
 		{"x", 10, []shedder.Option{shedder.WithTimeout(0)}, "timeout"},
+		{"x", 10, []shedder.Option{shedder.WithName("fleet")}, "WithName"}, // named once, by NewFleet
 	}
 	for _, c := range cases {
 		_, err := shedder.NewFleet(client, c.name, c.capacity, c.opts...)

@@ -85,8 +85,9 @@ func defaultOptions(name string) options {
 	}
 }
 
-// WithName sets the name reported in Decision.Limiter (default "worker" or
-// "fleet").
+// WithName sets the name reported in Decision.Limiter by a Worker, Queue
+// or Pool (default "worker", "queue", "pool"). A Fleet is named by
+// NewFleet's name argument alone.
 func WithName(name string) Option { return func(o *options) { o.name = name } }
 
 // WithClock sets the clock (default time.Now). For a Fleet it also makes

@@ -243,7 +243,7 @@ func TestAdmitMalformedRequests(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		l    spillway.Limiter
-	}{{"worker", w}, {"fleet", f}} {
+	}{{"worker", w}, {"api", f}} {
 		for _, r := range []*spillway.Request{nil, {Cost: -1}, {Priority: 7}, {Priority: -1}} {
 			d, done, err := c.l.Admit(context.Background(), r)
 			if want := (spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}); d != want || err != nil || done == nil {

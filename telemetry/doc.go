@@ -12,11 +12,11 @@
 //     degraded, priority and reason, and the histogram
 //     spillway.decision.duration (seconds) by limiter and outcome.
 //
-// BreakerGauge publishes circuit-breaker states (spillway.breaker.state) for
-// the fallback package to feed. HoldMetrics counts the holds of limits
-// charged on the actual cost (spillway.holds.*: outstanding, settles by
-// result, units settled, expired) for tiers to feed
-// (tiers.WithHoldObserver).
+// ObserveBreaker publishes a fallback.Health's breaker state
+// (spillway.breaker.state), read at every collection. HoldMetrics counts
+// the holds of limits charged on the actual cost (spillway.holds.*:
+// outstanding, settles by result, units settled, expired) for tiers to
+// feed (tiers.WithHoldObserver).
 //
 // The shortest use:
 //

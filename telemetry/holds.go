@@ -31,8 +31,8 @@ const (
 var settleResults = [...]string{SettleApplied, SettleAlreadySettled, SettleExpired, SettleError}
 
 // HoldMetrics counts the holds of limits charged on the actual cost
-// (reserve, then settle): feed it from the limiter that holds, as
-// BreakerGauge is fed from a breaker. It implements tiers.HoldObserver:
+// (reserve, then settle): feed it from the limiter that holds. It
+// implements tiers.HoldObserver:
 //
 //	hm := telemetry.NewHoldMetrics("api")
 //	lim, err := tiers.New(cfg, store, tiers.WithHoldObserver(hm))

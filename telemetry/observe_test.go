@@ -48,8 +48,7 @@ func TestObserveBreakerReadsTheSharedHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(h.State()) },
-		telemetry.WithMeterProvider(mp))
+	stop, err := telemetry.ObserveBreaker("redis", h.State, telemetry.WithMeterProvider(mp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +60,7 @@ func TestObserveBreakerReadsTheSharedHealth(t *testing.T) {
 		return gaugeValue(t, &rm, "redis")
 	}
 	// Published before any transition: closed.
-	if v, ok := collect(); !ok || v != int64(telemetry.BreakerClosed) {
+	if v, ok := collect(); !ok || v != int64(fallback.Closed) {
 		t.Fatalf("gauge before any failure = %d, %v; want 0 (closed)", v, ok)
 	}
 	st, err := fallback.NewStore(downStore{}, fallback.Settings{Health: h})
@@ -72,7 +71,7 @@ func TestObserveBreakerReadsTheSharedHealth(t *testing.T) {
 	for range 2 {
 		st.Decide(context.Background(), []ratelimit.Item{{Scope: "s", Key: "k", Policy: ratelimit.Policy{Limit: 10, Period: time.Second}, Cost: 1}}, out)
 	}
-	if v, ok := collect(); !ok || v != int64(telemetry.BreakerOpen) {
+	if v, ok := collect(); !ok || v != int64(fallback.Open) {
 		t.Fatalf("gauge after K failures = %d, %v; want 2 (open)", v, ok)
 	}
 	if err := stop(); err != nil {

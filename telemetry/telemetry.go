@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/degrade"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -50,7 +51,7 @@ const (
 // seconds: decisions take microseconds (memory) to milliseconds (Redis).
 var DurationBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
-// Option configures Instrument and NewBreakerGauge.
+// Option configures Instrument, ObserveBreaker and NewHoldMetrics.
 type Option func(*config)
 
 type config struct {
@@ -124,6 +125,12 @@ type instrumented struct {
 // Instrument wraps l so that every decision is traced and counted under
 // name (bounded: a limiter or chain name, never a key). Instrument errors
 // from the meter go to otel.Handle and leave that instrument a no-op.
+//
+// Every local decision counts as degraded, wherever Instrument sits: when
+// l's error is replaced by a local decision further out (l is the chain a
+// globalceiling.Guard with a fallback, or a fallback.Limiter, guards), the
+// local decision is what is counted, degraded, allowed or denied — not
+// the error.
 func Instrument(l spillway.Limiter, name string, opts ...Option) spillway.Limiter {
 	c := newConfig(opts)
 	meter := c.mp.Meter(ScopeName)
@@ -173,8 +180,28 @@ func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillwa
 	}
 	start := in.now()
 	d, done, err := in.next.Admit(ctx, r)
-	elapsed := in.now().Sub(start)
+	if err != nil {
+		// Inside a fallback (a Guard's local limiter, fallback.Limiter)
+		// the error is not the answer: record the local decision that
+		// replaces it, degraded, once the fallback has made it.
+		cause := err
+		if degrade.Defer(ctx, func(ld spillway.Decision, lerr error) {
+			if lerr == nil {
+				ld.Degraded = true
+			}
+			in.record(ctx, span, r, ld, lerr, cause, in.now().Sub(start))
+		}) {
+			return d, done, err
+		}
+	}
+	in.record(ctx, span, r, d, err, err, in.now().Sub(start))
+	return d, done, err
+}
 
+// record counts and traces one decision: d, or the error err when not
+// nil. cause is the error the limiter returned, for the span (a fallback
+// replaced it with d when err is nil).
+func (in *instrumented) record(ctx context.Context, span trace.Span, r *spillway.Request, d spillway.Decision, err, cause error, elapsed time.Duration) {
 	o := 0
 	switch {
 	case err != nil:
@@ -222,20 +249,21 @@ func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillwa
 		}
 		if in.childSpan {
 			span.SetAttributes(attrs...)
+			if cause != nil {
+				span.RecordError(cause)
+			}
 			if err != nil {
-				span.RecordError(err)
 				span.SetStatus(codes.Error, err.Error())
 			}
 			span.End()
 		} else {
 			opts := []trace.EventOption{trace.WithAttributes(attrs...)}
-			if err != nil {
-				opts = append(opts, trace.WithAttributes(attribute.String("exception.message", err.Error())))
+			if cause != nil {
+				opts = append(opts, trace.WithAttributes(attribute.String("exception.message", cause.Error())))
 			}
 			span.AddEvent(EventDecision, opts...)
 		}
 	} else if in.childSpan {
 		span.End()
 	}
-	return d, done, err
 }

@@ -212,36 +212,6 @@ func TestNoSpanNoEvent(t *testing.T) {
 	require.Equal(t, "priority(7)", attrMap(sum.DataPoints[0].Attributes.ToSlice())["spillway.priority"])
 }
 
-func TestBreakerGauge(t *testing.T) {
-	_, _, reader, mp := setup()
-	g := telemetry.NewBreakerGauge(telemetry.WithMeterProvider(mp))
-	hook := g.OnStateChange("redis")
-	hook("closed", "open")
-	g.Record(context.Background(), "redis-ceiling", telemetry.BreakerHalfOpen)
-	hook("open", "bogus") // ignored
-	gauge := collect(t, reader)[telemetry.MetricBreakerState].Data.(metricdata.Gauge[int64])
-	got := map[string]int64{}
-	for _, dp := range gauge.DataPoints {
-		name, _ := dp.Attributes.Value(telemetry.KeyBreaker)
-		got[name.AsString()] = dp.Value
-	}
-	require.Equal(t, map[string]int64{"redis": 2, "redis-ceiling": 1}, got)
-	hook("open", "half-open")
-	gauge = collect(t, reader)[telemetry.MetricBreakerState].Data.(metricdata.Gauge[int64])
-	for _, dp := range gauge.DataPoints {
-		if v, _ := dp.Attributes.Value(telemetry.KeyBreaker); v.AsString() == "redis" {
-			require.Equal(t, int64(1), dp.Value)
-		}
-	}
-	for _, s := range []telemetry.BreakerState{telemetry.BreakerClosed, telemetry.BreakerHalfOpen, telemetry.BreakerOpen} {
-		p, err := telemetry.ParseBreakerState(s.String())
-		require.NoError(t, err)
-		require.Equal(t, s, p)
-	}
-	_, err := telemetry.ParseBreakerState("ajar")
-	require.EqualError(t, err, `telemetry: unknown breaker state "ajar" (want closed, half_open or open)`)
-}
-
 func BenchmarkInstrumentedAdmit(b *testing.B) {
 	_, tp, _, mp := setup()
 	inner := spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {

@@ -72,7 +72,7 @@ func benchAdmit(b *testing.B, ls ...*Limiter) {
 // three single-rule checks in a row (three round trips).
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b)
-	benchCompare(b, ratelimit.NewRedisStore(srv.Client(b)))
+	benchCompare(b, mustRedisStore(srv.Client(b)))
 }
 
 // BenchmarkMemory is the same comparison on the memory store: the cost of
@@ -99,7 +99,7 @@ func benchCompare(b *testing.B, store ratelimit.Store) {
 // of each and the ratios to the single-rule check.
 func BenchmarkRedisInterleaved(b *testing.B) {
 	srv := redistest.Start(b)
-	store := ratelimit.NewRedisStore(srv.Client(b))
+	store := mustRedisStore(srv.Client(b))
 	one := mustLimiter(b, benchOne, store)
 	three := mustLimiter(b, benchThree, store)
 	user := mustLimiter(b, benchUser, store)
@@ -173,7 +173,7 @@ limits:
 // Hold.Settle of the tokens (three round trips).
 func BenchmarkRedisResponseInterleaved(b *testing.B) {
 	srv := redistest.Start(b)
-	store := ratelimit.NewRedisStore(srv.Client(b))
+	store := mustRedisStore(srv.Client(b))
 	plain := mustLimiter(b, benchPlainTwo, store)
 	resp := mustLimiter(b, benchResponse, store)
 	calls := mustLimiter(b, benchCalls, store)

@@ -2,6 +2,7 @@ package tiers_test
 
 import (
 	"context"
+	"github.com/redis/go-redis/v9"
 	"testing"
 
 	"github.com/spillway-go/spillway"
@@ -47,7 +48,7 @@ limits:
 	t.Run("redis", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 			c, brk := contracttest.Redis(t)
-			return instance(t, ratelimit.NewRedisStore(c), brk)
+			return instance(t, mustRedisStore(c), brk)
 		}})
 	})
 }
@@ -93,7 +94,7 @@ limits:
 	t.Run("redis", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 			c, brk := contracttest.Redis(t)
-			return instance(t, ratelimit.NewRedisStore(c), brk)
+			return instance(t, mustRedisStore(c), brk)
 		}})
 	})
 }
@@ -103,4 +104,14 @@ var _ spillway.Limiter = (*tiers.Limiter)(nil)
 // newLimiter is a Limiter over store from the YAML config yml.
 func newLimiter(t *testing.T, yml string, store ratelimit.Store) *tiers.Limiter {
 	return tierstest.Limiter(t, yml, store)
+}
+
+// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

@@ -9,11 +9,16 @@
 // ratelimit.Store.Decide call, all or nothing, so on Redis the whole check
 // costs one round trip (per slot group, in parallel, on a Cluster).
 //
-// Shortest use:
+// The shortest use:
+//
+//	import "github.com/redis/go-redis/v9"
 //
 //	cfg, err := tiers.ParseFile("limits.yaml")
-//	if err != nil { … }             // "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit""
-//	lim, err := tiers.New(cfg, ratelimit.NewRedisStore(rdb))
+//	if err != nil { return err } // "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit""
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	store, err := ratelimit.NewRedisStore(rdb)
+//	if err != nil { return err }
+//	lim, err := tiers.New(cfg, store)
 //	r := &spillway.Request{Endpoint: "/api/v1/login", Method: "POST"}
 //	r.Set("ip", clientIP)
 //	d, done, err := lim.Admit(ctx, r)

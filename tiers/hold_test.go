@@ -79,7 +79,7 @@ func holdStores(t *testing.T) []holdStore {
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			return ratelimit.NewRedisStore(c, ratelimit.WithClock(clk.now))
+			return mustRedisStore(c, ratelimit.WithClock(clk.now))
 		}},
 	}
 }

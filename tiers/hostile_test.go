@@ -96,7 +96,7 @@ func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.Univer
 	for name, c := range redisClients {
 		mkRed := func() ratelimit.Store {
 			_ = hostiletest.RedisDelete(context.Background(), c, "hostile:*")
-			return ratelimit.NewRedisStore(c, clock, ratelimit.WithPrefix("hostile:"))
+			return mustRedisStore(c, clock, ratelimit.WithPrefix("hostile:"))
 		}
 		state := func(ctx context.Context) (string, error) { return hostiletest.RedisState(ctx, c, "hostile:*") }
 		t.Run(name, func(t *testing.T) { hostiletest.Run(t, subject(mkRed, state)) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -86,7 +87,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
 	mem := mustLimiter(t, diffConfig, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)))
-	red := mustLimiter(t, diffConfig, ratelimit.NewRedisStore(srv.Client(t), ratelimit.WithClock(clk.now)))
+	red := mustLimiter(t, diffConfig, mustRedisStore(srv.Client(t), ratelimit.WithClock(clk.now)))
 	rng := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	denied := 0
@@ -195,7 +196,7 @@ func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	cc := c.Client(t)
 	clk := newClock()
-	store := ratelimit.NewRedisStore(cc, ratelimit.WithClock(clk.now))
+	store := mustRedisStore(cc, ratelimit.WithClock(clk.now))
 	l := mustLimiter(t, clusterConfig, store)
 	ctx := context.Background()
 
@@ -369,7 +370,7 @@ limits:
 func TestClusterFailoverPartialCoverage(t *testing.T) {
 	c := redistest.StartCluster(t, "--cluster-require-full-coverage", "no")
 	clk := newClock()
-	store := ratelimit.NewRedisStore(c.Client(t), ratelimit.WithClock(clk.now))
+	store := mustRedisStore(c.Client(t), ratelimit.WithClock(clk.now))
 	l := mustLimiter(t, clusterConfig, store)
 	failover(t, c, l, store, true)
 }
@@ -513,4 +514,14 @@ func sameOwner(t *testing.T, c *redistest.Cluster, a, b int) bool {
 		t.Fatal(err)
 	}
 	return oa == ob
+}
+
+// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// are valid.
+func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

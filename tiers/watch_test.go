@@ -138,7 +138,7 @@ func TestWatchCheck(t *testing.T) {
 			if backend == "memory" {
 				store = ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
 			} else {
-				store = ratelimit.NewRedisStore(redistest.Start(t).Client(t), ratelimit.WithClock(clk.now))
+				store = mustRedisStore(redistest.Start(t).Client(t), ratelimit.WithClock(clk.now))
 			}
 			testWatchCheck(t, store)
 		})

@@ -289,7 +289,11 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
+	redisStore, err := ratelimit.NewRedisStore(rdb)
+	if err != nil {
+		return fail(err)
+	}
+	rateStore, err := fallback.NewStore(redisStore, settings("rate"))
 	if err != nil {
 		return fail(err)
 	}
@@ -313,7 +317,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithTimeout(budget))
 	if err != nil {
 		return fail(err)
 	}

@@ -336,7 +336,12 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
 	// local share); rules marked "fail: closed" deny while Redis is out
 	// (their store items say so).
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), settings("rate"))
+	redisStore, err := ratelimit.NewRedisStore(rdb)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	rateStore, err := fallback.NewStore(redisStore, settings("rate"))
 	if err != nil {
 		b.close()
 		return nil, err
@@ -372,7 +377,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// Fleet shedder: degrades on its own (its share of the capacity) when
 	// Redis is out, so it needs no fallback wrapper.
-	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithName("fleet"), shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithTimeout(budget))
 	if err != nil {
 		b.close()
 		return nil, err

@@ -78,7 +78,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	chain := spillway.Chain(perIP.ByDimension(spillway.DimIP))
+	chain := spillway.Chain(ratelimit.PerKey(perIP, spillway.DimIP))
 	fmt.Println("== chain keyed by ip")
 	for _, ip := range []string{"192.0.2.1", "192.0.2.1", "192.0.2.1", "192.0.2.2"} {
 		r := &spillway.Request{Endpoint: "/search", Method: "GET", Priority: spillway.Critical}

@@ -121,7 +121,11 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 // per CPU), and any Redis error lets the request through.
 func buildNaive(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{Addr: env.Redis})
-	store := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	store, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	if err != nil {
+		client.Close()
+		return ServerChain{}, err
+	}
 	perKey, err := rateTiers(store)
 	if err != nil {
 		client.Close()
@@ -243,7 +247,11 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
 	// fleet keeps the whole quota while Redis is away.
-	rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 1/n))
+	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	if err != nil {
+		return fail(err)
+	}
+	rateStore, err := fallback.NewStore(redisStore, fallbackSettings(env, "rate", 1/n))
 	if err != nil {
 		return fail(err)
 	}
@@ -301,7 +309,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 		ceil.Close()
 		return fail(err)
 	}
-	ceiling, err := fallback.NewLimiter(ceil, localCeil.ByDimension(spillway.DimEndpoint), fallbackSettings(env, "ceiling", 1/n))
+	ceiling, err := fallback.NewLimiter(ceil, ratelimit.PerKey(localCeil, spillway.DimEndpoint), fallbackSettings(env, "ceiling", 1/n))
 	if err != nil {
 		ceil.Close()
 		return fail(err)
@@ -431,7 +439,11 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
-		rateStore, err := fallback.NewStore(ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix)), fallbackSettings(env, "rate", 0))
+		redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+		if err != nil {
+			return fail(err)
+		}
+		rateStore, err := fallback.NewStore(redisStore, fallbackSettings(env, "rate", 0))
 		if err != nil {
 			return fail(err)
 		}

@@ -44,7 +44,7 @@ func ConnectRedis(ctx context.Context, addr string, budget time.Duration, tel []
 		r.Close()
 		return nil, err
 	}
-	stop, err := telemetry.ObserveBreaker("redis", func() telemetry.BreakerState { return telemetry.BreakerState(r.Health.State()) }, tel...)
+	stop, err := telemetry.ObserveBreaker("redis", r.Health.State, tel...)
 	if err != nil {
 		r.Close()
 		return nil, err

@@ -69,12 +69,16 @@ func main() {
 		_, src, _, _ := runtime.Caller(0)
 		cfg, err := tiers.ParseFile(filepath.Join(filepath.Dir(src), "..", "..", "..", "examples", "httpserver", "limits.yaml"))
 		check(err)
-		store, err := fallback.NewStore(ratelimit.NewRedisStore(rdb), fallback.Settings{Budget: *budget})
+		inner, err := ratelimit.NewRedisStore(rdb)
+		check(err)
+		store, err := fallback.NewStore(inner, fallback.Settings{Budget: *budget})
 		check(err)
 		lim, err = tiers.New(cfg, store)
 		check(err)
 	case "ratelimit":
-		rl, err := ratelimit.New(ratelimit.NewRedisStore(rdb), ratelimit.Policy{Limit: 1000, Period: time.Minute, Burst: 200})
+		store, err := ratelimit.NewRedisStore(rdb)
+		check(err)
+		rl, err := ratelimit.New(store, ratelimit.Policy{Limit: 1000, Period: time.Minute, Burst: 200})
 		check(err)
 		lim = ratelimit.PerKey(rl, spillway.DimAPIKey)
 	default:
