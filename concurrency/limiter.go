@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/share"
 )
 
 // Limiter admits at most Limit units of one key in flight at a time,
@@ -31,6 +32,12 @@ type Limiter struct {
 	dropped   atomic.Int64
 	retrying  atomic.Bool
 	retryWait sync.WaitGroup
+
+	// On a RedisStore: this process's units in flight per key and the
+	// client's local share, for the decisions made while Redis cannot
+	// answer (see acquireRedis).
+	held   *held
+	shares *share.State
 }
 
 // pendingRelease is a release to retry.
@@ -132,7 +139,11 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("concurrency: New: request id prefix: %w", err)
 	}
-	return &Limiter{store: store, limit: limit, o: o, idPrefix: hex.EncodeToString(b[:]) + ":"}, nil
+	l := &Limiter{store: store, limit: limit, o: o, idPrefix: hex.EncodeToString(b[:]) + ":"}
+	if rs, ok := store.(*RedisStore); ok {
+		l.held, l.shares = newHeld(), share.Of(rs.client)
+	}
+	return l, nil
 }
 
 func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
@@ -174,6 +185,9 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	case n > l.limit:
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: l.o.name, Limit: l.limit}, spillway.Noop, nil
 	}
+	if l.held != nil {
+		return l.acquireRedis(ctx, key, n)
+	}
 	id := l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
 	res, err := l.store.Acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	if err != nil {
@@ -182,18 +196,8 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	if l.npending.Load() > 0 {
 		l.retryPending()
 	}
-	d := spillway.Decision{
-		Allowed:   res.Allowed,
-		Limiter:   l.o.name,
-		Limit:     l.limit,
-		Remaining: max(l.limit-res.InFlight, 0),
-	}
+	d := l.decision(res)
 	if !res.Allowed {
-		d.Reason = spillway.ReasonConcurrency
-		d.RetryAfter = l.o.retryAfter
-		if res.Wait > 0 && res.Wait < d.RetryAfter {
-			d.RetryAfter = res.Wait
-		}
 		return d, spillway.Noop, nil
 	}
 	if _, local := l.store.(*MemoryStore); local {
@@ -210,6 +214,24 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 			}
 		}
 	}), nil
+}
+
+// decision is the decision of a store's answer.
+func (l *Limiter) decision(res Result) spillway.Decision {
+	d := spillway.Decision{
+		Allowed:   res.Allowed,
+		Limiter:   l.o.name,
+		Limit:     l.limit,
+		Remaining: max(l.limit-res.InFlight, 0),
+	}
+	if !res.Allowed {
+		d.Reason = spillway.ReasonConcurrency
+		d.RetryAfter = l.o.retryAfter
+		if res.Wait > 0 && res.Wait < d.RetryAfter {
+			d.RetryAfter = res.Wait
+		}
+	}
+	return d
 }
 
 func (l *Limiter) release(ctx context.Context, key, id string, n int64) error {
