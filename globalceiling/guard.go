@@ -64,7 +64,9 @@ func NewGuard(lim spillway.Limiter, opts ...GuardOption) (*Guard, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("globalceiling: NewGuard: limiter is nil")
 	}
-	g := &Guard{lim: lim, name: "guard"}
+	// A chain of one: the guard's admission spends what is left of the
+	// request's budget (spillway.RequestBudget), or a budget of its own.
+	g := &Guard{lim: spillway.Chain(lim), name: "guard"}
 	for _, o := range opts {
 		o(g)
 	}
