@@ -3,10 +3,13 @@ package concurrency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/share"
@@ -190,4 +193,50 @@ func (l *Limiter) decideLocal(key string, n int64) (spillway.Decision, spillway.
 		return d, spillway.Noop, nil
 	}
 	return d, spillway.Once(func(spillway.Outcome) { l.held.sub(key, n, true) }), nil
+}
+
+// NewInFlight returns a fleet-wide cap named name: at most limit units in
+// flight at once (limit requests of cost 1) across every server that
+// shares the Redis behind client — "at most 20 database calls in flight".
+// Each admission holds its units until its done is called; the entries of
+// a server that crashed expire after WithTTL (default 1 minute), so a
+// crash never leaks the cap. Like every Redis block it falls back by
+// itself: while Redis cannot answer (a failure, the request's budget
+// spent, the client's health open) this server admits only while
+// everything it holds stays within its share of limit (its share of the
+// fleet it last saw alive: the whole limit on a lone server; see
+// fallback.HealthSettings.Share), and a slot Redis grants is kept only
+// while Redis's count plus this server's local admissions stay within
+// limit. So on one server the cap holds under bursts and a slow Redis;
+// across a fleet that lost Redis it holds to the sum of the shares.
+//
+// Every request counts, whatever its dimensions. A denial has Reason
+// spillway.ReasonCeiling (a shared resource is full: 503) and names the
+// cap. opts are the Limiter's (WithName is name already).
+func NewInFlight(client redis.UniversalClient, name string, limit int64, opts ...Option) (spillway.Limiter, error) {
+	if name == "" {
+		return nil, fmt.Errorf("concurrency: NewInFlight: name is empty")
+	}
+	store, err := NewRedisStore(client)
+	if err != nil {
+		return nil, fmt.Errorf("concurrency: NewInFlight: %w", err)
+	}
+	l, err := New(store, limit, append(opts, WithName(name))...)
+	if err != nil {
+		return nil, err
+	}
+	return inFlight{l}, nil
+}
+
+type inFlight struct{ l *Limiter }
+
+func (f inFlight) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if !r.Valid() {
+		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.l.o.name}, spillway.Noop, nil
+	}
+	d, done, err := f.l.AcquireN(ctx, "", r.EffectiveCost())
+	if d.Reason == spillway.ReasonConcurrency {
+		d.Reason = spillway.ReasonCeiling
+	}
+	return d, done, err
 }
