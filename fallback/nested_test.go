@@ -101,4 +101,3 @@ func nestedFirstRequest(t *testing.T) (elapsed time.Duration, guardDegraded bool
 	el, st := get()
 	return el, degraded, st
 }
-
