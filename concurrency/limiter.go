@@ -60,10 +60,13 @@ type options struct {
 	fail           spillway.FailMode
 }
 
-// WithFailMode sets what the limiter wants when its store cannot answer
-// (default spillway.FailOpen): the *spillway.StoreError that AcquireN and
-// PerKey return carries it, and the adapters deny a request whose error
-// asks for spillway.FailClosed whatever their own default.
+// WithFailMode sets what the limiter does when its store cannot answer
+// (default spillway.FailOpen). On a RedisStore: FailOpen decides locally
+// at this server's share, FailClosed denies with spillway.ReasonFailClosed
+// (a 503), both marked Degraded. On another store, the *spillway.StoreError
+// that AcquireN and PerKey return carries it, and the adapters deny a
+// request whose error asks for spillway.FailClosed whatever their own
+// default.
 func WithFailMode(m spillway.FailMode) Option { return func(o *options) { o.fail = m } }
 
 // WithName names the limiter (default "concurrency"). The name is the
@@ -172,10 +175,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // fit when sooner. An n above Limit can never be admitted: it is denied
 // with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
 // without a store call. ResetAfter is always 0: when the key is back to
-// empty depends on requests the limiter cannot foresee. Other than for a
-// negative n, err != nil means only that the store failed: it is a
-// *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable)) with
-// the WithFailMode mode, wrapping the store's error.
+// empty depends on requests the limiter cannot foresee. On a RedisStore a
+// store that cannot answer is decided locally (see the package doc and
+// WithFailMode) and err != nil only for a negative n or a caller that
+// canceled. On another store, err != nil means only that the store failed:
+// it is a *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable))
+// with the WithFailMode mode, wrapping the store's error.
 func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	switch {
 	case n < 0:
