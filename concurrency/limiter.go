@@ -298,18 +298,23 @@ func (l *Limiter) PendingReleases() (pending, dropped int64) {
 func (l *Limiter) WaitReleases() { l.retryWait.Wait() }
 
 // PerKey adapts l to spillway.Limiter: the key is the value of the request
-// dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that
-// lack the dimension share the key "" — they are limited together, not
-// let through unlimited. A malformed (or nil) request is denied with
+// dimension dim (spillway.DimUser, spillway.DimAPIKey, …). A request that
+// lacks the dimension is not limited by it, as in every block (see
+// spillway.DimIP): it is admitted holding nothing, with Limit 0 and the
+// Limiter "<name>:absent". A malformed (or nil) request is denied with
 // spillway.ReasonInvalid. A request holds r.EffectiveCost() units (Cost 0
 // is 1); one that costs more than the limit is denied with
 // spillway.ReasonCostExceedsLimit.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
+	absent := l.o.name + ":absent"
 	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		if !r.Valid() {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
-		key, _ := r.Get(dim)
+		key, ok := r.Get(dim)
+		if !ok {
+			return spillway.Decision{Allowed: true, Limiter: absent}, spillway.Noop, nil
+		}
 		return l.AcquireN(ctx, key, r.EffectiveCost())
 	})
 }

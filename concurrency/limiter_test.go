@@ -90,13 +90,15 @@ func TestPerKey(t *testing.T) {
 	if d, _, _ := l.Admit(ctx, bob); !d.Allowed {
 		t.Fatalf("bob: %+v", d)
 	}
-	// Requests without the dimension share one key.
+	// A missing dimension is not limited by the block (spillway.DimIP):
+	// admitted, holding nothing, named "<name>:absent".
 	anon := &spillway.Request{Priority: spillway.Critical}
-	if d, _, _ := l.Admit(ctx, anon); !d.Allowed {
-		t.Fatalf("first anonymous: %+v", d)
-	}
-	if d, _, _ := l.Admit(ctx, anon); d.Allowed {
-		t.Fatalf("second anonymous admitted: %+v", d)
+	for i := 0; i < 3; i++ {
+		d, done, err := l.Admit(ctx, anon)
+		if err != nil || d != (spillway.Decision{Allowed: true, Limiter: "concurrency:absent"}) {
+			t.Fatalf("anonymous %d: %+v %v", i, d, err)
+		}
+		done(spillway.Success)
 	}
 	if d, _, _ := l.Admit(ctx, &spillway.Request{Cost: -1}); d.Allowed || d.Reason != spillway.ReasonInvalid {
 		t.Fatalf("malformed: %+v, want ReasonInvalid", d)
@@ -390,7 +392,9 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc, _, err := PerKey(closed, spillway.DimUser).Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+	user := &spillway.Request{Priority: spillway.Critical}
+	user.Set(spillway.DimUser, "ann")
+	dc, _, err := PerKey(closed, spillway.DimUser).Admit(ctx, user)
 	if err != nil || dc.Allowed || dc.Reason != spillway.ReasonFailClosed || !dc.Degraded || dc.Limiter != "login" {
 		t.Fatalf("fail-closed limiter on a dead Redis: %+v %v", dc, err)
 	}
