@@ -91,8 +91,19 @@ func nestedFirstRequest(t *testing.T) (elapsed time.Duration, guardDegraded bool
 		resp.Body.Close()
 		return time.Since(start), resp.StatusCode
 	}
-	if _, st := get(); st != http.StatusOK || degraded {
-		t.Fatalf("healthy: status %d, guard degraded %v", st, degraded)
+	// Healthy: Redis decides (a loaded machine may make one warm-up
+	// request overrun the budget; a few tries settle it).
+	for i := 0; ; i++ {
+		_, st := get()
+		if st != http.StatusOK {
+			t.Fatalf("healthy: status %d", st)
+		}
+		if !degraded {
+			break
+		}
+		if i == 10 {
+			t.Fatal("healthy: the guard decided locally ten times in a row")
+		}
 	}
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
