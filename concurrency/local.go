@@ -141,9 +141,13 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: l.o.name, Fail: l.o.fail, Err: err}
 		}
-		// The script may have run after the deadline: give its entry
-		// back once Redis answers again (or leave it to the TTL).
-		l.keep(pendingRelease{key: key, id: id, n: n, at: at})
+		if timedOut(err) {
+			// The script may have run after the deadline: give its
+			// entry back once Redis answers again (or leave it to the
+			// TTL). A call refused before it left (an open health, a
+			// refused connection) took nothing.
+			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
+		}
 		return l.decideLocal(key, n)
 	}
 	if l.npending.Load() > 0 {
@@ -172,6 +176,13 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 			}
 		}
 	}), nil
+}
+
+// timedOut reports whether err is a deadline or a network timeout: a call
+// that may have reached Redis.
+func timedOut(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &te) && te.Timeout())
 }
 
 // decideLocal decides a request while Redis cannot answer: with
