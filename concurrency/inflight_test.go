@@ -111,3 +111,47 @@ func TestInFlightCapHoldsUnderBursts(t *testing.T) {
 		done(spillway.Success)
 	}
 }
+
+// A guard over a chain never skips a block while Redis is down: each
+// block decides locally by itself, so the in-flight cap still holds (at
+// its share: 0.2 of 10 = 2 while no fleet shedder has counted) behind a
+// ceiling that still admits.
+func TestGuardKeepsEveryBlockWhileRedisIsDown(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	inflight, err := concurrency.NewInFlight(client, "db_inflight", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ceil, err := globalceiling.New(client, "db_rate", 1000, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ceil.Close() })
+	guard, err := globalceiling.NewGuard(spillway.Chain(ceil, inflight))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	ctx := context.Background()
+	var dones []spillway.Done
+	for i := 0; i < 2; i++ {
+		d, done, err := guard.Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+		if err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("admission %d with Redis down: %+v %v", i, d, err)
+		}
+		dones = append(dones, done)
+	}
+	d, _, err := guard.Admit(ctx, &spillway.Request{Priority: spillway.Critical})
+	if err != nil || d.Allowed || !d.Degraded || d.Limiter != "db_inflight" || d.Reason != spillway.ReasonCeiling || d.Limit != 2 {
+		t.Fatalf("third in flight with Redis down: %+v %v; want the in-flight cap's local denial", d, err)
+	}
+	dones[0](spillway.Success)
+	if d, done, err := guard.Admit(ctx, &spillway.Request{Priority: spillway.Critical}); err != nil || !d.Allowed {
+		t.Fatalf("after one done: %+v %v", d, err)
+	} else {
+		done(spillway.Success)
+	}
+	dones[1](spillway.Success)
+}
