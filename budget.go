@@ -31,21 +31,38 @@ type budgetCtx struct {
 	total  time.Duration
 	parent *budgetCtx // the budget this one was made inside, if any
 
-	shift atomic.Int64 // nanoseconds added to end by finished pauses
+	shift   atomic.Int64 // nanoseconds added to end by finished pauses
+	stopped atomic.Int64 // UnixNano when the running pause began; 0 while running
+
+	// A request's budget (RequestBudget): started by the first chain
+	// under it (end and total set then), stopped between admissions.
+	request bool
+	started atomic.Bool
 
 	mu       sync.Mutex
-	paused   int // pauses in progress
+	paused   int // pauses in progress, less the admissions under way (request budgets)
 	pausedAt time.Time
 }
 
-func (c *budgetCtx) ends() time.Time { return c.end.Add(time.Duration(c.shift.Load())) }
+// ends returns when the budget ends, counting a pause in progress as
+// time not spent: a stopped budget keeps what it had left.
+func (c *budgetCtx) ends() time.Time {
+	e := c.end.Add(time.Duration(c.shift.Load()))
+	if p := c.stopped.Load(); p != 0 {
+		if d := time.Now().UnixNano() - p; d > 0 {
+			e = e.Add(time.Duration(d))
+		}
+	}
+	return e
+}
 
 func (c *budgetCtx) pause(now time.Time) {
 	c.mu.Lock()
-	if c.paused == 0 {
-		c.pausedAt = now
-	}
 	c.paused++
+	if c.paused == 1 {
+		c.pausedAt = now
+		c.stopped.Store(now.UnixNano())
+	}
 	c.mu.Unlock()
 }
 
@@ -56,8 +73,68 @@ func (c *budgetCtx) resume(now time.Time) {
 		if d := now.Sub(c.pausedAt); d > 0 {
 			c.shift.Add(int64(d))
 		}
+		c.stopped.Store(0)
 	}
 	c.mu.Unlock()
+}
+
+// RequestBudget returns ctx carrying one budget for a whole request,
+// however the chains, guards and blocks that admit inside it nest: the
+// first Chain that runs under it starts it with its own length
+// (DefaultBudget, or ChainBudget's), and every later Chain, Guard or
+// block under it — a database guard in the handler, say — spends what is
+// left of it, never a fresh one. It runs only while an admission is under
+// way: the handler's own work between admissions does not spend it. So a
+// request waits on shared stores for at most one budget in all, the
+// first request of an outage included. httpx.Middleware and grpcx's
+// server interceptors call it for every request; call it yourself where a
+// request enters otherwise. A ctx that already carries a budget is
+// returned unchanged.
+func RequestBudget(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok {
+		return ctx
+	}
+	b := &budgetCtx{Context: ctx, request: true, paused: 1}
+	b.pausedAt = time.Now()
+	b.stopped.Store(b.pausedAt.UnixNano())
+	return b
+}
+
+// enterBudget makes the budget ctx carries run for one admission (a
+// Chain's) and returns the context to admit with and the call that ends
+// the admission's share of it. A request budget (RequestBudget) is
+// started by the first admission, with d, and runs only while an
+// admission is under way; within it, or within any other budget, the
+// admission's own budget d applies when it ends sooner (WithBudget).
+func enterBudget(ctx context.Context, d time.Duration) (context.Context, func()) {
+	b, _ := ctx.Value(budgetKey{}).(*budgetCtx)
+	for p := b; p != nil; p = p.parent {
+		if p.request {
+			b = p
+			break
+		}
+	}
+	if b == nil || !b.request {
+		return WithBudget(ctx, d), func() {}
+	}
+	now := time.Now()
+	if !b.started.Load() {
+		b.mu.Lock()
+		if !b.started.Load() && d > 0 {
+			b.end, b.total = now, d
+			// The pause since RequestBudget does not count.
+			b.shift.Store(int64(d) - int64(now.Sub(b.pausedAt)))
+			b.started.Store(true)
+		}
+		b.mu.Unlock()
+	}
+	b.resume(now)
+	var once atomic.Bool
+	return WithBudget(ctx, d), func() {
+		if !once.Swap(true) {
+			b.pause(time.Now())
+		}
+	}
 }
 
 type budgetKey struct{}
@@ -84,7 +161,7 @@ func WithBudget(ctx context.Context, d time.Duration) context.Context {
 	}
 	end := time.Now().Add(d)
 	old, _ := ctx.Value(budgetKey{}).(*budgetCtx)
-	if old != nil && !old.ends().After(end) {
+	if old != nil && old.live() && !old.ends().After(end) {
 		return ctx
 	}
 	return &budgetCtx{Context: ctx, end: end, total: d, parent: old}
@@ -123,18 +200,22 @@ func PauseBudget(ctx context.Context) (resume func()) {
 // BudgetFrom returns when the budget ctx carries ends, and whether it
 // carries one.
 func BudgetFrom(ctx context.Context) (end time.Time, ok bool) {
-	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok {
+	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok && b.live() {
 		return b.ends(), true
 	}
 	return time.Time{}, false
 }
+
+// live reports whether the budget has a length: a request budget that no
+// chain has started yet has none.
+func (c *budgetCtx) live() bool { return !c.request || c.started.Load() }
 
 // BudgetTotal returns the length the budget ctx carries was given
 // (WithBudget's d), or 0 when it carries none. A block uses it to tell a
 // store that was too slow (it had most of the budget and did not answer)
 // from a call cut short because the blocks before it spent the budget.
 func BudgetTotal(ctx context.Context) time.Duration {
-	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok {
+	if b, ok := ctx.Value(budgetKey{}).(*budgetCtx); ok && b.live() {
 		return b.total
 	}
 	return 0

@@ -135,3 +135,51 @@ func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
 		t.Fatalf("inner moved %v, outer %v; want both the same, at least 30ms", i1.Sub(i0), o1.Sub(o0))
 	}
 }
+
+// A request's budget (RequestBudget) is one for the whole request: the
+// first chain starts it with its length, a later chain under it spends
+// what is left (not a fresh budget), and the time between admissions (the
+// handler's work) is not spent.
+func TestRequestBudgetIsOnePerRequest(t *testing.T) {
+	ctx := spillway.RequestBudget(context.Background())
+	if _, ok := spillway.BudgetFrom(ctx); ok || spillway.BudgetTotal(ctx) != 0 {
+		t.Fatal("a request budget no chain started has a length")
+	}
+	if spillway.RequestBudget(ctx) != ctx {
+		t.Fatal("spillway.RequestBudget on a request budget made another")
+	}
+	var left time.Duration
+	spend := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		end, ok := spillway.BudgetFrom(ctx)
+		if !ok {
+			t.Fatal("no budget inside the chain")
+		}
+		left = time.Until(end)
+		time.Sleep(20 * time.Millisecond) // a slow store
+		return spillway.Decision{Allowed: true}, spillway.Noop, nil
+	})
+	r := &spillway.Request{Priority: spillway.Critical}
+	if _, _, err := spillway.ChainBudget(100*time.Millisecond, spend, spend).Admit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if spillway.BudgetTotal(ctx) != 100*time.Millisecond {
+		t.Fatalf("total %v, want the first chain's 100ms", spillway.BudgetTotal(ctx))
+	}
+	if left > 80*time.Millisecond || left < 40*time.Millisecond {
+		t.Fatalf("second block of the first chain had %v left, want about 80ms", left)
+	}
+	time.Sleep(50 * time.Millisecond) // the handler's work: not spent
+	if _, _, err := spillway.Chain(spend).Admit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if left > 60*time.Millisecond || left < 20*time.Millisecond {
+		t.Fatalf("a nested chain after the handler's work had %v left, want about 60ms (not a fresh 50ms, nor less the handler's 50ms)", left)
+	}
+	// Spent: a chain under it finds nothing left.
+	if _, _, err := spillway.ChainBudget(100*time.Millisecond, spend, spend, spend).Admit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := spillway.BudgetDeadline(ctx, 0); ok {
+		t.Fatal("the budget is spent but spillway.BudgetDeadline allows a call")
+	}
+}

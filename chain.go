@@ -33,7 +33,11 @@ type chain struct {
 // whole waits on shared stores (Redis) for at most one budget, not one per
 // block; a block that finds the budget spent decides locally at once. A
 // budget the caller's context already carries is kept when it ends sooner.
-// ChainBudget sets another budget.
+// Under a request's budget (RequestBudget: the adapters start one per
+// request) the chain spends what is left of it, never a fresh one,
+// however chains and guards nest — the first chain starts it with its
+// length — and it runs only while a chain admits. ChainBudget sets
+// another budget.
 func Chain(limiters ...Limiter) Limiter { return ChainBudget(DefaultBudget, limiters...) }
 
 // ChainBudget is Chain with a budget of its own instead of DefaultBudget.
@@ -77,7 +81,8 @@ func (c *chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 	if len(c.ls) == 0 {
 		return Decision{Allowed: true}, Noop, nil
 	}
-	ctx = WithBudget(ctx, c.budget)
+	ctx, exit := enterBudget(ctx, c.budget)
+	defer exit()
 	if len(c.ls) == 1 {
 		return c.ls[0].Admit(ctx, r)
 	}

@@ -67,6 +67,17 @@ func ParsePriority(s string) (Priority, error) {
 
 // Well-known identity dimensions. Any other name a caller supplies works the
 // same way.
+//
+// A missing dimension means one thing in every block: a block or a tiers
+// rule keyed by a dimension the request does not carry does not limit that
+// request. A tiers rule does not apply to it (the other rules still do); a
+// ratelimit or concurrency adapter (ByDimension, PerKey) admits it
+// uncharged, holding nothing, with Limit 0 and its name followed by
+// ":absent" as the Limiter, so the gap shows in telemetry. It is never
+// pooled with the other requests that lack it (one anonymous client would
+// starve every other) and never an error. The adapters set DimIP on every request (the peer's address), so
+// a per-IP limit in the chain catches requests that omit a user or an API
+// key; put one in front when they must be limited.
 const (
 	DimIP       = "ip"
 	DimUser     = "user"
@@ -112,6 +123,7 @@ func (r *Request) Set(name, value string) {
 
 // Get returns the value of dimension name and whether it is set. The
 // pseudo-dimension "endpoint" returns r.Endpoint when not set explicitly.
+// See DimIP for what a block does with a dimension that is not set.
 func (r *Request) Get(name string) (string, bool) {
 	for i := range r.Dims {
 		if r.Dims[i].Name == name {

@@ -11,6 +11,18 @@
 // the same semantics for a single process and for tests; one conformance
 // suite runs against both.
 //
+// On a RedisStore the Limiter falls back by itself: each acquire waits on
+// Redis for at most what is left of the request's budget (spillway.Chain,
+// spillway.RequestBudget; spillway.DefaultBudget without one), and while
+// Redis cannot answer — a failure, the budget spent, the client's health
+// open (fallback.NewHealth on the client stops every block's calls after
+// K failures) — it decides locally at this server's share of the limit
+// (its share of the fleet it last saw alive: the whole limit on a lone
+// server), marked Degraded, or denies with spillway.ReasonFailClosed under
+// WithFailMode(spillway.FailClosed). Nothing to wire: no local twin, no
+// wrapper. NewInFlight is the fleet-wide cap "at most N in flight" (one
+// key, 503 when full).
+//
 // LatencyLimit learns how much work a server may have in flight at a
 // dependency from the latency of the work it completes (windows of
 // samples against a learned baseline, slow start, gentle probes after a

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/share"
 )
 
 // Limiter admits at most Limit units of one key in flight at a time,
@@ -33,6 +34,12 @@ type Limiter struct {
 	retryWait sync.WaitGroup
 
 	releasing sync.WaitGroup // releases done handed to the background, not yet answered
+
+	// On a RedisStore: this process's units in flight per key and the
+	// client's local share, for the decisions made while Redis cannot
+	// answer (see acquireRedis).
+	held   *held
+	shares *share.State
 }
 
 // pendingRelease is a release to retry.
@@ -55,10 +62,13 @@ type options struct {
 	fail           spillway.FailMode
 }
 
-// WithFailMode sets what the limiter wants when its store cannot answer
-// (default spillway.FailOpen): the *spillway.StoreError that AcquireN and
-// PerKey return carries it, and the adapters deny a request whose error
-// asks for spillway.FailClosed whatever their own default.
+// WithFailMode sets what the limiter does when its store cannot answer
+// (default spillway.FailOpen). On a RedisStore: FailOpen decides locally
+// at this server's share, FailClosed denies with spillway.ReasonFailClosed
+// (a 503), both marked Degraded. On another store, the *spillway.StoreError
+// that AcquireN and PerKey return carries it, and the adapters deny a
+// request whose error asks for spillway.FailClosed whatever their own
+// default.
 func WithFailMode(m spillway.FailMode) Option { return func(o *options) { o.fail = m } }
 
 // WithName names the limiter (default "concurrency"). The name is the
@@ -136,7 +146,11 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("concurrency: New: request id prefix: %w", err)
 	}
-	return &Limiter{store: store, limit: limit, o: o, idPrefix: hex.EncodeToString(b[:]) + ":"}, nil
+	l := &Limiter{store: store, limit: limit, o: o, idPrefix: hex.EncodeToString(b[:]) + ":"}
+	if rs, ok := store.(*RedisStore); ok {
+		l.held, l.shares = newHeld(), share.Of(rs.client)
+	}
+	return l, nil
 }
 
 func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
@@ -166,10 +180,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 // fit when sooner. An n above Limit can never be admitted: it is denied
 // with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
 // without a store call. ResetAfter is always 0: when the key is back to
-// empty depends on requests the limiter cannot foresee. Other than for a
-// negative n, err != nil means only that the store failed: it is a
-// *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable)) with
-// the WithFailMode mode, wrapping the store's error.
+// empty depends on requests the limiter cannot foresee. On a RedisStore a
+// store that cannot answer is decided locally (see the package doc and
+// WithFailMode) and err != nil only for a negative n or a caller that
+// canceled. On another store, err != nil means only that the store failed:
+// it is a *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable))
+// with the WithFailMode mode, wrapping the store's error.
 func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	switch {
 	case n < 0:
@@ -179,6 +195,9 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	case n > l.limit:
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: l.o.name, Limit: l.limit}, spillway.Noop, nil
 	}
+	if l.held != nil {
+		return l.acquireRedis(ctx, key, n)
+	}
 	id := l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
 	res, err := l.store.Acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	if err != nil {
@@ -187,18 +206,8 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	if l.npending.Load() > 0 {
 		l.retryPending()
 	}
-	d := spillway.Decision{
-		Allowed:   res.Allowed,
-		Limiter:   l.o.name,
-		Limit:     l.limit,
-		Remaining: max(l.limit-res.InFlight, 0),
-	}
+	d := l.decision(res)
 	if !res.Allowed {
-		d.Reason = spillway.ReasonConcurrency
-		d.RetryAfter = l.o.retryAfter
-		if res.Wait > 0 && res.Wait < d.RetryAfter {
-			d.RetryAfter = res.Wait
-		}
 		return d, spillway.Noop, nil
 	}
 	if _, local := l.store.(*MemoryStore); local {
@@ -222,6 +231,24 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 			}
 		}()
 	}), nil
+}
+
+// decision is the decision of a store's answer.
+func (l *Limiter) decision(res Result) spillway.Decision {
+	d := spillway.Decision{
+		Allowed:   res.Allowed,
+		Limiter:   l.o.name,
+		Limit:     l.limit,
+		Remaining: max(l.limit-res.InFlight, 0),
+	}
+	if !res.Allowed {
+		d.Reason = spillway.ReasonConcurrency
+		d.RetryAfter = l.o.retryAfter
+		if res.Wait > 0 && res.Wait < d.RetryAfter {
+			d.RetryAfter = res.Wait
+		}
+	}
+	return d
 }
 
 func (l *Limiter) release(ctx context.Context, key, id string, n int64) error {
@@ -285,18 +312,23 @@ func (l *Limiter) PendingReleases() (pending, dropped int64) {
 func (l *Limiter) WaitReleases() { l.releasing.Wait(); l.retryWait.Wait() }
 
 // PerKey adapts l to spillway.Limiter: the key is the value of the request
-// dimension dim (spillway.DimUser, spillway.DimAPIKey, …). Requests that
-// lack the dimension share the key "" — they are limited together, not
-// let through unlimited. A malformed (or nil) request is denied with
+// dimension dim (spillway.DimUser, spillway.DimAPIKey, …). A request that
+// lacks the dimension is not limited by it, as in every block (see
+// spillway.DimIP): it is admitted holding nothing, with Limit 0 and the
+// Limiter "<name>:absent". A malformed (or nil) request is denied with
 // spillway.ReasonInvalid. A request holds r.EffectiveCost() units (Cost 0
 // is 1); one that costs more than the limit is denied with
 // spillway.ReasonCostExceedsLimit.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
+	absent := l.o.name + ":absent"
 	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		if !r.Valid() {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
-		key, _ := r.Get(dim)
+		key, ok := r.Get(dim)
+		if !ok {
+			return spillway.Decision{Allowed: true, Limiter: absent}, spillway.Noop, nil
+		}
 		return l.AcquireN(ctx, key, r.EffectiveCost())
 	})
 }

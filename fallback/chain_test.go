@@ -101,15 +101,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), 20, concurrency.WithName("conc"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP),
-		fallback.Settings{Name: "conc", Health: h})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conc := concurrency.PerKey(cshared, spillway.DimIP) // falls back by itself
 	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000)
 	if err != nil {
 		t.Fatal(err)
@@ -119,16 +111,8 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ceiling.Close() })
-	local, err := globalceiling.NewLocalBucket(20000, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	guard, err := globalceiling.NewGuard(ceiling, globalceiling.WithFallback(local), globalceiling.WithGuardName("db"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	return &chainBed{srv: srv, proxy: p, client: client, health: h, sent: sent,
-		chain: spillway.Chain(rate, conc, fleet, guard), fleet: fleet, ceiling: ceiling, conc: cshared}
+		chain: spillway.Chain(rate, conc, fleet, ceiling), fleet: fleet, ceiling: ceiling, conc: cshared}
 }
 
 func chainRequest() *spillway.Request {

@@ -3,19 +3,17 @@ package fallback_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
-	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/contracttest"
 )
 
-// A fallback.Limiter around a Redis concurrency limiter conforms: what the
-// inner limiter holds is released once, and with Redis gone and the
-// breaker open it decides (Degraded) instead of returning the error —
-// admitting when it fails open, denying with ReasonFailClosed when it
-// fails closed — and still denies a malformed request as such.
+// A Redis concurrency limiter on a client with a Health conforms: what it
+// holds is released once, and with Redis gone it decides by itself
+// (Degraded) instead of returning the error — admitting at its share when
+// it fails open, denying with ReasonFailClosed when it fails closed — and
+// still denies a malformed request as such.
 func TestLimiterContract(t *testing.T) {
 	for _, fail := range []spillway.FailMode{spillway.FailOpen, spillway.FailClosed} {
 		t.Run("fail "+fail.String(), func(t *testing.T) {
@@ -25,14 +23,11 @@ func TestLimiterContract(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				inner, err := concurrency.New(st, 64, concurrency.WithName("contract"))
+				inner, err := concurrency.New(st, 64, concurrency.WithName("contract"), concurrency.WithFailMode(fail))
 				if err != nil {
 					t.Fatal(err)
 				}
-				l, err := fallback.NewLimiter(concurrency.PerKey(inner, spillway.DimUser), nil, fallback.Settings{Budget: time.Second, Fail: fail})
-				if err != nil {
-					t.Fatal(err)
-				}
+				l := concurrency.PerKey(inner, spillway.DimUser)
 				key := st.Key("contract", "u-contract")
 				return contracttest.Instance{
 					Limiter: l,
@@ -48,16 +43,18 @@ func TestLimiterContract(t *testing.T) {
 							t.Fatalf("filling the key: %+v, %v", d, err)
 						}
 					},
-					// Redis stops and the breaker opens: later requests
-					// never reach the inner limiter.
+					// Redis stops: the limiter decides by itself.
 					Break: func(t *testing.T) {
 						brk(t)
-						for i := 0; l.State() != fallback.Open; i++ {
+						for i := 0; ; i++ {
 							if i == 100 {
-								t.Fatalf("breaker %v after 100 failures", l.State())
+								t.Fatal("no Degraded decision after 100 admissions")
 							}
-							_, done, _ := l.Admit(context.Background(), contracttest.Request())
+							d, done, _ := l.Admit(context.Background(), contracttest.Request())
 							done(spillway.Ignored)
+							if d.Degraded {
+								return
+							}
 						}
 					},
 				}

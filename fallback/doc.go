@@ -2,9 +2,13 @@
 // Redis trouble never takes the API down and never lets a spike through
 // unchecked.
 //
-// NewStore wraps a ratelimit.Store (a RedisStore) and is itself a
-// ratelimit.Store, so ratelimit.Limiter and tiers use it transparently.
-// NewLimiter wraps any spillway.Limiter whose backend may fail. Both add:
+// NewHealth attaches one health to a Redis client: every block on the
+// client then falls back by itself. The concurrency limiter, the global
+// ceiling and the fleet shedder do so on their own; a rate-limit store goes
+// through NewStore, which wraps a ratelimit.Store (a RedisStore) and is
+// itself a ratelimit.Store, so ratelimit.Limiter and tiers use it
+// transparently (it finds the client's health by itself). NewLimiter
+// wraps a spillway.Limiter of your own whose backend may fail. They add:
 //
 //   - a time budget per call (default 50ms), the fallback's own deadline
 //     whatever the client's socket options: a slow or hung Redis costs at
@@ -20,8 +24,10 @@
 //     queued (bounded) for when Redis is back, never sent;
 //   - a local share: while the breaker is open and on any failed call,
 //     decisions come from a local memory store with every policy scaled to
-//     Share of its quota (default 20%), marked Degraded; N servers admit at
-//     most N × Share of the quota during an outage;
+//     this server's share of the fleet it last saw alive (1/N for the N
+//     servers the fleet shedder on the client counted, at least 0.05: a
+//     lone server keeps its whole limit; 0.2 before any count;
+//     HealthSettings.Share fixes it), marked Degraded;
 //   - fail-open or fail-closed per scope (Settings.Fail); fail-closed denies
 //     with spillway.ReasonFailClosed.
 //
@@ -39,11 +45,11 @@
 //
 //	redis.SetLogger(fallback.NewRedisLogger(nil, 0)) // go-redis's own log: to slog, one line per pattern per 10 s
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	health, err := fallback.NewHealth(client, fallback.HealthSettings{})
+//	_, err := fallback.NewHealth(client, fallback.HealthSettings{}) // once, before the blocks
 //	if err != nil { return err }
 //	redisStore, err := ratelimit.NewRedisStore(client)
 //	if err != nil { return err }
-//	store, err := fallback.NewStore(redisStore, fallback.Settings{Health: health})
+//	store, err := fallback.NewStore(redisStore, fallback.Settings{})
 //	if err != nil { return err }
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second})
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/share"
 )
 
 // Health is the one circuit breaker of one Redis: every block that uses
@@ -79,6 +81,11 @@ type Health struct {
 	abandoned atomic.Int64 // detached calls still running past their caller's deadline
 
 	after afterQueue // post-admission calls queued while not closed
+
+	// share is the local share of the blocks on the client: the fleet
+	// shedder on it records the servers it saw, HealthSettings.Share
+	// overrides (see HealthSettings.Share).
+	share *share.State
 }
 
 type errBox struct{ err error }
@@ -126,6 +133,19 @@ type HealthSettings struct {
 	// (default 4096; negative: none is queued, each is left to its TTL).
 	// A release that finds the queue full is left to its TTL.
 	MaxQueued int
+
+	// Share is the fraction of every fleet-wide limit this server enforces
+	// on its own while Redis cannot answer, for every block on the client
+	// (the rate limits of a Store, a concurrency limiter, the global
+	// ceiling, the fleet shedder before its first refresh). Default: its
+	// share of the fleet it last saw alive — 1/N for the N servers the
+	// fleet shedder (shedder.NewFleet on the same client) counted at its
+	// last refresh, so a lone server keeps its whole limit, never below
+	// 0.05 (the floor: a fleet of more than 20 servers admits up to N/20
+	// of a limit during an outage); 0.2 while no fleet shedder on the
+	// client has counted (five servers assumed). Set it to fix the share
+	// instead; must be in (0, 1].
+	Share float64
 }
 
 const (
@@ -157,6 +177,9 @@ func (s HealthSettings) withDefaults() (HealthSettings, error) {
 	}
 	if s.MaxQueued == 0 {
 		s.MaxQueued = defaultMaxQueued
+	}
+	if math.IsNaN(s.Share) || s.Share < 0 || s.Share > 1 {
+		return s, fmt.Errorf("fallback: HealthSettings.Share %v must be in (0, 1]", s.Share)
 	}
 	return s, nil
 }
@@ -206,7 +229,9 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 		return nil, err
 	}
 	if client == nil {
-		return newHealth(s), nil
+		h := newHealth(s)
+		h.share.SetOverride(s.Share)
+		return h, nil
 	}
 	direct := honourDeadlines(client)
 	if s.Probe == nil {
@@ -218,6 +243,8 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	}
 	h.attached = true
 	h.direct = direct
+	h.share = share.Of(client)
+	h.share.SetOverride(s.Share)
 	client.AddHook(hook{h})
 	return h, nil
 }
@@ -234,7 +261,7 @@ func HealthOf(client redis.UniversalClient) *Health {
 }
 
 func newHealth(s HealthSettings) *Health {
-	h := &Health{set: s, probe: s.Probe}
+	h := &Health{set: s, probe: s.Probe, share: share.Of(nil)}
 	h.after.max = s.MaxQueued
 	h.since.Store(time.Now().UnixNano())
 	k := s.Failures

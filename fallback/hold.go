@@ -113,9 +113,10 @@ func (s *Store) reserveLocal(ctx context.Context, local ratelimit.Reserver, item
 	s.stats.degraded.Add(1)
 	scaled := make([]ratelimit.Item, len(items))
 	closed := false
+	ppm := s.sharePPM()
 	for i := range items {
 		scaled[i] = items[i]
-		scaled[i].Policy = scalePolicy(items[i].Policy, s.ppm)
+		scaled[i].Policy = scalePolicy(items[i].Policy, ppm)
 		if s.failClosed(&scaled[i]) {
 			closed = true
 		}

@@ -75,7 +75,7 @@ func TestSettingsValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s.Name != "fallback" || s.Budget != 50*time.Millisecond || s.Failures != 5 || s.OpenTimeout != time.Second ||
-		s.Probes != 3 || s.Share != 0.2 || s.DenyCacheSize != 1<<16 || s.LedgerSize != 1<<16 || s.Clock == nil {
+		s.Probes != 3 || s.Share != 0 || s.DenyCacheSize != 1<<16 || s.LedgerSize != 1<<16 || s.Clock == nil {
 		t.Fatalf("defaults = %+v", s)
 	}
 	if _, err := NewStore(nil, Settings{}); err == nil || err.Error() != "fallback: inner store is nil" {

@@ -10,9 +10,11 @@ import (
 	"github.com/spillway-go/spillway/internal/degrade"
 )
 
-// Limiter wraps any spillway.Limiter whose backend may fail (a
-// concurrency limiter or a global ceiling over Redis, say) with the time
-// budget and the circuit breaker. When the inner limiter errs or the
+// Limiter wraps a spillway.Limiter of your own whose backend may fail
+// with the time budget and the circuit breaker. The library's Redis
+// blocks (a concurrency limiter, concurrency.NewInFlight, the global
+// ceiling, the fleet shedder) need no wrapper: they fall back by
+// themselves at the client's share. When the inner limiter errs or the
 // breaker is open, the request is decided by the local limiter (its
 // decision marked Degraded) or, without one, admitted; with Settings.Fail
 // = spillway.FailClosed it is denied with spillway.ReasonFailClosed

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -99,9 +100,12 @@ type Settings struct {
 	// Only without Health.
 	Probes uint32
 
-	// Share is the fraction of every policy's quota a server admits on its
-	// own while the store is unavailable (default 0.2): Limit and Burst
-	// are scaled by it, rounded down, at least 1. Must be in (0, 1].
+	// Share fixes the fraction of every policy's quota this Store admits
+	// on its own while the store is unavailable: Limit and Burst are
+	// scaled by it, rounded down, at least 1. Must be in (0, 1]. Default:
+	// the share of the store's client, read at each local decision — its
+	// share of the fleet it last saw alive (see HealthSettings.Share: a
+	// lone server keeps its whole limit).
 	Share float64
 
 	// Fail is what happens while the store cannot answer: with
@@ -147,7 +151,6 @@ const (
 	defaultFailures    = 5
 	defaultOpenTimeout = time.Second
 	defaultProbes      = 3
-	defaultShare       = 0.2
 	defaultCacheSize   = 1 << 16
 	defaultLedgerSize  = 1 << 16
 )
@@ -194,8 +197,6 @@ func (s Settings) withDefaults() (Settings, error) {
 	switch {
 	case math.IsNaN(s.Share) || s.Share < 0 || s.Share > 1:
 		return s, fmt.Errorf("fallback: share %v must be in (0, 1]", s.Share)
-	case s.Share == 0:
-		s.Share = defaultShare
 	}
 	if s.DenyCacheSize == 0 {
 		s.DenyCacheSize = defaultCacheSize
@@ -226,6 +227,9 @@ func (s Settings) health(client redis.UniversalClient) *Health {
 	hs, _ = hs.withDefaults() // valid: s was
 	h := newHealth(hs)
 	h.direct = client != nil && honourDeadlines(client)
+	if client != nil {
+		h.share = share.Of(client)
+	}
 	return h
 }
 

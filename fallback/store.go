@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -49,9 +50,10 @@ type Store struct {
 	local   ratelimit.Store
 	set     Settings
 	br      *Health
-	ppm     uint64
-	cache   *denyCache // nil when disabled
-	ledger  *ledger    // nil when disabled
+	ppm     uint64       // a fixed Settings.Share; 0: the health's share, read per local decision
+	share   *share.State // the share of the store's client (or the health's), when ppm is 0
+	cache   *denyCache   // nil when disabled
+	ledger  *ledger      // nil when disabled
 
 	// direct: the inner store's calls end at their context's deadline (a
 	// RedisStore whose client NewHealth or NewStore made honour deadlines,
@@ -92,12 +94,20 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if inner == nil {
 		return nil, errors.New("fallback: inner store is nil")
 	}
+	client := clientOf(inner)
+	if s.Health == nil && client != nil && s.Failures == 0 && s.OpenTimeout == 0 && s.Probes == 0 && s.OnStateChange == nil {
+		s.Health = HealthOf(client) // the client's shared health, when it has one
+	}
 	s, err := s.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	client := clientOf(inner)
-	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health(client)}
+	st := &Store{inner: inner, set: s, br: s.health(client)}
+	if s.Share != 0 {
+		st.ppm = sharePPM(s.Share)
+	} else {
+		st.share = st.br.share
+	}
 	st.direct = st.br.direct
 	if client != nil {
 		st.direct = honourDeadlines(client)
@@ -123,6 +133,15 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		st.ledger = newLedger(s.LedgerSize)
 	}
 	return st, nil
+}
+
+// sharePPM is the local share in parts per million: Settings.Share when
+// set, else the share of the fleet the health last saw (see Settings.Share).
+func (s *Store) sharePPM() uint64 {
+	if s.ppm != 0 {
+		return s.ppm
+	}
+	return sharePPM(s.share.Share())
 }
 
 // State returns the breaker's state (its Health's, when shared).
@@ -297,9 +316,10 @@ func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []s
 		scaled = make([]ratelimit.Item, 0, len(items))
 	}
 	closed := false
+	ppm := s.sharePPM()
 	for i := range items {
 		it := items[i]
-		it.Policy = scalePolicy(it.Policy, s.ppm)
+		it.Policy = scalePolicy(it.Policy, ppm)
 		scaled = append(scaled, it)
 		if s.failClosed(&it) {
 			closed = true
@@ -368,7 +388,7 @@ func (s *Store) failClosed(it *ratelimit.Item) bool {
 // store (under the budget and the breaker), in the local share and in the
 // cache of denials. The inner store's error is returned, wrapped.
 func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy) error {
-	_ = s.local.Reset(ctx, scope, key, scalePolicy(p, s.ppm))
+	_ = s.local.Reset(ctx, scope, key, scalePolicy(p, s.sharePPM()))
 	if s.cache != nil {
 		s.cache.remove(itemKey{scope, key, p})
 	}

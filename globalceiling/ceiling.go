@@ -16,6 +16,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/lua"
 )
 
@@ -161,6 +162,9 @@ type Ceiling struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+
+	shares *share.State // the client's local share (see degrade)
+	lw     localWindow
 }
 
 type winState struct {
@@ -210,7 +214,8 @@ func New(client redis.UniversalClient, name string, limit int64, window time.Dur
 		return nil, fmt.Errorf("globalceiling: New: %w", err)
 	}
 	c := &Ceiling{client: client, name: name, limit: limit, window: window, o: o,
-		charge: lua.CeilingCharge().Hash(), synced: o.clock(), syncSem: make(chan struct{}, 1)}
+		charge: lua.CeilingCharge().Hash(), synced: o.clock(), syncSem: make(chan struct{}, 1),
+		shares: share.Of(client)}
 	for j := 0; j < o.shards; j++ {
 		c.entities = append(c.entities, name+":"+strconv.Itoa(j))
 	}
@@ -290,29 +295,36 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // ceiling counts admissions, not work in flight) but may be called.
 // Denied: Reason is spillway.ReasonCeiling (answer 503), RetryAfter and
 // ResetAfter the time until the window ends. A malformed request is
-// denied with spillway.ReasonInvalid. err != nil means Redis failed (or,
-// in Cached and LocalAggregation modes, that the shared total is stale:
-// errors.Is(err, ErrStale)); nothing was charged then. The error is a
-// *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable)) that
-// wraps the cause; its fail mode is FailOpen: the adapter's default
-// decides, or a Guard.
+// denied with spillway.ReasonInvalid.
 //
-// In Exact and Cached modes the Redis calls of an admission end with the
-// request's budget (spillway.WithBudget; a Chain starts one); when the
-// budget is already spent Admit makes none and returns an error wrapping
-// spillway.ErrBudgetSpent at once, so that a Guard decides locally.
+// The ceiling falls back by itself: in Exact and Cached modes the Redis
+// calls of an admission end with the request's budget (spillway.WithBudget;
+// a Chain starts one), and when Redis cannot answer — a failure, the budget
+// already spent (no call is made), the client's health open
+// (fallback.NewHealth), or in Cached and LocalAggregation modes a shared
+// total older than WithStaleAfter — the request is decided by this server
+// alone at its share of each threshold per window (the share of the
+// client's fleet it last saw alive, see fallback.HealthSettings.Share: the
+// whole ceiling on a lone server), marked Degraded. err != nil only when
+// the caller canceled (a *spillway.StoreError wrapping context.Canceled).
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
 	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())
 	if err != nil {
-		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: c.name, Err: err}
+		if canceled(ctx) {
+			return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: c.name, Err: err}
+		}
+		return c.degrade(r.Priority, r.EffectiveCost()), spillway.Noop, nil
 	}
 	return d, spillway.Noop, nil
 }
 
-// AdmitN is Admit for a priority and a cost (>= 1) without a Request.
+// AdmitN is Admit for a priority and a cost (>= 1) without a Request,
+// without the fallback: err != nil when Redis failed, the budget was
+// spent (spillway.ErrBudgetSpent) or, in Cached and LocalAggregation
+// modes, the shared total is stale (ErrStale); nothing was charged then.
 //
 // A cost above Threshold(p), which no window can ever admit, is denied
 // with spillway.ReasonCostExceedsLimit and RetryAfter 0 before anything is

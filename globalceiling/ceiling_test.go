@@ -343,9 +343,18 @@ func TestLocalAggregationStale(t *testing.T) {
 	}
 	srv.Stop()
 	clock.Advance(1100 * time.Millisecond)
-	_, _, err = c.Admit(ctx, critical())
+	_, err = c.AdmitN(ctx, spillway.Critical, 1)
 	if !errors.Is(err, ErrStale) {
 		t.Fatalf("with Redis gone for longer than the stale bound: err = %v, want ErrStale", err)
+	}
+	// Admit falls back by itself: the client's share (0.2 of 100).
+	for i := 0; i < 20; i++ {
+		if d, _, err := c.Admit(ctx, critical()); err != nil || !d.Allowed || !d.Degraded || d.Limit != 20 {
+			t.Fatalf("stale, degraded %d: %+v %v", i, d, err)
+		}
+	}
+	if d, _, err := c.Admit(ctx, critical()); err != nil || d.Allowed || !d.Degraded || d.Reason != spillway.ReasonCeiling {
+		t.Fatalf("stale, share used: %+v %v", d, err)
 	}
 }
 
@@ -371,7 +380,7 @@ func TestStaleAnswersWhileSyncing(t *testing.T) {
 		if i%10 == 0 {
 			clock.Advance(1100 * time.Millisecond)
 		}
-		d, _, err := c.Admit(ctx, critical())
+		d, err := c.AdmitN(ctx, spillway.Critical, 1)
 		switch {
 		case errors.Is(err, ErrStale):
 			stale++

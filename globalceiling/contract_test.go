@@ -58,13 +58,13 @@ func breakUntil(l spillway.Limiter, brk func(*testing.T)) func(*testing.T) {
 	}
 }
 
-// Every mode conforms: nothing held, a denial once the window is spent, an
-// error with the zero Decision once Redis is gone (Cached and
-// LocalAggregation when their view goes stale).
+// Every mode conforms: nothing held, a denial once the window is spent, a
+// Degraded decision once Redis is gone (Cached and LocalAggregation when
+// their view goes stale): the ceiling falls back by itself.
 func TestCeilingContract(t *testing.T) {
 	for _, mode := range []globalceiling.Mode{globalceiling.Exact, globalceiling.Cached, globalceiling.LocalAggregation} {
 		t.Run(mode.String(), func(t *testing.T) {
-			contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
+			contracttest.Run(t, contracttest.Subject{Decides: true, New: func(t *testing.T) contracttest.Instance {
 				c, brk := contracttest.Redis(t)
 				ce := newCeiling(t, c, mode)
 				return contracttest.Instance{Limiter: ce, Deny: func(t *testing.T) { spend(t, ce) }, Break: breakUntil(ce, brk)}
@@ -73,31 +73,15 @@ func TestCeilingContract(t *testing.T) {
 	}
 }
 
-// A Guard conforms with a local fallback (it decides, Degraded, when Redis
-// is gone) and without one (it returns an error wrapping ErrUnavailable).
+// A Guard around a ceiling conforms: the ceiling decides, Degraded, when
+// Redis is gone.
 func TestGuardContract(t *testing.T) {
-	t.Run("fallback", func(t *testing.T) {
-		contracttest.Run(t, contracttest.Subject{Decides: true, New: func(t *testing.T) contracttest.Instance {
-			c, brk := contracttest.Redis(t)
-			local, err := globalceiling.NewLocalBucket(contractLimit/5, time.Hour)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := globalceiling.NewGuard(newCeiling(t, c, globalceiling.Exact), globalceiling.WithFallback(local))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return contracttest.Instance{Limiter: g, Deny: func(t *testing.T) { spend(t, g) }, Break: breakUntil(g, brk)}
-		}})
-	})
-	t.Run("no fallback", func(t *testing.T) {
-		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-			c, brk := contracttest.Redis(t)
-			g, err := globalceiling.NewGuard(newCeiling(t, c, globalceiling.Exact))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return contracttest.Instance{Limiter: g, Deny: func(t *testing.T) { spend(t, g) }, Break: breakUntil(g, brk)}
-		}})
-	})
+	contracttest.Run(t, contracttest.Subject{Decides: true, New: func(t *testing.T) contracttest.Instance {
+		c, brk := contracttest.Redis(t)
+		g, err := globalceiling.NewGuard(newCeiling(t, c, globalceiling.Exact))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return contracttest.Instance{Limiter: g, Deny: func(t *testing.T) { spend(t, g) }, Break: breakUntil(g, brk)}
+	}})
 }

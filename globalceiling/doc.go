@@ -57,9 +57,12 @@
 //
 // Guard admits before the work asks the pool for a connection and rejects
 // at once (never queues holding a connection) with a *RejectedError that
-// matches ErrCeilingReached and carries RetryAfter. DB wraps a *sql.DB.
-// While Redis fails, the guard decides with a local token bucket
-// (WithFallback(NewLocalBucket(...))) and marks decisions Degraded.
+// matches ErrCeilingReached, names the block that denied and carries
+// RetryAfter. DB wraps a *sql.DB. The ceiling falls back by itself: while
+// Redis cannot answer it decides at this server's share of the fleet it
+// last saw alive (the whole ceiling on a lone server), marked Degraded. A
+// ceiling is a rate; "at most N database calls in flight across the
+// fleet" is concurrency.NewInFlight, which a Guard takes as well.
 //
 // The shortest use:
 //
@@ -69,14 +72,12 @@
 //	ceil, err := globalceiling.New(rdb, "orders-db", 5000, time.Second)
 //	if err != nil { return err }
 //	defer ceil.Close()
-//	local, _ := globalceiling.NewLocalBucket(1000, time.Second) // this server's share
-//	guard, _ := globalceiling.NewGuard(ceil, globalceiling.WithFallback(local))
-//	err = guard.Do(ctx, func(ctx context.Context) error {
+//	guard, _ := globalceiling.NewGuard(ceil)
+//	err = guard.Do(ctx, nil, func(ctx context.Context) error {
 //		_, err := db.ExecContext(ctx, "UPDATE …")
 //		return err
 //	})
 //	if errors.Is(err, globalceiling.ErrCeilingReached) { /* 503, Retry-After */ }
 //
-// Ceiling, Guard, DB and NewLocalBucket's limiter are safe for concurrent
-// use.
+// Ceiling, Guard and DB are safe for concurrent use.
 package globalceiling

@@ -14,8 +14,9 @@ import (
 )
 
 // A fleet-wide ceiling of 5000 statements per second in front of a
-// database, with a local 20% share as the degraded mode. (Not run: it needs
-// a Redis; see examples/dbpool for a runnable program.)
+// database; while Redis cannot answer the ceiling decides at this server's
+// share by itself. (Not run: it needs a Redis; see examples/dbpool for a
+// runnable program.)
 func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	ceil, err := globalceiling.New(rdb, "orders-db", 5000, time.Second, globalceiling.WithMode(globalceiling.Cached))
@@ -23,30 +24,15 @@ func Example() {
 		panic(err)
 	}
 	defer ceil.Close()
-	local, _ := globalceiling.NewLocalBucket(1000, time.Second)
-	guard, _ := globalceiling.NewGuard(ceil, globalceiling.WithFallback(local))
+	guard, _ := globalceiling.NewGuard(ceil)
 
 	db, _ := sql.Open("postgres", "…")
-	gdb := globalceiling.WrapDB(db, guard)
+	gdb := &globalceiling.DB{DB: db, Guard: guard}
 	_, err = gdb.ExecContext(context.Background(), "UPDATE orders SET state = $1 WHERE id = $2", "paid", 42)
 	var rej *globalceiling.RejectedError
 	if errors.As(err, &rej) {
 		fmt.Println("503, Retry-After:", rej.RetryAfter())
 	}
-}
-
-// The degraded-mode bucket alone: a share of 2 per second.
-func ExampleNewLocalBucket() {
-	b, _ := globalceiling.NewLocalBucket(2, time.Second)
-	now := time.Unix(0, 0)
-	for i := 0; i < 3; i++ {
-		ok, retry := b.Allow(now, 1)
-		fmt.Println(ok, retry)
-	}
-	// Output:
-	// true 0s
-	// true 0s
-	// false 500ms
 }
 
 // A Guard accepts any spillway.Limiter: here a stand-in that always
@@ -56,10 +42,10 @@ func ExampleGuard_Do() {
 		return spillway.Decision{Reason: spillway.ReasonCeiling, Limiter: "orders-db", RetryAfter: 300 * time.Millisecond}, spillway.Noop, nil
 	})
 	guard, _ := globalceiling.NewGuard(full)
-	err := guard.Do(context.Background(), func(context.Context) error { return nil })
+	err := guard.Do(context.Background(), nil, func(context.Context) error { return nil })
 	fmt.Println(errors.Is(err, globalceiling.ErrCeilingReached))
 	fmt.Println(err)
 	// Output:
 	// true
-	// globalceiling: ceiling "orders-db" reached (ceiling); retry after 300ms
+	// globalceiling: "orders-db" denied (ceiling); retry after 300ms
 }

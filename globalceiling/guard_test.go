@@ -79,7 +79,7 @@ func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	db, drv := openCounting(t)
-	gdb := WrapDB(db, g)
+	gdb := &DB{DB: db, Guard: g}
 	ctx := context.Background()
 	if _, err := gdb.ExecContext(ctx, "UPDATE t SET x = 1"); err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 		"row":   func() error { return gdb.QueryRowScan(ctx, "SELECT", nil, &n) },
 		"tx":    func() error { return gdb.Tx(ctx, nil, func(context.Context, *sql.Tx) error { return nil }) },
 		"do": func() error {
-			return g.Do(ctx, func(context.Context) error { t.Error("fn ran after a rejection"); return nil })
+			return g.Do(ctx, nil, func(context.Context) error { t.Error("fn ran after a rejection"); return nil })
 		},
 	}
 	for name, call := range calls {
@@ -116,7 +116,7 @@ func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 		if rej.RetryAfter() != time.Minute || rej.Decision.Reason != spillway.ReasonCeiling {
 			t.Fatalf("%s: decision %+v", name, rej.Decision)
 		}
-		if !strings.Contains(err.Error(), `ceiling "orders-db" reached`) {
+		if !strings.Contains(err.Error(), `"orders-db" denied (ceiling)`) {
 			t.Fatalf("%s: message %q", name, err)
 		}
 	}
@@ -127,27 +127,25 @@ func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 	// The work's own error comes back unchanged.
 	clock.Advance(time.Minute)
 	boom := errors.New("boom")
-	if err := g.Do(ctx, func(context.Context) error { return boom }); err != boom {
+	if err := g.Do(ctx, nil, func(context.Context) error { return boom }); err != boom {
 		t.Fatalf("Do returned %v, want fn's error", err)
 	}
 }
 
-func TestGuardDegradesToLocalBucket(t *testing.T) {
+// The ceiling falls back by itself: with Redis gone, a guard around it
+// decides at the client's share of the ceiling per window (0.2 of 15 = 3
+// while no fleet shedder has counted), Degraded, naming the ceiling; a
+// limiter of one's own that errs fails the guard closed.
+func TestGuardOverACeilingThatFallsBack(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { rdb.Close() })
 	clock := newFakeClock()
-	ceil, err := New(rdb, "db", 100, time.Minute, WithClock(clock.Now))
+	ceil, err := New(rdb, "db", 15, time.Hour, WithClock(clock.Now), WithReserve(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, err := NewLocalBucket(3, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var degraded atomic.Int64
-	g, _ := NewGuard(ceil, WithFallback(local), WithGuardClock(clock.Now), WithDegradedHandler(func(error) { degraded.Add(1) }))
-	strict, _ := NewGuard(ceil)
+	g, _ := NewGuard(ceil)
 	ctx := context.Background()
 	if d, _, err := g.Admit(ctx, critical()); err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("healthy: %+v %v", d, err)
@@ -155,50 +153,40 @@ func TestGuardDegradesToLocalBucket(t *testing.T) {
 	srv.Stop()
 	for i := 0; i < 3; i++ {
 		d, _, err := g.Admit(ctx, critical())
-		if err != nil || !d.Allowed || !d.Degraded || d.Limiter != "guard" {
+		if err != nil || !d.Allowed || !d.Degraded || d.Limiter != "db" || d.Limit != 3 {
 			t.Fatalf("degraded %d: %+v %v", i, d, err)
 		}
 	}
 	d, _, err := g.Admit(ctx, critical())
-	if err != nil || d.Allowed || !d.Degraded || d.Reason != spillway.ReasonCeiling || d.RetryAfter != 20*time.Minute {
-		t.Fatalf("degraded, bucket empty: %+v %v; want a denial with RetryAfter 20m", d, err)
+	if err != nil || d.Allowed || !d.Degraded || d.Reason != spillway.ReasonCeiling || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+		t.Fatalf("degraded, share used: %+v %v; want a ceiling denial until the window ends", d, err)
 	}
-	if err := g.Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrCeilingReached) {
-		t.Fatalf("Do degraded and empty: %v", err)
+	if err := g.Do(ctx, nil, func(context.Context) error { return nil }); !errors.Is(err, ErrCeilingReached) || !strings.Contains(err.Error(), `"db" denied (ceiling)`) {
+		t.Fatalf("Do degraded and used up: %v", err)
 	}
-	if degraded.Load() != 5 {
-		t.Fatalf("degraded handler called %d times, want 5", degraded.Load())
+	// A limiter of one's own that errs fails the guard closed.
+	boom := errors.New("backend down")
+	strict, _ := NewGuard(spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		return spillway.Decision{}, spillway.Noop, boom
+	}))
+	err = strict.Do(ctx, nil, func(context.Context) error { t.Error("ran"); return nil })
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCeilingReached) || !errors.Is(err, boom) {
+		t.Fatalf("erring limiter: err = %v, want ErrUnavailable", err)
 	}
-	// Without a fallback the guard fails closed.
-	err = strict.Do(ctx, func(context.Context) error { t.Error("ran"); return nil })
-	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCeilingReached) {
-		t.Fatalf("no fallback: err = %v, want ErrUnavailable", err)
-	}
-	// Its error asks an adapter to fail closed too, naming the ceiling.
-	_, _, err = strict.Admit(ctx, critical())
 	var se *spillway.StoreError
-	if !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || !errors.Is(err, spillway.ErrStoreUnavailable) {
-		t.Fatalf("no fallback, Admit: err = %v; want a fail-closed spillway.StoreError", err)
+	if _, _, err = strict.Admit(ctx, critical()); !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
+		t.Fatalf("erring limiter, Admit: err = %v; want a fail-closed spillway.StoreError", err)
 	}
-	// The bucket refills at 3 per hour.
-	clock.Advance(20 * time.Minute)
+	// The next window gives the share again.
+	clock.Advance(time.Hour)
 	if d, _, _ := g.Admit(ctx, critical()); !d.Allowed || !d.Degraded {
-		t.Fatalf("after refill: %+v", d)
-	}
-	if ok, retry := local.Allow(clock.Now(), 4); ok || retry != 0 {
-		t.Fatalf("cost above the burst: %v %v, want never", ok, retry)
+		t.Fatalf("next window: %+v", d)
 	}
 }
 
 func TestGuardValidation(t *testing.T) {
 	if _, err := NewGuard(nil); err == nil {
 		t.Error("NewGuard(nil): no error")
-	}
-	if _, err := NewLocalBucket(0, time.Second); err == nil {
-		t.Error("NewLocalBucket(0): no error")
-	}
-	if _, err := NewLocalBucket(1, 0); err == nil {
-		t.Error("NewLocalBucket(period 0): no error")
 	}
 	if outcomeOf(context.DeadlineExceeded) != spillway.Dropped || outcomeOf(nil) != spillway.Success || outcomeOf(io.EOF) != spillway.Ignored {
 		t.Error("outcomeOf")

@@ -82,8 +82,8 @@ func TestHostileCeiling(t *testing.T) {
 }
 
 // TestHostileGuardDegraded runs the hostile-input suite on a Guard whose
-// ceiling (10 per hour) cannot reach its Redis, so its local fallback (2
-// per hour) decides: nothing above 2 is admitted, a cost the full ceiling
+// ceiling (10 per hour) cannot reach its Redis, so it decides at its local share (0.2 of
+// 10 = 2 per hour): nothing above 2 is admitted, a cost the full ceiling
 // could take (3 to 10) is refused for now with a RetryAfter, a cost above
 // 10 is denied as exceeding, as the store would, and no denial touches
 // the local bucket. (Exact mode: the Cached and LocalAggregation modes
@@ -99,7 +99,6 @@ func TestHostileGuardDegraded(t *testing.T) {
 			var (
 				c     *Ceiling
 				guard *Guard
-				local LocalLimiter
 			)
 			t.Cleanup(func() {
 				if c != nil {
@@ -122,7 +121,9 @@ func TestHostileGuardDegraded(t *testing.T) {
 					return d.Allowed, []spillway.Decision{d}, err
 				},
 				State: func(ctx context.Context) (string, error) {
-					return fmt.Sprintf("%v", local.(*localBucket).l.TokensAt(clock.Now())), nil
+					c.lw.mu.Lock()
+					defer c.lw.mu.Unlock()
+					return fmt.Sprintf("window %d: %d", c.lw.w, c.lw.count), nil
 				},
 				Reset: func(ctx context.Context) error {
 					if c != nil {
@@ -132,10 +133,7 @@ func TestHostileGuardDegraded(t *testing.T) {
 					if c, err = New(client, "db", 10, time.Hour, WithMode(m), WithClock(clock.Now), WithoutBackgroundSync(), WithShards(3)); err != nil {
 						return err
 					}
-					if local, err = NewLocalBucket(2, time.Hour); err != nil {
-						return err
-					}
-					guard, err = NewGuard(c, WithFallback(local), WithGuardClock(clock.Now))
+					guard, err = NewGuard(c)
 					return err
 				},
 			})

@@ -38,6 +38,7 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
 		}
+		ctx = spillway.RequestBudget(ctx) // one budget for the call, however chains nest in the handler
 		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = grpc.SetHeader(ctx, hdr)
@@ -68,6 +69,7 @@ func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServ
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(srv, ss)
 		}
+		ctx = spillway.RequestBudget(ctx) // one budget for the call, however chains nest in the handler
 		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = ss.SetHeader(hdr)

@@ -74,8 +74,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			req.Cost = n
 		}
 	}
+	// One budget for the whole request: the chain here starts it, and a
+	// chain or guard the handler runs spends what it left.
+	ctx := spillway.RequestBudget(r.Context())
 	if res.Invalid == nil {
-		res = admission.Admit(r.Context(), h.l, req, c.failMode)
+		res = admission.Admit(ctx, h.l, req, c.failMode)
 	}
 	if res.Err != nil && c.onError != nil {
 		c.onError(r, res.Err)
@@ -92,11 +95,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !c.noPropagate {
 		// Outgoing calls made while serving carry the priority (Transport).
-		r = r.WithContext(spillway.ContextWithPriority(r.Context(), req.Priority))
+		ctx = spillway.ContextWithPriority(ctx, req.Priority)
 	}
 	if usage != nil {
-		r = r.WithContext(spillway.ContextWithUsage(r.Context(), usage))
+		ctx = spillway.ContextWithUsage(ctx, usage)
 	}
+	r = r.WithContext(ctx)
 	sw := &statusWriter{ResponseWriter: w}
 	g := admission.Guard{Done: res.Done}
 	defer g.Release() // the handler panicked: release; the panic goes on

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/lua"
 )
 
@@ -66,7 +67,8 @@ import (
 // When the last successful refresh is older than the stale limit (default
 // 1s) — Redis down or slow — the Fleet decides on its own counts against
 // its share of the capacity (its measured share at the last refresh, as
-// above, or WithLocalShare if it never refreshed) and marks decisions
+// above; the client's share — fallback.HealthSettings.Share, else 0.2 —
+// if it never refreshed) and marks decisions
 // Degraded. When Redis is back, the first refresh reports but its sum is
 // not used (the other servers' reports may have expired meanwhile): the
 // Fleet stays degraded until a later refresh sees as many servers as the
@@ -103,6 +105,7 @@ type Fleet struct {
 	// the report tells the fleet while this server is below its even
 	// share (see Fleet, pressure).
 	refused atomic.Bool
+	shares  *share.State // the local share of the blocks on client
 
 	mu sync.Mutex // serializes refreshes; held across the Redis call
 	// rejoining is set by the first successful refresh after an outage
@@ -157,9 +160,6 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if o.staleAfter <= 0 {
 		return nil, fmt.Errorf("shedder: fleet stale after %v must be positive", o.staleAfter)
 	}
-	if !(o.localShare > 0 && o.localShare <= 1) {
-		return nil, fmt.Errorf("shedder: fleet local share %v must be in (0, 1]", o.localShare)
-	}
 	th := o.thresholds
 	if th == [4]float64{} {
 		th = [4]float64{1 - o.reserve, 1 - o.reserve, 1, math.Inf(1)}
@@ -175,7 +175,7 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if o.serverID == "" {
 		o.serverID = defaultServerID()
 	}
-	f := &Fleet{client: client, thresh: th, o: o}
+	f := &Fleet{client: client, thresh: th, o: o, shares: share.Of(client)}
 	f.capacity.Store(capacity)
 	f.keys = []string{
 		keys.Key(o.prefix, "fleet:reports", name),
@@ -292,10 +292,13 @@ func (f *Fleet) limitFor(p spillway.Priority, now int64) (limit int64, degraded 
 	ok := f.lastOK.Load()
 	degraded = ok == 0 || now-ok > int64(f.o.staleAfter)
 	if degraded {
-		if v := f.view.Load(); v != nil && v.servers > 0 {
+		// An explicit share of the client (fallback.HealthSettings.Share)
+		// wins; else the measured share at the last refresh; else the
+		// client's default.
+		if v := f.view.Load(); v != nil && v.servers > 0 && !f.shares.Fixed() {
 			capacity *= f.share(v)
 		} else {
-			capacity *= f.o.localShare
+			capacity *= f.shares.Share()
 		}
 	}
 	return f.threshold(p, capacity), degraded
@@ -461,6 +464,9 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	f.view.Store(v)
 	f.servers.Store(res[4])
 	if ttl > 0 {
+		// The other blocks on this client size their local share by the
+		// servers seen alive (a lone server keeps its whole limit).
+		f.shares.SetServers(res[4])
 		f.lastOK.Store(started.UnixNano())
 	} else {
 		f.lastOK.Store(0)

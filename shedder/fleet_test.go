@@ -393,7 +393,7 @@ func TestFleetRejoinWaitsForTheFleet(t *testing.T) {
 	}
 }
 
-// A server that never reached Redis uses WithLocalShare of the capacity.
+// A server that never reached Redis uses the client's default share (0.2) of the capacity.
 func TestFleetNeverConnected(t *testing.T) {
 	port, _ := redistest.FreePort()
 	client := failFastClient(t, "127.0.0.1:"+itoa(port))
@@ -467,7 +467,6 @@ func TestNewFleetValidates(t *testing.T) {
 		{"x", 10, []shedder.Option{shedder.WithThresholds(0.5, 0.4, 1, 1)}, "threshold"},
 		{"x", 10, []shedder.Option{shedder.WithThresholds(0, 0.4, 1, 1)}, "threshold"},
 		{"x", 10, []shedder.Option{shedder.WithReserve(1.5)}, "reserve"},
-		{"x", 10, []shedder.Option{shedder.WithLocalShare(0)}, "local share"},
 		{"x", 10, []shedder.Option{shedder.WithTimeout(0)}, "timeout"},
 		{"x", 10, []shedder.Option{shedder.WithName("fleet")}, "WithName"}, // named once, by NewFleet
 	}

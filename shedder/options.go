@@ -56,7 +56,6 @@ type options struct {
 	ttl         time.Duration
 	timeout     time.Duration
 	staleAfter  time.Duration
-	localShare  float64
 	serverClock bool // send the client clock to the script
 	autoRefresh bool
 	reserveHead bool // reserve each grant in Redis before using it
@@ -80,7 +79,6 @@ func defaultOptions(name string) options {
 		ttl:         2 * time.Second,
 		timeout:     50 * time.Millisecond,
 		staleAfter:  time.Second,
-		localShare:  0.2,
 		autoRefresh: true,
 	}
 }
@@ -281,12 +279,6 @@ func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout =
 // WithStaleAfter sets how old the last successful refresh may be before the
 // Fleet decides in degraded mode on local counts (default 1s). Fleet only.
 func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleAfter = d } }
-
-// WithLocalShare sets the share of the fleet capacity this server uses in
-// degraded mode when it has never learned the fleet size (default 0.2).
-// Once it has, degraded mode uses capacity divided by the last known number
-// of servers. Fleet only.
-func WithLocalShare(f float64) Option { return func(o *options) { o.localShare = f } }
 
 // WithReservations makes each Fleet server reserve its grant in Redis, in
 // the same script call as its report, before it uses it: its share of the

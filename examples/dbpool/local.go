@@ -4,17 +4,16 @@ import (
 	"context"
 	"time"
 
-	"github.com/spillway-go/spillway/globalceiling"
+	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-// memoryShare adapts a ratelimit memory-store token bucket to
-// globalceiling.LocalLimiter: the guard's degraded mode. (globalceiling
-// does not import ratelimit; a program that has both wires them here.
-// globalceiling.NewLocalBucket is the dependency-free alternative.)
+// memoryShare stands in for the ceiling when there is no Redis at all: a
+// ratelimit memory-store token bucket of this server's share, its
+// decisions marked Degraded as the ceiling's own local decisions are.
 type memoryShare struct{ lim *ratelimit.Limiter }
 
-func newMemoryShare(perSecond int64) (globalceiling.LocalLimiter, error) {
+func newMemoryShare(perSecond int64) (spillway.Limiter, error) {
 	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{
 		Algorithm: ratelimit.TokenBucket, Limit: perSecond, Period: time.Second,
 	})
@@ -24,11 +23,15 @@ func newMemoryShare(perSecond int64) (globalceiling.LocalLimiter, error) {
 	return memoryShare{lim}, nil
 }
 
-// Allow decides on the memory store's own clock; now is not used.
-func (m memoryShare) Allow(_ time.Time, cost int64) (bool, time.Duration) {
-	d, err := m.lim.AllowN(context.Background(), "db", cost)
+// Admit decides on the memory store's own clock.
+func (m memoryShare) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	d, err := m.lim.AllowN(ctx, "db", r.EffectiveCost())
 	if err != nil {
-		return false, 0
+		return spillway.Decision{}, spillway.Noop, err
 	}
-	return d.Allowed, d.RetryAfter
+	d.Limiter, d.Degraded = "ceiling", true
+	if !d.Allowed {
+		d.Reason = spillway.ReasonCeiling
+	}
+	return d, spillway.Noop, nil
 }

@@ -14,7 +14,7 @@
 //     across the fleet, in Redis;
 //
 // before it asks its database/sql pool for a connection
-// (globalceiling.WrapDB). A shedder.CapacityWatcher reads the database's
+// (globalceiling.DB). A shedder.CapacityWatcher reads the database's
 // utilization gauge and sets the fleet's capacity and the pools from it:
 // when the database loses half its workers (-halve-at), the fleet follows.
 // Writes are Critical, reports (SELECTs) SheddablePlus: the reports are
@@ -137,10 +137,9 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 
 	// 2. The fleet shedder, sized for the database's workers (the watcher
 	// lowers it to what the gauge reports). Without Redis each server
-	// decides on its own third.
+	// decides on its share of the fleet it last saw (a third).
 	fleet, err := shedder.NewFleet(rdb, "orders-db", int64(c.dbWorkers),
-		shedder.WithServerID(fmt.Sprintf("app-%d", id)), shedder.WithReservations(),
-		shedder.WithLocalShare(1/float64(c.servers)))
+		shedder.WithServerID(fmt.Sprintf("app-%d", id)), shedder.WithReservations())
 	if err != nil {
 		return fail(err)
 	}
@@ -181,27 +180,27 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	go func() { _ = watcher.Run(ctx) }()
 	s.closers = append(s.closers, cancel)
 
-	// 3. The ceiling, and this server's share of it while Redis is away.
-	var ceil spillway.Limiter = spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		return spillway.Decision{}, spillway.Noop, errors.New("no redis")
-	})
+	// 3. The ceiling: while Redis is away it decides by itself at this
+	// server's share of the fleet it last saw. Without Redis at all, a
+	// local bucket of that share stands in for it.
+	var ceil spillway.Limiter
 	if c.redisAddr != "" {
-		cl, err := globalceiling.New(rdb, "orders-db", c.ceiling, time.Second, globalceiling.WithMode(mode))
+		cl, err := globalceiling.New(rdb, "ceiling", c.ceiling, time.Second, globalceiling.WithMode(mode))
 		if err != nil {
 			return fail(err)
 		}
 		s.closers = append(s.closers, func() { _ = cl.Close() })
 		ceil = cl
-	}
-	local, err := newMemoryShare(max(c.ceiling/int64(c.servers), 1))
-	if err != nil {
+	} else if ceil, err = newMemoryShare(max(c.ceiling/int64(c.servers), 1)); err != nil {
 		return fail(err)
 	}
-	ceiling, err := globalceiling.NewGuard(ceil, globalceiling.WithGuardName("ceiling"), globalceiling.WithFallback(local),
-		globalceiling.WithDegradedHandler(func(error) { degraded.Add(1) }))
-	if err != nil {
-		return fail(err)
-	}
+	ceiling := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		d, done, err := ceil.Admit(ctx, r)
+		if d.Degraded {
+			degraded.Add(1)
+		}
+		return d, done, err
+	})
 
 	// The chain, in front of the database/sql pool: a statement is
 	// admitted before it asks for a connection, and how it ended
@@ -214,7 +213,7 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	sqlPool.SetMaxOpenConns(int(c.dbMaxConns) / c.servers)
 	sqlPool.SetMaxIdleConns(int(c.dbMaxConns) / c.servers)
 	s.closers = append(s.closers, func() { sqlPool.Close() })
-	s.db = globalceiling.WrapDB(sqlPool, guard)
+	s.db = &globalceiling.DB{DB: sqlPool, Guard: guard}
 	s.db.Request = func(_ context.Context, query string) *spillway.Request {
 		if strings.HasPrefix(query, "SELECT") {
 			return &spillway.Request{Priority: spillway.SheddablePlus} // a report

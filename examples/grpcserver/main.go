@@ -309,14 +309,8 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency/5, concurrency.WithName("per_ip_concurrency"))
-	if err != nil {
-		return fail(err)
-	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimIP), concurrency.PerKey(clocal, spillway.DimIP), settings("concurrency"))
-	if err != nil {
-		return fail(err)
-	}
+	// While Redis is out the limiter decides by itself at this server's share.
+	conc := concurrency.PerKey(cshared, spillway.DimIP)
 	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithTimeout(budget))
 	if err != nil {
 		return fail(err)

@@ -352,8 +352,8 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		return nil, err
 	}
 
-	// Per-client concurrency: Stripe's sorted-set limiter in Redis, a local
-	// limiter with a fifth of the slots while Redis is out.
+	// Per-client concurrency: Stripe's sorted-set limiter in Redis; while
+	// Redis is out it decides by itself at this server's share.
 	cstore, err := concurrency.NewRedisStore(rdb)
 	if err != nil {
 		b.close()
@@ -364,16 +364,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		b.close()
 		return nil, err
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(sz.perClient/5, 1), concurrency.WithName("per_client_concurrency"))
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, dimClient), concurrency.PerKey(clocal, dimClient), settings("concurrency"))
-	if err != nil {
-		b.close()
-		return nil, err
-	}
+	conc := concurrency.PerKey(cshared, dimClient)
 
 	// Fleet shedder: degrades on its own (its share of the capacity) when
 	// Redis is out, so it needs no fallback wrapper.
@@ -388,28 +379,18 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		fleet.Close(c)
 	})
 
-	// Global ceiling in front of the database, behind a Guard that falls
-	// back to a local fifth of the ceiling.
-	ceiling, err := globalceiling.New(rdb, "demo-db", dbCeiling, time.Second, globalceiling.WithMode(globalceiling.Cached))
+	// Global ceiling in front of the database; while Redis is out it
+	// decides by itself at this server's share.
+	ceiling, err := globalceiling.New(rdb, "db_ceiling", dbCeiling, time.Second, globalceiling.WithMode(globalceiling.Cached))
 	if err != nil {
 		b.close()
 		return nil, err
 	}
 	b.closers = append(b.closers, func() { ceiling.Close() })
-	local, err := globalceiling.NewLocalBucket(dbCeiling/5, time.Second)
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	guard, err := globalceiling.NewGuard(ceiling, globalceiling.WithFallback(local), globalceiling.WithGuardName("db_ceiling"))
-	if err != nil {
-		b.close()
-		return nil, err
-	}
 
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, guard)), "api", tel...)
+	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, ceiling)), "api", tel...)
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()
@@ -421,6 +402,6 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		}
 		return h
 	}
-	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-client concurrency → fleet shedder → worker shedder → global ceiling, Redis blocks behind the fallback"
+	b.describe = "store: redis " + redisAddr + "; chain: tiers → per-client concurrency → fleet shedder → worker shedder → global ceiling, each Redis block falls back by itself"
 	return b, nil
 }
