@@ -90,9 +90,11 @@ func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl }
 func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
 
 // WithReleaseTimeout bounds the store call of a Done (default
-// spillway.DefaultBudget, 50 ms). A Done never waits for the store: it
-// hands the release to a goroutine of its own and returns, so a response
-// is not delayed by a slow or stopped store (WaitReleases waits for the
+// spillway.DefaultBudget, 50 ms). A Done waits for the store at most 1 ms:
+// it hands the release to a goroutine of its own and returns when the
+// store answered or the millisecond passed, so a response is not delayed
+// by a slow or stopped store while a healthy one frees the slot before the
+// client's next request (WaitReleases waits for the
 // releases handed off). The release runs detached from the admission
 // context's cancellation (a cancelled request must still release its slot)
 // but keeps its values. A release that fails is not lost: see
@@ -172,7 +174,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, s
 //
 // Allowed: Remaining is Limit minus the units in flight (this request's
 // included); done frees the request's n units — call it once when the work
-// ends; further calls do nothing. done does not wait for the store: the
+// ends; further calls do nothing. done waits for the store at most 1 ms: the
 // release runs on a goroutine of its own (see WithReleaseTimeout). Denied: Reason is
 // spillway.ReasonConcurrency (answer 429), Remaining is the units left
 // (fewer than n; 0 for n = 1) and RetryAfter is the WithRetryAfter hint,
@@ -216,21 +218,36 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(context.Background(), l.o.name, key, id, n) }), nil
 	}
 	at := time.Now()
-	return d, spillway.Once(func(spillway.Outcome) {
-		// The release leaves the response path: done returns at once and
-		// the store call runs on its own goroutine, bounded by the
-		// release timeout.
-		l.releasing.Add(1)
-		go func() {
-			defer l.releasing.Done()
-			if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
-				l.keep(pendingRelease{key: key, id: id, n: n, at: at})
-				if l.o.onReleaseError != nil {
-					l.o.onReleaseError(err)
-				}
+	return d, spillway.Once(func(spillway.Outcome) { l.releaseAsync(ctx, key, id, n, at) }), nil
+}
+
+// releaseGrace is how long a done waits for its release: a healthy Redis
+// answers within it, so the client's next request finds its slot free; a
+// slow or stopped Redis delays the response by no more.
+const releaseGrace = time.Millisecond
+
+// releaseAsync runs a done's release on a goroutine of its own, bounded by
+// the release timeout, and waits for it at most releaseGrace: the release
+// leaves the response path. A release that fails is kept for a retry.
+func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at time.Time) {
+	l.releasing.Add(1)
+	fin := make(chan struct{})
+	go func() {
+		defer l.releasing.Done()
+		defer close(fin)
+		if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
+			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
+			if l.o.onReleaseError != nil {
+				l.o.onReleaseError(err)
 			}
-		}()
-	}), nil
+		}
+	}()
+	t := time.NewTimer(releaseGrace)
+	select {
+	case <-fin:
+	case <-t.C:
+	}
+	t.Stop()
 }
 
 // decision is the decision of a store's answer.

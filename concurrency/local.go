@@ -169,12 +169,7 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 	}
 	return d, spillway.Once(func(spillway.Outcome) {
 		l.held.sub(key, n, false)
-		if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
-			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
-			if l.o.onReleaseError != nil {
-				l.o.onReleaseError(err)
-			}
-		}
+		l.releaseAsync(ctx, key, id, n, at)
 	}), nil
 }
 

@@ -45,8 +45,9 @@
 //
 //	redis.SetLogger(fallback.NewRedisLogger(nil, 0)) // go-redis's own log: to slog, one line per pattern per 10 s
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	_, err := fallback.NewHealth(client, fallback.HealthSettings{}) // once, before the blocks
-//	if err != nil { return err }
+//	if _, err := fallback.NewHealth(client, fallback.HealthSettings{}); err != nil { // once, before the blocks
+//		return err
+//	}
 //	redisStore, err := ratelimit.NewRedisStore(client)
 //	if err != nil { return err }
 //	store, err := fallback.NewStore(redisStore, fallback.Settings{})
