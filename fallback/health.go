@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,8 +63,11 @@ type Health struct {
 	dirty    atomic.Bool
 	since    atomic.Int64 // Unix ns of the last state change (creation at first)
 	attached bool         // a hook on a client counts the calls it did not guard
+	wired    bool         // the client's connections are dialed through the health's hook (wireConn)
 
 	successes, failures, rejected, opened atomic.Int64
+	overloaded                            atomic.Int64
+	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
 	lastErr                               atomic.Pointer[errBox]
 
 	// probe is the health's own check (nil: user calls probe, half-open).
@@ -188,9 +192,17 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // own, returning at the budget; see docs/fallback.md).
 //
 // What counts: a reply (redis.Nil and error replies such as NOSCRIPT
-// included) is a success — the server answered; a timeout, a refused or
-// reset connection or a pool timeout is a failure; a call whose caller
-// canceled its context is neither.
+// included) is a success — the server answered; a refused or reset
+// connection, a failed dial, or no reply while Redis had the command —
+// from the moment it was written, for at least half of the time the call
+// was given — is a failure; a call whose caller canceled its context is
+// neither, and so is one that ran out of time in this process (waiting
+// for a pooled connection, for the coalesced call in flight, for the CPU,
+// or whose reply was in the socket when its time ran out): it is counted
+// in HealthStats.Overloaded and never opens the breaker. The health judges
+// Redis, not the caller's wait: an overloaded process is not a sick Redis.
+// The connections the client dials are timed for this (the hook wraps
+// them); see docs/fallback.md, "Which waits count".
 //
 // Cluster: a ClusterClient gets one Health for the whole cluster, not one
 // per node. A request's rate-limit batch spans several nodes and is decided
@@ -219,6 +231,7 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	h.attached = true
 	h.direct = direct
 	client.AddHook(hook{h})
+	h.wired = direct && h.watchWire(client)
 	return h, nil
 }
 
@@ -284,7 +297,8 @@ type HealthStats struct {
 	Since               time.Time // when State began (or the Health was created)
 	ConsecutiveFailures uint32    // in the current closed or half-open period
 	Successes           int64     // calls the Redis answered
-	Failures            int64     // calls that failed: timeout, refused, reset
+	Failures            int64     // calls the Redis failed: no reply in time, refused, reset
+	Overloaded          int64     // calls that ran out of time in this process (a queue, the pool, the CPU) before the Redis was slow: not counted as failures
 	Rejected            int64     // calls refused without reaching the Redis (open, or half-open with its probes taken)
 	Opened              int64     // times the health opened
 	LastError           error     // the latest failure, nil before the first
@@ -304,6 +318,7 @@ func (h *Health) Stats() HealthStats {
 		ConsecutiveFailures: h.cb.Counts().ConsecutiveFailures,
 		Successes:           h.successes.Load(),
 		Failures:            h.failures.Load(),
+		Overloaded:          h.overloaded.Load(),
 		Rejected:            h.rejected.Load(),
 		Opened:              h.opened.Load(),
 		Probes:              h.probes.Load(),
@@ -403,27 +418,79 @@ func healthy(err error) bool {
 }
 
 // report tells the breaker how a call it allowed (done) ended; ctx is the
-// caller's context.
-func (h *Health) report(ctx context.Context, done func(error), err error) {
+// caller's context, allowance the time the call was given in all (0:
+// unknown). It reports false when the call ran out of time in this
+// process (see blamesRedis): that is not counted against the Redis.
+func (h *Health) report(ctx context.Context, done func(error), err error, start time.Time, allowance time.Duration) bool {
 	switch {
 	case healthy(err):
 		h.successes.Add(1)
 		h.settle(done, nil)
 	case errors.Is(ctx.Err(), context.Canceled):
-		// The caller gave up; that says nothing about the store. A caller
-		// deadline shorter than the budget does count: the store was too
-		// slow for this caller.
+		// The caller gave up; that says nothing about the store.
 		h.settle(done, errExcluded)
 	case errors.Is(err, ErrOpen):
 		// go-redis sent part of the call through the client's hooks again
 		// (a retry on another connection) and the breaker refused it:
 		// nothing was learned about the Redis.
 		h.settle(done, errExcluded)
+	case !h.blamesRedis(err, start, allowance):
+		h.overloaded.Add(1)
+		h.settle(done, errExcluded)
+		return false
 	default:
 		h.failures.Add(1)
 		h.lastErr.Store(&errBox{err})
 		h.settle(done, err)
 	}
+	return true
+}
+
+// blamesRedis reports whether a failed call counts against the Redis.
+// Only what the Redis did counts: an error it caused (a refused or reset
+// connection, a failed dial), or a reply that did not come while the
+// Redis had the command — from the moment the command was written
+// (wireConn: the latest read of this Health's connections that ran out of
+// time while the call ran, since go-redis's retry may have replaced the
+// read's own error), for at least half of the time the call was given
+// (allowance; any time when unknown). Less proves nothing, like the slice
+// of a budget the blocks before spent (guardScope.short). A call that ran
+// out of time before its command was written (waiting for a pooled
+// connection, for the coalesced call in flight, for the CPU) or whose
+// reply was in the socket, unread, when its time ran out, was delayed by
+// this process: it is not the Redis's failure.
+func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) bool {
+	if !h.wired {
+		// Not a go-redis client this health dials for (a store or limiter
+		// of another kind): nothing tells the waits apart, every failure
+		// counts.
+		return true
+	}
+	var df *dialFailure
+	if errors.As(err, &df) {
+		return !timedOut(df.err) || df.took >= allowance/2
+	}
+	if errors.Is(err, errDetachedExpired) {
+		return true // a client that ignores deadlines: nothing tells the waits apart
+	}
+	if !timedOut(err) {
+		return true
+	}
+	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
+		return !e.replied && e.silence >= allowance/2
+	}
+	var op *net.OpError
+	// written on a connection this health did not dial, no reply in time
+	return errors.As(err, &op) && op.Op == "read"
+}
+
+// timedOut reports whether err is a deadline or timeout of any kind.
+func timedOut(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // finish reports the outcome err of a call the breaker allowed (done) and
@@ -433,15 +500,20 @@ func (h *Health) report(ctx context.Context, done func(error), err error) {
 // included) as itself.
 func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
 	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
+		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
-		return err
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
 	}
-	h.report(ctx, done, err)
+	blamed := h.report(ctx, done, err, sc.start, sc.allowance)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(ctx.Err(), context.Canceled):
 		return &canceledError{err: ctx.Err()}
+	case !blamed:
+		// spent in this process: the decision is local like one that
+		// found the budget spent before its call
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
 	}
 	return err
 }
@@ -518,6 +590,10 @@ type guardScope struct {
 	// slice proves nothing against the store, so it is not a failure.
 	short    bool
 	deadline time.Time
+	// allowance is the time the call was given in all: to the earlier of
+	// deadline and its context's (0: no deadline).
+	allowance time.Duration
+	start     time.Time
 }
 
 // cutShort reports whether the call of sc ran out of a slice of the
@@ -546,14 +622,19 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 // context, for a call that passes it to a ratelimit.BoundedStore instead
 // (no timer per call).
 func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Duration, withDeadline bool) guardScope {
-	var sc guardScope
+	sc := guardScope{start: time.Now()}
 	if !deadline.IsZero() {
 		full := own
 		if t := spillway.BudgetTotal(ctx); t > 0 && (full <= 0 || t < full) {
 			full = t
 		}
 		sc.deadline = deadline
-		sc.short = full > 0 && time.Until(deadline) < full/2
+		left := time.Until(deadline)
+		sc.short = full > 0 && left < full/2
+		sc.allowance = left
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			sc.allowance = time.Until(d)
+		}
 		// a context that ends no later needs no timer of its own
 		if d, ok := ctx.Deadline(); withDeadline && (!ok || d.After(deadline)) {
 			ctx, sc.cancel = context.WithDeadline(ctx, deadline)
@@ -588,14 +669,25 @@ type hook struct{ h *Health }
 // DialHook refuses to open connections while the health is open: go-redis
 // redials in the background after failed dials, and a connection attempt
 // to a sick Redis is traffic too.
+// It also hands go-redis a wireConn, which tells the health how long the
+// Redis took to answer (see blamesRedis).
 func (k hook) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if k.h.refusesDial(ctx) {
 			k.h.rejected.Add(1)
 			return nil, ErrOpen
 		}
-		return next(ctx, network, addr)
+		return k.h.dial(ctx, next, network, addr)
 	}
+}
+
+// allowanceOf is the time a call starting at start has until ctx's
+// deadline (0: none).
+func allowanceOf(ctx context.Context, start time.Time) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return d.Sub(start)
+	}
+	return 0
 }
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -608,8 +700,9 @@ func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(err)
 			return err
 		}
+		start := time.Now()
 		err = next(ctx, cmd)
-		k.h.report(ctx, done, err)
+		k.h.report(ctx, done, err, start, allowanceOf(ctx, start))
 		return err
 	}
 }
@@ -626,15 +719,21 @@ func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 			}
 			return err
 		}
+		start := time.Now()
 		err = next(ctx, cmds)
-		k.h.report(ctx, done, err)
+		k.h.report(ctx, done, err, start, allowanceOf(ctx, start))
 		return err
 	}
 }
 
-// canceledError marks a call the caller canceled: it is returned, not
-// decided locally.
+// canceledError marks a call the caller canceled, or whose caller's
+// deadline had passed when it came: it is returned, not decided locally.
 type canceledError struct{ err error }
 
-func (e *canceledError) Error() string { return "fallback: caller canceled: " + e.err.Error() }
+func (e *canceledError) Error() string {
+	if errors.Is(e.err, context.DeadlineExceeded) {
+		return "fallback: the caller's deadline had passed: " + e.err.Error()
+	}
+	return "fallback: caller canceled: " + e.err.Error()
+}
 func (e *canceledError) Unwrap() error { return e.err }

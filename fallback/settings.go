@@ -226,6 +226,11 @@ func (s Settings) health(client redis.UniversalClient) *Health {
 	hs, _ = hs.withDefaults() // valid: s was
 	h := newHealth(hs)
 	h.direct = client != nil && honourDeadlines(client)
+	if client != nil && h.direct {
+		// its connections time Redis's replies
+		client.AddHook(wireHook{h})
+		h.wired = h.watchWire(client)
+	}
 	return h
 }
 

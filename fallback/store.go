@@ -25,7 +25,13 @@ import (
 // batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
 // call is decided locally, marked Degraded. Errors are returned only for
-// invalid items and when the caller's context is canceled.
+// invalid items, when the caller's context is canceled, and when it is
+// already done as the call comes (a deadline that passed: the caller has
+// stopped waiting, so the call is refused at once, decided neither by the
+// inner store nor locally). Time spent in this process (a queue, the
+// pool, the CPU) that leaves a call without its answer in time decides it
+// locally but is counted as overload, not against the inner store (see
+// NewHealth, and Stats.Overloaded).
 //
 // Reconcile: while decisions are local, the Store records per key the
 // units it admitted locally. On the first successful call to the inner
@@ -65,13 +71,14 @@ type Store struct {
 var _ ratelimit.Store = (*Store)(nil)
 
 type storeStats struct {
-	calls, degraded, cacheHits, reconciled atomic.Int64
+	calls, degraded, overloaded, cacheHits, reconciled atomic.Int64
 }
 
 // Stats counts what a Store did since it was created.
 type Stats struct {
 	Calls      int64 // Decide calls the inner store answered
-	Degraded   int64 // Decide calls answered locally (breaker open or call failed)
+	Degraded   int64 // Decide calls answered locally (breaker open, call failed, or time spent in this process)
+	Overloaded int64 // of Degraded, those whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis
 	CacheHits  int64 // Decide calls answered from the cache of denials
 	Reconciled int64 // units carried back to the inner store by reconcile
 	Skipped    int64 // local admissions not recorded for reconcile because the ledger was full
@@ -136,6 +143,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Calls:      s.stats.calls.Load(),
 		Degraded:   s.stats.degraded.Load(),
+		Overloaded: s.stats.overloaded.Load(),
 		CacheHits:  s.stats.cacheHits.Load(),
 		Reconciled: s.stats.reconciled.Load(),
 	}
@@ -178,6 +186,11 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	}
 	if len(items) == 0 {
 		return true, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller has stopped waiting: refused at once, neither
+		// decided nor counted.
+		return false, &canceledError{err: err}
 	}
 	if s.cache != nil && s.answerFromCache(items, out) {
 		s.stats.cacheHits.Add(1)
@@ -285,6 +298,9 @@ func (s *Store) answerFromCache(items []ratelimit.Item, out []spillway.Decision)
 // denies them (fail-closed items), all or nothing like any store.
 func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (bool, error) {
 	s.stats.degraded.Add(1)
+	if errors.Is(cause, spillway.ErrBudgetSpent) {
+		s.stats.overloaded.Add(1)
+	}
 	var scaled []ratelimit.Item
 	if len(items) <= smallBatch {
 		buf := itemPool.Get().(*[smallBatch]ratelimit.Item)

@@ -155,6 +155,10 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 			st := h.Stats()
 			return h.State().String(), st.Opened, st.Failures
 		}
+		stats.local = func() (int64, int64) {
+			st := fs.Stats()
+			return st.Overloaded, st.Degraded - st.Overloaded
+		}
 	}
 	svc := NewService(store, s, stats, log)
 	svc.seen = s.LocalCacheSizeInBytes > 0

@@ -50,6 +50,11 @@ type Settings struct {
 	ReloadInterval time.Duration // SPILLWAY_RELOAD_INTERVAL: how often the config directory is checked (1s)
 	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
+	// SPILLWAY_LATE_ANSWER: what a call whose gRPC deadline has passed
+	// before it is decided answers, at once, without deciding it: "error"
+	// (default: DEADLINE_EXCEEDED, which Envoy reads through its
+	// failure_mode_deny), "ok" (allowed) or "over_limit" (denied).
+	LateAnswer string
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -180,6 +185,14 @@ var supported = []variable{
 	{"SPILLWAY_RELOAD_INTERVAL", "1s", duration(func(s *Settings) *time.Duration { return &s.ReloadInterval })},
 	{"SPILLWAY_COALESCE", "1", integer(func(s *Settings) *int { return &s.Coalesce })},
 	{"SPILLWAY_IETF_HEADERS", "true", boolean(func(s *Settings) *bool { return &s.IETFHeaders })},
+	{"SPILLWAY_LATE_ANSWER", "error", func(s *Settings, v string) error {
+		switch v = strings.ToLower(v); v {
+		case "error", "ok", "over_limit":
+			s.LateAnswer = v
+			return nil
+		}
+		return fmt.Errorf("expected error, ok or over_limit, got %q", v)
+	}},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
 }

@@ -46,7 +46,7 @@ func TestEnvErrors(t *testing.T) {
 	for k, v := range map[string]string{
 		"GRPC_PORT": "http", "NEAR_LIMIT_RATIO": "2", "REDIS_TYPE": "ring", "REDIS_SOCKET_TYPE": "udp",
 		"CACHE_KEY_PREFIX": "{x}", "SPILLWAY_BUDGET": "soon", "SPILLWAY_LOCAL_SHARE": "0", "LOG_FORMAT": "xml",
-		"RUNTIME_WATCH_ROOT": "maybe", "SPILLWAY_FAIL_MODE": "sideways",
+		"RUNTIME_WATCH_ROOT": "maybe", "SPILLWAY_FAIL_MODE": "sideways", "SPILLWAY_LATE_ANSWER": "later",
 	} {
 		_, _, err := Env(env(map[string]string{k: v}))
 		require.ErrorContains(t, err, k, "%s=%s", k, v)
