@@ -65,6 +65,14 @@ type Health struct {
 	attached bool         // a hook on a client counts the calls it did not guard
 	wired    bool         // the client's connections are dialed through the health's hook (wireConn)
 
+	// A Cluster client's Health has a breaker per node (shards); each of
+	// those has the client's Health as parent, its node's address, and
+	// gone, run when go-redis closed the node's client.
+	shards *shards
+	parent *Health
+	addr   string
+	gone   func()
+
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
 	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
@@ -231,7 +239,12 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	h.attached = true
 	h.direct = direct
 	client.AddHook(hook{h})
-	h.wired = direct && h.watchWire(client)
+	if c, ok := client.(*redis.ClusterClient); ok {
+		h.watchShards(c)
+		h.wired = direct
+	} else {
+		h.wired = direct && h.watchWire(client)
+	}
 	return h, nil
 }
 
@@ -307,6 +320,11 @@ type HealthStats struct {
 	Queued              int       // post-admission calls queued for when the health closes
 	QueueDropped        int64     // post-admission calls left to their TTL: the queue was full, or they failed after it closed
 	Abandoned           int64     // detached calls still running past their caller's deadline
+	// Shards, on a Cluster client, has one entry per node (Name is
+	// "name@address"): each node has a breaker of its own, and the
+	// counters above sum theirs. State is then Closed while every node is
+	// closed, Open when every node is open, else HalfOpen.
+	Shards []HealthStats
 }
 
 // Stats returns a snapshot of the counters and the state.
@@ -329,6 +347,23 @@ func (h *Health) Stats() HealthStats {
 	if b := h.lastErr.Load(); b != nil {
 		st.LastError = b.err
 	}
+	if h.shards != nil {
+		var last time.Time
+		h.shards.each(func(c *Health) {
+			cs := c.Stats()
+			st.Shards = append(st.Shards, cs)
+			st.ConsecutiveFailures = max(st.ConsecutiveFailures, cs.ConsecutiveFailures)
+			st.Failures += cs.Failures
+			st.Rejected += cs.Rejected
+			st.Opened += cs.Opened
+			st.Probes += cs.Probes
+			st.ProbesOK += cs.ProbesOK
+			st.Overloaded += cs.Overloaded
+			if cs.LastError != nil && cs.Since.After(last) {
+				st.LastError, last = cs.LastError, cs.Since
+			}
+		})
+	}
 	return st
 }
 
@@ -346,7 +381,12 @@ func stateOf(s gobreaker.State) State {
 	return Closed
 }
 
-func (h *Health) state() State { return stateOf(h.cb.State()) }
+func (h *Health) state() State {
+	if h.shards != nil {
+		return h.shards.state()
+	}
+	return stateOf(h.cb.State())
+}
 
 // allow is cb.Allow with a lock-free refusal while open and a lock-free
 // admission while closed (a closed breaker admits every call): then it
@@ -438,6 +478,9 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
 		return false
+	case h.shards != nil:
+		// A Cluster: the node's breaker counted it (shardHook).
+		h.settle(done, errExcluded)
 	default:
 		h.failures.Add(1)
 		h.lastErr.Store(&errBox{err})
@@ -477,7 +520,7 @@ func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration
 		return true
 	}
 	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
-		return !e.replied && e.silence >= allowance/2
+		return e.broken || (!e.replied && e.silence >= allowance/2)
 	}
 	var op *net.OpError
 	// written on a connection this health did not dial, no reply in time
@@ -500,6 +543,14 @@ func timedOut(err error) bool {
 // included) as itself.
 func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
 	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
+		h.overloaded.Add(1)
+		h.settle(done, errExcluded)
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
+	}
+	if h.shards != nil && err != nil && !healthy(err) && !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrOpen) &&
+		(sc.g == nil || !sc.g.shardFailed.Load()) {
+		// A Cluster: no node's breaker counted a failure of this call
+		// (shardHook), so its time went in this process.
 		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
 		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
@@ -568,6 +619,9 @@ type guardCtx struct {
 	context.Context
 	h      *Health
 	active atomic.Bool
+	// shardFailed: on a Cluster, a node's breaker counted a failure of a
+	// command of this call (shardHook).
+	shardFailed atomic.Bool
 }
 
 type guardKey struct{}
@@ -691,6 +745,9 @@ func allowanceOf(ctx context.Context, start time.Time) time.Duration {
 }
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	if k.h.shards != nil {
+		return next // a Cluster: each node's shardHook gates and counts
+	}
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if k.h.accountedFor(ctx) {
 			return next(ctx, cmd)
@@ -708,6 +765,9 @@ func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	if k.h.shards != nil {
+		return next
+	}
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if k.h.accountedFor(ctx) {
 			return next(ctx, cmds)

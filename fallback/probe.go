@@ -23,7 +23,11 @@ func (h *Health) probeLoop() {
 		wait := h.set.OpenTimeout + time.Duration(rand.Int64N(int64(h.set.OpenTimeout)/5+1))
 		time.Sleep(wait)
 		if !h.closed.Load() && !h.probeRound() {
-			return // the client is closed: nobody will use it again
+			// the client is closed: nobody will use it again
+			if h.gone != nil {
+				h.gone()
+			}
+			return
 		}
 		if h.closed.Load() {
 			h.probing.Store(false)

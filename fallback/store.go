@@ -65,6 +65,7 @@ type Store struct {
 	direct bool
 
 	reconciling atomic.Bool
+	retryAt     atomic.Int64 // Unix ns before which no reconcile pass starts by itself (keys left pending)
 	stats       storeStats
 }
 
@@ -230,7 +231,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 				}
 			}
 		}
-		if s.ledger != nil && s.ledger.pending() && s.reconciling.CompareAndSwap(false, true) {
+		if s.ledger != nil && s.ledger.pending() && time.Now().UnixNano() >= s.retryAt.Load() && s.reconciling.CompareAndSwap(false, true) {
 			go func() {
 				defer s.reconciling.Store(false)
 				_ = s.reconcile(context.Background())
@@ -424,61 +425,87 @@ func (s *Store) reconcile(ctx context.Context) error {
 	charges := s.ledger.take(s.now())
 	ev := ReconcileEvent{Name: s.set.Name}
 	var (
-		items [reconcileBatch]ratelimit.Item
-		out   [reconcileBatch]spillway.Decision
-		err   error
+		left    []charge
+		lastErr error
 	)
-	done := 0
-pass:
-	for done < len(charges) {
+	for done := 0; done < len(charges); {
 		batch := charges[done:min(done+reconcileBatch, len(charges))]
-		for i, c := range batch {
-			items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
-		}
-		n := len(batch)
-		if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
-			_, err := s.inner.Decide(ctx, items[:n], out[:n])
-			return err
-		}); err != nil {
-			break
-		}
-		for i, c := range batch {
-			cost := min(c.carry, out[i].Remaining)
-			if cost > 0 {
-				one := [1]ratelimit.Item{items[i]}
-				one[0].Cost = cost
-				var d [1]spillway.Decision
-				var ok bool
-				if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
-					var err error
-					ok, err = s.inner.Decide(ctx, one[:], d[:])
-					return err
-				}); err != nil {
-					// Keep this key and the rest of the batch.
-					s.ledger.restore(batch[i:], s.now())
-					ev.Pending += len(batch) - i
-					done += len(batch)
-					break pass
-				}
-				if ok {
-					ev.Charged += cost
-				}
-			}
-			ev.Keys++
-		}
 		done += len(batch)
+		n, err := s.carry(ctx, batch, &ev)
+		if err == nil {
+			continue
+		}
+		// Part of the batch failed (on a Cluster, one shard may still be
+		// away): each key left alone, so that the others land now.
+		for i := n; i < len(batch); i++ {
+			if _, err := s.carry(ctx, batch[i:i+1], &ev); err != nil {
+				left = append(left, batch[i])
+				lastErr = err
+			}
+		}
 	}
-	if done < len(charges) {
-		s.ledger.restore(charges[done:], s.now())
-		ev.Pending += len(charges) - done
+	if len(left) > 0 {
+		s.ledger.restore(left, s.now())
+		ev.Pending = len(left)
+		// not again before a quarter of OpenTimeout: the store is still
+		// failing for these keys
+		s.retryAt.Store(time.Now().Add(s.set.OpenTimeout / 4).UnixNano())
 	}
-	ev.Err = err
+	ev.Err = lastErr
 	s.stats.reconciled.Add(ev.Charged)
-	if s.set.OnReconcile != nil && (len(charges) > 0 || err != nil) {
+	if s.set.OnReconcile != nil && (len(charges) > 0 || lastErr != nil) {
 		s.set.OnReconcile(ev)
 	}
-	if err != nil {
-		return fmt.Errorf("fallback: reconcile: %w", err)
+	if lastErr != nil {
+		return fmt.Errorf("fallback: reconcile: %w", lastErr)
 	}
 	return nil
+}
+
+// carry charges batch's carries to the inner store: a peek of every key,
+// then a charge of min(carry, remaining) per key (peeked again and retried
+// when traffic took the room meanwhile, twice at most). It returns how
+// many keys of batch were carried before an error.
+func (s *Store) carry(ctx context.Context, batch []charge, ev *ReconcileEvent) (int, error) {
+	var (
+		items [reconcileBatch]ratelimit.Item
+		out   [reconcileBatch]spillway.Decision
+	)
+	for i, c := range batch {
+		items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
+	}
+	n := len(batch)
+	if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+		_, err := s.inner.Decide(ctx, items[:n], out[:n])
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	for i, c := range batch {
+		room := out[i].Remaining
+		for try := 0; try < 3; try++ {
+			cost := min(c.carry, room)
+			if cost <= 0 {
+				break
+			}
+			one := [1]ratelimit.Item{items[i]}
+			one[0].Cost = cost
+			var d [1]spillway.Decision
+			var ok bool
+			if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+				var err error
+				ok, err = s.inner.Decide(ctx, one[:], d[:])
+				return err
+			}); err != nil {
+				return i, err
+			}
+			if ok {
+				ev.Charged += cost
+				break
+			}
+			room = d[0].Remaining // taken meanwhile: what is left now
+		}
+		ev.Keys++
+	}
+	return n, nil
 }

@@ -67,25 +67,41 @@ func (c *wireConn) Read(b []byte) (int, error) {
 	if n > 0 {
 		c.readAt.Store(time.Now().UnixNano())
 	}
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+	switch {
+	case err == nil || n > 0:
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		// Only with a command outstanding (written after the last byte
 		// read): an idle read that times out says nothing.
 		if w, r := c.wroteAt.Load(), c.readAt.Load(); w > r {
 			now := time.Now().UnixNano()
-			c.h.wire.Store(&wireEvent{at: now, silence: time.Duration(now - w), replied: pending(c.Conn)})
+			c.h.noteWire(&wireEvent{at: now, silence: time.Duration(now - w), replied: pending(c.Conn)})
 		}
+	case !errors.Is(err, net.ErrClosed):
+		// the server closed or reset the connection
+		c.h.noteWire(&wireEvent{at: time.Now().UnixNano(), broken: true})
 	}
 	return n, err
+}
+
+// noteWire records e for h (and the Health of its Cluster client).
+func (h *Health) noteWire(e *wireEvent) {
+	h.wire.Store(e)
+	if h.parent != nil {
+		h.parent.wire.Store(e)
+	}
 }
 
 // wireEvent is the latest read of a Health's connections that ran out of
 // time with a command outstanding: at (Unix ns), Redis had been silent for
 // silence, unless its reply was already in the socket (replied), unread
-// because this process was late.
+// because this process was late; or (broken) the latest connection the
+// server closed, reset or refused. go-redis retries such a command and may
+// return the retry's expired context instead of the connection's error.
 type wireEvent struct {
 	at      int64
 	silence time.Duration
 	replied bool
+	broken  bool // the server closed or reset a connection, or refused one
 }
 
 // dialFailure is a failed dial: the server (or the network to it) did not
@@ -120,7 +136,11 @@ func (h *Health) dial(ctx context.Context, next redis.DialHook, network, addr st
 	start := time.Now()
 	c, err := next(ctx, network, addr)
 	if err != nil {
-		return nil, &dialFailure{err: err, took: time.Since(start)}
+		took := time.Since(start)
+		if !timedOut(err) && !errors.Is(err, ErrOpen) {
+			h.noteWire(&wireEvent{at: time.Now().UnixNano(), broken: true})
+		}
+		return nil, &dialFailure{err: err, took: took}
 	}
 	return wrapConn(c, h), nil
 }
