@@ -41,7 +41,7 @@ import (
 // it (shedder.Fleet's reports, globalceiling's sync, concurrency releases).
 // Pass it to every fallback Store and Limiter on that client in
 // Settings.Health so that their calls are counted once and their decisions
-// follow it. A Cluster client gets one Health for the whole cluster (see
+// follow it. On a Cluster client each node has a breaker of its own (see
 // NewHealth).
 //
 // A Health is safe for concurrent use. Its Stats are the one place that
@@ -212,14 +212,16 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // The connections the client dials are timed for this (the hook wraps
 // them); see docs/fallback.md, "Which waits count".
 //
-// Cluster: a ClusterClient gets one Health for the whole cluster, not one
-// per node. A request's rate-limit batch spans several nodes and is decided
-// all or nothing; with health per node half of a batch would be decided
-// by Redis and half locally, and the local share's bound (N servers admit
-// at most N × Share of a quota) would no longer hold per request. The cost:
-// while one primary is sick (until Cluster fails it over, typically
-// seconds), keys on healthy nodes are decided locally too, within the
-// local share.
+// Cluster: a ClusterClient's Health has a breaker per node (given to each
+// node's client through OnNewNode): a primary's failure opens its node
+// only, so its slots are decided locally while the others are still
+// decided by Redis; while a node is open the client's slots are reloaded
+// every OpenTimeout/4, so that the promoted replica takes them as soon as
+// it serves. The client's Health itself never opens: its State sums up the
+// nodes' (closed while all are, open when all are, else half-open) and
+// HealthStats.Shards lists them. A batch spanning a failed node and
+// healthy ones is decided locally as a whole (all or nothing). See
+// docs/fallback.md, "Cluster: health per node".
 func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) {
 	s, err := s.withDefaults()
 	if err != nil {
