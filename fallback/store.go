@@ -25,10 +25,11 @@ import (
 // batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
 // call is decided locally, marked Degraded. Errors are returned only for
-// invalid items, when the caller's context is canceled, and when it is
-// already done as the call comes (a deadline that passed: the caller has
-// stopped waiting, so the call is refused at once, decided neither by the
-// inner store nor locally). Time spent in this process (a queue, the
+// invalid items, when the caller's context is canceled, and when its
+// deadline passes before the decision: as the call comes (refused at once,
+// decided neither by the inner store nor locally) or while the inner store
+// has it (not decided locally: the caller has stopped waiting). Only the
+// Store's own budget, or the chain's, ending first makes a local decision. Time spent in this process (a queue, the
 // pool, the CPU) that leaves a call without its answer in time decides it
 // locally but is counted as overload, not against the inner store (see
 // NewHealth, and Stats.Overloaded).
@@ -241,6 +242,13 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	}
 	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return false, err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// The caller's own deadline passed during the call: it has stopped
+		// waiting, and a local decision now would be late. Refused, like a
+		// call that comes after its deadline (the call was counted above
+		// for what Redis did).
+		return false, &canceledError{err: cerr}
 	}
 	return s.decideLocal(ctx, items, out, err)
 }
