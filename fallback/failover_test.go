@@ -130,6 +130,19 @@ func (r *failoverRun) lastDegraded(set func(int) bool) time.Duration {
 	return last
 }
 
+// degradedSince counts the degraded decisions started at from or later.
+func (r *failoverRun) degradedSince(from time.Duration) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.samples {
+		if s.degraded && s.at >= from {
+			n++
+		}
+	}
+	return n
+}
+
 // mismatch peeks every entity in Redis and returns the units by which its
 // Remaining differs from the limit minus what was admitted, per entity.
 func (r *failoverRun) mismatch(t *testing.T, redisStore ratelimit.Store) []int64 {
@@ -261,12 +274,16 @@ func TestClusterPrimaryKilledIsABlipForItsSlots(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(serving + 2*time.Second - time.Since(r.start))
+	ov0 := st.Stats().Overloaded
+	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
 	end := time.Since(r.start)
+	ovLate := st.Stats().Overloaded - ov0
 
-	diff := r.settle(t, ratelimit.NewRedisStore(client))
+	// peeked through a client of its own (no health): what Redis holds
+	diff := r.settle(t, ratelimit.NewRedisStore(c.Client(t)))
 
 	var onV, offV, admittedV, missV, missOther int64
 	for i := range r.entities {
@@ -302,9 +319,10 @@ func TestClusterPrimaryKilledIsABlipForItsSlots(t *testing.T) {
 		}
 		t.Logf("degraded on healthy primaries, by 100ms since the kill: %v", hist)
 		var over, under int64
+		plain := ratelimit.NewRedisStore(c.Client(t))
 		for i := range r.entities {
 			out := make([]spillway.Decision, 1)
-			_, _ = ratelimit.NewRedisStore(client).Decide(ctx, []ratelimit.Item{{Scope: "api", Key: r.entities[i], Policy: daily}}, out)
+			_, _ = plain.Decide(ctx, []ratelimit.Item{{Scope: "api", Key: r.entities[i], Policy: daily}}, out)
 			d := out[0].Remaining - (daily.Limit - r.admitted[i].Load())
 			if d > 0 {
 				under += d
@@ -343,8 +361,10 @@ func TestClusterPrimaryKilledIsABlipForItsSlots(t *testing.T) {
 	if ov := st.Stats().Overloaded; int64(degradedOther) > ov {
 		t.Errorf("%d degraded decisions for entities on healthy primaries, only %d overload; want none for Redis", degradedOther, ov)
 	}
-	if lastV > serving+2*time.Second {
-		t.Errorf("a decision on the victim's entities was degraded %v after the replica served; want within 2s", lastV-serving)
+	// From 2 s after the replica served, the only local decisions are the
+	// process's own overload (a loaded machine), none for Redis.
+	if late := r.degradedSince(serving + 2*time.Second); int64(late) > ovLate {
+		t.Errorf("%d decisions degraded from 2 s after the replica served (the last %v after), only %d overload; want none for Redis", late, lastV-serving, ovLate)
 	}
 	// A call that ran out of time after it was sent may have been charged
 	// by Redis as well as admitted locally (and carried back): at most one
@@ -385,12 +405,17 @@ func TestSentinelMasterKilledIsABlip(t *testing.T) {
 		t.Fatal(err)
 	}
 	serving := time.Since(r.start)
-	time.Sleep(3 * time.Second)
+	time.Sleep(2 * time.Second)
+	ov0 := st.Stats().Overloaded
+	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
 	end := time.Since(r.start)
+	ovLate := st.Stats().Overloaded - ov0
 
-	diff := r.settle(t, ratelimit.NewRedisStore(client))
+	plain := redis.NewFailoverClient(s.FailoverOptions())
+	t.Cleanup(func() { plain.Close() })
+	diff := r.settle(t, ratelimit.NewRedisStore(plain))
 	var admitted, miss int64
 	for i := range r.entities {
 		admitted += r.admitted[i].Load()
@@ -416,8 +441,8 @@ func TestSentinelMasterKilledIsABlip(t *testing.T) {
 	if p99 > 70*time.Millisecond || worst > 250*time.Millisecond {
 		t.Errorf("during the failover p99 %v, max %v; want <= 70ms, <= 250ms", p99, worst)
 	}
-	if last > serving+2*time.Second {
-		t.Errorf("a decision was degraded %v after the replica served; want within 2s", last-serving)
+	if late := r.degradedSince(serving + 2*time.Second); int64(late) > ovLate {
+		t.Errorf("%d decisions degraded from 2 s after the replica served (the last %v after), only %d overload; want none for Redis", late, last-serving, ovLate)
 	}
 	// what the dead master had not replicated yet is the only loss allowed
 	if miss*100 > admitted {

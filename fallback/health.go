@@ -107,8 +107,9 @@ type HealthSettings struct {
 	Failures uint32
 
 	// OpenTimeout is how long the health stays open before it probes
-	// (default 1s; up to 1.2× that, jittered). It is also the RetryAfter of
-	// fail-closed denials of the blocks that share it.
+	// (default 1s; up to 1.2× that, jittered; after a failed round of
+	// probes, the next comes a quarter of it later). It is also the
+	// RetryAfter of fail-closed denials of the blocks that share it.
 	OpenTimeout time.Duration
 
 	// Probes is how many probes the half-open health sends in a row (or,
@@ -273,12 +274,19 @@ func newHealth(s HealthSettings) *Health {
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= k },
 		IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
 	}
+	if s.Probe != nil {
+		// the probe loop paces the first probes after an opening itself
+		// (OpenTimeout); after a failed round it probes again sooner
+		st.Timeout = max(s.OpenTimeout/4, time.Millisecond)
+	}
 	hookFn := s.OnStateChange
 	st.OnStateChange = func(name string, from, to gobreaker.State) {
 		now := time.Now()
 		if to == gobreaker.StateOpen {
 			h.openUntil.Store(now.Add(s.OpenTimeout).UnixNano())
-			h.opened.Add(1)
+			if from == gobreaker.StateClosed { // not a failed probe round
+				h.opened.Add(1)
+			}
 		} else {
 			h.openUntil.Store(0)
 		}
@@ -315,7 +323,7 @@ type HealthStats struct {
 	Failures            int64     // calls the Redis failed: no reply in time, refused, reset
 	Overloaded          int64     // calls that ran out of time in this process (a queue, the pool, the CPU) before the Redis was slow: not counted as failures
 	Rejected            int64     // calls refused without reaching the Redis (open, or half-open with its probes taken)
-	Opened              int64     // times the health opened
+	Opened              int64     // times the health opened (from closed; a failed round of probes is not counted again)
 	LastError           error     // the latest failure, nil before the first
 	Probes              int64     // probes the health sent (its own, off the request path)
 	ProbesOK            int64     // of which answered
