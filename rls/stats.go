@@ -39,6 +39,7 @@ type Stats struct {
 	GlobalShadowMode                          atomic.Uint64 // calls over the limit answered OK because of SHADOW_MODE
 	health                                    func() (state string, opened, failures int64)
 	local                                     func() (overloaded, redis int64) // store calls decided locally: time spent in this process, Redis failed
+	shards                                    func() map[string]bool           // on a Cluster: each node's breaker, true when not closed
 }
 
 // NewStats returns empty stats.
@@ -219,6 +220,23 @@ func (s *Stats) WritePrometheus(w io.Writer) error {
 		}
 		counter("spillway_rls_redis_breaker_opened_total", "Times the breaker on Redis opened.", uint64(opened))
 		counter("spillway_rls_redis_failures_total", "Redis calls that failed (timeout, refused, reset).", uint64(failures))
+	}
+	if s.shards != nil {
+		if m := s.shards(); len(m) > 0 {
+			names := make([]string, 0, len(m))
+			for n := range m {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			bw.WriteString("# HELP spillway_rls_redis_node_open On a Redis Cluster, each node's breaker: 1 while its slots are decided locally.\n# TYPE spillway_rls_redis_node_open gauge\n")
+			for _, n := range names {
+				v := "0"
+				if m[n] {
+					v = "1"
+				}
+				bw.WriteString(`spillway_rls_redis_node_open{node="` + escapeLabel(n) + `"} ` + v + "\n")
+			}
+		}
 	}
 	return bw.Flush()
 }
