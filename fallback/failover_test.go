@@ -263,6 +263,33 @@ func TestClusterPrimaryKilledIsABlipForItsSlots(t *testing.T) {
 	time.Sleep(time.Second)
 	killed := time.Since(r.start)
 	c.Kill(victim)
+	// Once the victim's breaker is open, a batch over its node and a
+	// healthy one: the healthy item is decided by Redis, the other locally.
+	var vi, hi int
+	for i := range r.entities {
+		if onVictim(i) {
+			vi = i
+		} else {
+			hi = i
+		}
+	}
+	waitFor(t, "the victim's breaker open", func() bool {
+		for _, sh := range h.Stats().Shards {
+			if sh.Name == "redis@"+victim.Addr && sh.State == fallback.Open {
+				return true
+			}
+		}
+		return false
+	})
+	split := make([]spillway.Decision, 2)
+	ok, err := st.Decide(ctx, []ratelimit.Item{{Scope: "api", Key: r.entities[vi], Policy: daily, Cost: 1}, {Scope: "api", Key: r.entities[hi], Policy: daily, Cost: 1}}, split)
+	if err != nil || !ok || !split[0].Degraded || split[1].Degraded {
+		t.Errorf("batch over the failed node and a healthy one: %v %v %+v; want allowed, the failed node's item degraded, the healthy one from Redis", ok, err, split)
+	}
+	if ok {
+		r.admitted[vi].Add(1)
+		r.admitted[hi].Add(1)
+	}
 	var serving time.Duration
 	for {
 		if s, err := c.Owner(ctx, vslot); err == nil && s != victim {

@@ -220,9 +220,10 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // every OpenTimeout/4, so that the promoted replica takes them as soon as
 // it serves. The client's Health itself never opens: its State sums up the
 // nodes' (closed while all are, open when all are, else half-open) and
-// HealthStats.Shards lists them. A batch spanning a failed node and
-// healthy ones is decided locally as a whole (all or nothing). See
-// docs/fallback.md, "Cluster: health per node".
+// HealthStats.Shards lists them. A Store's batch spanning a failed node
+// and healthy ones decides its failed part locally and its healthy part
+// on Redis, all or nothing. See docs/fallback.md, "Cluster: health per
+// node".
 func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) {
 	s, err := s.withDefaults()
 	if err != nil {

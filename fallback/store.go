@@ -250,7 +250,80 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		// for what Redis did).
 		return false, &canceledError{err: cerr}
 	}
+	if s.br.shards != nil && len(items) > 1 && errors.Is(err, ErrOpen) {
+		if allowed, ok, err := s.decideSplit(ctx, items, out, err); ok {
+			return allowed, err
+		}
+	}
 	return s.decideLocal(ctx, items, out, err)
+}
+
+// decideSplit decides a batch over several Cluster nodes of which some
+// are open: the items whose node answers on Redis, the others locally,
+// still all or nothing. Which node answers is found by a peek of each item
+// alone (an open node refuses at once). The failed part is decided first,
+// locally; the healthy part is then charged on Redis only if it allowed
+// (else only peeked, for its decisions). ok is false when the batch is not
+// split that way (every node, or none, answers; a call fails): it is then
+// decided locally as a whole.
+func (s *Store) decideSplit(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (allowed, ok bool, err error) {
+	var healthy, failed []int
+	for i := range items {
+		peek := [1]ratelimit.Item{items[i]}
+		peek[0].Cost = 0
+		var d [1]spillway.Decision
+		err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+			_, err := s.inner.Decide(ctx, peek[:], d[:])
+			return err
+		})
+		switch {
+		case err == nil:
+			healthy = append(healthy, i)
+		case errors.Is(err, ErrOpen):
+			failed = append(failed, i)
+		default:
+			return false, false, nil
+		}
+	}
+	if len(healthy) == 0 || len(failed) == 0 {
+		return false, false, nil
+	}
+	part := func(idx []int) ([]ratelimit.Item, []spillway.Decision) {
+		its := make([]ratelimit.Item, len(idx))
+		for j, i := range idx {
+			its[j] = items[i]
+		}
+		return its, make([]spillway.Decision, len(idx))
+	}
+	fItems, fOut := part(failed)
+	okLocal, err := s.decideLocal(ctx, fItems, fOut, cause)
+	if err != nil {
+		return false, true, err
+	}
+	hItems, hOut := part(healthy)
+	if !okLocal {
+		for j := range hItems {
+			hItems[j].Cost = 0 // the batch is denied: only looked at
+		}
+	}
+	var okRedis bool
+	if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+		var err error
+		okRedis, err = s.inner.Decide(ctx, hItems, hOut)
+		return err
+	}); err != nil {
+		// the healthy part failed meanwhile: locally too
+		if okRedis, err = s.decideLocal(ctx, hItems, hOut, err); err != nil {
+			return false, true, err
+		}
+	}
+	for j, i := range failed {
+		out[i] = fOut[j]
+	}
+	for j, i := range healthy {
+		out[i] = hOut[j]
+	}
+	return okLocal && okRedis, true, nil
 }
 
 // decideDetached is inner.Decide run detached (Health.detach), on copies
