@@ -76,6 +76,7 @@ type Health struct {
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
 	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
+	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
 
 	// probe is the health's own check (nil: user calls probe, half-open).
@@ -203,8 +204,10 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // What counts: a reply (redis.Nil and error replies such as NOSCRIPT
 // included) is a success — the server answered; a refused or reset
 // connection, a failed dial, or no reply while Redis had the command —
-// from the moment it was written, for at least half of the time the call
-// was given — is a failure; a call whose caller canceled its context is
+// from the moment it was written, for at least half of the call's budget
+// (the longest budget of the Stores and Limiters given this Health, or the
+// chain's when smaller; a caller's shorter deadline does not lower it) —
+// is a failure; a call whose caller canceled its context is
 // neither, and so is one that ran out of time in this process (waiting
 // for a pooled connection, for the coalesced call in flight, for the CPU,
 // or whose reply was in the socket when its time ran out): it is counted
@@ -506,8 +509,9 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 // Redis had the command — from the moment the command was written
 // (wireConn: the latest read of this Health's connections that ran out of
 // time while the call ran, since go-redis's retry may have replaced the
-// read's own error), for at least half of the time the call was given
-// (allowance; any time when unknown). Less proves nothing, like the slice
+// read's own error), for at least half of the call's budget (allowance;
+// any time when unknown): a caller's shorter deadline proves nothing
+// against Redis. Less proves nothing, like the slice
 // of a budget the blocks before spent (guardScope.short). A call that ran
 // out of time before its command was written (waiting for a pooled
 // connection, for the coalesced call in flight, for the CPU) or whose
@@ -655,8 +659,8 @@ type guardScope struct {
 	// slice proves nothing against the store, so it is not a failure.
 	short    bool
 	deadline time.Time
-	// allowance is the time the call was given in all: to the earlier of
-	// deadline and its context's (0: no deadline).
+	// allowance is the time the call's budget gives it in all (0: no
+	// deadline): what Redis's silence is judged against.
 	allowance time.Duration
 	start     time.Time
 }
@@ -696,10 +700,10 @@ func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Dur
 		sc.deadline = deadline
 		left := time.Until(deadline)
 		sc.short = full > 0 && left < full/2
-		sc.allowance = left
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			sc.allowance = time.Until(d)
-		}
+		// Redis is judged against the budget (its full allowance), not
+		// against a caller's shorter deadline: a call whose caller gives
+		// up sooner does not prove Redis slow.
+		sc.allowance = max(left, full)
 		// a context that ends no later needs no timer of its own
 		if d, ok := ctx.Deadline(); withDeadline && (!ok || d.After(deadline)) {
 			ctx, sc.cancel = context.WithDeadline(ctx, deadline)
@@ -746,13 +750,25 @@ func (k hook) DialHook(next redis.DialHook) redis.DialHook {
 	}
 }
 
-// allowanceOf is the time a call starting at start has until ctx's
-// deadline (0: none).
-func allowanceOf(ctx context.Context, start time.Time) time.Duration {
+// allowanceOf is what Redis's silence toward a call starting at start is
+// judged against: the time until ctx's deadline, or the longest budget of
+// the Stores and Limiters on h when longer (a caller giving up sooner does
+// not prove Redis slow); 0 without a deadline.
+func (h *Health) allowanceOf(ctx context.Context, start time.Time) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return d.Sub(start)
+		return max(d.Sub(start), time.Duration(h.budget.Load()))
 	}
 	return 0
+}
+
+// noteBudget records a Store's or Limiter's budget (see allowanceOf).
+func (h *Health) noteBudget(b time.Duration) {
+	for {
+		old := h.budget.Load()
+		if int64(b) <= old || h.budget.CompareAndSwap(old, int64(b)) {
+			return
+		}
+	}
 }
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -770,7 +786,7 @@ func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		start := time.Now()
 		err = next(ctx, cmd)
-		k.h.report(ctx, done, err, start, allowanceOf(ctx, start))
+		k.h.report(ctx, done, err, start, k.h.allowanceOf(ctx, start))
 		return err
 	}
 }
@@ -792,7 +808,7 @@ func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 		}
 		start := time.Now()
 		err = next(ctx, cmds)
-		k.h.report(ctx, done, err, start, allowanceOf(ctx, start))
+		k.h.report(ctx, done, err, start, k.h.allowanceOf(ctx, start))
 		return err
 	}
 }

@@ -191,7 +191,7 @@ func (k shardHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // report counts the outcome on the node's breaker and, when it is a
 // failure, tells the call of a Store or Limiter that sent it.
 func (k shardHook) report(ctx context.Context, done func(error), err error, start time.Time) {
-	failed := k.h.report(ctx, done, err, start, allowanceOf(ctx, start)) && err != nil && !healthy(err) &&
+	failed := k.h.report(ctx, done, err, start, k.h.parent.allowanceOf(ctx, start)) && err != nil && !healthy(err) &&
 		!errors.Is(err, ErrOpen) && !errors.Is(ctx.Err(), context.Canceled)
 	if failed {
 		if g, ok := ctx.Value(guardKey{}).(*guardCtx); ok {

@@ -108,6 +108,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	client := clientOf(inner)
 	st := &Store{inner: inner, set: s, ppm: sharePPM(s.Share), br: s.health(client)}
 	st.direct = st.br.direct
+	st.br.noteBudget(s.Budget)
 	if client != nil {
 		st.direct = honourDeadlines(client)
 	}
@@ -189,7 +190,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	if len(items) == 0 {
 		return true, nil
 	}
-	if err := ctx.Err(); err != nil {
+	if err := callerGone(ctx); err != nil {
 		// The caller has stopped waiting: refused at once, neither
 		// decided nor counted.
 		return false, &canceledError{err: err}
@@ -243,7 +244,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return false, err
 	}
-	if cerr := ctx.Err(); cerr != nil {
+	if cerr := callerGone(ctx); cerr != nil {
 		// The caller's own deadline passed during the call: it has stopped
 		// waiting, and a local decision now would be late. Refused, like a
 		// call that comes after its deadline (the call was counted above
@@ -256,6 +257,19 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		}
 	}
 	return s.decideLocal(ctx, items, out, err)
+}
+
+// callerGone returns ctx's error, or context.DeadlineExceeded once its
+// deadline has passed even if its timer has not fired yet (a socket
+// deadline set to the same instant may end the call first).
+func callerGone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // decideSplit decides a batch over several Cluster nodes of which some
