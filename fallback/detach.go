@@ -3,6 +3,7 @@ package fallback
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,11 @@ const MaxAbandoned = 64
 // because MaxAbandoned detached calls of the same Health were still
 // running past their deadlines: the store is not answering.
 var ErrAbandoned = errors.New("fallback: too many calls still running past their budget")
+
+// errDetachedExpired is a detached call that ran past its deadline: the
+// client ignores deadlines, so nothing tells the wait for the Redis apart
+// from the wait before it, and it counts against the Redis.
+var errDetachedExpired = fmt.Errorf("fallback: detached call ran past its budget: %w", context.DeadlineExceeded)
 
 // honourDeadlines makes client honour context deadlines for socket I/O
 // (go-redis ignores them unless ContextTimeoutEnabled) and reports whether
@@ -106,7 +112,7 @@ func (h *Health) detach(ctx context.Context, deadline time.Time, f func(ctx cont
 	case <-c.done:
 		return c.err
 	case <-expired:
-		cause = context.DeadlineExceeded
+		cause = errDetachedExpired
 	case <-ctx.Done():
 		cause = ctx.Err()
 	}

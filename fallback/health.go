@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,7 +43,7 @@ import (
 // it (shedder.Fleet's reports, globalceiling's sync, concurrency releases).
 // Pass it to every fallback Store and Limiter on that client in
 // Settings.Health so that their calls are counted once and their decisions
-// follow it. A Cluster client gets one Health for the whole cluster (see
+// follow it. On a Cluster client each node has a breaker of its own (see
 // NewHealth).
 //
 // A Health is safe for concurrent use. Its Stats are the one place that
@@ -64,8 +65,20 @@ type Health struct {
 	dirty    atomic.Bool
 	since    atomic.Int64 // Unix ns of the last state change (creation at first)
 	attached bool         // a hook on a client counts the calls it did not guard
+	wired    bool         // the client's connections are dialed through the health's hook (wireConn)
+
+	// A Cluster client's Health has a breaker per node (shards); each of
+	// those has the client's Health as parent, its node's address, and
+	// gone, run when go-redis closed the node's client.
+	shards *shards
+	parent *Health
+	addr   string
+	gone   func()
 
 	successes, failures, rejected, opened atomic.Int64
+	overloaded                            atomic.Int64
+	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
+	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
 
 	// probe is the health's own check (nil: user calls probe, half-open).
@@ -102,8 +115,9 @@ type HealthSettings struct {
 	Failures uint32
 
 	// OpenTimeout is how long the health stays open before it probes
-	// (default 1s; up to 1.2× that, jittered). It is also the RetryAfter of
-	// fail-closed denials of the blocks that share it.
+	// (default 1s; up to 1.2× that, jittered; after a failed round of
+	// probes, the next comes a quarter of it later). It is also the
+	// RetryAfter of fail-closed denials of the blocks that share it.
 	OpenTimeout time.Duration
 
 	// Probes is how many probes the half-open health sends in a row (or,
@@ -211,18 +225,31 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // own, returning at the budget; see docs/fallback.md).
 //
 // What counts: a reply (redis.Nil and error replies such as NOSCRIPT
-// included) is a success — the server answered; a timeout, a refused or
-// reset connection or a pool timeout is a failure; a call whose caller
-// canceled its context is neither.
+// included) is a success — the server answered; a refused or reset
+// connection, a failed dial, or no reply while Redis had the command —
+// from the moment it was written, for at least half of the call's budget
+// (the longest budget of the Stores and Limiters given this Health, or the
+// chain's when smaller; a caller's shorter deadline does not lower it) —
+// is a failure; a call whose caller canceled its context is
+// neither, and so is one that ran out of time in this process (waiting
+// for a pooled connection, for the coalesced call in flight, for the CPU,
+// or whose reply was in the socket when its time ran out): it is counted
+// in HealthStats.Overloaded and never opens the breaker. The health judges
+// Redis, not the caller's wait: an overloaded process is not a sick Redis.
+// The connections the client dials are timed for this (the hook wraps
+// them); see docs/fallback.md, "Which waits count".
 //
-// Cluster: a ClusterClient gets one Health for the whole cluster, not one
-// per node. A request's rate-limit batch spans several nodes and is decided
-// all or nothing; with health per node half of a batch would be decided
-// by Redis and half locally, and the local share's bound (N servers admit
-// at most N × Share of a quota) would no longer hold per request. The cost:
-// while one primary is sick (until Cluster fails it over, typically
-// seconds), keys on healthy nodes are decided locally too, within the
-// local share.
+// Cluster: a ClusterClient's Health has a breaker per node (given to each
+// node's client through OnNewNode): a primary's failure opens its node
+// only, so its slots are decided locally while the others are still
+// decided by Redis; while a node is open the client's slots are reloaded
+// every OpenTimeout/4, so that the promoted replica takes them as soon as
+// it serves. The client's Health itself never opens: its State sums up the
+// nodes' (closed while all are, open when all are, else half-open) and
+// HealthStats.Shards lists them. A Store's batch spanning a failed node
+// and healthy ones decides its failed part locally and its healthy part
+// on Redis, all or nothing. See docs/fallback.md, "Cluster: health per
+// node".
 func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) {
 	s, err := s.withDefaults()
 	if err != nil {
@@ -246,6 +273,12 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	h.share = share.Of(client)
 	h.share.SetOverride(s.Share)
 	client.AddHook(hook{h})
+	if c, ok := client.(*redis.ClusterClient); ok {
+		h.watchShards(c)
+		h.wired = direct
+	} else {
+		h.wired = direct && h.watchWire(client)
+	}
 	return h, nil
 }
 
@@ -272,12 +305,19 @@ func newHealth(s HealthSettings) *Health {
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= k },
 		IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
 	}
+	if s.Probe != nil {
+		// the probe loop paces the first probes after an opening itself
+		// (OpenTimeout); after a failed round it probes again sooner
+		st.Timeout = max(s.OpenTimeout/4, time.Millisecond)
+	}
 	hookFn := s.OnStateChange
 	st.OnStateChange = func(name string, from, to gobreaker.State) {
 		now := time.Now()
 		if to == gobreaker.StateOpen {
 			h.openUntil.Store(now.Add(s.OpenTimeout).UnixNano())
-			h.opened.Add(1)
+			if from == gobreaker.StateClosed { // not a failed probe round
+				h.opened.Add(1)
+			}
 		} else {
 			h.openUntil.Store(0)
 		}
@@ -311,15 +351,21 @@ type HealthStats struct {
 	Since               time.Time // when State began (or the Health was created)
 	ConsecutiveFailures uint32    // in the current closed or half-open period
 	Successes           int64     // calls the Redis answered
-	Failures            int64     // calls that failed: timeout, refused, reset
+	Failures            int64     // calls the Redis failed: no reply in time, refused, reset
+	Overloaded          int64     // calls that ran out of time in this process (a queue, the pool, the CPU) before the Redis was slow: not counted as failures
 	Rejected            int64     // calls refused without reaching the Redis (open, or half-open with its probes taken)
-	Opened              int64     // times the health opened
+	Opened              int64     // times the health opened (from closed; a failed round of probes is not counted again)
 	LastError           error     // the latest failure, nil before the first
 	Probes              int64     // probes the health sent (its own, off the request path)
 	ProbesOK            int64     // of which answered
 	Queued              int       // post-admission calls queued for when the health closes
 	QueueDropped        int64     // post-admission calls left to their TTL: the queue was full, or they failed after it closed
 	Abandoned           int64     // detached calls still running past their caller's deadline
+	// Shards, on a Cluster client, has one entry per node (Name is
+	// "name@address"): each node has a breaker of its own, and the
+	// counters above sum theirs. State is then Closed while every node is
+	// closed, Open when every node is open, else HalfOpen.
+	Shards []HealthStats
 }
 
 // Stats returns a snapshot of the counters and the state.
@@ -331,6 +377,7 @@ func (h *Health) Stats() HealthStats {
 		ConsecutiveFailures: h.cb.Counts().ConsecutiveFailures,
 		Successes:           h.successes.Load(),
 		Failures:            h.failures.Load(),
+		Overloaded:          h.overloaded.Load(),
 		Rejected:            h.rejected.Load(),
 		Opened:              h.opened.Load(),
 		Probes:              h.probes.Load(),
@@ -340,6 +387,23 @@ func (h *Health) Stats() HealthStats {
 	st.Queued, st.QueueDropped = h.after.stats()
 	if b := h.lastErr.Load(); b != nil {
 		st.LastError = b.err
+	}
+	if h.shards != nil {
+		var last time.Time
+		h.shards.each(func(c *Health) {
+			cs := c.Stats()
+			st.Shards = append(st.Shards, cs)
+			st.ConsecutiveFailures = max(st.ConsecutiveFailures, cs.ConsecutiveFailures)
+			st.Failures += cs.Failures
+			st.Rejected += cs.Rejected
+			st.Opened += cs.Opened
+			st.Probes += cs.Probes
+			st.ProbesOK += cs.ProbesOK
+			st.Overloaded += cs.Overloaded
+			if cs.LastError != nil && cs.Since.After(last) {
+				st.LastError, last = cs.LastError, cs.Since
+			}
+		})
 	}
 	return st
 }
@@ -358,7 +422,12 @@ func stateOf(s gobreaker.State) State {
 	return Closed
 }
 
-func (h *Health) state() State { return stateOf(h.cb.State()) }
+func (h *Health) state() State {
+	if h.shards != nil {
+		return h.shards.state()
+	}
+	return stateOf(h.cb.State())
+}
 
 // allow is cb.Allow with a lock-free refusal while open and a lock-free
 // admission while closed (a closed breaker admits every call): then it
@@ -430,27 +499,83 @@ func healthy(err error) bool {
 }
 
 // report tells the breaker how a call it allowed (done) ended; ctx is the
-// caller's context.
-func (h *Health) report(ctx context.Context, done func(error), err error) {
+// caller's context, allowance the time the call was given in all (0:
+// unknown). It reports false when the call ran out of time in this
+// process (see blamesRedis): that is not counted against the Redis.
+func (h *Health) report(ctx context.Context, done func(error), err error, start time.Time, allowance time.Duration) bool {
 	switch {
 	case healthy(err):
 		h.successes.Add(1)
 		h.settle(done, nil)
 	case errors.Is(ctx.Err(), context.Canceled):
-		// The caller gave up; that says nothing about the store. A caller
-		// deadline shorter than the budget does count: the store was too
-		// slow for this caller.
+		// The caller gave up; that says nothing about the store.
 		h.settle(done, errExcluded)
 	case errors.Is(err, ErrOpen):
 		// go-redis sent part of the call through the client's hooks again
 		// (a retry on another connection) and the breaker refused it:
 		// nothing was learned about the Redis.
 		h.settle(done, errExcluded)
+	case !h.blamesRedis(err, start, allowance):
+		h.overloaded.Add(1)
+		h.settle(done, errExcluded)
+		return false
+	case h.shards != nil:
+		// A Cluster: the node's breaker counted it (shardHook).
+		h.settle(done, errExcluded)
 	default:
 		h.failures.Add(1)
 		h.lastErr.Store(&errBox{err})
 		h.settle(done, err)
 	}
+	return true
+}
+
+// blamesRedis reports whether a failed call counts against the Redis.
+// Only what the Redis did counts: an error it caused (a refused or reset
+// connection, a failed dial), or a reply that did not come while the
+// Redis had the command — from the moment the command was written
+// (wireConn: the latest read of this Health's connections that ran out of
+// time while the call ran, since go-redis's retry may have replaced the
+// read's own error), for at least half of the call's budget (allowance;
+// any time when unknown): a caller's shorter deadline proves nothing
+// against Redis. Less proves nothing, like the slice
+// of a budget the blocks before spent (guardScope.short). A call that ran
+// out of time before its command was written (waiting for a pooled
+// connection, for the coalesced call in flight, for the CPU) or whose
+// reply was in the socket, unread, when its time ran out, was delayed by
+// this process: it is not the Redis's failure.
+func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) bool {
+	if !h.wired {
+		// Not a go-redis client this health dials for (a store or limiter
+		// of another kind): nothing tells the waits apart, every failure
+		// counts.
+		return true
+	}
+	var df *dialFailure
+	if errors.As(err, &df) {
+		return !timedOut(df.err) || df.took >= allowance/2
+	}
+	if errors.Is(err, errDetachedExpired) {
+		return true // a client that ignores deadlines: nothing tells the waits apart
+	}
+	if !timedOut(err) {
+		return true
+	}
+	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
+		return e.broken || (!e.replied && e.silence >= allowance/2)
+	}
+	var op *net.OpError
+	// written on a connection this health did not dial, no reply in time
+	return errors.As(err, &op) && op.Op == "read"
+}
+
+// timedOut reports whether err is a deadline or timeout of any kind.
+func timedOut(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // finish reports the outcome err of a call the breaker allowed (done) and
@@ -460,15 +585,28 @@ func (h *Health) report(ctx context.Context, done func(error), err error) {
 // included) as itself.
 func (h *Health) finish(ctx context.Context, done func(error), err error, sc guardScope) error {
 	if err != nil && sc.cutShort() && !errors.Is(ctx.Err(), context.Canceled) {
+		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
-		return err
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
 	}
-	h.report(ctx, done, err)
+	if h.shards != nil && err != nil && !healthy(err) && !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrOpen) &&
+		(sc.g == nil || !sc.g.shardFailed.Load()) {
+		// A Cluster: no node's breaker counted a failure of this call
+		// (shardHook), so its time went in this process.
+		h.overloaded.Add(1)
+		h.settle(done, errExcluded)
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
+	}
+	blamed := h.report(ctx, done, err, sc.start, sc.allowance)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(ctx.Err(), context.Canceled):
 		return &canceledError{err: ctx.Err()}
+	case !blamed:
+		// spent in this process: the decision is local like one that
+		// found the budget spent before its call
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
 	}
 	return err
 }
@@ -523,6 +661,9 @@ type guardCtx struct {
 	context.Context
 	h      *Health
 	active atomic.Bool
+	// shardFailed: on a Cluster, a node's breaker counted a failure of a
+	// command of this call (shardHook).
+	shardFailed atomic.Bool
 }
 
 type guardKey struct{}
@@ -545,6 +686,10 @@ type guardScope struct {
 	// slice proves nothing against the store, so it is not a failure.
 	short    bool
 	deadline time.Time
+	// allowance is the time the call's budget gives it in all (0: no
+	// deadline): what Redis's silence is judged against.
+	allowance time.Duration
+	start     time.Time
 }
 
 // cutShort reports whether the call of sc ran out of a slice of the
@@ -573,14 +718,19 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 // context, for a call that passes it to a ratelimit.BoundedStore instead
 // (no timer per call).
 func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Duration, withDeadline bool) guardScope {
-	var sc guardScope
+	sc := guardScope{start: time.Now()}
 	if !deadline.IsZero() {
 		full := own
 		if t := spillway.BudgetTotal(ctx); t > 0 && (full <= 0 || t < full) {
 			full = t
 		}
 		sc.deadline = deadline
-		sc.short = full > 0 && time.Until(deadline) < full/2
+		left := time.Until(deadline)
+		sc.short = full > 0 && left < full/2
+		// Redis is judged against the budget (its full allowance), not
+		// against a caller's shorter deadline: a call whose caller gives
+		// up sooner does not prove Redis slow.
+		sc.allowance = max(left, full)
 		// a context that ends no later needs no timer of its own
 		if d, ok := ctx.Deadline(); withDeadline && (!ok || d.After(deadline)) {
 			ctx, sc.cancel = context.WithDeadline(ctx, deadline)
@@ -615,17 +765,43 @@ type hook struct{ h *Health }
 // DialHook refuses to open connections while the health is open: go-redis
 // redials in the background after failed dials, and a connection attempt
 // to a sick Redis is traffic too.
+// It also hands go-redis a wireConn, which tells the health how long the
+// Redis took to answer (see blamesRedis).
 func (k hook) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if k.h.refusesDial(ctx) {
 			k.h.rejected.Add(1)
 			return nil, ErrOpen
 		}
-		return next(ctx, network, addr)
+		return k.h.dial(ctx, next, network, addr)
+	}
+}
+
+// allowanceOf is what Redis's silence toward a call starting at start is
+// judged against: the time until ctx's deadline, or the longest budget of
+// the Stores and Limiters on h when longer (a caller giving up sooner does
+// not prove Redis slow); 0 without a deadline.
+func (h *Health) allowanceOf(ctx context.Context, start time.Time) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(d.Sub(start), time.Duration(h.budget.Load()))
+	}
+	return 0
+}
+
+// noteBudget records a Store's or Limiter's budget (see allowanceOf).
+func (h *Health) noteBudget(b time.Duration) {
+	for {
+		old := h.budget.Load()
+		if int64(b) <= old || h.budget.CompareAndSwap(old, int64(b)) {
+			return
+		}
 	}
 }
 
 func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	if k.h.shards != nil {
+		return next // a Cluster: each node's shardHook gates and counts
+	}
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if k.h.accountedFor(ctx) {
 			return next(ctx, cmd)
@@ -635,13 +811,17 @@ func (k hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(err)
 			return err
 		}
+		start := time.Now()
 		err = next(ctx, cmd)
-		k.h.report(ctx, done, err)
+		k.h.report(ctx, done, err, start, k.h.allowanceOf(ctx, start))
 		return err
 	}
 }
 
 func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	if k.h.shards != nil {
+		return next
+	}
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if k.h.accountedFor(ctx) {
 			return next(ctx, cmds)
@@ -653,15 +833,21 @@ func (k hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 			}
 			return err
 		}
+		start := time.Now()
 		err = next(ctx, cmds)
-		k.h.report(ctx, done, err)
+		k.h.report(ctx, done, err, start, k.h.allowanceOf(ctx, start))
 		return err
 	}
 }
 
-// canceledError marks a call the caller canceled: it is returned, not
-// decided locally.
+// canceledError marks a call the caller canceled, or whose caller's
+// deadline had passed when it came: it is returned, not decided locally.
 type canceledError struct{ err error }
 
-func (e *canceledError) Error() string { return "fallback: caller canceled: " + e.err.Error() }
+func (e *canceledError) Error() string {
+	if errors.Is(e.err, context.DeadlineExceeded) {
+		return "fallback: the caller's deadline had passed: " + e.err.Error()
+	}
+	return "fallback: caller canceled: " + e.err.Error()
+}
 func (e *canceledError) Unwrap() error { return e.err }

@@ -179,7 +179,7 @@ func TestHealthClosedFastPathCountsConsecutiveFailures(t *testing.T) {
 		if aerr != nil {
 			t.Fatalf("allow: %v", aerr)
 		}
-		h.report(ctx, done, err)
+		h.report(ctx, done, err, time.Now(), 0)
 	}
 	step := func(err error, want State, consecutive uint32) {
 		t.Helper()

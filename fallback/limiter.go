@@ -50,7 +50,9 @@ func NewLimiter(inner, local spillway.Limiter, s Settings) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Limiter{inner: inner, local: local, set: s, br: s.health(nil)}, nil
+	l := &Limiter{inner: inner, local: local, set: s, br: s.health(nil)}
+	l.br.noteBudget(s.Budget)
+	return l, nil
 }
 
 // State returns the breaker's state (its Health's, when shared).

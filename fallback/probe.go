@@ -13,18 +13,32 @@ import (
 // through (and does not count it: the probe loop reports it).
 type probeKey struct{}
 
-// probeLoop runs while the health is not closed: every OpenTimeout to
-// 1.2 × OpenTimeout it takes the half-open breaker's Probes slots one after
-// the other, each for one probe; as many successes close the health, a
-// failure opens it again and the loop waits again. Only one loop runs per
-// Health (probing).
+// probeLoop runs while the health is not closed: OpenTimeout to 1.2 ×
+// OpenTimeout after the health opened, and then every OpenTimeout/4 (to
+// 1.2 × that) while the probes fail, it takes the half-open breaker's
+// Probes slots one after the other, each for one probe; as many successes
+// close the health, a failure opens it again and the loop waits again.
+// (Probes are cheap and off the request path: probing sooner after the
+// first round brings the decisions back within a fraction of a second of
+// the Redis answering again, a promoted replica included.) Only one loop
+// runs per Health (probing).
 func (h *Health) probeLoop() {
+	retry := false
 	for {
-		wait := h.set.OpenTimeout + time.Duration(rand.Int64N(int64(h.set.OpenTimeout)/5+1))
+		base := h.set.OpenTimeout
+		if retry {
+			base = max(base/4, time.Millisecond)
+		}
+		wait := base + time.Duration(rand.Int64N(int64(base)/5+1))
 		time.Sleep(wait)
 		if !h.closed.Load() && !h.probeRound() {
-			return // the client is closed: nobody will use it again
+			// the client is closed: nobody will use it again
+			if h.gone != nil {
+				h.gone()
+			}
+			return
 		}
+		retry = true
 		if h.closed.Load() {
 			h.probing.Store(false)
 			// Opened again between the load and the store: the state
@@ -32,6 +46,7 @@ func (h *Health) probeLoop() {
 			if h.closed.Load() || !h.probing.CompareAndSwap(false, true) {
 				return
 			}
+			retry = false
 		}
 	}
 }

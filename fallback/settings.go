@@ -230,6 +230,11 @@ func (s Settings) health(client redis.UniversalClient) *Health {
 	if client != nil {
 		h.share = share.Of(client)
 	}
+	if client != nil && h.direct {
+		// its connections time Redis's replies
+		client.AddHook(wireHook{h})
+		h.wired = h.watchWire(client)
+	}
 	return h
 }
 

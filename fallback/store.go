@@ -26,7 +26,14 @@ import (
 // batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
 // call is decided locally, marked Degraded. Errors are returned only for
-// invalid items and when the caller's context is canceled.
+// invalid items, when the caller's context is canceled, and when its
+// deadline passes before the decision: as the call comes (refused at once,
+// decided neither by the inner store nor locally) or while the inner store
+// has it (not decided locally: the caller has stopped waiting). Only the
+// Store's own budget, or the chain's, ending first makes a local decision. Time spent in this process (a queue, the
+// pool, the CPU) that leaves a call without its answer in time decides it
+// locally but is counted as overload, not against the inner store (see
+// NewHealth, and Stats.Overloaded).
 //
 // Reconcile: while decisions are local, the Store records per key the
 // units it admitted locally. On the first successful call to the inner
@@ -61,19 +68,21 @@ type Store struct {
 	direct bool
 
 	reconciling atomic.Bool
+	retryAt     atomic.Int64 // Unix ns before which no reconcile pass starts by itself (keys left pending)
 	stats       storeStats
 }
 
 var _ ratelimit.Store = (*Store)(nil)
 
 type storeStats struct {
-	calls, degraded, cacheHits, reconciled atomic.Int64
+	calls, degraded, overloaded, cacheHits, reconciled atomic.Int64
 }
 
 // Stats counts what a Store did since it was created.
 type Stats struct {
 	Calls      int64 // Decide calls the inner store answered
-	Degraded   int64 // Decide calls answered locally (breaker open or call failed)
+	Degraded   int64 // Decide calls answered locally (breaker open, call failed, or time spent in this process)
+	Overloaded int64 // of Degraded, those whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis
 	CacheHits  int64 // Decide calls answered from the cache of denials
 	Reconciled int64 // units carried back to the inner store by reconcile
 	Skipped    int64 // local admissions not recorded for reconcile because the ledger was full
@@ -109,6 +118,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		st.share = st.br.share
 	}
 	st.direct = st.br.direct
+	st.br.noteBudget(s.Budget)
 	if client != nil {
 		st.direct = honourDeadlines(client)
 	}
@@ -155,6 +165,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Calls:      s.stats.calls.Load(),
 		Degraded:   s.stats.degraded.Load(),
+		Overloaded: s.stats.overloaded.Load(),
 		CacheHits:  s.stats.cacheHits.Load(),
 		Reconciled: s.stats.reconciled.Load(),
 	}
@@ -198,6 +209,11 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	if len(items) == 0 {
 		return true, nil
 	}
+	if err := callerGone(ctx); err != nil {
+		// The caller has stopped waiting: refused at once, neither
+		// decided nor counted.
+		return false, &canceledError{err: err}
+	}
 	if s.cache != nil && s.answerFromCache(items, out) {
 		s.stats.cacheHits.Add(1)
 		return false, nil
@@ -236,7 +252,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 				}
 			}
 		}
-		if s.ledger != nil && s.ledger.pending() && s.reconciling.CompareAndSwap(false, true) {
+		if s.ledger != nil && s.ledger.pending() && time.Now().UnixNano() >= s.retryAt.Load() && s.reconciling.CompareAndSwap(false, true) {
 			go func() {
 				defer s.reconciling.Store(false)
 				_ = s.reconcile(context.Background())
@@ -247,7 +263,100 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	if _, ok := err.(*canceledError); ok { // finish returns it unwrapped
 		return false, err
 	}
+	if cerr := callerGone(ctx); cerr != nil {
+		// The caller's own deadline passed during the call: it has stopped
+		// waiting, and a local decision now would be late. Refused, like a
+		// call that comes after its deadline (the call was counted above
+		// for what Redis did).
+		return false, &canceledError{err: cerr}
+	}
+	if s.br.shards != nil && len(items) > 1 && errors.Is(err, ErrOpen) {
+		if allowed, ok, err := s.decideSplit(ctx, items, out, err); ok {
+			return allowed, err
+		}
+	}
 	return s.decideLocal(ctx, items, out, err)
+}
+
+// callerGone returns ctx's error, or context.DeadlineExceeded once its
+// deadline has passed even if its timer has not fired yet (a socket
+// deadline set to the same instant may end the call first).
+func callerGone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// decideSplit decides a batch over several Cluster nodes of which some
+// are open: the items whose node answers on Redis, the others locally,
+// still all or nothing. Which node answers is found by a peek of each item
+// alone (an open node refuses at once). The failed part is decided first,
+// locally; the healthy part is then charged on Redis only if it allowed
+// (else only peeked, for its decisions). ok is false when the batch is not
+// split that way (every node, or none, answers; a call fails): it is then
+// decided locally as a whole.
+func (s *Store) decideSplit(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (allowed, ok bool, err error) {
+	var healthy, failed []int
+	for i := range items {
+		peek := [1]ratelimit.Item{items[i]}
+		peek[0].Cost = 0
+		var d [1]spillway.Decision
+		err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+			_, err := s.inner.Decide(ctx, peek[:], d[:])
+			return err
+		})
+		switch {
+		case err == nil:
+			healthy = append(healthy, i)
+		case errors.Is(err, ErrOpen):
+			failed = append(failed, i)
+		default:
+			return false, false, nil
+		}
+	}
+	if len(healthy) == 0 || len(failed) == 0 {
+		return false, false, nil
+	}
+	part := func(idx []int) ([]ratelimit.Item, []spillway.Decision) {
+		its := make([]ratelimit.Item, len(idx))
+		for j, i := range idx {
+			its[j] = items[i]
+		}
+		return its, make([]spillway.Decision, len(idx))
+	}
+	fItems, fOut := part(failed)
+	okLocal, err := s.decideLocal(ctx, fItems, fOut, cause)
+	if err != nil {
+		return false, true, err
+	}
+	hItems, hOut := part(healthy)
+	if !okLocal {
+		for j := range hItems {
+			hItems[j].Cost = 0 // the batch is denied: only looked at
+		}
+	}
+	var okRedis bool
+	if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+		var err error
+		okRedis, err = s.inner.Decide(ctx, hItems, hOut)
+		return err
+	}); err != nil {
+		// the healthy part failed meanwhile: locally too
+		if okRedis, err = s.decideLocal(ctx, hItems, hOut, err); err != nil {
+			return false, true, err
+		}
+	}
+	for j, i := range failed {
+		out[i] = fOut[j]
+	}
+	for j, i := range healthy {
+		out[i] = hOut[j]
+	}
+	return okLocal && okRedis, true, nil
 }
 
 // decideDetached is inner.Decide run detached (Health.detach), on copies
@@ -304,6 +413,9 @@ func (s *Store) answerFromCache(items []ratelimit.Item, out []spillway.Decision)
 // denies them (fail-closed items), all or nothing like any store.
 func (s *Store) decideLocal(ctx context.Context, items []ratelimit.Item, out []spillway.Decision, cause error) (bool, error) {
 	s.stats.degraded.Add(1)
+	if errors.Is(cause, spillway.ErrBudgetSpent) {
+		s.stats.overloaded.Add(1)
+	}
 	var scaled []ratelimit.Item
 	if len(items) <= smallBatch {
 		buf := itemPool.Get().(*[smallBatch]ratelimit.Item)
@@ -428,61 +540,87 @@ func (s *Store) reconcile(ctx context.Context) error {
 	charges := s.ledger.take(s.now())
 	ev := ReconcileEvent{Name: s.set.Name}
 	var (
-		items [reconcileBatch]ratelimit.Item
-		out   [reconcileBatch]spillway.Decision
-		err   error
+		left    []charge
+		lastErr error
 	)
-	done := 0
-pass:
-	for done < len(charges) {
+	for done := 0; done < len(charges); {
 		batch := charges[done:min(done+reconcileBatch, len(charges))]
-		for i, c := range batch {
-			items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
-		}
-		n := len(batch)
-		if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
-			_, err := s.inner.Decide(ctx, items[:n], out[:n])
-			return err
-		}); err != nil {
-			break
-		}
-		for i, c := range batch {
-			cost := min(c.carry, out[i].Remaining)
-			if cost > 0 {
-				one := [1]ratelimit.Item{items[i]}
-				one[0].Cost = cost
-				var d [1]spillway.Decision
-				var ok bool
-				if err = s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
-					var err error
-					ok, err = s.inner.Decide(ctx, one[:], d[:])
-					return err
-				}); err != nil {
-					// Keep this key and the rest of the batch.
-					s.ledger.restore(batch[i:], s.now())
-					ev.Pending += len(batch) - i
-					done += len(batch)
-					break pass
-				}
-				if ok {
-					ev.Charged += cost
-				}
-			}
-			ev.Keys++
-		}
 		done += len(batch)
+		n, err := s.carry(ctx, batch, &ev)
+		if err == nil {
+			continue
+		}
+		// Part of the batch failed (on a Cluster, one shard may still be
+		// away): each key left alone, so that the others land now.
+		for i := n; i < len(batch); i++ {
+			if _, err := s.carry(ctx, batch[i:i+1], &ev); err != nil {
+				left = append(left, batch[i])
+				lastErr = err
+			}
+		}
 	}
-	if done < len(charges) {
-		s.ledger.restore(charges[done:], s.now())
-		ev.Pending += len(charges) - done
+	if len(left) > 0 {
+		s.ledger.restore(left, s.now())
+		ev.Pending = len(left)
+		// not again before a quarter of OpenTimeout: the store is still
+		// failing for these keys
+		s.retryAt.Store(time.Now().Add(s.set.OpenTimeout / 4).UnixNano())
 	}
-	ev.Err = err
+	ev.Err = lastErr
 	s.stats.reconciled.Add(ev.Charged)
-	if s.set.OnReconcile != nil && (len(charges) > 0 || err != nil) {
+	if s.set.OnReconcile != nil && (len(charges) > 0 || lastErr != nil) {
 		s.set.OnReconcile(ev)
 	}
-	if err != nil {
-		return fmt.Errorf("fallback: reconcile: %w", err)
+	if lastErr != nil {
+		return fmt.Errorf("fallback: reconcile: %w", lastErr)
 	}
 	return nil
+}
+
+// carry charges batch's carries to the inner store: a peek of every key,
+// then a charge of min(carry, remaining) per key (peeked again and retried
+// when traffic took the room meanwhile, twice at most). It returns how
+// many keys of batch were carried before an error.
+func (s *Store) carry(ctx context.Context, batch []charge, ev *ReconcileEvent) (int, error) {
+	var (
+		items [reconcileBatch]ratelimit.Item
+		out   [reconcileBatch]spillway.Decision
+	)
+	for i, c := range batch {
+		items[i] = ratelimit.Item{Scope: c.k.scope, Key: c.k.key, Policy: c.k.policy}
+	}
+	n := len(batch)
+	if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+		_, err := s.inner.Decide(ctx, items[:n], out[:n])
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	for i, c := range batch {
+		room := out[i].Remaining
+		for try := 0; try < 3; try++ {
+			cost := min(c.carry, room)
+			if cost <= 0 {
+				break
+			}
+			one := [1]ratelimit.Item{items[i]}
+			one[0].Cost = cost
+			var d [1]spillway.Decision
+			var ok bool
+			if err := s.br.bypass(ctx, s.set.Budget, func(ctx context.Context) error {
+				var err error
+				ok, err = s.inner.Decide(ctx, one[:], d[:])
+				return err
+			}); err != nil {
+				return i, err
+			}
+			if ok {
+				ev.Charged += cost
+				break
+			}
+			room = d[0].Remaining // taken meanwhile: what is left now
+		}
+		ev.Keys++
+	}
+	return n, nil
 }

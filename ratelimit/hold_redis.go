@@ -48,7 +48,7 @@ func (s *RedisStore) Reserve(ctx context.Context, items []Item, ttl time.Duratio
 	}
 	var allowed bool
 	if s.co != nil && len(items) <= maxCoalesceItems {
-		allowed, err = s.co.reserve(ctx, s, h, ttlUS)
+		allowed, err = s.coalescerFor(ctx, &h.items[0]).reserve(ctx, s, h, ttlUS)
 	} else {
 		allowed, err = s.reserveDirect(ctx, h, ttlUS)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,7 @@ type RedisStore struct {
 	idSeq   atomic.Uint64
 	holdIDs holdIDs
 	co      *coalescer // nil: coalescing off
+	nodeCo  sync.Map   // on a Cluster: primary's *redis.Client -> its *coalescer (see coalescerFor)
 	sq      *settleQueue
 	gate    atomic.Pointer[func() bool] // SetGate; nil: always call
 
@@ -175,9 +177,30 @@ func (s *RedisStore) DecideBy(ctx context.Context, deadline time.Time, items []I
 		deadline = time.Time{} // ctx ends first: it alone bounds the call
 	}
 	if s.co != nil {
-		return s.co.decide(ctx, deadline, s, items, out)
+		return s.coalescerFor(ctx, &items[0]).decide(ctx, deadline, s, items, out)
 	}
 	return s.decideBy(ctx, deadline, items, out)
+}
+
+// coalescerFor returns the coalescer of a batch whose first item is it: on
+// a Cluster, the one of the primary serving its slot, so that a batch
+// waits only for the calls in flight to its own node — a primary that
+// stalls or dies holds up its own slots, not the others' — else the
+// store's.
+func (s *RedisStore) coalescerFor(ctx context.Context, it *Item) *coalescer {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok || s.sharded != bySlot {
+		return s.co
+	}
+	n, err := cc.MasterForKey(ctx, redisKey(s.prefix, it))
+	if err != nil || n == nil {
+		return s.co
+	}
+	if c, ok := s.nodeCo.Load(n); ok {
+		return c.(*coalescer)
+	}
+	c, _ := s.nodeCo.LoadOrStore(n, &coalescer{max: s.co.max})
+	return c.(*coalescer)
 }
 
 // decideBy is decide within deadline (the zero time: ctx's alone).

@@ -47,6 +47,11 @@ const maxCoalesceItems = 256
 // ctx.Err() at once and the call goes on for the others (the batch may
 // then have been charged, as with any call interrupted after it was
 // sent).
+//
+// On a Cluster, each primary has its own n calls in flight and its own
+// queue: a batch waits only for calls to the node that serves its slot,
+// so a primary that stalls or dies holds up its own slots, not the
+// others'.
 func WithCoalescing(n int) Option {
 	return func(o *storeOptions) { o.coalesce = max(n, 0) }
 }

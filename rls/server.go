@@ -186,6 +186,20 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 			st := h.Stats()
 			return h.State().String(), st.Opened, st.Failures
 		}
+		stats.shards = func() map[string]bool {
+			var m map[string]bool
+			for _, sh := range h.Stats().Shards {
+				if m == nil {
+					m = map[string]bool{}
+				}
+				m[sh.Name] = sh.State != fallback.Closed
+			}
+			return m
+		}
+		stats.local = func() (int64, int64) {
+			st := fs.Stats()
+			return st.Overloaded, st.Degraded - st.Overloaded
+		}
 	}
 	stats.millis = s.ResponseTimeMillis
 	if log == nil {
@@ -433,6 +447,8 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 		return err
 	}
 	defer client.Close()
+	// one breaker per Redis (per node on a Cluster): its changes are logged
+	// with the node that failed and when it came back
 	errs := newRedisErrors(log)
 	client.AddHook(errs)
 	if _, err := fallback.NewHealth(client, fallback.HealthSettings{Name: "redis", OnStateChange: breakerLog(log, errs)}); err != nil {

@@ -133,7 +133,13 @@ func (e errService) Error() string { return string(e) }
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	s.stats.TotalRequests.Add(1)
 	defer s.stats.observe(time.Now())
+	if ctx.Err() != nil {
+		return s.late(ctx)
+	}
 	resp, err := s.shouldRateLimit(ctx, req)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return s.late(ctx)
+	}
 	if err != nil {
 		var se errService
 		if errors.As(err, &se) {
@@ -147,6 +153,21 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	return resp, nil
+}
+
+// late answers a call whose deadline passed before it was decided, at
+// once and without deciding it (nothing charged): the caller has stopped
+// waiting, and an overloaded server must not spend its CPU on answers
+// nobody reads. What it answers is SPILLWAY_LATE_ANSWER.
+func (s *Service) late(ctx context.Context) (*pb.RateLimitResponse, error) {
+	s.stats.Late.Add(1)
+	switch s.set.LateAnswer {
+	case "ok":
+		return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}, nil
+	case "over_limit":
+		return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OVER_LIMIT}, nil
+	}
+	return nil, status.Error(codes.DeadlineExceeded, "rls: the call's deadline passed before it was decided: "+context.Cause(ctx).Error())
 }
 
 func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {

@@ -94,6 +94,12 @@ type Settings struct {
 	// a reference unit keep their counts under the reference server's keys
 	// (refkeys.go), shared with its pods during a rolling swap.
 	ReferenceKeys bool
+
+	// SPILLWAY_LATE_ANSWER: what a call whose gRPC deadline has passed
+	// before it is decided answers, at once, without deciding it: "error"
+	// (default: DEADLINE_EXCEEDED, which Envoy reads through its
+	// failure_mode_deny), "ok" (allowed) or "over_limit" (denied).
+	LateAnswer string
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -292,6 +298,14 @@ var supported = []variable{
 			return fmt.Errorf("expected spillway or reference, got %q", v)
 		}
 		return nil
+	}},
+	{"SPILLWAY_LATE_ANSWER", "error", func(s *Settings, v string) error {
+		switch v = strings.ToLower(v); v {
+		case "error", "ok", "over_limit":
+			s.LateAnswer = v
+			return nil
+		}
+		return fmt.Errorf("expected error, ok or over_limit, got %q", v)
 	}},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},

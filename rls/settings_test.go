@@ -44,7 +44,7 @@ func TestEnvErrors(t *testing.T) {
 	for k, v := range map[string]string{
 		"GRPC_PORT": "http", "NEAR_LIMIT_RATIO": "2", "REDIS_TYPE": "ring", "REDIS_SOCKET_TYPE": "udp",
 		"CACHE_KEY_PREFIX": "{x}", "SPILLWAY_BUDGET": "soon", "SPILLWAY_LOCAL_SHARE": "0", "LOG_FORMAT": "xml",
-		"RUNTIME_WATCH_ROOT": "maybe", "SPILLWAY_FAIL_MODE": "sideways",
+		"RUNTIME_WATCH_ROOT": "maybe", "SPILLWAY_FAIL_MODE": "sideways", "SPILLWAY_LATE_ANSWER": "later",
 		"CONFIG_TYPE": "GRPC_XDS", "SPILLWAY_KEY_FORMAT": "envoy", "REDIS_TLS": "yes please",
 		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "novalue", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "2",
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "0s",

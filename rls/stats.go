@@ -41,8 +41,11 @@ type Stats struct {
 	ConfigLoadSuccess, ConfigLoadError        atomic.Uint64
 	RedisErrors, ServiceErrors, TotalRequests atomic.Uint64
 	Degraded                                  atomic.Uint64 // descriptors answered by the local share
+	Late                                      atomic.Uint64 // calls refused at once, undecided: their deadline had passed (SPILLWAY_LATE_ANSWER)
 	GlobalShadowMode                          atomic.Uint64 // calls over the limit answered OK because of SHADOW_MODE
 	health                                    func() (state string, opened, failures int64)
+	local                                     func() (overloaded, redis int64) // store calls decided locally: time spent in this process, Redis failed
+	shards                                    func() map[string]bool           // on a Cluster: each node's breaker, true when not closed
 
 	// response time: a histogram on the Prometheus endpoint (with the Go
 	// and process collectors) and, with statsd on, the reference's timer
@@ -235,6 +238,13 @@ func (s *Stats) WritePrometheus(w io.Writer) error {
 	bw.WriteString(`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} ` + strconv.FormatUint(s.TotalRequests.Load(), 10) + "\n")
 	counter("ratelimit_service_global_shadow_mode", "Calls over the limit answered OK because of SHADOW_MODE.", s.GlobalShadowMode.Load())
 	counter("spillway_rls_degraded_total", "Descriptors decided by the local share while Redis could not answer.", s.Degraded.Load())
+	counter("spillway_rls_late_total", "Calls refused at once, undecided, because their deadline had passed (SPILLWAY_LATE_ANSWER).", s.Late.Load())
+	if s.local != nil {
+		overloaded, redis := s.local()
+		bw.WriteString("# HELP spillway_rls_local_calls_total Store calls decided by the local share, by cause: redis (Redis failed or the breaker was open) or overload (the time went in this process: queues, the pool, the CPU).\n# TYPE spillway_rls_local_calls_total counter\n")
+		bw.WriteString(`spillway_rls_local_calls_total{cause="redis"} ` + strconv.FormatInt(redis, 10) + "\n")
+		bw.WriteString(`spillway_rls_local_calls_total{cause="overload"} ` + strconv.FormatInt(overloaded, 10) + "\n")
+	}
 	if s.health != nil {
 		state, opened, failures := s.health()
 		bw.WriteString("# HELP spillway_rls_redis_breaker_state The breaker on Redis: 1 for the current state.\n# TYPE spillway_rls_redis_breaker_state gauge\n")
@@ -247,6 +257,23 @@ func (s *Stats) WritePrometheus(w io.Writer) error {
 		}
 		counter("spillway_rls_redis_breaker_opened_total", "Times the breaker on Redis opened.", uint64(opened))
 		counter("spillway_rls_redis_failures_total", "Redis calls that failed (timeout, refused, reset).", uint64(failures))
+	}
+	if s.shards != nil {
+		if m := s.shards(); len(m) > 0 {
+			names := make([]string, 0, len(m))
+			for n := range m {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			bw.WriteString("# HELP spillway_rls_redis_node_open On a Redis Cluster, each node's breaker: 1 while its slots are decided locally.\n# TYPE spillway_rls_redis_node_open gauge\n")
+			for _, n := range names {
+				v := "0"
+				if m[n] {
+					v = "1"
+				}
+				bw.WriteString(`spillway_rls_redis_node_open{node="` + escapeLabel(n) + `"} ` + v + "\n")
+			}
+		}
 	}
 	mfs, err := s.reg.Gather()
 	if err != nil {

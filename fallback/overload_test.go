@@ -1,0 +1,128 @@
+package fallback_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/ratelimit"
+)
+
+// A caller starved in this process — its calls wait for the one pooled
+// connection, held by a slow but healthy command, until their budget is
+// gone, before anything is written — decides locally, but the wait is
+// reported as overload, never against Redis: the breaker stays closed.
+func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
+	b := newBed(t)
+	opt := *b.client.Options()
+	opt.PoolSize = 1
+	opt.PoolTimeout = 10 * time.Second // only the budget ends a wait for the pool
+	client := redis.NewClient(&opt)
+	t.Cleanup(func() { client.Close() })
+	h, err := fallback.NewHealth(client, fallback.HealthSettings{Name: "starved"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var overload, other atomic.Int64
+	st, err := fallback.NewStore(mustRedisStore(client, ratelimit.WithClock(b.clock.Now)), fallback.Settings{
+		Health: h, Budget: 40 * time.Millisecond, Clock: b.clock.Now,
+		OnDegraded: func(e fallback.DegradedEvent) {
+			if errors.Is(e.Cause, spillway.ErrBudgetSpent) {
+				overload.Add(1)
+			} else {
+				other.Add(1)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded || d.Remaining != 99 {
+		t.Fatalf("healthy decision = %+v; want from Redis, 99 left", d)
+	}
+
+	// Hold the only connection: BLPOP on an empty list answers after 1.5 s.
+	held := make(chan error, 1)
+	go func() { held <- client.BLPop(context.Background(), 1500*time.Millisecond, "nothing").Err() }()
+	waitFor(t, "the connection held", func() bool { return client.PoolStats().IdleConns == 0 && client.PoolStats().TotalConns == 1 })
+
+	const callers, rounds = 16, 3
+	var wg sync.WaitGroup
+	var degraded, allowed atomic.Int64
+	for range callers {
+		wg.Go(func() {
+			for range rounds {
+				out := make([]spillway.Decision, 1)
+				ok, err := st.Decide(context.Background(), []ratelimit.Item{{Scope: "api", Key: "k", Policy: hourly, Cost: 1}}, out)
+				if err != nil {
+					t.Errorf("Decide: %v", err)
+					return
+				}
+				if out[0].Degraded {
+					degraded.Add(1)
+				}
+				if ok {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := <-held; !errors.Is(err, redis.Nil) {
+		t.Fatalf("BLPOP: %v, want redis.Nil", err)
+	}
+	hs, ss := h.Stats(), st.Stats()
+	t.Logf("health %+v; store %+v", hs, ss)
+	const n = callers * rounds
+	if degraded.Load() != n || allowed.Load() != 20 {
+		t.Fatalf("%d degraded, %d allowed of %d; want all degraded, the local share's 20 allowed", degraded.Load(), allowed.Load(), n)
+	}
+	if hs.State != fallback.Closed || hs.Opened != 0 || hs.Failures != 0 || hs.ConsecutiveFailures != 0 {
+		t.Fatalf("health after a starved caller: %+v; want closed, never opened, no failure", hs)
+	}
+	if hs.Overloaded < n {
+		t.Fatalf("health counted %d overloaded calls; want at least %d", hs.Overloaded, n)
+	}
+	if ss.Degraded != n || ss.Overloaded != n || overload.Load() != n || other.Load() != 0 {
+		t.Fatalf("store: %d degraded, %d overloaded, events %d overload / %d other; want %d, all overload", ss.Degraded, ss.Overloaded, overload.Load(), other.Load(), n)
+	}
+	// Redis was never the problem: the next call is its again.
+	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded || d.Remaining != 98 {
+		t.Fatalf("after the hold: %+v; want from Redis, 98 left", d)
+	}
+}
+
+// Redis itself slow (every reply delayed past the budget by the fault
+// proxy): the calls fail on Redis's account and the breaker opens.
+func TestDelayedRedisOpensTheBreaker(t *testing.T) {
+	b := newBed(t)
+	h, err := fallback.NewHealth(b.client, fallback.HealthSettings{Name: "slow", OpenTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := b.fallback(t, fallback.Settings{Health: h, Budget: 40 * time.Millisecond})
+	b.warm(t)
+	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded {
+		t.Fatalf("healthy decision = %+v; want from Redis", d)
+	}
+	b.proxy.SetLatency(0, 120*time.Millisecond)
+	for i := range 5 {
+		if d := decide(t, st, "api", "k", hourly, 1); !d.Degraded {
+			t.Fatalf("call %d with Redis delayed: %+v; want degraded", i, d)
+		}
+	}
+	hs, ss := h.Stats(), st.Stats()
+	if hs.State != fallback.Open || hs.Opened != 1 || hs.Failures != 5 || hs.Overloaded != 0 {
+		t.Fatalf("health with Redis delayed: %+v; want open once after 5 failures, none overload", hs)
+	}
+	if ss.Degraded != 5 || ss.Overloaded != 0 {
+		t.Fatalf("store: %+v; want 5 degraded, none overloaded", ss)
+	}
+}
