@@ -137,7 +137,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		return s.late(ctx)
 	}
 	resp, err := s.shouldRateLimit(ctx, req)
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && passed(ctx) {
 		return s.late(ctx)
 	}
 	if err != nil {
@@ -155,6 +155,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	return resp, nil
 }
 
+// passed reports whether ctx's deadline has passed (its timer may not
+// have fired yet).
+func passed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || (ok && !time.Now().Before(d))
+}
+
 // late answers a call whose deadline passed before it was decided, at
 // once and without deciding it (nothing charged): the caller has stopped
 // waiting, and an overloaded server must not spend its CPU on answers
@@ -167,7 +174,7 @@ func (s *Service) late(ctx context.Context) (*pb.RateLimitResponse, error) {
 	case "over_limit":
 		return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OVER_LIMIT}, nil
 	}
-	return nil, status.Error(codes.DeadlineExceeded, "rls: the call's deadline passed before it was decided: "+context.Cause(ctx).Error())
+	return nil, status.Error(codes.DeadlineExceeded, "rls: the call's deadline passed before it was decided")
 }
 
 func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
