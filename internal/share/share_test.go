@@ -28,11 +28,11 @@ func TestShare(t *testing.T) {
 	if got := s.Share(); got != Floor || s.Fixed() {
 		t.Fatalf("override removed: %v", got)
 	}
-	if Of(nil) == Of(nil) {
+	if a, b := Of(nil), Of(nil); a == b {
 		t.Fatal("Of(nil) shared a State")
 	}
 	k := new(int)
-	if Of(k) != Of(k) {
+	if a, b := Of(k), Of(k); a != b {
 		t.Fatal("Of(k) made two States")
 	}
 }
