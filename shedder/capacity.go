@@ -90,7 +90,7 @@ type CapacityWatcher struct {
 // NewCapacityWatcher returns a watcher that feeds g's readings to fleet
 // and pool; either may be nil, not both. The fleet's capacity when it is
 // made is the most the watcher ever sets.
-func NewCapacityWatcher(g Gauge, fleet *Fleet, pool *Pool, opts ...Option) (*CapacityWatcher, error) {
+func NewCapacityWatcher(g Gauge, fleet *Fleet, pool *Pool, opts ...WatcherOption) (*CapacityWatcher, error) {
 	if g == nil {
 		return nil, fmt.Errorf("shedder: capacity gauge is nil")
 	}
@@ -99,7 +99,7 @@ func NewCapacityWatcher(g Gauge, fleet *Fleet, pool *Pool, opts ...Option) (*Cap
 	}
 	o := defaultOptions("capacity")
 	for _, opt := range opts {
-		opt(&o)
+		opt.watcher(&o)
 	}
 	if o.interval <= 0 {
 		return nil, fmt.Errorf("shedder: capacity interval %v must be positive", o.interval)

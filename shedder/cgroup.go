@@ -44,30 +44,17 @@ type CgroupCPU struct {
 	last      float64
 }
 
-type cgroupConfig struct {
-	root     string
-	procFile string
-	now      func() time.Time
-	hostCPUs int
-}
-
-// CgroupOption configures a CgroupCPU.
-type CgroupOption func(*cgroupConfig)
-
-// CgroupRoot sets where the cgroup filesystem is mounted (default
+// WithRoot sets where the cgroup filesystem is mounted (default
 // "/sys/fs/cgroup"); tests point it at fixture trees.
-func CgroupRoot(dir string) CgroupOption { return func(c *cgroupConfig) { c.root = dir } }
+func WithRoot(dir string) CgroupOption { return option(func(o *options) { o.cgroupRoot = dir }) }
 
-// CgroupProcFile sets the file that names this process's cgroups (default
+// WithProcFile sets the file that names this process's cgroups (default
 // "/proc/self/cgroup").
-func CgroupProcFile(path string) CgroupOption { return func(c *cgroupConfig) { c.procFile = path } }
+func WithProcFile(path string) CgroupOption { return option(func(o *options) { o.procFile = path }) }
 
-// CgroupClock sets the clock that times usage deltas (default time.Now).
-func CgroupClock(now func() time.Time) CgroupOption { return func(c *cgroupConfig) { c.now = now } }
-
-// CgroupHostCPUs sets the limit used when no quota is set (default
+// WithHostCPUs sets the limit used when no quota is set (default
 // runtime.NumCPU()).
-func CgroupHostCPUs(n int) CgroupOption { return func(c *cgroupConfig) { c.hostCPUs = n } }
+func WithHostCPUs(n int) CgroupOption { return option(func(o *options) { o.hostCPUs = n }) }
 
 // ErrNoCgroup is returned by NewCgroupCPU when no cgroup CPU accounting is
 // found (not Linux, or no cgroup filesystem).
@@ -77,10 +64,11 @@ var ErrNoCgroup = errors.New("shedder: no cgroup CPU accounting found")
 // CPU utilization. It returns an error wrapping ErrNoCgroup when there is
 // no cgroup CPU accounting to read.
 func NewCgroupCPU(opts ...CgroupOption) (*CgroupCPU, error) {
-	cfg := cgroupConfig{root: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()}
-	for _, o := range opts {
-		o(&cfg)
+	o := options{cgroupRoot: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()}
+	for _, opt := range opts {
+		opt.cgroup(&o)
 	}
+	cfg := cgroupConfig{root: o.cgroupRoot, procFile: o.procFile, now: o.now, hostCPUs: o.hostCPUs}
 	if cfg.now == nil {
 		return nil, fmt.Errorf("shedder: cgroup clock is nil")
 	}
@@ -303,4 +291,11 @@ func firstDir(root string, names ...string) string {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+type cgroupConfig struct {
+	root     string
+	procFile string
+	now      func() time.Time
+	hostCPUs int
 }

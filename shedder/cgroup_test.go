@@ -47,10 +47,10 @@ func write(t *testing.T, path, content string) {
 func newCgroup(t *testing.T, dir string, clk *fakeClock) *shedder.CgroupCPU {
 	t.Helper()
 	c, err := shedder.NewCgroupCPU(
-		shedder.CgroupRoot(filepath.Join(dir, "fs")),
-		shedder.CgroupProcFile(filepath.Join(dir, "proc_self_cgroup")),
-		shedder.CgroupClock(clk.Now),
-		shedder.CgroupHostCPUs(64),
+		shedder.WithRoot(filepath.Join(dir, "fs")),
+		shedder.WithProcFile(filepath.Join(dir, "proc_self_cgroup")),
+		shedder.WithClock(clk.Now),
+		shedder.WithHostCPUs(64),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -173,12 +173,12 @@ func TestCgroupV1(t *testing.T) {
 
 func TestCgroupMissing(t *testing.T) {
 	dir := t.TempDir()
-	_, err := shedder.NewCgroupCPU(shedder.CgroupRoot(dir), shedder.CgroupProcFile(filepath.Join(dir, "nope")))
+	_, err := shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "nope")))
 	if !errors.Is(err, shedder.ErrNoCgroup) {
 		t.Fatalf("err %v, want ErrNoCgroup", err)
 	}
 	write(t, filepath.Join(dir, "proc"), "0::/\n")
-	_, err = shedder.NewCgroupCPU(shedder.CgroupRoot(dir), shedder.CgroupProcFile(filepath.Join(dir, "proc")))
+	_, err = shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")))
 	if !errors.Is(err, shedder.ErrNoCgroup) {
 		t.Fatalf("err %v, want ErrNoCgroup", err)
 	}
@@ -223,7 +223,7 @@ func FuzzCgroupV2Files(f *testing.F) {
 		write(t, filepath.Join(dir, "cpu.max"), cpuMax)
 		write(t, filepath.Join(dir, "cpu.stat"), "usage_usec 1\n")
 		clk := newClock()
-		c, err := shedder.NewCgroupCPU(shedder.CgroupRoot(dir), shedder.CgroupProcFile(filepath.Join(dir, "proc")), shedder.CgroupClock(clk.Now))
+		c, err := shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")), shedder.WithClock(clk.Now))
 		if err != nil {
 			t.Fatal(err)
 		}

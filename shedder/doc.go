@@ -43,6 +43,11 @@
 //	d, done, _ := chain.Admit(ctx, &spillway.Request{Priority: shedder.ClassifyHTTP(req)})
 //	if d.Allowed { defer done(spillway.Success) }
 //
+// Each constructor takes options of its own type (WorkerOption,
+// QueueOption, PoolOption, FleetOption, WatcherOption, CgroupOption); the
+// With functions return the types of the constructors they apply to, so an
+// option that does not apply does not compile.
+//
 // Worker, Queue, Pool, Fleet, CapacityWatcher and HTTPClassifier are safe
 // for concurrent use.
 package shedder

@@ -126,7 +126,7 @@ func TestQueueFairShareWeights(t *testing.T) {
 	// A newcomer of weight 1 wanting 1: its demand fits the level.
 	require.InDelta(t, 1, q.fairShare(spillway.Critical, "new", 1), 1e-9)
 
-	for _, bad := range []Option{WithTenant(""), WithTenantWeights(map[string]float64{"a": 0})} {
+	for _, bad := range []QueueOption{WithTenant(""), WithTenantWeights(map[string]float64{"a": 0})} {
 		_, err := NewQueue(1, bad)
 		require.Error(t, err)
 	}

@@ -125,7 +125,7 @@ type Fleet struct {
 // uses the same name, capacity and options) on client. The name is its
 // Redis keys' and its decisions' (Decision.Limiter): WithName does not
 // apply to a Fleet, and NewFleet fails when it is given.
-func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ...Option) (*Fleet, error) {
+func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ...FleetOption) (*Fleet, error) {
 	if client == nil {
 		return nil, fmt.Errorf("shedder: fleet redis client is nil")
 	}
@@ -137,7 +137,7 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	}
 	o := defaultOptions(name)
 	for _, opt := range opts {
-		opt(&o)
+		opt.fleet(&o)
 	}
 	if o.name != name {
 		return nil, fmt.Errorf("shedder: fleet %q: WithName(%q) does not apply to a Fleet: NewFleet's name is its name", name, o.name)

@@ -15,9 +15,9 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 )
 
-func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeClock, opts ...shedder.Option) *shedder.Fleet {
+func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeClock, opts ...shedder.FleetOption) *shedder.Fleet {
 	t.Helper()
-	opts = append([]shedder.Option{
+	opts = append([]shedder.FleetOption{
 		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
 		shedder.WithRand(func() float64 { return 0 }), // grants rounded down
 		shedder.WithTimeout(2 * time.Second),          // a loaded CI box, not a budget under test
@@ -456,19 +456,18 @@ func TestNewFleetValidates(t *testing.T) {
 	cases := []struct {
 		name     string
 		capacity int64
-		opts     []shedder.Option
+		opts     []shedder.FleetOption
 		field    string
 	}{
 		{"", 10, nil, "name"},
 		{"x", 0, nil, "capacity"},
-		{"x", 10, []shedder.Option{shedder.WithPrefix("a{")}, "prefix"},
-		{"x", 10, []shedder.Option{shedder.WithTTL(50 * time.Millisecond)}, "ttl"},
-		{"x", 10, []shedder.Option{shedder.WithInterval(0)}, "interval"},
-		{"x", 10, []shedder.Option{shedder.WithThresholds(0.5, 0.4, 1, 1)}, "threshold"},
-		{"x", 10, []shedder.Option{shedder.WithThresholds(0, 0.4, 1, 1)}, "threshold"},
-		{"x", 10, []shedder.Option{shedder.WithReserve(1.5)}, "reserve"},
-		{"x", 10, []shedder.Option{shedder.WithTimeout(0)}, "timeout"},
-		{"x", 10, []shedder.Option{shedder.WithName("fleet")}, "WithName"}, // named once, by NewFleet
+		{"x", 10, []shedder.FleetOption{shedder.WithPrefix("a{")}, "prefix"},
+		{"x", 10, []shedder.FleetOption{shedder.WithTTL(50 * time.Millisecond)}, "ttl"},
+		{"x", 10, []shedder.FleetOption{shedder.WithInterval(0)}, "interval"},
+		{"x", 10, []shedder.FleetOption{shedder.WithThresholds(0.5, 0.4, 1, 1)}, "threshold"},
+		{"x", 10, []shedder.FleetOption{shedder.WithThresholds(0, 0.4, 1, 1)}, "threshold"},
+		{"x", 10, []shedder.FleetOption{shedder.WithReserve(1.5)}, "reserve"},
+		{"x", 10, []shedder.FleetOption{shedder.WithTimeout(0)}, "timeout"},
 	}
 	for _, c := range cases {
 		_, err := shedder.NewFleet(client, c.name, c.capacity, c.opts...)

@@ -9,10 +9,39 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-// Option configures a Worker, a Queue, a Pool, a Fleet or a
-// CapacityWatcher. Options that do not apply to one are ignored by it, as
-// documented on each.
-type Option func(*options)
+// WorkerOption configures a Worker (NewWorker).
+type WorkerOption interface{ worker(*options) }
+
+// PoolOption configures a Pool (NewPool). Every QueueOption is one too:
+// it configures the Pool's queue.
+type PoolOption interface{ pool(*options) }
+
+// QueueOption configures a Queue (NewQueue) or the queue of a Pool.
+type QueueOption interface {
+	PoolOption
+	queue(*options)
+}
+
+// FleetOption configures a Fleet (NewFleet).
+type FleetOption interface{ fleet(*options) }
+
+// WatcherOption configures a CapacityWatcher (NewCapacityWatcher).
+type WatcherOption interface{ watcher(*options) }
+
+// CgroupOption configures a CgroupCPU (NewCgroupCPU).
+type CgroupOption interface{ cgroup(*options) }
+
+// option is every option type; each With function returns it as the
+// option types of the constructors it applies to, so an option given to
+// a constructor it does not apply to does not compile.
+type option func(*options)
+
+func (f option) worker(o *options)  { f(o) }
+func (f option) pool(o *options)    { f(o) }
+func (f option) queue(o *options)   { f(o) }
+func (f option) fleet(o *options)   { f(o) }
+func (f option) watcher(o *options) { f(o) }
+func (f option) cgroup(o *options)  { f(o) }
 
 type options struct {
 	name       string
@@ -59,6 +88,11 @@ type options struct {
 	serverClock bool // send the client clock to the script
 	autoRefresh bool
 	reserveHead bool // reserve each grant in Redis before using it
+
+	// CgroupCPU.
+	cgroupRoot string
+	procFile   string
+	hostCPUs   int
 }
 
 func defaultOptions(name string) options {
@@ -86,74 +120,107 @@ func defaultOptions(name string) options {
 // WithName sets the name reported in Decision.Limiter by a Worker, Queue
 // or Pool (default "worker", "queue", "pool"). A Fleet is named by
 // NewFleet's name argument alone.
-func WithName(name string) Option { return func(o *options) { o.name = name } }
+func WithName(name string) interface {
+	WorkerOption
+	QueueOption
+} {
+	return option(func(o *options) { o.name = name })
+}
 
 // WithClock sets the clock (default time.Now). For a Fleet it also makes
 // the Redis script use this clock instead of Redis TIME, so every server of
-// the fleet must then have synchronized clocks; use it for tests.
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now; o.serverClock = true }
+// the fleet must then have synchronized clocks; use it for tests. For a
+// CgroupCPU it times usage deltas.
+func WithClock(now func() time.Time) interface {
+	WorkerOption
+	QueueOption
+	FleetOption
+	CgroupOption
+} {
+	return option(func(o *options) { o.now = now; o.serverClock = true })
 }
 
 // WithRand sets the source of uniform random numbers in [0, 1) that decides
 // probabilistic shedding in a Worker and rounds a Fleet's share of the
 // headroom (default math/rand/v2.Float64). It must be safe for concurrent
 // use if the shedder is. Worker and Fleet.
-func WithRand(f func() float64) Option { return func(o *options) { o.rand = f } }
+func WithRand(f func() float64) interface {
+	WorkerOption
+	FleetOption
+} {
+	return option(func(o *options) { o.rand = f })
+}
 
 // WithRetryAfter sets Decision.RetryAfter of a denial (default 1s).
-func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
+func WithRetryAfter(d time.Duration) interface {
+	WorkerOption
+	QueueOption
+	FleetOption
+} {
+	return option(func(o *options) { o.retryAfter = d })
+}
 
 // WithReserve sets the fraction of capacity reserved for Critical and
 // CriticalPlus work (default 0.2): Sheddable and SheddablePlus work is shed
 // once usage passes the rest. It must be in [0, 1).
-func WithReserve(f float64) Option { return func(o *options) { o.reserve = f } }
+func WithReserve(f float64) interface {
+	WorkerOption
+	FleetOption
+} {
+	return option(func(o *options) { o.reserve = f })
+}
 
 // WithSource adds a utilization source (for example a CgroupCPU). The
 // Worker's utilization is the largest of its in-flight ratio and every
 // source's reading; a source that fails is skipped for that tick. Worker
 // only; may be given more than once.
-func WithSource(s Source) Option { return func(o *options) { o.sources = append(o.sources, s) } }
+func WithSource(s Source) WorkerOption {
+	return option(func(o *options) { o.sources = append(o.sources, s) })
+}
 
 // WithTick sets how often the Worker re-evaluates its shed level (default
 // 100ms). Worker only.
-func WithTick(d time.Duration) Option { return func(o *options) { o.tick = d } }
+func WithTick(d time.Duration) WorkerOption { return option(func(o *options) { o.tick = d }) }
 
 // WithBand sets the hysteresis band of the Worker (default 0.75, 0.9): the
 // shed level rises while utilization is at or above high, falls while it is
 // at or below low, and in between falls only when one step less shedding
 // would keep utilization under the middle of the band. Worker only.
-func WithBand(low, high float64) Option { return func(o *options) { o.low, o.high = low, high } }
+func WithBand(low, high float64) WorkerOption {
+	return option(func(o *options) { o.low, o.high = low, high })
+}
 
 // WithSteps sets how far the Worker's shed level moves per tick (default
 // 0.25 up, 0.05 down): the level runs from 0 (nothing shed) to 4 (all
 // shed), one unit per priority, so the defaults shed a whole priority in
 // four ticks and give it back in twenty. The down step is also the gentle
 // step up taken when only the reserve turned work away. Worker only.
-func WithSteps(up, down float64) Option { return func(o *options) { o.stepUp, o.stepDown = up, down } }
+func WithSteps(up, down float64) WorkerOption {
+	return option(func(o *options) { o.stepUp, o.stepDown = up, down })
+}
 
 // WithMaxWait sets how long a request may wait in a Queue for a slot
 // (default 100ms); 0 denies at once when no slot is free. Keep it well
 // under the clients' timeout. Queue and Pool.
-func WithMaxWait(d time.Duration) Option { return func(o *options) { o.maxWait = d } }
+func WithMaxWait(d time.Duration) QueueOption { return option(func(o *options) { o.maxWait = d }) }
 
 // WithPriorityWait sets how long a request of priority p may wait in a
 // Queue for a slot, in place of WithMaxWait's for that priority: Critical
 // work, which waits only behind other Critical work, can be given a
 // longer wait than work that is shed first. Queue and Pool.
-func WithPriorityWait(p spillway.Priority, d time.Duration) Option {
-	return func(o *options) {
+func WithPriorityWait(p spillway.Priority, d time.Duration) QueueOption {
+	return option(func(o *options) {
 		if p >= 0 && int(p) < len(o.waits) {
 			o.waits[p], o.waitSet[p] = d, true
 		} else {
 			o.badWait = true
 		}
-	}
+	})
 }
 
 // WithQueueDepth sets how many requests may wait in a Queue at once
 // (default its number of slots; 64 for a Pool). Queue and Pool.
-func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
+func WithQueueDepth(n int) QueueOption { return option(func(o *options) { o.depth = n }) }
 
 // WithTenant makes a Queue (or a Pool) share its capacity fairly between
 // the tenants of each priority, a tenant being the value of the request
@@ -177,21 +244,21 @@ func WithQueueDepth(n int) Option { return func(o *options) { o.depth = n } }
 // an idle tenant's record of service until it fades (about 15 s; at most
 // 4,096 per priority).
 // Queue and Pool; by default there are no tenants.
-func WithTenant(dim string) Option {
-	return func(o *options) {
+func WithTenant(dim string) QueueOption {
+	return option(func(o *options) {
 		o.tenantDim = dim
 		if dim == "" {
 			o.badQueue = "tenant dimension is empty"
 		}
-	}
+	})
 }
 
 // WithTenantWeights gives tenants (values of the WithTenant dimension)
 // weights for their fair shares: a tenant of weight 2 gets twice the
 // share of one of weight 1 when both want more; tenants not listed weigh
 // 1. Weights must be positive and finite. Queue and Pool, with WithTenant.
-func WithTenantWeights(weights map[string]float64) Option {
-	return func(o *options) {
+func WithTenantWeights(weights map[string]float64) QueueOption {
+	return option(func(o *options) {
 		o.weights = make(map[string]float64, len(weights))
 		for k, w := range weights {
 			if !(w > 0) || math.IsInf(w, 1) {
@@ -199,7 +266,7 @@ func WithTenantWeights(weights map[string]float64) Option {
 			}
 			o.weights[k] = w
 		}
-	}
+	})
 }
 
 // WithLIFO makes a Queue serve the newest waiter of a priority first
@@ -209,13 +276,13 @@ func WithTenantWeights(weights map[string]float64) Option {
 // up, and the newest can still be served in time; without one, arrival
 // order is fairest. after must be positive; by default a Queue is FIFO.
 // Queue and Pool.
-func WithLIFO(after time.Duration) Option {
-	return func(o *options) {
+func WithLIFO(after time.Duration) QueueOption {
+	return option(func(o *options) {
 		o.lifoAfter = after
 		if after <= 0 {
 			o.badQueue = fmt.Sprintf("LIFO threshold %v must be positive", after)
 		}
-	}
+	})
 }
 
 // WithSojourn bounds a Queue's wait by its sojourn time, CoDel-style: while
@@ -228,20 +295,20 @@ func WithLIFO(after time.Duration) Option {
 // Typical values: target 5–20 ms, interval 100 ms. 0 < target ≤
 // interval; by default there is no sojourn bound, only the maximum wait.
 // Queue and Pool.
-func WithSojourn(target, interval time.Duration) Option {
-	return func(o *options) {
+func WithSojourn(target, interval time.Duration) QueueOption {
+	return option(func(o *options) {
 		o.sojournTarget, o.sojournInterval = target, interval
 		if target <= 0 || interval < target {
 			o.badQueue = fmt.Sprintf("sojourn target %v, interval %v: want 0 < target <= interval", target, interval)
 		}
-	}
+	})
 }
 
 // WithFleet caps a Pool's slots at what the fleet shedder f allows this
 // server now (f.Allowance(spillway.Critical)) and gives the Pool this
 // server's share of the fleet (f.Stats().Share) when a capacity reading
 // reports idle capacity. Pool only.
-func WithFleet(f *Fleet) Option { return func(o *options) { o.fleet = f } }
+func WithFleet(f *Fleet) PoolOption { return option(func(o *options) { o.fleet = f }) }
 
 // WithThresholds sets, as fractions of the fleet capacity, the usage at
 // which each priority is shed (default 1−reserve, 1−reserve, 1, +Inf):
@@ -249,36 +316,48 @@ func WithFleet(f *Fleet) Option { return func(o *options) { o.fleet = f } }
 // exceed thresholds[p]×capacity. Thresholds must be positive and
 // non-decreasing in priority; math.Inf(1) means never. It overrides
 // WithReserve. Fleet only.
-func WithThresholds(sheddable, sheddablePlus, critical, criticalPlus float64) Option {
-	return func(o *options) { o.thresholds = [4]float64{sheddable, sheddablePlus, critical, criticalPlus} }
+func WithThresholds(sheddable, sheddablePlus, critical, criticalPlus float64) FleetOption {
+	return option(func(o *options) { o.thresholds = [4]float64{sheddable, sheddablePlus, critical, criticalPlus} })
 }
 
 // WithPrefix sets the prefix of the Redis keys (default "spillway:"); it
 // must not contain '{' or '}'. Fleet only.
-func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+func WithPrefix(p string) FleetOption { return option(func(o *options) { o.prefix = p }) }
 
 // WithServerID sets this server's id in the fleet (default hostname, pid
 // and a random suffix). Ids must be unique across the fleet. Fleet only.
-func WithServerID(id string) Option { return func(o *options) { o.serverID = id } }
+func WithServerID(id string) FleetOption { return option(func(o *options) { o.serverID = id }) }
 
 // WithInterval sets how often a Fleet reports its in-flight counts and
 // refreshes its estimate of the fleet's (default 100ms), and how often a
 // CapacityWatcher polls its gauge (default 100ms). Fleet and
 // CapacityWatcher.
-func WithInterval(d time.Duration) Option { return func(o *options) { o.interval = d } }
+func WithInterval(d time.Duration) interface {
+	FleetOption
+	WatcherOption
+} {
+	return option(func(o *options) { o.interval = d })
+}
 
 // WithTTL sets how long a server's report counts after it was made
 // (default 2s): a crashed server's in-flight work stops counting this long
 // after its last report. It must exceed the interval. Fleet only.
-func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+func WithTTL(d time.Duration) FleetOption { return option(func(o *options) { o.ttl = d }) }
 
 // WithTimeout sets the time budget of one Redis refresh, or of one read
 // of a CapacityWatcher's gauge (default 50ms). Fleet and CapacityWatcher.
-func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
+func WithTimeout(d time.Duration) interface {
+	FleetOption
+	WatcherOption
+} {
+	return option(func(o *options) { o.timeout = d })
+}
 
 // WithStaleAfter sets how old the last successful refresh may be before the
 // Fleet decides in degraded mode on local counts (default 1s). Fleet only.
-func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleAfter = d } }
+func WithStaleAfter(d time.Duration) FleetOption {
+	return option(func(o *options) { o.staleAfter = d })
+}
 
 // WithReservations makes each Fleet server reserve its grant in Redis, in
 // the same script call as its report, before it uses it: its share of the
@@ -292,12 +371,12 @@ func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleA
 // it a server's growth is seen only at its next report, and the fleet can
 // pass a threshold by the headroom handed out in one interval (see
 // Fleet). Fleet only.
-func WithReservations() Option { return func(o *options) { o.reserveHead = true } }
+func WithReservations() FleetOption { return option(func(o *options) { o.reserveHead = true }) }
 
 // WithoutAutoRefresh stops Admit from starting refreshes when the estimate
 // is older than the interval; the caller then drives Refresh or Run. For
 // tests. Fleet only.
-func WithoutAutoRefresh() Option { return func(o *options) { o.autoRefresh = false } }
+func WithoutAutoRefresh() FleetOption { return option(func(o *options) { o.autoRefresh = false }) }
 
 func (o *options) validateCommon() error {
 	if o.now == nil {

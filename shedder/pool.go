@@ -121,14 +121,14 @@ type PoolStats struct {
 }
 
 // NewPool returns a Pool whose slots l learns, starting at l.Limit().
-func NewPool(l Learner, opts ...Option) (*Pool, error) {
+func NewPool(l Learner, opts ...PoolOption) (*Pool, error) {
 	if l == nil {
 		return nil, fmt.Errorf("shedder: pool learner is nil")
 	}
 	o := defaultOptions("pool")
 	o.depth = 64
 	for _, opt := range opts {
-		opt(&o)
+		opt.pool(&o)
 	}
 	q, err := newQueue(int64(max(1, l.Limit())), o)
 	if err != nil {

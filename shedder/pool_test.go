@@ -28,7 +28,7 @@ func newLatency(t *testing.T, cfg concurrency.LatencyConfig) *concurrency.Latenc
 	return l
 }
 
-func newPool(t *testing.T, l shedder.Learner, opts ...shedder.Option) *shedder.Pool {
+func newPool(t *testing.T, l shedder.Learner, opts ...shedder.PoolOption) *shedder.Pool {
 	t.Helper()
 	p, err := shedder.NewPool(l, opts...)
 	if err != nil {
@@ -171,7 +171,7 @@ func TestPoolValidation(t *testing.T) {
 	if _, err := shedder.NewPool(nil); err == nil {
 		t.Error("nil learner: no error")
 	}
-	for name, opt := range map[string]shedder.Option{
+	for name, opt := range map[string]shedder.QueueOption{
 		"negative wait":          shedder.WithMaxWait(-time.Second),
 		"negative priority wait": shedder.WithPriorityWait(spillway.Critical, -1),
 		"priority out of range":  shedder.WithPriorityWait(spillway.Priority(7), time.Second),

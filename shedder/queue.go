@@ -108,14 +108,14 @@ type QueueStats struct {
 }
 
 // NewQueue returns a Queue of slots units of cost.
-func NewQueue(slots int64, opts ...Option) (*Queue, error) {
+func NewQueue(slots int64, opts ...QueueOption) (*Queue, error) {
 	if slots <= 0 {
 		return nil, fmt.Errorf("shedder: queue slots %d must be positive", slots)
 	}
 	o := defaultOptions("queue")
 	o.depth = int(min(slots, 1<<20))
 	for _, opt := range opts {
-		opt(&o)
+		opt.queue(&o)
 	}
 	return newQueue(slots, o)
 }

@@ -207,13 +207,13 @@ func TestQueueRejectsBadInput(t *testing.T) {
 	require.Equal(t, spillway.ReasonInvalid, d.Reason)
 	for _, bad := range []struct {
 		slots int64
-		opts  []Option
+		opts  []QueueOption
 		want  string
 	}{
 		{0, nil, "slots 0"},
-		{1, []Option{WithMaxWait(-time.Second)}, "max wait -1s"},
-		{1, []Option{WithQueueDepth(-1)}, "depth -1"},
-		{1, []Option{WithRetryAfter(-1)}, "retry after"},
+		{1, []QueueOption{WithMaxWait(-time.Second)}, "max wait -1s"},
+		{1, []QueueOption{WithQueueDepth(-1)}, "depth -1"},
+		{1, []QueueOption{WithRetryAfter(-1)}, "retry after"},
 	} {
 		_, err := NewQueue(bad.slots, bad.opts...)
 		require.ErrorContains(t, err, bad.want)

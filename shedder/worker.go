@@ -87,13 +87,13 @@ type Worker struct {
 
 // NewWorker returns a Worker for a server that can work on capacity units
 // of cost at once (its worker pool size, say).
-func NewWorker(capacity int64, opts ...Option) (*Worker, error) {
+func NewWorker(capacity int64, opts ...WorkerOption) (*Worker, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("shedder: worker capacity %d must be positive", capacity)
 	}
 	o := defaultOptions("worker")
 	for _, opt := range opts {
-		opt(&o)
+		opt.worker(&o)
 	}
 	if err := o.validateWorker(); err != nil {
 		return nil, err

@@ -16,20 +16,20 @@ import (
 func TestNewWorkerValidates(t *testing.T) {
 	cases := []struct {
 		capacity int64
-		opts     []shedder.Option
+		opts     []shedder.WorkerOption
 		field    string
 	}{
 		{0, nil, "capacity"},
 		{-1, nil, "capacity -1"},
-		{10, []shedder.Option{shedder.WithBand(0.9, 0.8)}, "band"},
-		{10, []shedder.Option{shedder.WithBand(0, 0.8)}, "band"},
-		{10, []shedder.Option{shedder.WithSteps(0, 0.1)}, "steps"},
-		{10, []shedder.Option{shedder.WithTick(0)}, "tick"},
-		{10, []shedder.Option{shedder.WithReserve(1)}, "reserve"},
-		{10, []shedder.Option{shedder.WithReserve(-0.1)}, "reserve"},
-		{10, []shedder.Option{shedder.WithSource(nil)}, "source"},
-		{10, []shedder.Option{shedder.WithRetryAfter(-time.Second)}, "retry after"},
-		{10, []shedder.Option{shedder.WithClock(nil)}, "clock"},
+		{10, []shedder.WorkerOption{shedder.WithBand(0.9, 0.8)}, "band"},
+		{10, []shedder.WorkerOption{shedder.WithBand(0, 0.8)}, "band"},
+		{10, []shedder.WorkerOption{shedder.WithSteps(0, 0.1)}, "steps"},
+		{10, []shedder.WorkerOption{shedder.WithTick(0)}, "tick"},
+		{10, []shedder.WorkerOption{shedder.WithReserve(1)}, "reserve"},
+		{10, []shedder.WorkerOption{shedder.WithReserve(-0.1)}, "reserve"},
+		{10, []shedder.WorkerOption{shedder.WithSource(nil)}, "source"},
+		{10, []shedder.WorkerOption{shedder.WithRetryAfter(-time.Second)}, "retry after"},
+		{10, []shedder.WorkerOption{shedder.WithClock(nil)}, "clock"},
 	}
 	for _, c := range cases {
 		_, err := shedder.NewWorker(c.capacity, c.opts...)

@@ -530,7 +530,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			add("pool", a)
 			learned = func() (int, int64) { l := a.Limit(); return l, int64(l) }
 		} else {
-			opts := []shedder.Option{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
+			opts := []shedder.PoolOption{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
 				shedder.WithPriorityWait(spillway.SheddablePlus, queueWait), shedder.WithPriorityWait(spillway.Sheddable, queueWait),
 				shedder.WithQueueDepth(64)}
 			if env.Tenant != "" && removed != "fair" {
