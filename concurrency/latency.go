@@ -2,6 +2,7 @@ package concurrency
 
 import (
 	"fmt"
+	"github.com/spillway-go/spillway/internal/learn"
 	"iter"
 	"math"
 	"slices"
@@ -32,10 +33,10 @@ type LatencyConfig struct {
 	// fails (Dropped), or is all still in flight past it, with no piece
 	// of work ending in time for as long, sends the limit to Min
 	// at once (cause "stuck") instead of letting it hold or climb on a
-	// steady ratio; while stuck, no rebaseline and no Raise. The first
+	// steady ratio; while stuck, no rebaseline and no raise on idle capacity. The first
 	// piece of work that ends in time again ends it, and the limit slow
 	// starts from Min (doubling per window, as TCP after a timeout) and
-	// takes idle capacity (Raise) again. 0 (the default): none of this;
+	// takes idle capacity again. 0 (the default): none of this;
 	// the limit behaves as without the field.
 	Timeout time.Duration
 	// OnChange, when set, is called with every change of the limit's
@@ -47,7 +48,7 @@ type LatencyConfig struct {
 type LatencyChange struct {
 	At       time.Time
 	From, To float64       // the limit before and after
-	Cap      int64         // the cap (SetCap) at the time, 0 none
+	Cap      int64         // the cap (a shedder.Pool sets it) at the time, 0 none
 	Baseline time.Duration // the baseline latency at the time
 	// Cause is what moved it: "dropped" (work failed), "fast" (the last
 	// few all far beyond the baseline), "window" (a window's mean beyond
@@ -61,7 +62,7 @@ type LatencyChange struct {
 // LatencyLimit learns how much work may be in flight at a dependency (a
 // database, say) from the latency of the work it completes, knowing
 // neither the dependency's capacity nor how many servers share it. It is
-// an Algorithm (for Adaptive) and a shedder.Learner (for shedder.Pool,
+// an Algorithm (for Adaptive) and the learner of a shedder.Pool (NewPool,
 // where it is meant to be used: the pool queues work in priority order
 // for the slots this limit sets, capped by what the fleet shedder allows
 // the server).
@@ -80,19 +81,19 @@ type LatencyChange struct {
 //     capacity came back the steps compound.
 //
 // It never grows more than one step (an eighth of the cap, at least 1)
-// past its cap (SetCap: what the fleet shedder allows this server now),
+// past its cap (what the fleet shedder allows this server now),
 // and cuts start from the limit in use, the lower of the two. A collapse
 // does not wait for a window: the last 3 samples all beyond 1.75 × the
 // baseline cut in proportion (Tolerance × baseline / latency, at most by
 // half); a failed piece of work (Dropped), or 3 still in flight past
-// twice the baseline (Overdue), halve it. Work admitted before the last
+// twice the baseline, halve it. Work admitted before the last
 // cut says nothing. At Min, a window of work that never had more than Min
 // in flight and was still slow sets a new baseline: the dependency itself
 // became slower, and the limit probes up again from there rather than
 // staying at Min for good. The same holds above Min when the latest
 // capacity reading began after the last cut and shows no queue at the
-// dependency: idle capacity (Raise), or, from a gauge that measures the
-// work waiting (Queued), less than half a unit waiting though every
+// dependency: idle capacity, or, from a gauge that measures the
+// work waiting, less than half a unit waiting though every
 // worker may be busy. Slow work is then the dependency's own slowness (a
 // slower replica, a cold cache), which fewer calls would not cure: the
 // slow samples become the baseline, and neither they nor work overdue
@@ -108,8 +109,8 @@ type LatencyChange struct {
 //
 // Latency alone cannot tell a dependency that has room for one more call
 // from one that has none (below its capacity every call takes as long),
-// so the limit finds the capacity by passing it. Raise takes a reading of
-// idle capacity (shedder.CapacityWatcher) to grow at once instead.
+// so the limit finds the capacity by passing it. In a shedder.Pool, a
+// reading of idle capacity (shedder.CapacityWatcher) grows it at once instead.
 //
 // A LatencyLimit is not safe for concurrent use: Adaptive and
 // shedder.Pool call it under their own lock.
@@ -132,7 +133,7 @@ type LatencyLimit struct {
 	n       int
 	sum     time.Duration
 	maxUsed int
-	cap     float64       // SetCap; 0: none
+	cap     float64       // the cap (setCap); 0: none
 	bn      int           // samples in the baseline while learning it
 	bsum    time.Duration // their sum
 	cause   string        // the cause of the change being made
@@ -199,7 +200,7 @@ func NewLatencyLimit(cfg LatencyConfig) (*LatencyLimit, error) {
 	return &LatencyLimit{cfg: cfg, limit: float64(cfg.Initial)}, nil
 }
 
-// Limit implements Algorithm: the learned limit (SetCap does not lower
+// Limit implements Algorithm: the learned limit (the cap does not lower
 // it; the caller takes the lower of the two).
 func (l *LatencyLimit) Limit() int { return int(l.limit) }
 
@@ -207,11 +208,11 @@ func (l *LatencyLimit) Limit() int { return int(l.limit) }
 // first window.
 func (l *LatencyLimit) Baseline() time.Duration { return l.baseline }
 
-// SetCap sets the most this server may have in flight whatever it learns
+// setCap sets the most this server may have in flight whatever it learns
 // (what the fleet shedder allows it now), 0 for none. The limit does not
 // grow more than one step past it, and cuts start from the lower of the
 // two, the limit in use. A negative cap is none.
-func (l *LatencyLimit) SetCap(n int64) { l.cap = float64(max(n, 0)) }
+func (l *LatencyLimit) setCap(n int64) { l.cap = float64(max(n, 0)) }
 
 // eff is the limit in use: the learned limit, at most the cap.
 func (l *LatencyLimit) eff() float64 {
@@ -221,8 +222,8 @@ func (l *LatencyLimit) eff() float64 {
 	return l.limit
 }
 
-// Learn implements shedder.Learner: it is Update with the sample's fields.
-func (l *LatencyLimit) Learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome) {
+// learn is Update with the sample's fields (for shedder.Pool).
+func (l *LatencyLimit) learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome) {
 	l.Update(Sample{Start: start, RTT: rtt, InFlight: inFlight, Outcome: o})
 }
 
@@ -427,14 +428,14 @@ func (l *LatencyLimit) roomSinceCut() bool {
 // a reading, that counts as no queue: less than half a unit.
 const calmWaiting = 0.5
 
-// Queued implements shedder.QueueLearner: waiting is the work waiting at
+// queued (for shedder.Pool): waiting is the work waiting at
 // the dependency on average over a capacity reading that began at since.
 // While the latest such reading began after the last cut and shows less
 // than half a unit waiting, slow work moves the baseline instead of
 // cutting (as with idle capacity, see LatencyLimit); with a queue it cuts
 // as usual. An older reading, or the same one again, changes nothing; a
 // NaN or negative waiting is a queue of unknown size.
-func (l *LatencyLimit) Queued(waiting float64, since time.Time) {
+func (l *LatencyLimit) queued(waiting float64, since time.Time) {
 	if since.After(l.qseen) {
 		l.qseen, l.calm = since, waiting >= 0 && waiting < calmWaiting
 	}
@@ -472,7 +473,7 @@ func (l *LatencyLimit) set(limit float64, at time.Time) {
 	l.since, l.n, l.sum, l.maxUsed = at, 0, 0, 0
 }
 
-// Raise grows the limit at once by share of idle (the idle capacity a
+// raise grows the limit at once by share of idle (the idle capacity a
 // gauge of the dependency reported, averaged over a window that began at
 // since), rounded up, up to to (what the fleet shedder allows this server
 // now), when idle is at least one unit and the window began after the
@@ -486,7 +487,7 @@ func (l *LatencyLimit) set(limit float64, at time.Time) {
 // probes found it, seconds later); servers whose shares add up to one add
 // up at most the idle capacity plus one each, and each at most to what
 // the fleet allows it. It never lowers the limit.
-func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time) {
+func (l *LatencyLimit) raise(idle, share float64, to int64, since, at time.Time) {
 	if since.After(l.seen) {
 		l.seen, l.idle = since, idle >= 1
 	}
@@ -503,7 +504,7 @@ func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time)
 	}
 }
 
-// Overdue halves the limit in use when work admitted since the last cut
+// overdue halves the limit in use when work admitted since the last cut
 // is still in flight past twice the baseline, 3 pieces or more: the
 // dependency has slowed down, and the work that shows it has not ended
 // yet (work that ends is a sample, and ends late). Their age is a lower
@@ -514,7 +515,7 @@ func (l *LatencyLimit) Raise(idle, share float64, to int64, since, at time.Time)
 // With a Timeout, work all still in flight past the stuck latency, with
 // nothing ended in time for as long, sends the limit to Min
 // ("stuck"): a dependency that hangs every call returns no samples.
-func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
+func (l *LatencyLimit) overdue(now time.Time, starts iter.Seq[time.Time]) {
 	if st := l.stuckAt(); st > 0 && !(l.stuck && l.limit <= float64(l.cfg.Min)) {
 		n, old := 0, 0
 		for s := range starts {
@@ -547,3 +548,25 @@ func (l *LatencyLimit) Overdue(now time.Time, starts iter.Seq[time.Time]) {
 }
 
 var _ Algorithm = (*LatencyLimit)(nil)
+
+// poolView is the learn.Limit a shedder.Pool drives.
+type poolView struct{ *LatencyLimit }
+
+func init() {
+	learn.Of = func(l any) learn.Limit {
+		if ll, ok := l.(*LatencyLimit); ok && ll != nil {
+			return poolView{ll}
+		}
+		return nil
+	}
+}
+
+func (v poolView) Learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome) {
+	v.learn(start, rtt, inFlight, o)
+}
+func (v poolView) SetCap(n int64)                                    { v.setCap(n) }
+func (v poolView) Overdue(now time.Time, starts iter.Seq[time.Time]) { v.overdue(now, starts) }
+func (v poolView) Raise(idle, share float64, to int64, since, at time.Time) {
+	v.raise(idle, share, to, since, at)
+}
+func (v poolView) Queued(waiting float64, since time.Time) { v.queued(waiting, since) }

@@ -94,7 +94,7 @@ func TestLatencyLimit(t *testing.T) {
 	// Capped (by what the fleet allows this server), it does not grow
 	// past one step above the cap, and cuts start from the cap, the
 	// limit in use.
-	l.SetCap(8)
+	l.setCap(8)
 	held := l.limit
 	at = feed(l, at, window, 200*time.Millisecond, 8)
 	if l.limit != held || l.eff() != 8 {
@@ -104,13 +104,13 @@ func TestLatencyLimit(t *testing.T) {
 	if l.Limit() != 4 {
 		t.Fatalf("cut under the cap: limit %d, want 4", l.Limit())
 	}
-	l.SetCap(0)
+	l.setCap(0)
 	// A failed call halves it; an Ignored one says nothing.
 	l.Update(Sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 4, Outcome: spillway.Ignored})
 	if l.Limit() != 4 {
 		t.Fatalf("after an ignored sample: limit %v, want 4", l.limit)
 	}
-	l.Learn(at.Add(time.Hour), time.Second, 4, spillway.Dropped)
+	l.learn(at.Add(time.Hour), time.Second, 4, spillway.Dropped)
 	if l.Limit() != 2 {
 		t.Fatalf("after a failure: limit %v, want 2", l.limit)
 	}
@@ -138,23 +138,23 @@ func TestLatencyLimitOverdue(t *testing.T) {
 	}
 	now := at.Add(time.Second)
 	// Two overdue, one young: no cut.
-	l.Overdue(now, slices.Values([]time.Time{now.Add(-450 * time.Millisecond), now.Add(-450 * time.Millisecond), now.Add(-100 * time.Millisecond)}))
+	l.overdue(now, slices.Values([]time.Time{now.Add(-450 * time.Millisecond), now.Add(-450 * time.Millisecond), now.Add(-100 * time.Millisecond)}))
 	if l.Limit() != 20 {
 		t.Fatalf("two overdue: limit %d, want 20", l.Limit())
 	}
 	old := []time.Time{now.Add(-410 * time.Millisecond), now.Add(-410 * time.Millisecond), now.Add(-140 * time.Millisecond), now.Add(-500 * time.Millisecond)}
-	l.Overdue(now, slices.Values(old))
+	l.overdue(now, slices.Values(old))
 	if l.Limit() != 10 {
 		t.Fatalf("three overdue: limit %d, want 10", l.Limit())
 	}
 	// The same work again: admitted before the cut, it says nothing.
-	l.Overdue(now.Add(time.Second), slices.Values(old))
+	l.overdue(now.Add(time.Second), slices.Values(old))
 	if l.Limit() != 10 {
 		t.Fatalf("the same overdue work cut again: limit %d, want 10", l.Limit())
 	}
 	// Before a baseline, nothing is overdue.
 	fresh := newLatency(t, LatencyConfig{Initial: 20})
-	fresh.Overdue(now, slices.Values(old))
+	fresh.overdue(now, slices.Values(old))
 	if fresh.Limit() != 20 {
 		t.Fatalf("no baseline: limit %d, want 20", fresh.Limit())
 	}
@@ -193,7 +193,7 @@ func TestLatencyLimitRaise(t *testing.T) {
 		{"one idle unit shared by three", 1, 1.0 / 3, 30, after(5), 17},
 		{"two idle units shared by three", 2, 1.0 / 3, 30, after(6), 18},
 	} {
-		l.Raise(c.idle, c.share, c.to, c.since, at)
+		l.raise(c.idle, c.share, c.to, c.since, at)
 		if l.Limit() != c.want {
 			t.Fatalf("%s: limit %d, want %d", c.name, l.Limit(), c.want)
 		}
@@ -201,12 +201,12 @@ func TestLatencyLimitRaise(t *testing.T) {
 	// A new cut (18 halved) makes a reading that began before it stale.
 	// (The latest reading shows no idle unit: with one, slow work would
 	// move the baseline instead, TestLatencyLimitIdleRebaseline.)
-	l.Raise(0.5, 1.0/3, 30, after(7), at)
+	l.raise(0.5, 1.0/3, 30, after(7), at)
 	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 18)
 	if l.Limit() != 9 {
 		t.Fatalf("limit %d after the second collapse, want 9", l.Limit())
 	}
-	l.Raise(11, 0.5, 30, after(7), at)
+	l.raise(11, 0.5, 30, after(7), at)
 	if l.Limit() != 9 {
 		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
 	}
@@ -225,7 +225,7 @@ func TestLatencyLimitIdleRebaseline(t *testing.T) {
 		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.Limit(), l.Baseline())
 	}
 	cut := l.cutAt
-	l.Raise(4, 0.5, 8, cut.Add(time.Millisecond), at) // idle, but the allowance holds the limit
+	l.raise(4, 0.5, 8, cut.Add(time.Millisecond), at) // idle, but the allowance holds the limit
 	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
 	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
 		t.Fatalf("slow work with idle capacity: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
@@ -240,7 +240,7 @@ func TestLatencyLimitIdleRebaseline(t *testing.T) {
 		t.Fatalf("fast again: limit %d, baseline %v; want %d, 200ms", l.Limit(), l.Baseline(), limit)
 	}
 	// The latest reading busy: slow work is an overload again.
-	l.Raise(0.5, 0.5, 30, at, at)
+	l.raise(0.5, 0.5, 30, at, at)
 	feed(l, at, fastSamples, 600*time.Millisecond, limit)
 	if l.Limit() >= limit || l.Baseline() != 200*time.Millisecond {
 		t.Fatalf("slow work, busy reading: limit %d, baseline %v; want < %d, 200ms", l.Limit(), l.Baseline(), limit)
@@ -265,27 +265,27 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 
 	// A reading from before the cut says nothing: slow work cuts.
 	probe := *l
-	probe.Queued(0, cut.Add(-time.Millisecond))
+	probe.queued(0, cut.Add(-time.Millisecond))
 	feed(&probe, at, fastSamples, 600*time.Millisecond, 8)
 	if probe.Limit() >= 8 {
 		t.Fatalf("a calm reading from before the cut kept the limit at %d", probe.Limit())
 	}
 
 	// Every worker busy, nothing waiting: the dependency is slower.
-	l.Raise(0, 0.5, 30, after(1), at) // no idle unit
-	l.Queued(0.3, after(1))
+	l.raise(0, 0.5, 30, after(1), at) // no idle unit
+	l.queued(0.3, after(1))
 	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
 	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
 		t.Fatalf("slow work, nothing waiting: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
 	}
 	old := slices.Repeat([]time.Time{at.Add(-2 * time.Second)}, 3)
-	l.Overdue(at, slices.Values(old)) // 2 s in flight, past 2 × 600 ms
+	l.overdue(at, slices.Values(old)) // 2 s in flight, past 2 × 600 ms
 	if l.Limit() != 8 {
 		t.Fatalf("overdue work with nothing waiting cut the limit to %d", l.Limit())
 	}
 
 	// A newer reading with work waiting: the same slowness is a queue.
-	l.Queued(2, after(2))
+	l.queued(2, after(2))
 	feed(l, at, fastSamples, 1800*time.Millisecond, 8)
 	if l.Limit() >= 8 || l.Baseline() != 600*time.Millisecond {
 		t.Fatalf("slow work, 2 waiting: limit %d, baseline %v; want < 8, 600ms", l.Limit(), l.Baseline())
@@ -299,21 +299,21 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 		wantCut bool
 	}{
 		{"idle, then a queue", func(l *LatencyLimit, cut time.Time) {
-			l.Raise(3, 0.5, 8, cut.Add(time.Millisecond), cut)
-			l.Queued(1, cut.Add(2*time.Millisecond))
+			l.raise(3, 0.5, 8, cut.Add(time.Millisecond), cut)
+			l.queued(1, cut.Add(2*time.Millisecond))
 		}, true},
 		{"a queue, then idle", func(l *LatencyLimit, cut time.Time) {
-			l.Queued(1, cut.Add(time.Millisecond))
-			l.Raise(3, 0.5, 4, cut.Add(2*time.Millisecond), cut)
+			l.queued(1, cut.Add(time.Millisecond))
+			l.raise(3, 0.5, 4, cut.Add(2*time.Millisecond), cut)
 		}, false},
 		{"the same reading: the queue decides", func(l *LatencyLimit, cut time.Time) {
-			l.Raise(3, 0.5, 4, cut.Add(time.Millisecond), cut)
-			l.Queued(1, cut.Add(time.Millisecond))
+			l.raise(3, 0.5, 4, cut.Add(time.Millisecond), cut)
+			l.queued(1, cut.Add(time.Millisecond))
 		}, true},
-		{"NaN waiting", func(l *LatencyLimit, cut time.Time) { l.Queued(math.NaN(), cut.Add(time.Millisecond)) }, true},
+		{"NaN waiting", func(l *LatencyLimit, cut time.Time) { l.queued(math.NaN(), cut.Add(time.Millisecond)) }, true},
 		{"an older calm reading after a queue", func(l *LatencyLimit, cut time.Time) {
-			l.Queued(1, cut.Add(2*time.Millisecond))
-			l.Queued(0, cut.Add(time.Millisecond))
+			l.queued(1, cut.Add(2*time.Millisecond))
+			l.queued(0, cut.Add(time.Millisecond))
 		}, true},
 	} {
 		m := newLatency(t, LatencyConfig{})
@@ -337,7 +337,7 @@ func TestLatencyLimitBounds(t *testing.T) {
 		t.Fatalf("slow start: limit %d, want Max 20", l.Limit())
 	}
 	for i := 0; i < 10; i++ {
-		l.Learn(at, time.Second, 20, spillway.Dropped)
+		l.learn(at, time.Second, 20, spillway.Dropped)
 		at = at.Add(2 * time.Second)
 	}
 	if l.Limit() != 3 {
@@ -456,19 +456,19 @@ func TestLatencyLimitStuck(t *testing.T) {
 	// overdue rule halves).
 	now := at.Add(1500 * time.Millisecond)
 	starts := []time.Time{at, at, at.Add(900 * time.Millisecond)}
-	l.Overdue(now, slices.Values(starts))
+	l.overdue(now, slices.Values(starts))
 	if l.Limit() != 10 || l.Stuck() {
 		t.Fatalf("one young: limit %d, stuck %v; want 10, false", l.Limit(), l.Stuck())
 	}
 	// All three past the Timeout, nothing ended in time for 2 s: Min,
 	// though the work was admitted before the last cut.
 	now = at.Add(2 * time.Second)
-	l.Overdue(now, slices.Values(starts))
+	l.overdue(now, slices.Values(starts))
 	if l.Limit() != 1 || !l.Stuck() {
 		t.Fatalf("all stuck: limit %d, stuck %v; want 1, true", l.Limit(), l.Stuck())
 	}
 	// Idle capacity reported by a gauge does not raise a stuck limit.
-	l.Raise(11, 0.5, 30, now.Add(time.Millisecond), now.Add(300*time.Millisecond))
+	l.raise(11, 0.5, 30, now.Add(time.Millisecond), now.Add(300*time.Millisecond))
 	if l.Limit() != 1 {
 		t.Fatalf("raised while stuck to %d", l.Limit())
 	}
@@ -508,7 +508,7 @@ func TestLatencyLimitStuck(t *testing.T) {
 	// at Min they become the baseline and the limit climbs on them.
 	ref := newLatency(t, LatencyConfig{Initial: 20})
 	at = feed(ref, time.Unix(1000, 0), 48, 200*time.Millisecond, 9)
-	ref.Overdue(at.Add(2*time.Second), slices.Values([]time.Time{at, at, at}))
+	ref.overdue(at.Add(2*time.Second), slices.Values([]time.Time{at, at, at}))
 	for ref.Limit() > 1 {
 		at = feed(ref, at, 3, 2*time.Second, 20)
 	}

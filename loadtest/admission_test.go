@@ -15,7 +15,7 @@ import (
 // spillway.LimiterFunc) hands the request to a library block (it calls an
 // Admit, Allow or AllowN) and builds no Decision of its own, and nothing
 // implements concurrency.Algorithm (Update(concurrency.Sample)) or
-// shedder.Learner (Learn), or sizes a block from outside (SetSlots,
+// a Pool's learner (Learn), or sizes a block from outside (SetSlots,
 // SetCap, SetCapacity, Raise, Overdue: the library's Pool and
 // CapacityWatcher do that; checked in chains/). The deliberately wrong configurations, "none"
 // and "naive" (buildNone, buildNaive), are exempt. CI runs this test
@@ -140,7 +140,7 @@ func admissionFindings(fset *token.FileSet, f *ast.File, sizing bool) []string {
 				}
 			case "Learn":
 				if paramOfType(fd.Type, "spillway", "Outcome") {
-					report(fd, "Learn(…, spillway.Outcome): implements shedder.Learner")
+					report(fd, "Learn(…, spillway.Outcome): implements a Pool's learner")
 				}
 			}
 		}

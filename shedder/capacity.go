@@ -24,7 +24,7 @@ type Reading struct {
 	// work as an overload only while work waits: a reading that began
 	// after its last cut and shows less than half a unit waiting (Active
 	// − Busy < 0.5) says the dependency is slower, not queueing, as an
-	// idle unit does (see QueueLearner).
+	// idle unit does.
 	Active float64
 }
 

@@ -12,7 +12,7 @@
 //     slot goes to the highest-priority waiter, so Critical work waits
 //     only for the next slot and no slot idles while work waits.
 //   - Pool is a Queue whose number of slots a limit learned from latency
-//     sets (a Learner: concurrency.LatencyLimit), capped by what the Fleet
+//     sets (a concurrency.LatencyLimit), capped by what the Fleet
 //     allows this server (WithFleet): a server's database pool sized by
 //     what the database shows, not by a guess.
 //   - CapacityWatcher polls a Gauge of the shared dependency (its busy and

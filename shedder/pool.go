@@ -3,7 +3,6 @@ package shedder
 import (
 	"context"
 	"fmt"
-	"iter"
 	"maps"
 	"math"
 	"sync"
@@ -11,62 +10,24 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/internal/learn"
 )
 
-// Learner is a concurrency limit learned from the work a Pool admits.
-// concurrency.LatencyLimit implements it (this package does not import
-// concurrency, so the interface lives here, where it is used). A Pool
-// calls it under its own lock: it need not be safe for concurrent use.
-type Learner interface {
-	// Limit returns the learned limit, at least 1.
-	Limit() int
-	// Learn records one piece of admitted work that ended with o
-	// (Success or Dropped; the Pool does not pass Ignored): when it was
-	// admitted, how long it held its slot, and the most pieces in flight
-	// from its admission to its end, itself included.
-	Learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome)
-	// SetCap tells the limit the most this server may have in flight now
-	// (what the fleet shedder allows it), 0 for none.
-	SetCap(n int64)
-	// Overdue is given, before each decision, the start times of the
-	// work in flight: work far past its usual latency shows an overload
-	// before it ends.
-	Overdue(now time.Time, starts iter.Seq[time.Time])
-	// Raise is given, before each decision, the last capacity reading
-	// that reported idle capacity: idle units averaged over a window that
-	// began at since, this server's share of them, and to, the most the
-	// limit may be raised to.
-	Raise(idle, share float64, to int64, since, at time.Time)
-}
-
-// QueueLearner is a Learner that also hears whether work waits at the
-// dependency: concurrency.LatencyLimit implements it. Slow work with
-// nothing waiting is the dependency's own slowness (a slower replica, a
-// cold cache, a heavier query mix), which fewer calls would not cure;
-// slow work with a queue is an overload, which they would. A Pool calls
-// Queued, before each decision, with the last capacity reading that
-// measured the work at the dependency (Reading.Active above 0), whether
-// or not the fleet is degraded: the work waiting on average (Active −
-// Busy, at least 0) over a window that began at since.
-type QueueLearner interface {
-	Learner
-	Queued(waiting float64, since time.Time)
-}
-
 // Pool is a server's pool of slots for work at a shared dependency (its
-// database connections, say) whose size a Learner learns from the latency
+// database connections, say) whose size a concurrency.LatencyLimit learns from the latency
 // and the outcome of the work it admits, capped by what the fleet shedder
 // allows this server (WithFleet), with a short wait in priority order in
 // front of it: a Queue whose slots follow the learned limit. The Queue
 // decides who gets a slot (the highest priority waiting, a short wait),
-// the Learner how many slots there are.
+// the limit how many slots there are.
 //
 // Before each decision and after each piece of work ends, the Pool sets
 // the Queue's slots to the learned limit, capped by the fleet's allowance
 // for Critical work (with WithFleet), at least 1. The cap is also given
-// to the Learner (SetCap), so that it does not learn a limit the fleet
+// to the limit, so that it does not learn a limit the fleet
 // would not let it use, and so are the start times of the work in flight
-// (Overdue) and the last capacity reading (Observe, from a
+// and the last capacity reading (Observe, from a
 // CapacityWatcher): a reading that began after the last cut and shows
 // idle capacity raises the limit once by this server's share of the idle
 // capacity, rounded up (the Fleet's measured share; all of it without
@@ -74,11 +35,11 @@ type QueueLearner interface {
 // the reading plus the idle capacity, without WithFleet), and not while
 // the Fleet is degraded (its share is then a guess). A reading that
 // measures the work waiting at the dependency (Reading.Active) is given to
-// a QueueLearner: with nothing waiting, slow work is the dependency's own
+// the limit too: with nothing waiting, slow work is the dependency's own
 // slowness, and the limit moves its baseline instead of cutting.
 //
 // done reports how the work ended: Success and Dropped (a timeout, an
-// error of the dependency) teach the Learner, Ignored only frees the slot
+// error of the dependency) teach the limit, Ignored only frees the slot
 // (use it for work that did not use the dependency, or ended for reasons
 // of its own: a slow handler's time is not the dependency's latency).
 // Put the Pool only in front of work that uses the dependency.
@@ -94,7 +55,7 @@ type Pool struct {
 	now   func() time.Time
 
 	mu       sync.Mutex
-	l        Learner
+	l        learn.Limit
 	inFlight int
 	starts   map[uint64]time.Time // start of each piece of work in flight
 	seq      uint64
@@ -120,11 +81,12 @@ type PoolStats struct {
 	Allowance int64 // what the fleet allows this server (WithFleet), else 0
 }
 
-// NewPool returns a Pool whose slots l learns, starting at l.Limit().
-func NewPool(l Learner, opts ...PoolOption) (*Pool, error) {
-	if l == nil {
+// NewPool returns a Pool whose slots lim learns, starting at lim.Limit().
+func NewPool(lim *concurrency.LatencyLimit, opts ...PoolOption) (*Pool, error) {
+	if lim == nil {
 		return nil, fmt.Errorf("shedder: pool learner is nil")
 	}
+	l := learn.Of(lim)
 	o := defaultOptions("pool")
 	o.depth = 64
 	for _, opt := range opts {
@@ -138,7 +100,7 @@ func NewPool(l Learner, opts ...PoolOption) (*Pool, error) {
 }
 
 // Admit decides r: it waits in the Queue up to its priority's maximum
-// wait for one of the slots the Learner sets.
+// wait for one of the slots the learned limit sets.
 func (p *Pool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	p.resize()
 	d, done, err := p.q.Admit(ctx, r)
@@ -203,8 +165,8 @@ func (p *Pool) resize() {
 		p.l.Overdue(now, maps.Values(p.starts))
 	}
 	if pr := p.reading.Load(); pr != nil {
-		if ql, ok := p.l.(QueueLearner); ok && pr.r.Active > 0 {
-			ql.Queued(max(0, pr.r.Active-pr.r.Busy), pr.r.Since)
+		if pr.r.Active > 0 {
+			p.l.Queued(max(0, pr.r.Active-pr.r.Busy), pr.r.Since)
 		}
 		switch {
 		case p.fleet == nil:

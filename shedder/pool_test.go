@@ -17,8 +17,6 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 )
 
-var _ shedder.Learner = (*concurrency.LatencyLimit)(nil)
-
 func newLatency(t *testing.T, cfg concurrency.LatencyConfig) *concurrency.LatencyLimit {
 	t.Helper()
 	l, err := concurrency.NewLatencyLimit(cfg)
@@ -28,7 +26,7 @@ func newLatency(t *testing.T, cfg concurrency.LatencyConfig) *concurrency.Latenc
 	return l
 }
 
-func newPool(t *testing.T, l shedder.Learner, opts ...shedder.PoolOption) *shedder.Pool {
+func newPool(t *testing.T, l *concurrency.LatencyLimit, opts ...shedder.PoolOption) *shedder.Pool {
 	t.Helper()
 	p, err := shedder.NewPool(l, opts...)
 	if err != nil {
