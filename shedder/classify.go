@@ -12,9 +12,9 @@ import (
 // Sheddable.
 const TestModeHeader = "X-Spillway-Test-Mode"
 
-// DefaultHealthPaths are the paths that HTTPClassifier treats as health
+// defaultHealthPaths are the paths that HTTPClassifier treats as health
 // checks (CriticalPlus) when HealthPaths is nil.
-var DefaultHealthPaths = []string{"/healthz", "/readyz", "/livez"}
+var defaultHealthPaths = []string{"/healthz", "/readyz", "/livez"}
 
 // HTTPClassifier assigns a priority to an incoming HTTP request. The zero
 // value is the default classifier, applied in this order:
@@ -35,7 +35,7 @@ type HTTPClassifier struct {
 	// default rules.
 	Override func(r *http.Request) (p spillway.Priority, ok bool)
 	// HealthPaths lists the exact paths classified CriticalPlus; nil means
-	// DefaultHealthPaths, an empty non-nil slice means none.
+	// /healthz, /readyz and /livez; an empty non-nil slice means none.
 	HealthPaths []string
 	// TrustHeader makes the classifier raise a request's priority to the
 	// one named in spillway.PriorityHeader. Turn it on only behind a trusted edge that
@@ -54,7 +54,7 @@ func (c *HTTPClassifier) Classify(r *http.Request) spillway.Priority {
 	}
 	paths := c.HealthPaths
 	if paths == nil {
-		paths = DefaultHealthPaths
+		paths = defaultHealthPaths
 	}
 	if r.URL != nil {
 		for _, hp := range paths {

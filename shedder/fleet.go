@@ -355,7 +355,7 @@ func (f *Fleet) Refresh(ctx context.Context) error {
 // Close removes this server's report, so its in-flight work stops counting
 // now rather than after the TTL. Admit keeps working, degraded, until a
 // refresh reports again: Refresh, Run, or the refresh Admit starts by
-// itself unless WithoutAutoRefresh was given.
+// itself.
 func (f *Fleet) Close(ctx context.Context) error {
 	return f.report(ctx, 0)
 }

@@ -140,14 +140,11 @@ func WithClock(now func() time.Time) interface {
 	return option(func(o *options) { o.now = now; o.serverClock = true })
 }
 
-// WithRand sets the source of uniform random numbers in [0, 1) that decides
+// withRand sets the source of uniform random numbers in [0, 1) that decides
 // probabilistic shedding in a Worker and rounds a Fleet's share of the
 // headroom (default math/rand/v2.Float64). It must be safe for concurrent
-// use if the shedder is. Worker and Fleet.
-func WithRand(f func() float64) interface {
-	WorkerOption
-	FleetOption
-} {
+// use if the shedder is. Worker and Fleet; for tests.
+func withRand(f func() float64) option {
 	return option(func(o *options) { o.rand = f })
 }
 
@@ -373,10 +370,10 @@ func WithStaleAfter(d time.Duration) FleetOption {
 // Fleet). Fleet only.
 func WithReservations() FleetOption { return option(func(o *options) { o.reserveHead = true }) }
 
-// WithoutAutoRefresh stops Admit from starting refreshes when the estimate
+// withoutAutoRefresh stops Admit from starting refreshes when the estimate
 // is older than the interval; the caller then drives Refresh or Run. For
 // tests. Fleet only.
-func WithoutAutoRefresh() FleetOption { return option(func(o *options) { o.autoRefresh = false }) }
+func withoutAutoRefresh() FleetOption { return option(func(o *options) { o.autoRefresh = false }) }
 
 func (o *options) validateCommon() error {
 	if o.now == nil {

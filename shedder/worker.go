@@ -18,11 +18,11 @@ type Source interface {
 	Utilization() (float64, error)
 }
 
-// SourceFunc adapts a function to Source.
-type SourceFunc func() (float64, error)
+// sourceFunc adapts a function to Source (for tests).
+type sourceFunc func() (float64, error)
 
 // Utilization calls f.
-func (f SourceFunc) Utilization() (float64, error) { return f() }
+func (f sourceFunc) Utilization() (float64, error) { return f() }
 
 // maxLevel is the shed level at which every priority is shed.
 const maxLevel = float64(spillway.NumPriorities)
