@@ -44,31 +44,21 @@ type CgroupCPU struct {
 	last      float64
 }
 
-// WithRoot sets where the cgroup filesystem is mounted (default
-// "/sys/fs/cgroup"); tests point it at fixture trees.
-func WithRoot(dir string) CgroupOption { return option(func(o *options) { o.cgroupRoot = dir }) }
-
-// WithProcFile sets the file that names this process's cgroups (default
-// "/proc/self/cgroup").
-func WithProcFile(path string) CgroupOption { return option(func(o *options) { o.procFile = path }) }
-
-// WithHostCPUs sets the limit used when no quota is set (default
-// runtime.NumCPU()).
-func WithHostCPUs(n int) CgroupOption { return option(func(o *options) { o.hostCPUs = n }) }
-
 // ErrNoCgroup is returned by NewCgroupCPU when no cgroup CPU accounting is
 // found (not Linux, or no cgroup filesystem).
 var ErrNoCgroup = errors.New("shedder: no cgroup CPU accounting found")
 
-// NewCgroupCPU finds this process's cgroup and returns a Source reading its
+// NewCgroupCPU finds this process's cgroup (from /proc/self/cgroup, under
+// /sys/fs/cgroup) and returns a Source reading its
 // CPU utilization. It returns an error wrapping ErrNoCgroup when there is
 // no cgroup CPU accounting to read.
-func NewCgroupCPU(opts ...CgroupOption) (*CgroupCPU, error) {
-	o := options{cgroupRoot: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()}
-	for _, opt := range opts {
-		opt.cgroup(&o)
-	}
-	cfg := cgroupConfig{root: o.cgroupRoot, procFile: o.procFile, now: o.now, hostCPUs: o.hostCPUs}
+func NewCgroupCPU() (*CgroupCPU, error) {
+	return newCgroupCPU(cgroupConfig{root: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()})
+}
+
+// newCgroupCPU is NewCgroupCPU reading cfg's files (tests point it at
+// fixture trees) with cfg's clock and host CPUs.
+func newCgroupCPU(cfg cgroupConfig) (*CgroupCPU, error) {
 	if cfg.now == nil {
 		return nil, fmt.Errorf("shedder: cgroup clock is nil")
 	}

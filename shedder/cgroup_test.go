@@ -46,10 +46,10 @@ func write(t *testing.T, path, content string) {
 
 func newCgroup(t *testing.T, dir string, clk *fakeClock) *shedder.CgroupCPU {
 	t.Helper()
-	c, err := shedder.NewCgroupCPU(
+	c, err := shedder.NewCgroupCPUWith(
 		shedder.WithRoot(filepath.Join(dir, "fs")),
 		shedder.WithProcFile(filepath.Join(dir, "proc_self_cgroup")),
-		shedder.WithClock(clk.Now),
+		shedder.WithCgroupClock(clk.Now),
 		shedder.WithHostCPUs(64),
 	)
 	if err != nil {
@@ -173,12 +173,12 @@ func TestCgroupV1(t *testing.T) {
 
 func TestCgroupMissing(t *testing.T) {
 	dir := t.TempDir()
-	_, err := shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "nope")))
+	_, err := shedder.NewCgroupCPUWith(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "nope")))
 	if !errors.Is(err, shedder.ErrNoCgroup) {
 		t.Fatalf("err %v, want ErrNoCgroup", err)
 	}
 	write(t, filepath.Join(dir, "proc"), "0::/\n")
-	_, err = shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")))
+	_, err = shedder.NewCgroupCPUWith(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")))
 	if !errors.Is(err, shedder.ErrNoCgroup) {
 		t.Fatalf("err %v, want ErrNoCgroup", err)
 	}
@@ -223,7 +223,7 @@ func FuzzCgroupV2Files(f *testing.F) {
 		write(t, filepath.Join(dir, "cpu.max"), cpuMax)
 		write(t, filepath.Join(dir, "cpu.stat"), "usage_usec 1\n")
 		clk := newClock()
-		c, err := shedder.NewCgroupCPU(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")), shedder.WithClock(clk.Now))
+		c, err := shedder.NewCgroupCPUWith(shedder.WithRoot(dir), shedder.WithProcFile(filepath.Join(dir, "proc")), shedder.WithCgroupClock(clk.Now))
 		if err != nil {
 			t.Fatal(err)
 		}

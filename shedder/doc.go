@@ -44,7 +44,7 @@
 //	if d.Allowed { defer done(spillway.Success) }
 //
 // Each constructor takes options of its own type (WorkerOption,
-// QueueOption, PoolOption, FleetOption, WatcherOption, CgroupOption); the
+// QueueOption, PoolOption, FleetOption, WatcherOption); the
 // With functions return the types of the constructors they apply to, so an
 // option that does not apply does not compile.
 //

@@ -1,5 +1,10 @@
 package shedder
 
+import (
+	"runtime"
+	"time"
+)
+
 // Test-only knobs, for the tests of package shedder_test.
 
 // WithRand sets the Worker's and the Fleet's source of uniform random
@@ -16,3 +21,27 @@ var WithoutAutoRefresh = withoutAutoRefresh
 
 // SourceFunc adapts a function to Source.
 type SourceFunc = sourceFunc
+
+// CgroupOption configures NewCgroupCPUWith.
+type CgroupOption func(*cgroupConfig)
+
+// WithRoot sets where the cgroup filesystem is mounted.
+func WithRoot(dir string) CgroupOption { return func(c *cgroupConfig) { c.root = dir } }
+
+// WithProcFile sets the file that names this process's cgroups.
+func WithProcFile(path string) CgroupOption { return func(c *cgroupConfig) { c.procFile = path } }
+
+// WithHostCPUs sets the limit used when no quota is set.
+func WithHostCPUs(n int) CgroupOption { return func(c *cgroupConfig) { c.hostCPUs = n } }
+
+// WithCgroupClock sets the clock that times usage deltas.
+func WithCgroupClock(now func() time.Time) CgroupOption { return func(c *cgroupConfig) { c.now = now } }
+
+// NewCgroupCPUWith is NewCgroupCPU with the defaults changed by opts.
+func NewCgroupCPUWith(opts ...CgroupOption) (*CgroupCPU, error) {
+	cfg := cgroupConfig{root: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return newCgroupCPU(cfg)
+}

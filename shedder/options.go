@@ -28,9 +28,6 @@ type FleetOption interface{ fleet(*options) }
 // WatcherOption configures a CapacityWatcher (NewCapacityWatcher).
 type WatcherOption interface{ watcher(*options) }
 
-// CgroupOption configures a CgroupCPU (NewCgroupCPU).
-type CgroupOption interface{ cgroup(*options) }
-
 // option is every option type; each With function returns it as the
 // option types of the constructors it applies to, so an option given to
 // a constructor it does not apply to does not compile.
@@ -41,7 +38,6 @@ func (f option) pool(o *options)    { f(o) }
 func (f option) queue(o *options)   { f(o) }
 func (f option) fleet(o *options)   { f(o) }
 func (f option) watcher(o *options) { f(o) }
-func (f option) cgroup(o *options)  { f(o) }
 
 type options struct {
 	name       string
@@ -88,11 +84,6 @@ type options struct {
 	serverClock bool // send the client clock to the script
 	autoRefresh bool
 	reserveHead bool // reserve each grant in Redis before using it
-
-	// CgroupCPU.
-	cgroupRoot string
-	procFile   string
-	hostCPUs   int
 }
 
 func defaultOptions(name string) options {
@@ -129,13 +120,11 @@ func WithName(name string) interface {
 
 // WithClock sets the clock (default time.Now). For a Fleet it also makes
 // the Redis script use this clock instead of Redis TIME, so every server of
-// the fleet must then have synchronized clocks; use it for tests. For a
-// CgroupCPU it times usage deltas.
+// the fleet must then have synchronized clocks; use it for tests.
 func WithClock(now func() time.Time) interface {
 	WorkerOption
 	QueueOption
 	FleetOption
-	CgroupOption
 } {
 	return option(func(o *options) { o.now = now; o.serverClock = true })
 }

@@ -55,7 +55,6 @@ func TestMisappliedOptionDoesNotCompile(t *testing.T) {
 		{`shedder.NewFleet(nil, "f", 10, shedder.WithName("db"))`, `shedder.NewFleet(nil, "f", 10, shedder.WithServerID("a"))`, "FleetOption"},
 		{`shedder.NewPool(nil, shedder.WithTick(time.Second))`, `shedder.NewPool(nil, shedder.WithMaxWait(time.Second))`, "PoolOption"},
 		{`shedder.NewCapacityWatcher(nil, nil, nil, shedder.WithClock(time.Now))`, `shedder.NewCapacityWatcher(nil, nil, nil, shedder.WithInterval(time.Second))`, "WatcherOption"},
-		{`shedder.NewCgroupCPU(shedder.WithMaxWait(0))`, `shedder.NewCgroupCPU(shedder.WithClock(time.Now), shedder.WithRoot("/x"))`, "CgroupOption"},
 	} {
 		errs := check(c.bad)
 		if len(errs) != 1 || !strings.Contains(errs[0], "does not implement shedder."+c.want) {
