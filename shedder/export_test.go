@@ -19,6 +19,15 @@ func WithRand(f func() float64) interface {
 // WithoutAutoRefresh stops a Fleet's Admit from starting refreshes.
 var WithoutAutoRefresh = withoutAutoRefresh
 
+// The Worker's tick, band and steps and the Fleet's stale limit, fixed
+// at their defaults outside the tests.
+var (
+	WithTick       = withTick
+	WithBand       = withBand
+	WithSteps      = withSteps
+	WithStaleAfter = withStaleAfter
+)
+
 // SourceFunc adapts a function to Source.
 type SourceFunc = sourceFunc
 

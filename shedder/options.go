@@ -164,24 +164,24 @@ func WithSource(s Source) WorkerOption {
 	return option(func(o *options) { o.sources = append(o.sources, s) })
 }
 
-// WithTick sets how often the Worker re-evaluates its shed level (default
+// withTick sets how often the Worker re-evaluates its shed level (default
 // 100ms). Worker only.
-func WithTick(d time.Duration) WorkerOption { return option(func(o *options) { o.tick = d }) }
+func withTick(d time.Duration) WorkerOption { return option(func(o *options) { o.tick = d }) }
 
-// WithBand sets the hysteresis band of the Worker (default 0.75, 0.9): the
+// withBand sets the hysteresis band of the Worker (default 0.75, 0.9): the
 // shed level rises while utilization is at or above high, falls while it is
 // at or below low, and in between falls only when one step less shedding
 // would keep utilization under the middle of the band. Worker only.
-func WithBand(low, high float64) WorkerOption {
+func withBand(low, high float64) WorkerOption {
 	return option(func(o *options) { o.low, o.high = low, high })
 }
 
-// WithSteps sets how far the Worker's shed level moves per tick (default
+// withSteps sets how far the Worker's shed level moves per tick (default
 // 0.25 up, 0.05 down): the level runs from 0 (nothing shed) to 4 (all
 // shed), one unit per priority, so the defaults shed a whole priority in
 // four ticks and give it back in twenty. The down step is also the gentle
 // step up taken when only the reserve turned work away. Worker only.
-func WithSteps(up, down float64) WorkerOption {
+func withSteps(up, down float64) WorkerOption {
 	return option(func(o *options) { o.stepUp, o.stepDown = up, down })
 }
 
@@ -339,9 +339,9 @@ func WithTimeout(d time.Duration) interface {
 	return option(func(o *options) { o.timeout = d })
 }
 
-// WithStaleAfter sets how old the last successful refresh may be before the
+// withStaleAfter sets how old the last successful refresh may be before the
 // Fleet decides in degraded mode on local counts (default 1s). Fleet only.
-func WithStaleAfter(d time.Duration) FleetOption {
+func withStaleAfter(d time.Duration) FleetOption {
 	return option(func(o *options) { o.staleAfter = d })
 }
 
