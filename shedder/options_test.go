@@ -53,7 +53,7 @@ func TestMisappliedOptionDoesNotCompile(t *testing.T) {
 		{`shedder.NewWorker(10, shedder.WithReservations())`, `shedder.NewWorker(10, shedder.WithReserve(0.1))`, "WorkerOption"},
 		{`shedder.NewQueue(4, shedder.WithFleet(nil))`, `shedder.NewPool(nil, shedder.WithFleet(nil))`, "QueueOption"},
 		{`shedder.NewFleet(nil, "f", 10, shedder.WithName("db"))`, `shedder.NewFleet(nil, "f", 10, shedder.WithServerID("a"))`, "FleetOption"},
-		{`shedder.NewPool(nil, shedder.WithTick(time.Second))`, `shedder.NewPool(nil, shedder.WithMaxWait(time.Second))`, "PoolOption"},
+		{`shedder.NewPool(nil, shedder.WithReserve(0.1))`, `shedder.NewPool(nil, shedder.WithMaxWait(time.Second))`, "PoolOption"},
 		{`shedder.NewCapacityWatcher(nil, nil, nil, shedder.WithClock(time.Now))`, `shedder.NewCapacityWatcher(nil, nil, nil, shedder.WithInterval(time.Second))`, "WatcherOption"},
 	} {
 		errs := check(c.bad)
