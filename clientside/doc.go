@@ -1,6 +1,7 @@
 // Package clientside keeps a client from making an overloaded backend
-// worse. It is pure logic with no transport: the HTTP client transport and
-// the gRPC client interceptor wire it in.
+// worse. It is pure logic with no transport: Client bundles it for one
+// backend, and the HTTP client transport (httpx.Transport) and the gRPC
+// client interceptors (grpcx.UnaryClientInterceptor) take a *Client.
 //
 //   - Throttle is Google SRE's adaptive throttling: the client counts the
 //     requests it attempts and the ones the backend accepts over a sliding
@@ -17,7 +18,7 @@
 //
 //	th, _ := clientside.NewThrottle()
 //	budget, _ := clientside.NewRetryBudget()
-//	if !th.Allow() { return errThrottled } // rejected locally
+//	if !th.Allow() { return clientside.ErrThrottled } // rejected locally
 //	budget.Deposit()
 //	resp, err := call()
 //	if !overloaded(resp, err) { th.Accepted() }

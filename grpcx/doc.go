@@ -14,7 +14,7 @@
 //		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
 //	)
 //	conn, err := grpc.NewClient(addr, creds,
-//		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor()))
+//		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(clientside.NewClient())))
 //
 // # Server
 //
@@ -39,9 +39,11 @@
 //
 // # Client
 //
-// UnaryClientInterceptor retries denials that carry RetryInfo under a
-// retry budget, with jitter, and throttles adaptively; both interceptors
-// send the context's priority downstream. See UnaryClientInterceptor.
+// The client interceptors take a *clientside.Client, which holds the
+// client side (adaptive throttle, retry budget, backoff, retries; one per
+// backend): UnaryClientInterceptor retries denials that carry RetryInfo
+// under the budget, with jitter, and throttles adaptively; both
+// interceptors send the context's priority downstream.
 //
 // All interceptors are safe for concurrent use.
 package grpcx

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/ratelimit"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -28,10 +29,11 @@ func ExampleUnaryServerInterceptor() {
 }
 
 func ExampleUnaryClientInterceptor() {
+	c := clientside.NewClient() // one per backend: throttle, retry budget, retries
 	conn, err := grpc.NewClient("127.0.0.1:50051",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor()),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor()),
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(c)),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(c)),
 	)
 	if err != nil {
 		panic(err)

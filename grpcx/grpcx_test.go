@@ -303,7 +303,7 @@ func TestClientRetriesRetryInfo(t *testing.T) {
 		}
 		return spillway.Decision{Allowed: true, Limiter: "per_ip", Limit: 1}, nil
 	}}
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithBackoff(clientside.Backoff{Jitter: -1}), grpcx.WithoutThrottle())))
+	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Backoff: clientside.Backoff{Jitter: -1}, MaxRetries: clientside.DefaultMaxRetries})))
 	start := time.Now()
 	_, err := check(spillway.ContextWithPriority(context.Background(), spillway.SheddablePlus), conn)
 	require.NoError(t, err)
@@ -321,36 +321,38 @@ func TestClientRetryLimits(t *testing.T) {
 	}
 	// MaxRetries caps.
 	rec := denyAll()
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithMaxRetries(3), grpcx.WithoutRetryBudget(), grpcx.WithoutThrottle())))
+	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{MaxRetries: 3})))
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 4)
 
-	// WithMaxRetries(0) and a negative count turn retries off; without the
-	// option the client retries DefaultMaxRetries times.
+	// MaxRetries 0 and a negative count turn retries off, and so does a
+	// nil Client; NewClient retries DefaultMaxRetries times.
+	def := clientside.NewClient()
+	def.Throttle, def.Budget = nil, nil
 	for _, tc := range []struct {
-		opts  []grpcx.Option
+		c     *clientside.Client
 		calls int
 	}{
-		{[]grpcx.Option{grpcx.WithMaxRetries(0)}, 1},
-		{[]grpcx.Option{grpcx.WithMaxRetries(-1)}, 1},
-		{nil, 1 + grpcx.DefaultMaxRetries},
+		{&clientside.Client{MaxRetries: 0}, 1},
+		{&clientside.Client{MaxRetries: -1}, 1},
+		{nil, 1},
+		{def, 1 + clientside.DefaultMaxRetries},
 	} {
 		rec = denyAll()
-		opts := append(tc.opts, grpcx.WithoutRetryBudget(), grpcx.WithoutThrottle())
-		conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(opts...)))
+		conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(tc.c)))
 		_, err = check(context.Background(), conn)
 		require.Equal(t, codes.Unavailable, status.Code(err))
 		reqs, _, _ = rec.snapshot()
-		require.Len(t, reqs, tc.calls, "options %d", len(tc.opts))
+		require.Len(t, reqs, tc.calls, "client %+v", tc.c)
 	}
 
 	// The budget caps: one token, no refill.
 	budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
 	require.NoError(t, err)
 	rec = denyAll()
-	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithRetryBudget(budget), grpcx.WithoutThrottle())))
+	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Budget: budget, MaxRetries: clientside.DefaultMaxRetries})))
 	_, err = check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	_, err = check(context.Background(), conn)
@@ -360,7 +362,7 @@ func TestClientRetryLimits(t *testing.T) {
 
 	// A retryable filter and a status without RetryInfo: not retried.
 	rec = denyAll()
-	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithRetryable(func(string) bool { return false }))))
+	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(clientside.NewClient(), grpcx.WithRetryable(func(string) bool { return false }))))
 	_, err = check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, _, _ = rec.snapshot()
@@ -385,8 +387,8 @@ func TestClientThrottle(t *testing.T) {
 	}}
 	th := &recThrottle{allow: true}
 	conn := start(t, rec, nil,
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithThrottle(th), grpcx.WithMaxRetries(-1))),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(grpcx.WithThrottle(th))))
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: th})),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(&clientside.Client{Throttle: th})))
 	_, err := check(context.Background(), conn)
 	require.NoError(t, err)
 	_, err = check(context.Background(), conn)
@@ -403,9 +405,10 @@ func TestClientThrottle(t *testing.T) {
 
 	th.allow = false
 	_, err = check(context.Background(), conn)
-	require.ErrorIs(t, err, grpcx.ErrThrottled)
+	require.ErrorIs(t, err, clientside.ErrThrottled)
+	require.Equal(t, codes.Unavailable, status.Code(err))
 	_, err = healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{})
-	require.ErrorIs(t, err, grpcx.ErrThrottled)
+	require.ErrorIs(t, err, clientside.ErrThrottled)
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 3)
 }
@@ -421,10 +424,10 @@ func (o *onceThrottle) Accepted()   {}
 // A retry the throttle refuses returns the server's status, not ErrThrottled.
 func TestClientThrottleRefusesRetry(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "per_ip", RetryAfter: time.Millisecond}, nil)}
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithThrottle(&onceThrottle{}))))
+	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: &onceThrottle{}, Budget: defaultBudget(t), MaxRetries: clientside.DefaultMaxRetries})))
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err))
-	require.NotErrorIs(t, err, grpcx.ErrThrottled)
+	require.NotErrorIs(t, err, clientside.ErrThrottled)
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 1)
 }
@@ -465,4 +468,11 @@ func TestClientDeadlineOutcome(t *testing.T) {
 	_, inflight, outs := rec.snapshot()
 	require.Equal(t, 0, inflight)
 	require.Equal(t, []spillway.Outcome{spillway.Ignored, spillway.Dropped, spillway.Success}, outs)
+}
+
+func defaultBudget(t *testing.T) *clientside.RetryBudget {
+	t.Helper()
+	b, err := clientside.NewRetryBudget()
+	require.NoError(t, err)
+	return b
 }

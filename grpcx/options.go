@@ -7,20 +7,11 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/clientside"
 )
 
 // Option configures the interceptors. Server options are ignored by the
 // client interceptors and the other way round, as documented on each.
 type Option func(*config)
-
-// Throttle is client-side adaptive throttling (clientside.Throttler);
-// *clientside.Throttle implements it. See httpx.Throttle.
-type Throttle = clientside.Throttler
-
-// RetryBudget caps retries at a fraction of requests (clientside.Spender);
-// *clientside.RetryBudget implements it.
-type RetryBudget = clientside.Spender
 
 type config struct {
 	// server
@@ -40,22 +31,12 @@ type config struct {
 	trusted       []netip.Prefix
 
 	// client
-	throttle    Throttle
-	budget      RetryBudget
-	noThrottle  bool
-	noBudget    bool
-	backoff     clientside.Backoff
-	maxRetries  int
 	retryable   func(fullMethod string) bool
 	noPropagate bool
 }
 
-// DefaultMaxRetries is the client's retries when WithMaxRetries is not
-// given.
-const DefaultMaxRetries = 2
-
 func newConfig(opts []Option) config {
-	c := config{now: time.Now, maxRetries: DefaultMaxRetries}
+	c := config{now: time.Now}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -154,41 +135,6 @@ func WithErrorHandler(f func(ctx context.Context, fullMethod string, err error))
 // time.Now). Server only.
 func WithClock(now func() time.Time) Option {
 	return func(c *config) { c.now = now }
-}
-
-// WithThrottle replaces the client's default adaptive throttle
-// (clientside.NewThrottle()). Client only.
-func WithThrottle(t Throttle) Option {
-	return func(c *config) { c.throttle, c.noThrottle = t, t == nil }
-}
-
-// WithoutThrottle turns client-side throttling off. Client only.
-func WithoutThrottle() Option {
-	return func(c *config) { c.throttle, c.noThrottle = nil, true }
-}
-
-// WithRetryBudget replaces the client's default retry budget
-// (clientside.NewRetryBudget()). Client only.
-func WithRetryBudget(b RetryBudget) Option {
-	return func(c *config) { c.budget, c.noBudget = b, b == nil }
-}
-
-// WithoutRetryBudget removes the budget; WithMaxRetries still caps
-// retries. Client only.
-func WithoutRetryBudget() Option {
-	return func(c *config) { c.budget, c.noBudget = nil, true }
-}
-
-// WithBackoff sets how long the client waits before a retry: the server's
-// RetryInfo delay plus jitter (see clientside.Backoff). Client only.
-func WithBackoff(b clientside.Backoff) Option {
-	return func(c *config) { c.backoff = b }
-}
-
-// WithMaxRetries sets the retries after the first attempt (default
-// DefaultMaxRetries); 0 (or a negative n) turns retries off. Client only.
-func WithMaxRetries(n int) Option {
-	return func(c *config) { c.maxRetries = n }
 }
 
 // WithRetryable restricts which methods the client retries. By default

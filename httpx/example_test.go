@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/httpx"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -34,6 +35,6 @@ func ExampleMiddleware() {
 }
 
 func ExampleTransport() {
-	client := &http.Client{Transport: httpx.NewTransport(nil)}
+	client := &http.Client{Transport: &httpx.Transport{Client: clientside.NewClient()}}
 	_ = client // 429 and 503 answers to GETs are retried after Retry-After, under a retry budget
 }
