@@ -18,7 +18,7 @@ func ExampleMiddleware() {
 	if err != nil {
 		panic(err)
 	}
-	mw := httpx.Middleware(ratelimit.PerKey(lim, spillway.DimIP))
+	mw := httpx.Middleware(ratelimit.PerKey(lim, spillway.DimIP), httpx.Settings{})
 	mux := http.NewServeMux()
 	mux.Handle("GET /search", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "results")

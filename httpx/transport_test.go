@@ -286,7 +286,7 @@ func TestPriorityEndToEnd(t *testing.T) {
 	down := &flaky{}
 	downstream := serve(t, down)
 	client := &http.Client{Transport: &httpx.Transport{Client: clientside.NewClient()}}
-	front := serve(t, httpx.Middleware(fixed(spillway.Decision{Allowed: true}, nil), httpx.WithPriority(shedder.ClassifyHTTP))(
+	front := serve(t, httpx.Middleware(fixed(spillway.Decision{Allowed: true}, nil), httpx.Settings{Priority: shedder.ClassifyHTTP})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, downstream.URL, nil)
 			resp, err := client.Do(req)
