@@ -35,16 +35,16 @@ type client struct {
 // locally when adaptive throttling says the backend is rejecting most of
 // them (ErrThrottled), and retries a ResourceExhausted or Unavailable
 // answer that carries errdetails.RetryInfo after the delay it asks (plus
-// jitter), under a retry budget, at most WithMaxRetries times, and only when
+// jitter), under a retry budget, at most c.MaxRetries times, and only when
 // the context's deadline leaves time for the wait, as c (its throttle,
 // budget, backoff and MaxRetries; clientside.NewClient() for the defaults,
 // nil for none) says. A call rejected locally fails with an error that is
-// clientside.ErrThrottled (errors.Is) and has the code Unavailable. Of
-// the Options, WithSkip, WithRetryable and WithoutPriorityPropagation
-// apply. Share c between the unary and stream interceptors of a
+// clientside.ErrThrottled (errors.Is) and has the code Unavailable; s
+// (ClientSettings{} for the defaults) skips methods, restricts retries or
+// stops the priority's propagation. Share c between the unary and stream interceptors of a
 // connection: the throttle learns that backend's rejections.
-func UnaryClientInterceptor(c *clientside.Client, opts ...Option) grpc.UnaryClientInterceptor {
-	cl := &client{c: newConfig(opts), cl: c}
+func UnaryClientInterceptor(c *clientside.Client, s ClientSettings) grpc.UnaryClientInterceptor {
+	cl := &client{c: newClientConfig(s), cl: c}
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		c := &cl.c
 		ctx = cl.propagate(ctx)
@@ -82,8 +82,8 @@ func UnaryClientInterceptor(c *clientside.Client, opts ...Option) grpc.UnaryClie
 // retried: a server denies a stream on its first receive, after the
 // caller may already have sent messages. Of c only the Throttle applies
 // (nil c or Throttle: none).
-func StreamClientInterceptor(c *clientside.Client, opts ...Option) grpc.StreamClientInterceptor {
-	cl := &client{c: newConfig(opts), cl: c}
+func StreamClientInterceptor(c *clientside.Client, s ClientSettings) grpc.StreamClientInterceptor {
+	cl := &client{c: newClientConfig(s), cl: c}
 	var th clientside.Throttler
 	if c != nil {
 		th = c.Throttle

@@ -19,10 +19,10 @@ func ExampleUnaryServerInterceptor() {
 		panic(err)
 	}
 	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimAPIKey))
-	opts := []grpcx.Option{grpcx.WithAPIKeyMetadata("x-api-key"), grpcx.WithSkip(grpcx.SkipHealthChecks)}
+	set := grpcx.ServerSettings{APIKeyMetadata: "x-api-key", Skip: grpcx.SkipHealthChecks}
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, opts...)),
-		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, opts...)),
+		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, set)),
+		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, set)),
 	)
 	defer srv.Stop()
 	// register services, then srv.Serve(listener)
@@ -32,8 +32,8 @@ func ExampleUnaryClientInterceptor() {
 	c := clientside.NewClient() // one per backend: throttle, retry budget, retries
 	conn, err := grpc.NewClient("127.0.0.1:50051",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(c)),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(c)),
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(c, grpcx.ClientSettings{})),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(c, grpcx.ClientSettings{})),
 	)
 	if err != nil {
 		panic(err)

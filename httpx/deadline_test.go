@@ -15,7 +15,7 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 )
 
-// WithDeadlineHeader: the client's Spillway-Timeout becomes the request
+// Settings.DeadlineHeader: the client's Spillway-Timeout becomes the request
 // context's deadline, which the chain and the handler see; a queue
 // refuses at once a request it could not serve in time (503); a
 // malformed value is answered 400; without the option the header is

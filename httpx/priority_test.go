@@ -32,7 +32,7 @@ func fullForSheddable(t *testing.T) *shedder.Worker {
 // A custom classifier decides the priority of a request that carries none;
 // a caller's lower propagated priority (Spillway-Priority: sheddable) still
 // applies, so a shedder full for Sheddable work sheds it with 503 while a
-// Critical request passes. WithoutReceivedPriority turns that off.
+// Critical request passes. Settings.IgnoreReceivedPriority turns that off.
 func TestPropagatedPriorityUnderCustomClassifier(t *testing.T) {
 	classify := func(*http.Request) spillway.Priority { return spillway.Critical }
 	sheddable := map[string]string{spillway.PriorityHeader: "sheddable"}
