@@ -46,11 +46,11 @@ type Client struct {
 // minutes), RetryBudget (10% of requests, at least one retry a second)
 // and DefaultMaxRetries retries.
 func NewClient() *Client {
-	th, err := NewThrottle()
+	th, err := NewThrottle(ThrottleSettings{})
 	if err != nil {
 		panic(err) // defaults are valid; unreachable
 	}
-	b, err := NewRetryBudget()
+	b, err := NewRetryBudget(RetryBudgetSettings{})
 	if err != nil {
 		panic(err)
 	}

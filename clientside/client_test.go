@@ -28,7 +28,7 @@ func (c *countingThrottle) Accepted() { c.accepted++ }
 func budget(t *testing.T, left float64) *RetryBudget {
 	t.Helper()
 	t0 := time.Unix(1000, 0)
-	b, err := NewRetryBudget(WithMaxTokens(10), WithRatio(0.5), WithMinRetriesPerSecond(0), WithClock(func() time.Time { return t0 }))
+	b, err := NewRetryBudget(RetryBudgetSettings{MaxTokens: 10, Ratio: 0.5, MinRetriesPerSecond: -1, Clock: func() time.Time { return t0 }})
 	if err != nil {
 		t.Fatal(err)
 	}

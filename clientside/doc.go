@@ -16,8 +16,8 @@
 //
 // The shortest use, around one call:
 //
-//	th, _ := clientside.NewThrottle()
-//	budget, _ := clientside.NewRetryBudget()
+//	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{})
+//	budget, _ := clientside.NewRetryBudget(clientside.RetryBudgetSettings{})
 //	if !th.Allow() { return clientside.ErrThrottled } // rejected locally
 //	budget.Deposit()
 //	resp, err := call()
@@ -27,6 +27,11 @@
 //			time.Sleep(wait) // then call again
 //		}
 //	}
+//
+// Each constructor is configured by its own settings struct, whose zero
+// value is the default (ThrottleSettings, RetryBudgetSettings), so a
+// setting that does not apply to it does not compile; Backoff and Client
+// are structs too.
 //
 // Throttle and RetryBudget are safe for concurrent use; Backoff is a value.
 package clientside

@@ -353,7 +353,7 @@ func TestClientRetryLimits(t *testing.T) {
 	}
 
 	// The budget caps: one token, no refill.
-	budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
+	budget, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MaxTokens: 1, Ratio: -1, MinRetriesPerSecond: -1})
 	require.NoError(t, err)
 	rec = denyAll()
 	conn = start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Budget: budget, MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
@@ -476,7 +476,7 @@ func TestClientDeadlineOutcome(t *testing.T) {
 
 func defaultBudget(t *testing.T) *clientside.RetryBudget {
 	t.Helper()
-	b, err := clientside.NewRetryBudget()
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{})
 	require.NoError(t, err)
 	return b
 }

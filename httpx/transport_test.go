@@ -171,7 +171,7 @@ func TestTransportOnlyRetriesIdempotentOrReplayable(t *testing.T) {
 
 func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
+		budget, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MaxTokens: 1, Ratio: -1, MinRetriesPerSecond: -1})
 		require.NoError(t, err)
 		f := &flaky{n: 100, status: 503, ra: "1"}
 		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Budget: budget}}
