@@ -21,7 +21,7 @@ const PriorityMetadataKey = "spillway-priority"
 // TimeoutHeader is the HTTP header in which a client states how long it
 // will wait for the answer, in whole milliseconds ("300"): the HTTP
 // counterpart of gRPC's grpc-timeout, which arrives as the context's
-// deadline. A server that reads it (httpx.WithDeadlineHeader) gives the
+// deadline. A server that reads it (httpx.Settings.DeadlineHeader) gives the
 // request's context that deadline, so that blocks which queue
 // (shedder.Queue, shedder.Pool) refuse at once a request they could not
 // serve in time, and drop one whose client gave up while it waited.

@@ -7,7 +7,7 @@ import (
 )
 
 func BenchmarkThrottleAllow(b *testing.B) {
-	th, _ := clientside.NewThrottle()
+	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{})
 	b.ReportAllocs()
 	for b.Loop() {
 		if th.Allow() {
@@ -17,7 +17,7 @@ func BenchmarkThrottleAllow(b *testing.B) {
 }
 
 func BenchmarkRetryBudget(b *testing.B) {
-	rb, _ := clientside.NewRetryBudget()
+	rb, _ := clientside.NewRetryBudget(clientside.RetryBudgetSettings{})
 	b.ReportAllocs()
 	for b.Loop() {
 		rb.Deposit()

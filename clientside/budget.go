@@ -29,13 +29,11 @@ type RetryBudget struct {
 	last    time.Time
 }
 
-// NewRetryBudget returns a full RetryBudget. See WithRatio,
-// WithMinRetriesPerSecond, WithMaxTokens and WithClock.
-func NewRetryBudget(opts ...Option) (*RetryBudget, error) {
-	c := defaultConfig()
-	for _, o := range opts {
-		o(&c)
-	}
+// NewRetryBudget returns a full RetryBudget configured by s
+// (RetryBudgetSettings{} for the defaults); an invalid setting is an error
+// naming it.
+func NewRetryBudget(s RetryBudgetSettings) (*RetryBudget, error) {
+	c := budgetConfig(s)
 	if err := c.validate(); err != nil {
 		return nil, err
 	}

@@ -18,7 +18,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestThrottleFormula(t *testing.T) {
 	r := 0.99
-	th, err := clientside.NewThrottle(clientside.WithRand(constRand(&r)), clientside.WithClock(func() time.Time { return t0 }))
+	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), Clock: func() time.Time { return t0 }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestThrottleFormula(t *testing.T) {
 
 func TestThrottleWindowSlides(t *testing.T) {
 	r := 0.99
-	th, err := clientside.NewThrottle(clientside.WithRand(constRand(&r)), clientside.WithK(1.5))
+	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), K: 1.5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestThrottleWindowSlides(t *testing.T) {
 func TestThrottleConverges(t *testing.T) {
 	i := 0
 	seq := []float64{0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95}
-	th, _ := clientside.NewThrottle(clientside.WithRand(func() float64 { i++; return seq[i%len(seq)] }))
+	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }})
 	sent := 0
 	for n := 0; n < 1000; n++ {
 		if th.AllowAt(t0) {
@@ -121,7 +121,7 @@ func TestThrottleConverges(t *testing.T) {
 	if sent != 1000 {
 		t.Fatalf("sent %d of 1000 to a backend accepting half, want all", sent)
 	}
-	th2, _ := clientside.NewThrottle(clientside.WithRand(func() float64 { i++; return seq[i%len(seq)] }))
+	th2, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }})
 	sent = 0
 	for n := 0; n < 1000; n++ {
 		if th2.AllowAt(t0) {
@@ -137,17 +137,15 @@ func TestThrottleConverges(t *testing.T) {
 
 func TestThrottleValidates(t *testing.T) {
 	for _, c := range []struct {
-		opt   clientside.Option
+		s     clientside.ThrottleSettings
 		field string
 	}{
-		{clientside.WithK(0.5), "K"},
-		{clientside.WithK(math.NaN()), "K"},
-		{clientside.WithWindow(time.Minute, 0), "buckets"},
-		{clientside.WithWindow(5, 10), "window"},
-		{clientside.WithClock(nil), "clock"},
-		{clientside.WithRand(nil), "rand"},
+		{clientside.ThrottleSettings{K: 0.5}, "K"},
+		{clientside.ThrottleSettings{K: math.NaN()}, "K"},
+		{clientside.ThrottleSettings{Window: time.Minute, Buckets: -1}, "buckets"},
+		{clientside.ThrottleSettings{Window: 5, Buckets: 10}, "window"},
 	} {
-		if _, err := clientside.NewThrottle(c.opt); err == nil || !strings.Contains(err.Error(), c.field) || !strings.HasPrefix(err.Error(), "clientside: ") {
+		if _, err := clientside.NewThrottle(c.s); err == nil || !strings.Contains(err.Error(), c.field) || !strings.HasPrefix(err.Error(), "clientside: ") {
 			t.Errorf("err %v, want one naming %q", err, c.field)
 		}
 	}
@@ -155,7 +153,7 @@ func TestThrottleValidates(t *testing.T) {
 
 func TestRetryBudgetHandComputed(t *testing.T) {
 	now := t0
-	b, err := clientside.NewRetryBudget(clientside.WithClock(func() time.Time { return now }))
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{Clock: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +214,7 @@ func TestRetryBudgetHandComputed(t *testing.T) {
 // Every request wants a retry: over 1000 requests the budget allows 109
 // retries (hand-computed in the comment), about 10%.
 func TestRetryBudgetTenPercent(t *testing.T) {
-	b, err := clientside.NewRetryBudget(clientside.WithMinRetriesPerSecond(0), clientside.WithClock(func() time.Time { return t0 }))
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MinRetriesPerSecond: -1, Clock: func() time.Time { return t0 }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,16 +236,17 @@ func TestRetryBudgetTenPercent(t *testing.T) {
 
 func TestRetryBudgetValidates(t *testing.T) {
 	for _, c := range []struct {
-		opt   clientside.Option
+		s     clientside.RetryBudgetSettings
 		field string
 	}{
-		{clientside.WithRatio(1.5), "ratio"},
-		{clientside.WithRatio(-0.1), "ratio"},
-		{clientside.WithMinRetriesPerSecond(-1), "min retries"},
-		{clientside.WithMaxTokens(0.5), "max tokens"},
-		{clientside.WithMaxTokens(math.Inf(1)), "max tokens"},
+		{clientside.RetryBudgetSettings{Ratio: 1.5}, "ratio"},
+		{clientside.RetryBudgetSettings{Ratio: math.NaN()}, "ratio"},
+		{clientside.RetryBudgetSettings{MinRetriesPerSecond: math.NaN()}, "min retries"},
+		{clientside.RetryBudgetSettings{MinRetriesPerSecond: math.Inf(1)}, "min retries"},
+		{clientside.RetryBudgetSettings{MaxTokens: 0.5}, "max tokens"},
+		{clientside.RetryBudgetSettings{MaxTokens: math.Inf(1)}, "max tokens"},
 	} {
-		if _, err := clientside.NewRetryBudget(c.opt); err == nil || !strings.Contains(err.Error(), c.field) {
+		if _, err := clientside.NewRetryBudget(c.s); err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("err %v, want one naming %q", err, c.field)
 		}
 	}

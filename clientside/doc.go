@@ -1,6 +1,7 @@
 // Package clientside keeps a client from making an overloaded backend
-// worse. It is pure logic with no transport: the HTTP client transport and
-// the gRPC client interceptor wire it in.
+// worse. It is pure logic with no transport: Client bundles it for one
+// backend, and the HTTP client transport (httpx.Transport) and the gRPC
+// client interceptors (grpcx.UnaryClientInterceptor) take a *Client.
 //
 //   - Throttle is Google SRE's adaptive throttling: the client counts the
 //     requests it attempts and the ones the backend accepts over a sliding
@@ -15,9 +16,9 @@
 //
 // The shortest use, around one call:
 //
-//	th, _ := clientside.NewThrottle()
-//	budget, _ := clientside.NewRetryBudget()
-//	if !th.Allow() { return errThrottled } // rejected locally
+//	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{})
+//	budget, _ := clientside.NewRetryBudget(clientside.RetryBudgetSettings{})
+//	if !th.Allow() { return clientside.ErrThrottled } // rejected locally
 //	budget.Deposit()
 //	resp, err := call()
 //	if !overloaded(resp, err) { th.Accepted() }
@@ -26,6 +27,11 @@
 //			time.Sleep(wait) // then call again
 //		}
 //	}
+//
+// Each constructor is configured by its own settings struct, whose zero
+// value is the default (ThrottleSettings, RetryBudgetSettings), so a
+// setting that does not apply to it does not compile; Backoff and Client
+// are structs too.
 //
 // Throttle and RetryBudget are safe for concurrent use; Backoff is a value.
 package clientside

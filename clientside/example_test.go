@@ -10,10 +10,10 @@ import (
 func ExampleThrottle() {
 	now := time.Unix(0, 0)
 	draw := 0.5
-	th, err := clientside.NewThrottle(
-		clientside.WithClock(func() time.Time { return now }),
-		clientside.WithRand(func() float64 { return draw }),
-	)
+	th, err := clientside.NewThrottle(clientside.ThrottleSettings{
+		Clock: func() time.Time { return now },
+		Rand:  func() float64 { return draw },
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -33,10 +33,11 @@ func ExampleThrottle() {
 
 func ExampleRetryBudget() {
 	now := time.Unix(0, 0)
-	b, err := clientside.NewRetryBudget(
-		clientside.WithClock(func() time.Time { return now }),
-		clientside.WithMaxTokens(2), clientside.WithMinRetriesPerSecond(0),
-	)
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{
+		Clock:               func() time.Time { return now },
+		MaxTokens:           2,
+		MinRetriesPerSecond: -1,
+	})
 	if err != nil {
 		panic(err)
 	}

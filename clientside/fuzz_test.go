@@ -26,7 +26,7 @@ func FuzzThrottle(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 0, 0, 3, 255, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		now := time.Unix(1_700_000_000, 0)
-		th, err := clientside.NewThrottle(clientside.WithWindow(10*time.Second, 5), clientside.WithRand(func() float64 { return 0.5 }))
+		th, err := clientside.NewThrottle(clientside.ThrottleSettings{Window: 10 * time.Second, Buckets: 5, Rand: func() float64 { return 0.5 }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,13 +40,10 @@ type bucket struct {
 	accepts  int64
 }
 
-// NewThrottle returns a Throttle. See WithK, WithWindow, WithClock and
-// WithRand.
-func NewThrottle(opts ...Option) (*Throttle, error) {
-	c := defaultConfig()
-	for _, o := range opts {
-		o(&c)
-	}
+// NewThrottle returns a Throttle configured by s (ThrottleSettings{} for
+// the defaults); an invalid setting is an error naming it.
+func NewThrottle(s ThrottleSettings) (*Throttle, error) {
+	c := throttleConfig(s)
 	if err := c.validate(); err != nil {
 		return nil, err
 	}

@@ -80,7 +80,7 @@ func nestedFirstRequest(t *testing.T) (elapsed time.Duration, guardDegraded bool
 		defer done(spillway.Success)
 		degraded = d.Degraded
 	})
-	ts := httptest.NewServer(httpx.Middleware(spillway.Chain(concurrency.PerKey(conc, spillway.DimIP), api))(h))
+	ts := httptest.NewServer(httpx.Middleware(spillway.Chain(concurrency.PerKey(conc, spillway.DimIP), api), httpx.Settings{})(h))
 	defer ts.Close()
 	get := func() (time.Duration, int) {
 		start := time.Now()

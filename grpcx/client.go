@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/clientside"
+	"github.com/spillway-go/spillway/internal/sleep"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,32 +16,18 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// ErrThrottled is returned by the client interceptors when client-side
-// throttling rejected a call locally; it was not sent. Its code is
-// Unavailable; compare with errors.Is.
-var ErrThrottled = status.Error(codes.Unavailable, "grpcx: call throttled locally: the backend is rejecting most calls")
+// throttled is clientside.ErrThrottled with the gRPC code Unavailable.
+type throttled struct{}
 
-type client struct {
-	c config
+func (throttled) Error() string { return clientside.ErrThrottled.Error() }
+func (throttled) Unwrap() error { return clientside.ErrThrottled }
+func (throttled) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, clientside.ErrThrottled.Error())
 }
 
-func newClient(opts []Option) *client {
-	c := newConfig(opts)
-	if c.throttle == nil && !c.noThrottle {
-		th, err := clientside.NewThrottle()
-		if err != nil {
-			panic(err) // defaults are valid; unreachable
-		}
-		c.throttle = th
-	}
-	if c.budget == nil && !c.noBudget {
-		b, err := clientside.NewRetryBudget()
-		if err != nil {
-			panic(err)
-		}
-		c.budget = b
-	}
-	return &client{c: c}
+type client struct {
+	c  config
+	cl *clientside.Client
 }
 
 // UnaryClientInterceptor returns a client interceptor that sends the
@@ -48,23 +35,26 @@ func newClient(opts []Option) *client {
 // locally when adaptive throttling says the backend is rejecting most of
 // them (ErrThrottled), and retries a ResourceExhausted or Unavailable
 // answer that carries errdetails.RetryInfo after the delay it asks (plus
-// jitter), under a retry budget, at most WithMaxRetries times, and only when
-// the context's deadline leaves time for the wait. Defaults: the clientside
-// Throttle and RetryBudget, DefaultMaxRetries retries.
-func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
-	cl := newClient(opts)
+// jitter), under a retry budget, at most c.MaxRetries times, and only when
+// the context's deadline leaves time for the wait, as c (its throttle,
+// budget, backoff and MaxRetries; clientside.NewClient() for the defaults,
+// nil for none) says. A call rejected locally fails with an error that is
+// clientside.ErrThrottled (errors.Is) and has the code Unavailable; s
+// (ClientSettings{} for the defaults) skips methods, restricts retries or
+// stops the priority's propagation. Share c between the unary and stream interceptors of a
+// connection: the throttle learns that backend's rejections.
+func UnaryClientInterceptor(c *clientside.Client, s ClientSettings) grpc.UnaryClientInterceptor {
+	cl := &client{c: newClientConfig(s), cl: c}
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		c := &cl.c
 		ctx = cl.propagate(ctx)
 		if c.skip != nil && c.skip(ctx, method) {
 			return invoker(ctx, method, req, reply, cc, callOpts...)
 		}
-		r := clientside.Retries{Throttle: c.throttle, Budget: c.budget, Backoff: c.backoff, Max: c.maxRetries}
-		if c.retryable != nil && !c.retryable(method) {
-			r.Max = 0
-		}
+		r := cl.cl
+		retry := c.retryable == nil || c.retryable(method)
 		if !r.Begin() {
-			return ErrThrottled
+			return throttled{}
 		}
 		for attempt := 0; ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, callOpts...)
@@ -73,14 +63,14 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 				return err
 			}
 			delay, ok := RetryDelay(err)
-			if !ok {
+			if !ok || !retry {
 				return err // overloaded, but the server did not say when to come back
 			}
 			wait, ok := r.Next(ctx, attempt, delay)
 			if !ok {
 				return err
 			}
-			if serr := clientside.Sleep(ctx, wait); serr != nil {
+			if serr := sleep.Sleep(ctx, wait); serr != nil {
 				return status.FromContextError(serr).Err()
 			}
 		}
@@ -90,26 +80,31 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 // StreamClientInterceptor returns a client interceptor for streams that
 // propagates the priority and applies adaptive throttling. Streams are not
 // retried: a server denies a stream on its first receive, after the
-// caller may already have sent messages.
-func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
-	cl := newClient(opts)
+// caller may already have sent messages. Of c only the Throttle applies
+// (nil c or Throttle: none).
+func StreamClientInterceptor(c *clientside.Client, s ClientSettings) grpc.StreamClientInterceptor {
+	cl := &client{c: newClientConfig(s), cl: c}
+	var th clientside.Throttler
+	if c != nil {
+		th = c.Throttle
+	}
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, callOpts ...grpc.CallOption) (grpc.ClientStream, error) {
 		c := &cl.c
 		ctx = cl.propagate(ctx)
-		if (c.skip != nil && c.skip(ctx, method)) || c.throttle == nil {
+		if (c.skip != nil && c.skip(ctx, method)) || th == nil {
 			return streamer(ctx, desc, cc, method, callOpts...)
 		}
-		if !c.throttle.Allow() {
-			return nil, ErrThrottled
+		if !th.Allow() {
+			return nil, throttled{}
 		}
 		cs, err := streamer(ctx, desc, cc, method, callOpts...)
 		if err != nil {
 			if !overloaded(err) {
-				c.throttle.Accepted()
+				th.Accepted()
 			}
 			return nil, err
 		}
-		return &watchedStream{ClientStream: cs, th: c.throttle}, nil
+		return &watchedStream{ClientStream: cs, th: th}, nil
 	}
 }
 
@@ -117,7 +112,7 @@ func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
 // judged by how the first receive ends.
 type watchedStream struct {
 	grpc.ClientStream
-	th   Throttle
+	th   clientside.Throttler
 	once sync.Once
 }
 

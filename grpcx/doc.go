@@ -2,31 +2,34 @@
 // gRPC clients interceptors that back off the way the server asks, in the
 // style of go-grpc-middleware v2: UnaryServerInterceptor,
 // StreamServerInterceptor, UnaryClientInterceptor and
-// StreamClientInterceptor, configured with Options, with a selector
-// (WithSkip, SkipHealthChecks) to leave methods alone.
+// StreamClientInterceptor, with a selector (SkipMethods,
+// SkipHealthChecks) to leave methods alone. Each is configured one way, by
+// a struct whose zero value is the default: ServerSettings for the server
+// interceptors, a *clientside.Client and ClientSettings for the client
+// ones; a setting that does not apply to one does not compile against it.
 //
 // The shortest use:
 //
 //	import "google.golang.org/grpc"
 //
 //	srv := grpc.NewServer(
-//		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
-//		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.WithSkip(grpcx.SkipHealthChecks))),
+//		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.ServerSettings{Skip: grpcx.SkipHealthChecks})),
+//		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.ServerSettings{Skip: grpcx.SkipHealthChecks})),
 //	)
 //	conn, err := grpc.NewClient(addr, creds,
-//		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor()))
+//		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(clientside.NewClient(), grpcx.ClientSettings{})))
 //
 // # Server
 //
 // Each call (each stream, when it opens) becomes a spillway.Request: the
 // Endpoint is the full method ("/pkg.Service/Method"), Method is empty,
-// Priority comes from the classifier (WithPriority; default Critical),
+// Priority comes from the classifier (ServerSettings.Priority; default Critical),
 // lowered by the caller's spillway.PriorityMetadataKey metadata whatever
-// the classifier (WithoutReceivedPriority turns that off), and the
+// the classifier (IgnoreReceivedPriority turns that off), and the
 // identity dimensions are "ip" (the
-// peer address, or x-forwarded-for from a trusted proxy: WithTrustedProxies),
-// "user" (WithUser or WithUserMetadata) and "api_key"
-// (WithAPIKeyMetadata). A denial answers codes.ResourceExhausted for rate
+// peer address, or x-forwarded-for from a trusted proxy: TrustedProxies),
+// "user" (User or UserMetadata) and "api_key"
+// (APIKeyMetadata). A denial answers codes.ResourceExhausted for rate
 // and concurrency limits, codes.Unavailable for shedding, the ceiling and a
 // failed-closed store, codes.InvalidArgument for a malformed request, with
 // the details errdetails.ErrorInfo, QuotaFailure and RetryInfo (see
@@ -39,9 +42,11 @@
 //
 // # Client
 //
-// UnaryClientInterceptor retries denials that carry RetryInfo under a
-// retry budget, with jitter, and throttles adaptively; both interceptors
-// send the context's priority downstream. See UnaryClientInterceptor.
+// The client interceptors take a *clientside.Client, which holds the
+// client side (adaptive throttle, retry budget, backoff, retries; one per
+// backend): UnaryClientInterceptor retries denials that carry RetryInfo
+// under the budget, with jitter, and throttles adaptively; both
+// interceptors send the context's priority downstream.
 //
 // All interceptors are safe for concurrent use.
 package grpcx

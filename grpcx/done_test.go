@@ -47,7 +47,7 @@ func TestDoneDoesNotDelayResponse(t *testing.T) {
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(concurrency.PerKey(lim, spillway.DimIP)), slow))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(concurrency.PerKey(lim, spillway.DimIP), grpcx.ServerSettings{}), slow))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/grpcx"
 	"github.com/spillway-go/spillway/ratelimit"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -18,20 +19,21 @@ func ExampleUnaryServerInterceptor() {
 		panic(err)
 	}
 	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimAPIKey))
-	opts := []grpcx.Option{grpcx.WithAPIKeyMetadata("x-api-key"), grpcx.WithSkip(grpcx.SkipHealthChecks)}
+	set := grpcx.ServerSettings{APIKeyMetadata: "x-api-key", Skip: grpcx.SkipHealthChecks}
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, opts...)),
-		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, opts...)),
+		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, set)),
+		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, set)),
 	)
 	defer srv.Stop()
 	// register services, then srv.Serve(listener)
 }
 
 func ExampleUnaryClientInterceptor() {
+	c := clientside.NewClient() // one per backend: throttle, retry budget, retries
 	conn, err := grpc.NewClient("127.0.0.1:50051",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor()),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor()),
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(c, grpcx.ClientSettings{})),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(c, grpcx.ClientSettings{})),
 	)
 	if err != nil {
 		panic(err)

@@ -69,13 +69,13 @@ func always(d spillway.Decision, err error) func(int) (spillway.Decision, error)
 
 // start runs a real gRPC server with the health service on 127.0.0.1 and
 // returns a client connection to it.
-func start(t *testing.T, lim spillway.Limiter, serverOpts []grpcx.Option, dialOpts ...grpc.DialOption) *grpc.ClientConn {
+func start(t *testing.T, lim spillway.Limiter, set grpcx.ServerSettings, dialOpts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(lim, serverOpts...)),
-		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(lim, serverOpts...)),
+		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(lim, set)),
+		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(lim, set)),
 	)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
@@ -102,7 +102,7 @@ func TestUnaryAllowedAndDenied(t *testing.T) {
 		}
 		return spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "per_ip", Limit: 2, ResetAfter: 2500 * time.Millisecond, RetryAfter: 1500 * time.Millisecond}, nil
 	}}
-	conn := start(t, rec, []grpcx.Option{grpcx.WithClock(fixedClock)})
+	conn := start(t, rec, grpcx.ServerSettings{Clock: fixedClock})
 	ctx := context.Background()
 
 	hdr, err := check(ctx, conn)
@@ -150,25 +150,26 @@ func TestUnaryCodes(t *testing.T) {
 		name  string
 		d     spillway.Decision
 		err   error
-		opts  []grpcx.Option
+		set   grpcx.ServerSettings
 		code  codes.Code
 		retry time.Duration // 0: no RetryInfo
 	}{
-		{"shed", spillway.Decision{Reason: spillway.ReasonShed, Limiter: "fleet", RetryAfter: 3 * time.Second}, nil, nil, codes.Unavailable, 3 * time.Second},
-		{"ceiling without retry", spillway.Decision{Reason: spillway.ReasonCeiling, Limiter: "db"}, nil, nil, codes.Unavailable, time.Second},
-		{"concurrency", spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "inflight", RetryAfter: 20 * time.Millisecond}, nil, nil, codes.ResourceExhausted, 20 * time.Millisecond},
-		{"cost exceeds", spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk"}, nil, nil, codes.ResourceExhausted, 0},
-		{"invalid", spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil, nil, codes.InvalidArgument, 0},
-		{"store down open", spillway.Decision{}, storeDown, nil, codes.OK, 0},
-		{"store down closed", spillway.Decision{}, storeDown, []grpcx.Option{grpcx.WithFailMode(spillway.FailClosed)}, codes.Unavailable, time.Second},
-		{"store down, fail-closed tiers rule", spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Err: storeDown}, nil, codes.Unavailable, time.Second},
-		{"invalid cost", spillway.Decision{Allowed: true}, nil, []grpcx.Option{grpcx.WithCost(func(context.Context, string) int64 { return -2 })}, codes.InvalidArgument, 0},
+		{"shed", spillway.Decision{Reason: spillway.ReasonShed, Limiter: "fleet", RetryAfter: 3 * time.Second}, nil, grpcx.ServerSettings{}, codes.Unavailable, 3 * time.Second},
+		{"ceiling without retry", spillway.Decision{Reason: spillway.ReasonCeiling, Limiter: "db"}, nil, grpcx.ServerSettings{}, codes.Unavailable, time.Second},
+		{"concurrency", spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "inflight", RetryAfter: 20 * time.Millisecond}, nil, grpcx.ServerSettings{}, codes.ResourceExhausted, 20 * time.Millisecond},
+		{"cost exceeds", spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk"}, nil, grpcx.ServerSettings{}, codes.ResourceExhausted, 0},
+		{"invalid", spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil, grpcx.ServerSettings{}, codes.InvalidArgument, 0},
+		{"store down open", spillway.Decision{}, storeDown, grpcx.ServerSettings{}, codes.OK, 0},
+		{"store down closed", spillway.Decision{}, storeDown, grpcx.ServerSettings{FailMode: spillway.FailClosed}, codes.Unavailable, time.Second},
+		{"store down, fail-closed tiers rule", spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Err: storeDown}, grpcx.ServerSettings{}, codes.Unavailable, time.Second},
+		{"invalid cost", spillway.Decision{Allowed: true}, nil, grpcx.ServerSettings{Cost: func(context.Context, string) int64 { return -2 }}, codes.InvalidArgument, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var errs []error
-			opts := append([]grpcx.Option{grpcx.WithErrorHandler(func(_ context.Context, m string, err error) { errs = append(errs, err) })}, tc.opts...)
-			conn := start(t, &recorder{decide: always(tc.d, tc.err)}, opts)
+			set := tc.set
+			set.OnError = func(_ context.Context, m string, err error) { errs = append(errs, err) }
+			conn := start(t, &recorder{decide: always(tc.d, tc.err)}, set)
 			_, err := check(context.Background(), conn)
 			require.Equal(t, tc.code, status.Code(err))
 			d, ok := grpcx.RetryDelay(err)
@@ -184,8 +185,11 @@ func TestUnaryCodes(t *testing.T) {
 
 func TestIdentityPriorityAndSkip(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	conn := start(t, rec, []grpcx.Option{grpcx.WithAPIKeyMetadata("X-API-Key"), grpcx.WithUserMetadata("x-user-id"),
-		grpcx.WithSkip(grpcx.SkipMethods("/grpc.health.v1.Health/List"))})
+	conn := start(t, rec, grpcx.ServerSettings{
+		APIKeyMetadata: "X-API-Key",
+		UserMetadata:   "x-user-id",
+		Skip:           grpcx.SkipMethods("/grpc.health.v1.Health/List"),
+	})
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k1", "x-user-id", "u1", spillway.PriorityMetadataKey, "critical_plus")
 	_, err := check(ctx, conn)
 	require.NoError(t, err)
@@ -204,14 +208,14 @@ func TestIdentityPriorityAndSkip(t *testing.T) {
 	require.Equal(t, spillway.Sheddable, reqs[1].Priority)
 
 	rec2 := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	conn2 := start(t, rec2, []grpcx.Option{grpcx.WithTrustPriorityMetadata(), grpcx.WithSkip(grpcx.SkipHealthChecks)})
+	conn2 := start(t, rec2, grpcx.ServerSettings{TrustPriorityMetadata: true, Skip: grpcx.SkipHealthChecks})
 	_, err = check(metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus"), conn2)
 	require.NoError(t, err)
 	reqs, _, _ = rec2.snapshot()
 	require.Empty(t, reqs) // health checks skipped
 
 	rec3 := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	conn3 := start(t, rec3, []grpcx.Option{grpcx.WithTrustPriorityMetadata()})
+	conn3 := start(t, rec3, grpcx.ServerSettings{TrustPriorityMetadata: true})
 	_, err = check(metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus"), conn3)
 	require.NoError(t, err)
 	reqs, _, _ = rec3.snapshot()
@@ -225,7 +229,7 @@ func TestStream(t *testing.T) {
 		}
 		return spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "streams", Limit: 1, RetryAfter: 250 * time.Millisecond}, nil
 	}}
-	conn := start(t, rec, nil)
+	conn := start(t, rec, grpcx.ServerSettings{})
 	hc := healthpb.NewHealthClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
@@ -254,7 +258,7 @@ func TestStream(t *testing.T) {
 func TestChainReleasesWhenLaterLimiterDenies(t *testing.T) {
 	counting := &recorder{decide: always(spillway.Decision{Allowed: true, Limiter: "inflight", Limit: 10, Remaining: 9}, nil)}
 	shed := &recorder{decide: always(spillway.Decision{Reason: spillway.ReasonShed, Limiter: "worker", RetryAfter: time.Second}, nil)}
-	conn := start(t, spillway.Chain(counting, shed), nil)
+	conn := start(t, spillway.Chain(counting, shed), grpcx.ServerSettings{})
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, inflight, outs := counting.snapshot()
@@ -265,7 +269,7 @@ func TestChainReleasesWhenLaterLimiterDenies(t *testing.T) {
 
 func TestDoneOnPanicAndOutcomes(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	icpt := grpcx.UnaryServerInterceptor(rec)
+	icpt := grpcx.UnaryServerInterceptor(rec, grpcx.ServerSettings{})
 	info := &grpc.UnaryServerInfo{FullMethod: "/svc/M"}
 	func() {
 		defer func() { require.Equal(t, "boom", recover()) }()
@@ -281,7 +285,7 @@ func TestDoneOnPanicAndOutcomes(t *testing.T) {
 		spillway.Dropped, spillway.Ignored, spillway.Dropped}, outs)
 
 	srec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	sicpt := grpcx.StreamServerInterceptor(srec)
+	sicpt := grpcx.StreamServerInterceptor(srec, grpcx.ServerSettings{})
 	func() {
 		defer func() { require.Equal(t, "boom", recover()) }()
 		sicpt(nil, fakeStream{}, &grpc.StreamServerInfo{FullMethod: "/svc/S"}, func(any, grpc.ServerStream) error { panic("boom") })
@@ -303,7 +307,7 @@ func TestClientRetriesRetryInfo(t *testing.T) {
 		}
 		return spillway.Decision{Allowed: true, Limiter: "per_ip", Limit: 1}, nil
 	}}
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithBackoff(clientside.Backoff{Jitter: -1}), grpcx.WithoutThrottle())))
+	conn := start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Backoff: clientside.Backoff{Jitter: -1}, MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
 	start := time.Now()
 	_, err := check(spillway.ContextWithPriority(context.Background(), spillway.SheddablePlus), conn)
 	require.NoError(t, err)
@@ -321,36 +325,38 @@ func TestClientRetryLimits(t *testing.T) {
 	}
 	// MaxRetries caps.
 	rec := denyAll()
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithMaxRetries(3), grpcx.WithoutRetryBudget(), grpcx.WithoutThrottle())))
+	conn := start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{MaxRetries: 3}, grpcx.ClientSettings{})))
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 4)
 
-	// WithMaxRetries(0) and a negative count turn retries off; without the
-	// option the client retries DefaultMaxRetries times.
+	// MaxRetries 0 and a negative count turn retries off, and so does a
+	// nil Client; NewClient retries DefaultMaxRetries times.
+	def := clientside.NewClient()
+	def.Throttle, def.Budget = nil, nil
 	for _, tc := range []struct {
-		opts  []grpcx.Option
+		c     *clientside.Client
 		calls int
 	}{
-		{[]grpcx.Option{grpcx.WithMaxRetries(0)}, 1},
-		{[]grpcx.Option{grpcx.WithMaxRetries(-1)}, 1},
-		{nil, 1 + grpcx.DefaultMaxRetries},
+		{&clientside.Client{MaxRetries: 0}, 1},
+		{&clientside.Client{MaxRetries: -1}, 1},
+		{nil, 1},
+		{def, 1 + clientside.DefaultMaxRetries},
 	} {
 		rec = denyAll()
-		opts := append(tc.opts, grpcx.WithoutRetryBudget(), grpcx.WithoutThrottle())
-		conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(opts...)))
+		conn = start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(tc.c, grpcx.ClientSettings{})))
 		_, err = check(context.Background(), conn)
 		require.Equal(t, codes.Unavailable, status.Code(err))
 		reqs, _, _ = rec.snapshot()
-		require.Len(t, reqs, tc.calls, "options %d", len(tc.opts))
+		require.Len(t, reqs, tc.calls, "client %+v", tc.c)
 	}
 
 	// The budget caps: one token, no refill.
-	budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
+	budget, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MaxTokens: 1, Ratio: -1, MinRetriesPerSecond: -1})
 	require.NoError(t, err)
 	rec = denyAll()
-	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithRetryBudget(budget), grpcx.WithoutThrottle())))
+	conn = start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Budget: budget, MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
 	_, err = check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	_, err = check(context.Background(), conn)
@@ -360,7 +366,7 @@ func TestClientRetryLimits(t *testing.T) {
 
 	// A retryable filter and a status without RetryInfo: not retried.
 	rec = denyAll()
-	conn = start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithRetryable(func(string) bool { return false }))))
+	conn = start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(clientside.NewClient(), grpcx.ClientSettings{Retryable: func(string) bool { return false }})))
 	_, err = check(context.Background(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	reqs, _, _ = rec.snapshot()
@@ -384,9 +390,9 @@ func TestClientThrottle(t *testing.T) {
 		return spillway.Decision{Allowed: true}, nil
 	}}
 	th := &recThrottle{allow: true}
-	conn := start(t, rec, nil,
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithThrottle(th), grpcx.WithMaxRetries(-1))),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(grpcx.WithThrottle(th))))
+	conn := start(t, rec, grpcx.ServerSettings{},
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: th}, grpcx.ClientSettings{})),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(&clientside.Client{Throttle: th}, grpcx.ClientSettings{})))
 	_, err := check(context.Background(), conn)
 	require.NoError(t, err)
 	_, err = check(context.Background(), conn)
@@ -403,9 +409,10 @@ func TestClientThrottle(t *testing.T) {
 
 	th.allow = false
 	_, err = check(context.Background(), conn)
-	require.ErrorIs(t, err, grpcx.ErrThrottled)
+	require.ErrorIs(t, err, clientside.ErrThrottled)
+	require.Equal(t, codes.Unavailable, status.Code(err))
 	_, err = healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{})
-	require.ErrorIs(t, err, grpcx.ErrThrottled)
+	require.ErrorIs(t, err, clientside.ErrThrottled)
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 3)
 }
@@ -421,10 +428,10 @@ func (o *onceThrottle) Accepted()   {}
 // A retry the throttle refuses returns the server's status, not ErrThrottled.
 func TestClientThrottleRefusesRetry(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "per_ip", RetryAfter: time.Millisecond}, nil)}
-	conn := start(t, rec, nil, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(grpcx.WithThrottle(&onceThrottle{}))))
+	conn := start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: &onceThrottle{}, Budget: defaultBudget(t), MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err))
-	require.NotErrorIs(t, err, grpcx.ErrThrottled)
+	require.NotErrorIs(t, err, clientside.ErrThrottled)
 	reqs, _, _ := rec.snapshot()
 	require.Len(t, reqs, 1)
 }
@@ -440,7 +447,7 @@ func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
 		{[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")}, "203.0.113.9"},
 	} {
 		rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-		conn := start(t, rec, []grpcx.Option{grpcx.WithTrustedProxies(tc.trusted...)})
+		conn := start(t, rec, grpcx.ServerSettings{TrustedProxies: tc.trusted})
 		_, err := check(ctx, conn)
 		require.NoError(t, err)
 		reqs, _, _ := rec.snapshot()
@@ -454,7 +461,7 @@ func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
 // (an outgoing call's deadline) while the client still waits is Dropped.
 func TestClientDeadlineOutcome(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	icpt := grpcx.UnaryServerInterceptor(rec)
+	icpt := grpcx.UnaryServerInterceptor(rec, grpcx.ServerSettings{})
 	info := &grpc.UnaryServerInfo{FullMethod: "/svc/M"}
 	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()
@@ -465,4 +472,11 @@ func TestClientDeadlineOutcome(t *testing.T) {
 	_, inflight, outs := rec.snapshot()
 	require.Equal(t, 0, inflight)
 	require.Equal(t, []spillway.Outcome{spillway.Ignored, spillway.Dropped, spillway.Success}, outs)
+}
+
+func defaultBudget(t *testing.T) *clientside.RetryBudget {
+	t.Helper()
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{})
+	require.NoError(t, err)
+	return b
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // ForwardedForKey is the metadata key read from trusted proxies (see
-// WithTrustedProxies).
+// ServerSettings.TrustedProxies).
 const ForwardedForKey = "x-forwarded-for"
 
 // clientIP is the client address behind trusted proxies (see

@@ -7,20 +7,110 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/clientside"
 )
 
-// Option configures the interceptors. Server options are ignored by the
-// client interceptors and the other way round, as documented on each.
-type Option func(*config)
+// ServerSettings configures UnaryServerInterceptor and
+// StreamServerInterceptor; its zero value is the default.
+type ServerSettings struct {
+	// Skip selects calls that bypass the limiter. SkipMethods and
+	// SkipHealthChecks build common ones.
+	Skip func(ctx context.Context, fullMethod string) bool
 
-// Throttle is client-side adaptive throttling (clientside.Throttler);
-// *clientside.Throttle implements it. See httpx.Throttle.
-type Throttle = clientside.Throttler
+	// Priority is the classifier (default: every call is
+	// spillway.Critical). Whatever the classifier, the priority named in
+	// the caller's spillway.PriorityMetadataKey metadata lowers it (never
+	// raises it, unless TrustPriorityMetadata; see
+	// spillway.ReceivedPriority), unless IgnoreReceivedPriority. A
+	// classifier returning an invalid priority gets the call answered
+	// InvalidArgument.
+	Priority func(ctx context.Context, fullMethod string) spillway.Priority
 
-// RetryBudget caps retries at a fraction of requests (clientside.Spender);
-// *clientside.RetryBudget implements it.
-type RetryBudget = clientside.Spender
+	// TrustPriorityMetadata lets the spillway.PriorityMetadataKey metadata
+	// raise a call's priority too. Use it only behind an edge that strips
+	// the key from outside traffic.
+	TrustPriorityMetadata bool
+
+	// IgnoreReceivedPriority ignores the spillway.PriorityMetadataKey
+	// metadata a caller sends: the classifier (Priority) alone gives the
+	// priority.
+	IgnoreReceivedPriority bool
+
+	// Cost says how many tokens a call costs (default 1).
+	Cost func(ctx context.Context, fullMethod string) int64
+
+	// APIKeyMetadata names the metadata key carrying the API key
+	// ("api_key" dimension); it is lowercased. Default: none.
+	APIKeyMetadata string
+
+	// UserMetadata names the metadata key carrying the user ("user"
+	// dimension); it is lowercased. Default: none.
+	UserMetadata string
+
+	// User returns the authenticated user from the call's context (where
+	// an auth interceptor put it); it wins over UserMetadata when it
+	// returns non-empty.
+	User func(ctx context.Context) string
+
+	// FailMode is what happens when the limiter returns an error (default
+	// spillway.FailOpen: the handler runs). A *spillway.StoreError whose
+	// Fail is spillway.FailClosed (a call that matched a tiers rule with
+	// fail: closed, say) is denied whatever the mode.
+	FailMode spillway.FailMode
+
+	// OnError is called with every limiter error, for logging.
+	OnError func(ctx context.Context, fullMethod string, err error)
+
+	// Clock is the clock for the x-ratelimit-reset header (default
+	// time.Now).
+	Clock func() time.Time
+
+	// NoPriorityContext stops the interceptors from storing the call's
+	// priority in the handler's context (spillway.ContextWithPriority),
+	// where the client interceptors find it to propagate downstream.
+	NoPriorityContext bool
+
+	// TrustedProxies lists the proxies whose x-forwarded-for metadata is
+	// believed. The "ip" dimension is the peer address unless the peer is
+	// in one of these prefixes; then it is the right-most x-forwarded-for
+	// address that is not itself a trusted proxy (the left-most if all
+	// are). The metadata from any other peer is ignored, so a client
+	// cannot choose its own key. Default: none.
+	TrustedProxies []netip.Prefix
+
+	// Usage meters each call's actual cost: the interceptor puts a
+	// spillway.Usage in Request.Usage and in the handler's context, where
+	// the handler reports with spillway.ReportUsage (per message of a
+	// server stream). The cost (Cost, EstimateMetadata) is then the
+	// estimate, which a "cost: response" rule holds at admission and
+	// settles to the reported total when the handler returns. When
+	// ReportUsage returns an error the limit is spent: a streaming handler
+	// stops and returns UsageStatus(err) (ResourceExhausted).
+	Usage bool
+
+	// EstimateMetadata takes the estimate from this incoming metadata key
+	// (lowercased), a decimal integer in [0, MaxInt64]; a malformed value
+	// is answered InvalidArgument with the reason. It implies Usage.
+	EstimateMetadata string
+}
+
+// ClientSettings configures UnaryClientInterceptor and
+// StreamClientInterceptor next to their *clientside.Client; its zero value
+// is the default.
+type ClientSettings struct {
+	// Skip selects calls that bypass the retry and throttle logic.
+	Skip func(ctx context.Context, fullMethod string) bool
+
+	// Retryable restricts which methods are retried. By default every
+	// method is retried when the server's denial carries RetryInfo: a
+	// limiter denied the call before the handler ran, so a retry cannot
+	// do the work twice.
+	Retryable func(fullMethod string) bool
+
+	// NoPriorityPropagation stops sending the context's priority
+	// (spillway.ContextWithPriority) in the spillway.PriorityMetadataKey
+	// metadata.
+	NoPriorityPropagation bool
+}
 
 type config struct {
 	// server
@@ -40,35 +130,36 @@ type config struct {
 	trusted       []netip.Prefix
 
 	// client
-	throttle    Throttle
-	budget      RetryBudget
-	noThrottle  bool
-	noBudget    bool
-	backoff     clientside.Backoff
-	maxRetries  int
 	retryable   func(fullMethod string) bool
 	noPropagate bool
 }
 
-// DefaultMaxRetries is the client's retries when WithMaxRetries is not
-// given.
-const DefaultMaxRetries = 2
-
-func newConfig(opts []Option) config {
-	c := config{now: time.Now, maxRetries: DefaultMaxRetries}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
+func newServerConfig(s ServerSettings) config {
+	c := config{
+		skip:          s.Skip,
+		priority:      s.Priority,
+		trustPriority: s.TrustPriorityMetadata,
+		noReceived:    s.IgnoreReceivedPriority,
+		cost:          s.Cost,
+		meter:         s.Usage || s.EstimateMetadata != "",
+		estimateMD:    strings.ToLower(s.EstimateMetadata),
+		apiKeyMD:      strings.ToLower(s.APIKeyMetadata),
+		userMD:        strings.ToLower(s.UserMetadata),
+		user:          s.User,
+		failMode:      s.FailMode,
+		onError:       s.OnError,
+		now:           s.Clock,
+		trusted:       append([]netip.Prefix(nil), s.TrustedProxies...),
+		noPropagate:   s.NoPriorityContext,
+	}
+	if c.now == nil {
+		c.now = time.Now
 	}
 	return c
 }
 
-// WithSkip sets a selector: calls for which skip returns true bypass the
-// limiter (server) or the retry and throttle logic (client). SkipMethods and
-// SkipHealthChecks build common ones.
-func WithSkip(skip func(ctx context.Context, fullMethod string) bool) Option {
-	return func(c *config) { c.skip = skip }
+func newClientConfig(s ClientSettings) config {
+	return config{skip: s.Skip, retryable: s.Retryable, noPropagate: s.NoPriorityPropagation, now: time.Now}
 }
 
 // SkipMethods returns a selector matching the given full method names
@@ -86,153 +177,3 @@ func SkipMethods(methods ...string) func(ctx context.Context, fullMethod string)
 
 // SkipHealthChecks is a selector matching the standard gRPC health service.
 var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")
-
-// WithPriority sets the server's classifier (default: every call is
-// spillway.Critical). Whatever the classifier, the priority named in the
-// caller's spillway.PriorityMetadataKey metadata lowers it (never raises
-// it, unless WithTrustPriorityMetadata; see spillway.ReceivedPriority),
-// unless WithoutReceivedPriority. A classifier returning an invalid
-// priority gets the call answered InvalidArgument. Server only.
-func WithPriority(classify func(ctx context.Context, fullMethod string) spillway.Priority) Option {
-	return func(c *config) { c.priority = classify }
-}
-
-// WithTrustPriorityMetadata lets the spillway.PriorityMetadataKey metadata
-// raise a call's priority too. Use it only behind an edge that strips the key from
-// outside traffic. Server only.
-func WithTrustPriorityMetadata() Option {
-	return func(c *config) { c.trustPriority = true }
-}
-
-// WithoutReceivedPriority ignores the spillway.PriorityMetadataKey
-// metadata a caller sends: the classifier (WithPriority) alone gives the
-// priority. By default a caller's lower priority wins over the
-// classifier's. Server only.
-func WithoutReceivedPriority() Option {
-	return func(c *config) { c.noReceived = true }
-}
-
-// WithCost sets how many tokens a call costs (default 1). Server only.
-func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
-	return func(c *config) { c.cost = f }
-}
-
-// WithAPIKeyMetadata names the metadata key carrying the API key ("api_key"
-// dimension). Keys are lowercased. Default: none. Server only.
-func WithAPIKeyMetadata(key string) Option {
-	return func(c *config) { c.apiKeyMD = strings.ToLower(key) }
-}
-
-// WithUserMetadata names the metadata key carrying the user ("user"
-// dimension). Default: none. Server only.
-func WithUserMetadata(key string) Option {
-	return func(c *config) { c.userMD = strings.ToLower(key) }
-}
-
-// WithUser sets a func returning the authenticated user from the call's
-// context (where an auth interceptor put it); it wins over
-// WithUserMetadata when it returns non-empty. Server only.
-func WithUser(f func(ctx context.Context) string) Option {
-	return func(c *config) { c.user = f }
-}
-
-// WithFailMode sets what happens when the limiter returns an error
-// (default spillway.FailOpen: the handler runs). A *spillway.StoreError
-// whose Fail is spillway.FailClosed (a call that matched a tiers rule with
-// fail: closed, say) is denied whatever the mode. Server only.
-func WithFailMode(m spillway.FailMode) Option {
-	return func(c *config) { c.failMode = m }
-}
-
-// WithErrorHandler sets a func called with every limiter error, for
-// logging. Server only.
-func WithErrorHandler(f func(ctx context.Context, fullMethod string, err error)) Option {
-	return func(c *config) { c.onError = f }
-}
-
-// WithClock sets the clock for the x-ratelimit-reset header (default
-// time.Now). Server only.
-func WithClock(now func() time.Time) Option {
-	return func(c *config) { c.now = now }
-}
-
-// WithThrottle replaces the client's default adaptive throttle
-// (clientside.NewThrottle()). Client only.
-func WithThrottle(t Throttle) Option {
-	return func(c *config) { c.throttle, c.noThrottle = t, t == nil }
-}
-
-// WithoutThrottle turns client-side throttling off. Client only.
-func WithoutThrottle() Option {
-	return func(c *config) { c.throttle, c.noThrottle = nil, true }
-}
-
-// WithRetryBudget replaces the client's default retry budget
-// (clientside.NewRetryBudget()). Client only.
-func WithRetryBudget(b RetryBudget) Option {
-	return func(c *config) { c.budget, c.noBudget = b, b == nil }
-}
-
-// WithoutRetryBudget removes the budget; WithMaxRetries still caps
-// retries. Client only.
-func WithoutRetryBudget() Option {
-	return func(c *config) { c.budget, c.noBudget = nil, true }
-}
-
-// WithBackoff sets how long the client waits before a retry: the server's
-// RetryInfo delay plus jitter (see clientside.Backoff). Client only.
-func WithBackoff(b clientside.Backoff) Option {
-	return func(c *config) { c.backoff = b }
-}
-
-// WithMaxRetries sets the retries after the first attempt (default
-// DefaultMaxRetries); 0 (or a negative n) turns retries off. Client only.
-func WithMaxRetries(n int) Option {
-	return func(c *config) { c.maxRetries = n }
-}
-
-// WithRetryable restricts which methods the client retries. By default
-// every method is retried when the server's denial carries RetryInfo: a
-// limiter denied the call before the handler ran, so a retry cannot do the
-// work twice. Client only.
-func WithRetryable(f func(fullMethod string) bool) Option {
-	return func(c *config) { c.retryable = f }
-}
-
-// WithoutPriorityPropagation stops the client from sending the context's
-// priority (spillway.ContextWithPriority) in the
-// spillway.PriorityMetadataKey metadata, and
-// the server from storing the call's priority in the handler's context.
-func WithoutPriorityPropagation() Option {
-	return func(c *config) { c.noPropagate = true }
-}
-
-// WithTrustedProxies lists the proxies whose x-forwarded-for metadata is
-// believed. The "ip" dimension is the peer address unless the peer is in
-// one of these prefixes; then it is the right-most x-forwarded-for address
-// that is not itself a trusted proxy (the left-most if all are). The
-// metadata from any other peer is ignored, so a client cannot choose its
-// own key. Default: none. Server only.
-func WithTrustedProxies(prefixes ...netip.Prefix) Option {
-	return func(c *config) { c.trusted = append(c.trusted[:0:0], prefixes...) }
-}
-
-// WithUsage (server) meters each call's actual cost: the interceptor puts
-// a spillway.Usage in Request.Usage and in the handler's context, where the
-// handler reports with spillway.ReportUsage (per message of a server
-// stream). The cost (WithCost, WithEstimateMetadata) is then the estimate,
-// which a "cost: response" rule holds at admission and settles to the
-// reported total when the handler returns. When ReportUsage returns an
-// error the limit is spent: a streaming handler stops and returns
-// UsageStatus(err) (ResourceExhausted).
-func WithUsage() Option {
-	return func(c *config) { c.meter = true }
-}
-
-// WithEstimateMetadata (server) takes the estimate from the incoming
-// metadata key (lowercase), a decimal integer in [0, MaxInt64]; a
-// malformed value is answered InvalidArgument with the reason. It implies
-// WithUsage.
-func WithEstimateMetadata(key string) Option {
-	return func(c *config) { c.estimateMD, c.meter = strings.ToLower(key), true }
-}

@@ -31,14 +31,14 @@ func fullForSheddable(t *testing.T) *shedder.Worker {
 // A custom classifier decides the priority of a call that carries none; a
 // caller's lower propagated priority (spillway-priority: sheddable) still
 // applies, so a shedder full for Sheddable work sheds it with Unavailable
-// while a Critical call passes. WithoutReceivedPriority turns that off.
+// while a Critical call passes. ServerSettings.IgnoreReceivedPriority turns that off.
 func TestPropagatedPriorityUnderCustomClassifier(t *testing.T) {
 	classify := func(context.Context, string) spillway.Priority { return spillway.Critical }
 	sheddable := func() context.Context {
 		return metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "sheddable")
 	}
 
-	conn := start(t, fullForSheddable(t), []grpcx.Option{grpcx.WithPriority(classify)})
+	conn := start(t, fullForSheddable(t), grpcx.ServerSettings{Priority: classify})
 	_, err := check(sheddable(), conn)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	_, err = check(context.Background(), conn)
@@ -47,15 +47,15 @@ func TestPropagatedPriorityUnderCustomClassifier(t *testing.T) {
 	// A received priority never raises one, unless trusted.
 	low := func(context.Context, string) spillway.Priority { return spillway.Sheddable }
 	critPlus := metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus")
-	conn = start(t, fullForSheddable(t), []grpcx.Option{grpcx.WithPriority(low)})
+	conn = start(t, fullForSheddable(t), grpcx.ServerSettings{Priority: low})
 	_, err = check(critPlus, conn)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	conn = start(t, fullForSheddable(t), []grpcx.Option{grpcx.WithPriority(low), grpcx.WithTrustPriorityMetadata()})
+	conn = start(t, fullForSheddable(t), grpcx.ServerSettings{Priority: low, TrustPriorityMetadata: true})
 	_, err = check(critPlus, conn)
 	require.NoError(t, err)
 
 	// Turned off by name: the classifier alone decides.
-	conn = start(t, fullForSheddable(t), []grpcx.Option{grpcx.WithPriority(classify), grpcx.WithoutReceivedPriority()})
+	conn = start(t, fullForSheddable(t), grpcx.ServerSettings{Priority: classify, IgnoreReceivedPriority: true})
 	_, err = check(sheddable(), conn)
 	require.NoError(t, err)
 }

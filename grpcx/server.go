@@ -32,8 +32,8 @@ const ErrorDomain = "spillway"
 
 // UnaryServerInterceptor admits every unary call through l before the
 // handler runs. See the package doc for the answers.
-func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
-	s := &server{c: newConfig(opts), l: l}
+func UnaryServerInterceptor(l spillway.Limiter, set ServerSettings) grpc.UnaryServerInterceptor {
+	s := &server{c: newServerConfig(set), l: l}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
@@ -62,8 +62,8 @@ func UnaryServerInterceptor(l spillway.Limiter, opts ...Option) grpc.UnaryServer
 
 // StreamServerInterceptor admits every streaming call through l when the
 // stream opens; the admission is released when the handler returns.
-func StreamServerInterceptor(l spillway.Limiter, opts ...Option) grpc.StreamServerInterceptor {
-	s := &server{c: newConfig(opts), l: l}
+func StreamServerInterceptor(l spillway.Limiter, set ServerSettings) grpc.StreamServerInterceptor {
+	s := &server{c: newServerConfig(set), l: l}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		ctx := ss.Context()
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {

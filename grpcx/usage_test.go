@@ -94,11 +94,11 @@ func generate(_ any, ss grpc.ServerStream) error {
 	return nil
 }
 
-func startGenerate(t *testing.T, l spillway.Limiter, opts ...grpcx.Option) *grpc.ClientConn {
+func startGenerate(t *testing.T, l spillway.Limiter, set grpcx.ServerSettings) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(l, opts...)))
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(l, set)))
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "test.Gen", HandlerType: (*any)(nil),
 		Streams: []grpc.StreamDesc{{StreamName: "Generate", ServerStreams: true, Handler: generate}},
@@ -137,7 +137,7 @@ func TestStreamSettlesInSteps(t *testing.T) {
 	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: 1000, Period: time.Hour})
 	require.NoError(t, err)
 	hl := &holdLimiter{lim: lim}
-	conn := startGenerate(t, hl, grpcx.WithEstimateMetadata("X-Estimate"))
+	conn := startGenerate(t, hl, grpcx.ServerSettings{EstimateMetadata: "X-Estimate"})
 
 	// 3 chunks of 100 on an estimate of 200: all sent, settled to 300.
 	n, err := callGenerate(t, conn, 3, "200")

@@ -41,8 +41,8 @@ func BenchmarkMiddleware(b *testing.B) {
 		h    http.Handler
 	}{
 		{"bare", mux(handler)},
-		{"allow", mux(httpx.Middleware(allow, httpx.WithAPIKeyHeader("X-API-Key"))(handler))},
-		{"redis", mux(httpx.Middleware(ratelimit.PerKey(rl, spillway.DimAPIKey), httpx.WithAPIKeyHeader("X-API-Key"))(handler))},
+		{"allow", mux(httpx.Middleware(allow, httpx.Settings{APIKeyHeader: "X-API-Key"})(handler))},
+		{"redis", mux(httpx.Middleware(ratelimit.PerKey(rl, spillway.DimAPIKey), httpx.Settings{APIKeyHeader: "X-API-Key"})(handler))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			req := httptest.NewRequest(http.MethodGet, "/api/v1/search", nil)
@@ -139,10 +139,15 @@ func BenchmarkMiddlewareReserveSettle(b *testing.B) {
 				b.Fatal(res, err)
 			}
 		}},
-		{"middleware/plain", serve(httpx.Middleware(ratelimit.PerKey(rl, spillway.DimAPIKey),
-			httpx.WithAPIKeyHeader("X-API-Key"), httpx.WithEstimateHeader("X-Estimate"))(handler))},
-		{"middleware/reserve+settle", serve(httpx.Middleware(holdPerKey{rl},
-			httpx.WithAPIKeyHeader("X-API-Key"), httpx.WithEstimateHeader("X-Estimate"), httpx.WithUsageHeader("X-Tokens-Used"))(handler))},
+		{"middleware/plain", serve(httpx.Middleware(ratelimit.PerKey(rl, spillway.DimAPIKey), httpx.Settings{
+			APIKeyHeader:   "X-API-Key",
+			EstimateHeader: "X-Estimate",
+		})(handler))},
+		{"middleware/reserve+settle", serve(httpx.Middleware(holdPerKey{rl}, httpx.Settings{
+			APIKeyHeader:   "X-API-Key",
+			EstimateHeader: "X-Estimate",
+			UsageHeader:    "X-Tokens-Used",
+		})(handler))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -33,7 +33,7 @@ func TestRealChainOverRedis(t *testing.T) {
 		return spillway.Decision{Allowed: true, Limiter: "worker"}, spillway.Noop, nil
 	})
 	chain := spillway.Chain(ratelimit.PerKey(rl, spillway.DimIP), concurrency.PerKey(conc, spillway.DimIP), shedder)
-	srv := serve(t, httpx.Middleware(chain, httpx.WithIETFHeaders())(okHandler()))
+	srv := serve(t, httpx.Middleware(chain, httpx.Settings{IETFHeaders: true})(okHandler()))
 
 	resp, _ := get(t, srv.URL, nil)
 	require.Equal(t, 503, resp.StatusCode)
@@ -70,9 +70,9 @@ func TestRedisDownFailOpenAndClosed(t *testing.T) {
 	lim := ratelimit.PerKey(rl, spillway.DimIP)
 
 	var errs int
-	onErr := httpx.WithErrorHandler(func(*http.Request, error) { errs++ })
-	open := serve(t, httpx.Middleware(lim, onErr)(okHandler()))
-	closed := serve(t, httpx.Middleware(lim, onErr, httpx.WithFailMode(spillway.FailClosed))(okHandler()))
+	onErr := func(*http.Request, error) { errs++ }
+	open := serve(t, httpx.Middleware(lim, httpx.Settings{OnError: onErr})(okHandler()))
+	closed := serve(t, httpx.Middleware(lim, httpx.Settings{OnError: onErr, FailMode: spillway.FailClosed})(okHandler()))
 
 	resp, _ := get(t, open.URL, nil)
 	require.Equal(t, 200, resp.StatusCode)

@@ -15,7 +15,7 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 )
 
-// WithDeadlineHeader: the client's Spillway-Timeout becomes the request
+// Settings.DeadlineHeader: the client's Spillway-Timeout becomes the request
 // context's deadline, which the chain and the handler see; a queue
 // refuses at once a request it could not serve in time (503); a
 // malformed value is answered 400; without the option the header is
@@ -39,7 +39,7 @@ func TestDeadlineHeader(t *testing.T) {
 			return q.Admit(ctx, r)
 		})
 		var inHandler time.Duration
-		h := httpx.Middleware(lim, httpx.WithDeadlineHeader(spillway.TimeoutHeader))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := httpx.Middleware(lim, httpx.Settings{DeadlineHeader: spillway.TimeoutHeader})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dl, _ := r.Context().Deadline()
 			inHandler = time.Until(dl)
 		}))
@@ -70,7 +70,7 @@ func TestDeadlineHeader(t *testing.T) {
 		require.Len(t, seen, 2) // malformed values never reach the chain
 		// No header: no deadline. Without the option, the header means nothing.
 		require.Equal(t, http.StatusOK, serve(h, "").Code)
-		plain := httpx.Middleware(lim)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		plain := httpx.Middleware(lim, httpx.Settings{})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		require.Equal(t, http.StatusOK, serve(plain, "abc").Code)
 		require.Equal(t, []time.Duration{300 * time.Millisecond, 50 * time.Millisecond, -1, -1}, seen)
 	})
@@ -101,7 +101,7 @@ func TestDeadlineHeaderOutcome(t *testing.T) {
 		lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 			return spillway.Decision{Allowed: true}, func(o spillway.Outcome) { outs = append(outs, o) }, nil
 		})
-		h := httpx.Middleware(lim, httpx.WithDeadlineHeader(spillway.TimeoutHeader))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := httpx.Middleware(lim, httpx.Settings{DeadlineHeader: spillway.TimeoutHeader})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			select {
 			case <-r.Context().Done():
 				w.WriteHeader(http.StatusServiceUnavailable)

@@ -3,26 +3,26 @@
 //
 // The shortest use:
 //
-//	mw := httpx.Middleware(chain, httpx.WithAPIKeyHeader("X-API-Key"))
+//	mw := httpx.Middleware(chain, httpx.Settings{APIKeyHeader: "X-API-Key"})
 //	mux.Handle("GET /api/v1/search", mw(searchHandler))
 //
 // # What the middleware does
 //
 // For each request it builds a spillway.Request: the Endpoint is the Go
-// 1.22+ ServeMux pattern's path ("/api/v1/search"; see WithEndpoint and
+// 1.22+ ServeMux pattern's path ("/api/v1/search"; see Settings.Endpoint and
 // EndpointFromMux when wrapping a whole mux), Method the HTTP method,
-// Priority from the classifier (WithPriority; default Critical), lowered
+// Priority from the classifier (Settings.Priority; default Critical), lowered
 // by the caller's spillway.PriorityHeader header whatever the classifier
-// (WithoutReceivedPriority turns that off), and the identity dimensions
+// (Settings.IgnoreReceivedPriority turns that off), and the identity dimensions
 // "ip" (the peer address, or the forwarding header when the peer is a
-// trusted proxy: see WithTrustedProxies and ClientIP), "user" (WithUser)
-// and "api_key" (WithAPIKeyHeader).
+// trusted proxy: see Settings.TrustedProxies and ClientIP), "user" (Settings.User)
+// and "api_key" (Settings.APIKeyHeader).
 //
 // Then it asks the limiter and answers:
 //
 //   - allowed: the handler runs; afterwards Done reports Success, Dropped
 //     for a 5xx or an expired deadline the server set, Ignored when the
-//     client went away, its own deadline (WithDeadlineHeader) passed, or
+//     client went away, its own deadline (Settings.DeadlineHeader) passed, or
 //     the handler panicked (the panic continues after the release);
 //   - rate or concurrency limit: 429 Too Many Requests;
 //   - shedding, global ceiling, store failed closed: 503 Service Unavailable;
@@ -33,11 +33,16 @@
 // body (Problem). Every response a limit applied to, allowed or denied,
 // carries X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset
 // (Unix epoch seconds, rounded up) when the decision has a Limit; the IETF
-// RateLimit and RateLimit-Policy headers are an option (WithIETFHeaders).
+// RateLimit and RateLimit-Policy headers are a setting (Settings.IETFHeaders).
 // When the limiter returns an error (its store failed and no fallback
 // decided), the fail mode applies: spillway.FailOpen serves the request
 // (default), spillway.FailClosed answers 503; a *spillway.StoreError that
 // asks for FailClosed is answered 503 either way.
+//
+// Each constructor has one way to be configured, a struct: Settings for
+// Middleware (its zero value is the default), the Transport's own fields
+// and its *clientside.Client for the client side. A setting that does not
+// apply to one does not compile against it.
 //
 // Middleware and Transport are safe for concurrent use.
 package httpx

@@ -44,7 +44,7 @@ func TestDoneDoesNotDelayResponse(t *testing.T) {
 		io.WriteString(w, "ok")
 		returned.Store(time.Now().UnixNano())
 	})
-	srv := serve(t, httpx.Middleware(concurrency.PerKey(lim, spillway.DimIP))(handler))
+	srv := serve(t, httpx.Middleware(concurrency.PerKey(lim, spillway.DimIP), httpx.Settings{})(handler))
 	t.Cleanup(func() { _ = rs.Resume() })
 
 	resp, _ := get(t, srv.URL, nil) // warm: the pool's connection, the script loaded

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/clientside"
 	"github.com/spillway-go/spillway/httpx"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -17,7 +18,7 @@ func ExampleMiddleware() {
 	if err != nil {
 		panic(err)
 	}
-	mw := httpx.Middleware(ratelimit.PerKey(lim, spillway.DimIP))
+	mw := httpx.Middleware(ratelimit.PerKey(lim, spillway.DimIP), httpx.Settings{})
 	mux := http.NewServeMux()
 	mux.Handle("GET /search", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "results")
@@ -34,6 +35,6 @@ func ExampleMiddleware() {
 }
 
 func ExampleTransport() {
-	client := &http.Client{Transport: httpx.NewTransport(nil)}
+	client := &http.Client{Transport: &httpx.Transport{Client: clientside.NewClient()}}
 	_ = client // 429 and 503 answers to GETs are retried after Retry-After, under a retry budget
 }

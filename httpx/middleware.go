@@ -14,9 +14,10 @@ import (
 )
 
 // Middleware returns net/http middleware that admits every request through
-// l before the handler runs. See the package doc for what it sends.
-func Middleware(l spillway.Limiter, opts ...Option) func(http.Handler) http.Handler {
-	c := newConfig(opts)
+// l before the handler runs, configured by s (Settings{} for the
+// defaults). See the package doc for what it sends.
+func Middleware(l spillway.Limiter, s Settings) func(http.Handler) http.Handler {
+	c := newConfig(s)
 	return func(next http.Handler) http.Handler {
 		return &handler{c: c, l: l, next: next}
 	}
@@ -41,7 +42,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.Usage = usage
 	}
 	var res admission.Result
-	clientDeadline := false // the context's deadline is the client's (WithDeadlineHeader)
+	clientDeadline := false // the context's deadline is the client's (Settings.DeadlineHeader)
 	if c.dlHeader != "" {
 		if v := r.Header.Values(c.dlHeader); len(v) > 0 {
 			d, err := spillway.ParseTimeout(v[0])

@@ -130,7 +130,7 @@ func get(t *testing.T, url string, hdr map[string]string) (*http.Response, strin
 
 func TestAllowedThenRateLimited(t *testing.T) {
 	lim := newKeyLimiter(2)
-	srv := serve(t, httpx.Middleware(lim, httpx.WithClock(fixedClock))(okHandler()))
+	srv := serve(t, httpx.Middleware(lim, httpx.Settings{Clock: fixedClock})(okHandler()))
 
 	resp, body := get(t, srv.URL, nil)
 	require.Equal(t, 200, resp.StatusCode)
@@ -163,31 +163,32 @@ func TestDenialStatuses(t *testing.T) {
 	cases := []struct {
 		name       string
 		lim        spillway.Limiter
-		opts       []httpx.Option
+		settings   httpx.Settings
 		status     int
 		retryAfter string
 		reason     string
 		limitHdr   string
 	}{
-		{"concurrency", fixed(spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "inflight", Limit: 5, RetryAfter: 10 * time.Millisecond}, nil), nil, 429, "1", "concurrency", "5"},
-		{"shed", fixed(spillway.Decision{Reason: spillway.ReasonShed, Limiter: "fleet", RetryAfter: 3 * time.Second}, nil), nil, 503, "3", "shed", ""},
-		{"ceiling", fixed(spillway.Decision{Reason: spillway.ReasonCeiling, Limiter: "db", Limit: 100, RetryAfter: 0}, nil), nil, 503, "1", "ceiling", "100"},
-		{"fail closed decision", fixed(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "login"}, nil), nil, 503, "1", "fail_closed", ""},
-		{"cost exceeds", fixed(spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk", Limit: 10}, nil), nil, 429, "", "cost_exceeds_limit", "10"},
-		{"invalid", fixed(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil), nil, 400, "", "invalid", ""},
-		{"store down, closed", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(spillway.FailClosed)}, 503, "1", "fail_closed", ""},
-		{"store down, open", fixed(spillway.Decision{}, storeDown), nil, 200, "", "", ""},
-		{"store down, explicit open", fixed(spillway.Decision{}, storeDown), []httpx.Option{httpx.WithFailMode(spillway.FailOpen)}, 200, "", "", ""},
-		{"store down, fail-closed tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Rules: []string{"login"}, Err: storeDown}), nil, 503, "1", "fail_closed", ""},
-		{"store down, fail-open tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailOpen, Rules: []string{"search"}, Err: storeDown}), nil, 200, "", "", ""},
-		{"invalid priority", fixed(spillway.Decision{Allowed: true}, nil), []httpx.Option{httpx.WithPriority(func(*http.Request) spillway.Priority { return 9 })}, 400, "", "invalid", ""},
-		{"negative cost", fixed(spillway.Decision{Allowed: true}, nil), []httpx.Option{httpx.WithCost(func(*http.Request) int64 { return -1 })}, 400, "", "invalid", ""},
+		{"concurrency", fixed(spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "inflight", Limit: 5, RetryAfter: 10 * time.Millisecond}, nil), httpx.Settings{}, 429, "1", "concurrency", "5"},
+		{"shed", fixed(spillway.Decision{Reason: spillway.ReasonShed, Limiter: "fleet", RetryAfter: 3 * time.Second}, nil), httpx.Settings{}, 503, "3", "shed", ""},
+		{"ceiling", fixed(spillway.Decision{Reason: spillway.ReasonCeiling, Limiter: "db", Limit: 100, RetryAfter: 0}, nil), httpx.Settings{}, 503, "1", "ceiling", "100"},
+		{"fail closed decision", fixed(spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: "login"}, nil), httpx.Settings{}, 503, "1", "fail_closed", ""},
+		{"cost exceeds", fixed(spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: "bulk", Limit: 10}, nil), httpx.Settings{}, 429, "", "cost_exceeds_limit", "10"},
+		{"invalid", fixed(spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "request"}, nil), httpx.Settings{}, 400, "", "invalid", ""},
+		{"store down, closed", fixed(spillway.Decision{}, storeDown), httpx.Settings{FailMode: spillway.FailClosed}, 503, "1", "fail_closed", ""},
+		{"store down, open", fixed(spillway.Decision{}, storeDown), httpx.Settings{}, 200, "", "", ""},
+		{"store down, explicit open", fixed(spillway.Decision{}, storeDown), httpx.Settings{FailMode: spillway.FailOpen}, 200, "", "", ""},
+		{"store down, fail-closed tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailClosed, Rules: []string{"login"}, Err: storeDown}), httpx.Settings{}, 503, "1", "fail_closed", ""},
+		{"store down, fail-open tiers rule", fixed(spillway.Decision{}, &spillway.StoreError{Fail: spillway.FailOpen, Rules: []string{"search"}, Err: storeDown}), httpx.Settings{}, 200, "", "", ""},
+		{"invalid priority", fixed(spillway.Decision{Allowed: true}, nil), httpx.Settings{Priority: func(*http.Request) spillway.Priority { return 9 }}, 400, "", "invalid", ""},
+		{"negative cost", fixed(spillway.Decision{Allowed: true}, nil), httpx.Settings{Cost: func(*http.Request) int64 { return -1 }}, 400, "", "invalid", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var errs []error
-			opts := append([]httpx.Option{httpx.WithErrorHandler(func(_ *http.Request, err error) { errs = append(errs, err) })}, tc.opts...)
-			srv := serve(t, httpx.Middleware(tc.lim, opts...)(okHandler()))
+			s := tc.settings
+			s.OnError = func(_ *http.Request, err error) { errs = append(errs, err) }
+			srv := serve(t, httpx.Middleware(tc.lim, s)(okHandler()))
 			resp, body := get(t, srv.URL, nil)
 			require.Equal(t, tc.status, resp.StatusCode)
 			require.Equal(t, tc.retryAfter, resp.Header.Get("Retry-After"))
@@ -216,7 +217,7 @@ func TestDenialStatuses(t *testing.T) {
 func TestSpoofedForwardedForIgnoredFromUntrustedPeer(t *testing.T) {
 	lim := newKeyLimiter(100)
 	// The test client connects from 127.0.0.1; only 10.0.0.0/8 is trusted.
-	srv := serve(t, httpx.Middleware(lim, httpx.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")))(okHandler()))
+	srv := serve(t, httpx.Middleware(lim, httpx.Settings{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})(okHandler()))
 	resp, _ := get(t, srv.URL, map[string]string{"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=203.0.113.8"})
 	require.Equal(t, 200, resp.StatusCode)
 	require.Equal(t, "127.0.0.1||", lim.lastKey())
@@ -224,8 +225,9 @@ func TestSpoofedForwardedForIgnoredFromUntrustedPeer(t *testing.T) {
 
 func TestTrustedProxyForwardedFor(t *testing.T) {
 	lim := newKeyLimiter(100)
-	mw := httpx.Middleware(lim, httpx.WithTrustedProxies(
-		netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")))
+	mw := httpx.Middleware(lim, httpx.Settings{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")},
+	})
 	srv := serve(t, mw(okHandler()))
 	// client spoofs 1.1.1.1, the real client is 198.51.100.9, then an inner proxy 10.1.2.3.
 	resp, _ := get(t, srv.URL, map[string]string{"X-Forwarded-For": "1.1.1.1, 198.51.100.9, 10.1.2.3"})
@@ -237,8 +239,10 @@ func TestTrustedProxyForwardedFor(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode)
 	require.Equal(t, "127.0.0.1||", lim.lastKey())
 
-	srv2 := serve(t, httpx.Middleware(lim, httpx.WithTrustedProxies(netip.MustParsePrefix("127.0.0.1/32")),
-		httpx.WithForwardedHeader("Forwarded"))(okHandler()))
+	srv2 := serve(t, httpx.Middleware(lim, httpx.Settings{
+		TrustedProxies:  []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		ForwardedHeader: "Forwarded",
+	})(okHandler()))
 	resp, _ = get(t, srv2.URL, map[string]string{"Forwarded": `for=1.1.1.1, for="[2001:db8::7]:4711";proto=https`, "X-Forwarded-For": "5.5.5.5"})
 	require.Equal(t, 200, resp.StatusCode)
 	require.Equal(t, "2001:db8::7||", lim.lastKey())
@@ -247,16 +251,17 @@ func TestTrustedProxyForwardedFor(t *testing.T) {
 func TestIdentityEndpointMethodPriority(t *testing.T) {
 	lim := newKeyLimiter(100)
 	type ctxKey struct{}
-	mw := httpx.Middleware(lim,
-		httpx.WithUser(func(r *http.Request) string { s, _ := r.Context().Value(ctxKey{}).(string); return s }),
-		httpx.WithAPIKeyHeader("x-api-key"),
-		httpx.WithPriority(func(r *http.Request) spillway.Priority {
+	mw := httpx.Middleware(lim, httpx.Settings{
+		User:         func(r *http.Request) string { s, _ := r.Context().Value(ctxKey{}).(string); return s },
+		APIKeyHeader: "x-api-key",
+		Priority: func(r *http.Request) spillway.Priority {
 			if r.Method == http.MethodGet {
 				return spillway.SheddablePlus
 			}
 			return spillway.Critical
-		}),
-		httpx.WithCost(func(*http.Request) int64 { return 3 }))
+		},
+		Cost: func(*http.Request) int64 { return 3 },
+	})
 	auth := func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if u := r.Header.Get("X-User-ID"); u != "" {
@@ -283,7 +288,7 @@ func TestIdentityEndpointMethodPriority(t *testing.T) {
 	lim2 := newKeyLimiter(100)
 	mux2 := http.NewServeMux()
 	mux2.Handle("POST /api/v1/posts", okHandler())
-	srv2 := serve(t, httpx.Middleware(lim2, httpx.WithEndpoint(httpx.EndpointFromMux(mux2)))(mux2))
+	srv2 := serve(t, httpx.Middleware(lim2, httpx.Settings{Endpoint: httpx.EndpointFromMux(mux2)})(mux2))
 	resp, err := http.Post(srv2.URL+"/api/v1/posts", "text/plain", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -296,7 +301,7 @@ func TestIdentityEndpointMethodPriority(t *testing.T) {
 func TestChainReleasesWhenLaterLimiterDenies(t *testing.T) {
 	counting := newCounting()
 	denier := fixed(spillway.Decision{Reason: spillway.ReasonShed, Limiter: "worker", RetryAfter: time.Second}, nil)
-	srv := serve(t, httpx.Middleware(spillway.Chain(counting, denier))(okHandler()))
+	srv := serve(t, httpx.Middleware(spillway.Chain(counting, denier), httpx.Settings{})(okHandler()))
 	resp, _ := get(t, srv.URL, nil)
 	require.Equal(t, 503, resp.StatusCode)
 	inflight, outs := counting.state()
@@ -304,7 +309,7 @@ func TestChainReleasesWhenLaterLimiterDenies(t *testing.T) {
 	require.Equal(t, []spillway.Outcome{spillway.Ignored}, outs)
 
 	counting2 := newCounting()
-	srv2 := serve(t, httpx.Middleware(spillway.Chain(counting2, newKeyLimiter(5)))(okHandler()))
+	srv2 := serve(t, httpx.Middleware(spillway.Chain(counting2, newKeyLimiter(5)), httpx.Settings{})(okHandler()))
 	resp, _ = get(t, srv2.URL, nil)
 	require.Equal(t, 200, resp.StatusCode)
 	// The most restrictive decision (per_ip, 4 of 5 left vs inflight 9 of 10) is the header.
@@ -327,7 +332,7 @@ func TestDoneOutcomes(t *testing.T) {
 		close(started)
 		<-r.Context().Done()
 	})
-	srv := serve(t, httpx.Middleware(counting)(mux))
+	srv := serve(t, httpx.Middleware(counting, httpx.Settings{})(mux))
 
 	for _, tc := range []struct {
 		path string
@@ -362,9 +367,11 @@ func TestDoneOutcomes(t *testing.T) {
 
 func TestSkipAndIETFHeaders(t *testing.T) {
 	lim := newKeyLimiter(1)
-	mw := httpx.Middleware(lim,
-		httpx.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
-		httpx.WithIETFHeaders(), httpx.WithoutXRateLimitHeaders())
+	mw := httpx.Middleware(lim, httpx.Settings{
+		Skip:                func(r *http.Request) bool { return r.URL.Path == "/healthz" },
+		IETFHeaders:         true,
+		NoXRateLimitHeaders: true,
+	})
 	srv := serve(t, mw(okHandler()))
 	for range 3 {
 		resp, _ := get(t, srv.URL+"/healthz", nil)
@@ -386,16 +393,18 @@ func TestSkipAndIETFHeaders(t *testing.T) {
 
 func TestDeniedHandlerAndProblemType(t *testing.T) {
 	d := spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "a", Limit: 1, RetryAfter: time.Second}
-	srv := serve(t, httpx.Middleware(fixed(d, nil), httpx.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, d spillway.Decision) {
-		w.WriteHeader(httpx.Status(d))
-		io.WriteString(w, "slow down")
-	}))(okHandler()))
+	srv := serve(t, httpx.Middleware(fixed(d, nil), httpx.Settings{
+		Denied: func(w http.ResponseWriter, r *http.Request, d spillway.Decision) {
+			w.WriteHeader(httpx.Status(d))
+			io.WriteString(w, "slow down")
+		},
+	})(okHandler()))
 	resp, body := get(t, srv.URL, nil)
 	require.Equal(t, 429, resp.StatusCode)
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 	require.Equal(t, "slow down", body)
 
-	srv2 := serve(t, httpx.Middleware(fixed(d, nil), httpx.WithProblemTypeBase("https://example.com/problems/"))(okHandler()))
+	srv2 := serve(t, httpx.Middleware(fixed(d, nil), httpx.Settings{ProblemTypeBase: "https://example.com/problems/"})(okHandler()))
 	_, body = get(t, srv2.URL, nil)
 	var p httpx.Problem
 	require.NoError(t, json.Unmarshal([]byte(body), &p))

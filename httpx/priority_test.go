@@ -32,12 +32,12 @@ func fullForSheddable(t *testing.T) *shedder.Worker {
 // A custom classifier decides the priority of a request that carries none;
 // a caller's lower propagated priority (Spillway-Priority: sheddable) still
 // applies, so a shedder full for Sheddable work sheds it with 503 while a
-// Critical request passes. WithoutReceivedPriority turns that off.
+// Critical request passes. Settings.IgnoreReceivedPriority turns that off.
 func TestPropagatedPriorityUnderCustomClassifier(t *testing.T) {
 	classify := func(*http.Request) spillway.Priority { return spillway.Critical }
 	sheddable := map[string]string{spillway.PriorityHeader: "sheddable"}
 
-	srv := serve(t, httpx.Middleware(fullForSheddable(t), httpx.WithPriority(classify))(okHandler()))
+	srv := serve(t, httpx.Middleware(fullForSheddable(t), httpx.Settings{Priority: classify})(okHandler()))
 	resp, _ := get(t, srv.URL, sheddable)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	resp, body := get(t, srv.URL, nil)
@@ -45,16 +45,16 @@ func TestPropagatedPriorityUnderCustomClassifier(t *testing.T) {
 	require.Equal(t, "ok", body)
 	// A received priority never raises one (without a trusting classifier).
 	low := func(*http.Request) spillway.Priority { return spillway.Sheddable }
-	srv = serve(t, httpx.Middleware(fullForSheddable(t), httpx.WithPriority(low))(okHandler()))
+	srv = serve(t, httpx.Middleware(fullForSheddable(t), httpx.Settings{Priority: low})(okHandler()))
 	resp, _ = get(t, srv.URL, map[string]string{spillway.PriorityHeader: "critical_plus"})
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	// The default classifier (Critical) is lowered the same way.
-	srv = serve(t, httpx.Middleware(fullForSheddable(t))(okHandler()))
+	srv = serve(t, httpx.Middleware(fullForSheddable(t), httpx.Settings{})(okHandler()))
 	resp, _ = get(t, srv.URL, sheddable)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 
 	// Turned off by name: the classifier alone decides.
-	srv = serve(t, httpx.Middleware(fullForSheddable(t), httpx.WithPriority(classify), httpx.WithoutReceivedPriority())(okHandler()))
+	srv = serve(t, httpx.Middleware(fullForSheddable(t), httpx.Settings{Priority: classify, IgnoreReceivedPriority: true})(okHandler()))
 	resp, body = get(t, srv.URL, sheddable)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "ok", body)

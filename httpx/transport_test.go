@@ -77,7 +77,7 @@ func noJitter() clientside.Backoff { return clientside.Backoff{Jitter: -1} }
 func TestTransportRetriesOverLoopback(t *testing.T) {
 	f := &flaky{n: 1, status: 429, ra: "1"}
 	srv := serve(t, f)
-	client := &http.Client{Transport: &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Backoff: noJitter()}}
+	client := &http.Client{Transport: &httpx.Transport{Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter()}}}
 	resp, err := client.Get(srv.URL)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -91,7 +91,7 @@ func TestTransportRetriesOverLoopback(t *testing.T) {
 func TestTransportWaitsRetryAfterWithJitter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 2, status: 503, ra: "2"}
-		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: clientside.Backoff{Jitter: 0.5, Rand: func() float64 { return 0.5 }}}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: clientside.Backoff{Jitter: 0.5, Rand: func() float64 { return 0.5 }}}}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestTransportWaitsRetryAfterWithJitter(t *testing.T) {
 func TestTransportGivesUpAfterMaxRetries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 10, status: 429, ra: "1"}
-		tr := &httpx.Transport{Base: inProcess{f}, Backoff: noJitter(), MaxRetries: 3}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{Backoff: noJitter(), MaxRetries: 3}}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -118,28 +118,29 @@ func TestTransportGivesUpAfterMaxRetries(t *testing.T) {
 		// Transport.
 		for _, n := range []int{0, -1} {
 			f2 := &flaky{n: 10, status: 429, ra: "1"}
-			tr2 := &httpx.Transport{Base: inProcess{f2}, MaxRetries: n}
+			tr2 := &httpx.Transport{Base: inProcess{f2}, Client: &clientside.Client{MaxRetries: n}}
 			resp, err = tr2.RoundTrip(req)
 			require.NoError(t, err)
 			require.Equal(t, 429, resp.StatusCode)
 			require.Equal(t, 1, f2.hits(), "MaxRetries %d", n)
 		}
-		// NewTransport retries DefaultMaxRetries times.
+		// clientside.NewClient retries DefaultMaxRetries times.
 		f3 := &flaky{n: 10, status: 429, ra: "1"}
-		tr3 := httpx.NewTransport(inProcess{f3})
-		tr3.Throttle, tr3.Budget, tr3.Backoff = nil, nil, noJitter()
-		require.Equal(t, httpx.DefaultMaxRetries, tr3.MaxRetries)
+		c3 := clientside.NewClient()
+		c3.Throttle, c3.Budget, c3.Backoff = nil, nil, noJitter()
+		require.Equal(t, clientside.DefaultMaxRetries, c3.MaxRetries)
+		tr3 := &httpx.Transport{Base: inProcess{f3}, Client: c3}
 		resp, err = tr3.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 429, resp.StatusCode)
-		require.Equal(t, 1+httpx.DefaultMaxRetries, f3.hits())
+		require.Equal(t, 1+clientside.DefaultMaxRetries, f3.hits())
 	})
 }
 
 func TestTransportOnlyRetriesIdempotentOrReplayable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
-		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter()}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter()}}
 		req, _ := http.NewRequest(http.MethodPost, "http://svc/x", strings.NewReader("payload"))
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -170,10 +171,10 @@ func TestTransportOnlyRetriesIdempotentOrReplayable(t *testing.T) {
 
 func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		budget, err := clientside.NewRetryBudget(clientside.WithMaxTokens(1), clientside.WithRatio(0), clientside.WithMinRetriesPerSecond(0))
+		budget, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MaxTokens: 1, Ratio: -1, MinRetriesPerSecond: -1})
 		require.NoError(t, err)
 		f := &flaky{n: 100, status: 503, ra: "1"}
-		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Budget: budget}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Budget: budget}}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -186,7 +187,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// A deadline shorter than Retry-After: answer at once.
 		f = &flaky{n: 1, status: 429, ra: "5"}
-		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter()}
+		tr = &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter()}}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		req, _ = http.NewRequestWithContext(ctx, http.MethodGet, "http://svc/x", nil)
@@ -199,7 +200,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// Retry-After beyond Backoff.MaxRetryAfter: not retried.
 		f = &flaky{n: 1, status: 429, ra: "120"}
-		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}}
+		tr = &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries}}
 		req, _ = http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -208,7 +209,7 @@ func TestTransportRetryBudgetAndDeadline(t *testing.T) {
 
 		// No Retry-After: exponential backoff (Base 100ms: first wait in [50ms, 100ms)).
 		f = &flaky{n: 1, status: 503}
-		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: clientside.Backoff{Rand: func() float64 { return 0 }}}
+		tr = &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: clientside.Backoff{Rand: func() float64 { return 0 }}}}
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 200, resp.StatusCode)
@@ -234,7 +235,7 @@ func TestTransportThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
 		th := &recThrottle{allow: true}
-		tr := &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Throttle: th}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Throttle: th}}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -244,14 +245,14 @@ func TestTransportThrottle(t *testing.T) {
 
 		th.allow = false
 		resp, err = tr.RoundTrip(req)
-		require.ErrorIs(t, err, httpx.ErrThrottled)
+		require.ErrorIs(t, err, clientside.ErrThrottled)
 		require.Nil(t, resp)
 		require.Equal(t, 2, f.hits()) // not sent
 
 		// A retry the throttle refuses: the caller gets the server's 429.
 		f = &flaky{n: 1, status: 429, ra: "1"}
 		once := &onceThrottle{}
-		tr = &httpx.Transport{MaxRetries: httpx.DefaultMaxRetries, Base: inProcess{f}, Backoff: noJitter(), Throttle: once}
+		tr = &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Throttle: once}}
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 429, resp.StatusCode)
@@ -284,8 +285,8 @@ func TestTransportPropagatesPriority(t *testing.T) {
 func TestPriorityEndToEnd(t *testing.T) {
 	down := &flaky{}
 	downstream := serve(t, down)
-	client := &http.Client{Transport: httpx.NewTransport(nil)}
-	front := serve(t, httpx.Middleware(fixed(spillway.Decision{Allowed: true}, nil), httpx.WithPriority(shedder.ClassifyHTTP))(
+	client := &http.Client{Transport: &httpx.Transport{Client: clientside.NewClient()}}
+	front := serve(t, httpx.Middleware(fixed(spillway.Decision{Allowed: true}, nil), httpx.Settings{Priority: shedder.ClassifyHTTP})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, downstream.URL, nil)
 			resp, err := client.Do(req)

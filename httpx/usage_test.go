@@ -66,8 +66,11 @@ func TestUsageMetering(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &meterLimiter{}
 			var errs []string
-			h := httpx.Middleware(m, httpx.WithEstimateHeader("x-estimate"), httpx.WithUsageHeader("x-tokens-used"),
-				httpx.WithErrorHandler(func(_ *http.Request, err error) { errs = append(errs, err.Error()) }))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := httpx.Middleware(m, httpx.Settings{
+				EstimateHeader: "x-estimate",
+				UsageHeader:    "x-tokens-used",
+				OnError:        func(_ *http.Request, err error) { errs = append(errs, err.Error()) },
+			})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if tc.handler == nil {
 					t.Fatal("handler ran")
 				}
@@ -109,8 +112,10 @@ func (m *refusingLimiter) Admit(ctx context.Context, r *spillway.Request) (spill
 func TestUsageHeaderRefusedStep(t *testing.T) {
 	m := &refusingLimiter{}
 	var errs []error
-	h := httpx.Middleware(m, httpx.WithUsageHeader("X-Tokens-Used"),
-		httpx.WithErrorHandler(func(_ *http.Request, err error) { errs = append(errs, err) }))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := httpx.Middleware(m, httpx.Settings{
+		UsageHeader: "X-Tokens-Used",
+		OnError:     func(_ *http.Request, err error) { errs = append(errs, err) },
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Tokens-Used", "42")
 	}))
 	rec := httptest.NewRecorder()

@@ -28,7 +28,7 @@ func TestDecisionOnRequestSpan(t *testing.T) {
 			h.ServeHTTP(w, r.WithContext(ctx))
 		})
 	}
-	srv := httptest.NewServer(tracing(httpx.Middleware(lim)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))))
+	srv := httptest.NewServer(tracing(httpx.Middleware(lim, httpx.Settings{})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))))
 	defer srv.Close()
 	for _, want := range []int{200, 429} {
 		resp, err := http.Get(srv.URL + "/x")

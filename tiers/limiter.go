@@ -384,7 +384,7 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 //
 // A "cost: response" rule charges what the work really cost. Its item
 // holds an estimate — Request.Cost when the caller sets one (httpx
-// WithCost or WithEstimateHeader), else the rule's estimate — and the
+// Settings.Cost or EstimateHeader), else the rule's estimate — and the
 // batch is decided by one ratelimit.Reserver.Reserve, all or nothing:
 // the other rules of the bucket family are held at their cost in the same
 // call (one round trip; one per Cluster slot group, in parallel); rules

@@ -191,20 +191,20 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	}
 	defer closeAll()
 
-	opts := []grpcx.Option{
-		grpcx.WithSkip(grpcx.SkipMethods("/grpc.health.v1.Health/",
-			"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")),
-		grpcx.WithAPIKeyMetadata("x-api-key"),
-		grpcx.WithUserMetadata("x-user-id"),
+	set := grpcx.ServerSettings{
+		Skip: grpcx.SkipMethods("/grpc.health.v1.Health/",
+			"/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"),
+		APIKeyMetadata: "x-api-key",
+		UserMetadata:   "x-user-id",
 		// Calls are metered: the generate_tokens rule (cost: response)
 		// holds its estimate when Generate opens and charges the chunks
 		// it reports.
-		grpcx.WithUsage(),
+		Usage: true,
 	}
 	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/grpcserver")
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(demo.TraceUnary(tracer), grpcx.UnaryServerInterceptor(chain, opts...)),
-		grpc.ChainStreamInterceptor(demo.TraceStream(tracer), grpcx.StreamServerInterceptor(chain, opts...)),
+		grpc.ChainUnaryInterceptor(demo.TraceUnary(tracer), grpcx.UnaryServerInterceptor(chain, set)),
+		grpc.ChainStreamInterceptor(demo.TraceStream(tracer), grpcx.StreamServerInterceptor(chain, set)),
 	)
 	greeterpb.RegisterGreeterServer(srv, greeter{})
 	healthpb.RegisterHealthServer(srv, health.NewServer())

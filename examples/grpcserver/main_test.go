@@ -115,7 +115,7 @@ func smoke(t *testing.T, addr string) {
 	// A client with grpcx's interceptor waits the RetryInfo delay and
 	// retries: the same call succeeds.
 	retrying := dial(t, addr, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(
-		grpcx.WithoutThrottle(), grpcx.WithBackoff(clientside.Backoff{Jitter: -1}))))
+		&clientside.Client{Backoff: clientside.Backoff{Jitter: -1}, MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
 	reply, _, err := greet(ctx, retrying, "k1")
 	require.NoError(t, err)
 	require.Equal(t, "hello, ann", reply.GetMessage())

@@ -167,22 +167,22 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	}
 	defer b.close()
 
-	mw := httpx.Middleware(b.chain,
-		httpx.WithPriority(shedder.ClassifyHTTP),
-		httpx.WithUser(func(r *http.Request) string { return r.Header.Get("X-User-ID") }),
-		httpx.WithAPIKeyHeader("X-API-Key"),
-		httpx.WithIETFHeaders(),
-	)
+	mw := httpx.Middleware(b.chain, httpx.Settings{
+		Priority:     shedder.ClassifyHTTP,
+		User:         func(r *http.Request) string { return r.Header.Get("X-User-ID") },
+		APIKeyHeader: "X-API-Key",
+		IETFHeaders:  true,
+	})
 	// The generate route meters its cost: its tiers rule (cost: response)
 	// holds its estimate at admission, and the X-Tokens-Used header the
 	// handler sets is the actual cost it settles to.
-	mwGenerate := httpx.Middleware(b.chain,
-		httpx.WithPriority(shedder.ClassifyHTTP),
-		httpx.WithUser(func(r *http.Request) string { return r.Header.Get("X-User-ID") }),
-		httpx.WithAPIKeyHeader("X-API-Key"),
-		httpx.WithIETFHeaders(),
-		httpx.WithUsageHeader("X-Tokens-Used"),
-	)
+	mwGenerate := httpx.Middleware(b.chain, httpx.Settings{
+		Priority:     shedder.ClassifyHTTP,
+		User:         func(r *http.Request) string { return r.Header.Get("X-User-ID") },
+		APIKeyHeader: "X-API-Key",
+		IETFHeaders:  true,
+		UsageHeader:  "X-Tokens-Used",
+	})
 	mux := http.NewServeMux()
 	tracer := tel.TracerProvider.Tracer("github.com/spillway-go/spillway/examples/httpserver")
 	api := func(route string, h http.HandlerFunc) { mux.Handle(route, demo.TraceHTTP(tracer, route, mw(h))) }

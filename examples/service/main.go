@@ -155,7 +155,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 
 	// The middleware goes around each route, so that the request's
 	// endpoint is the route's pattern (what the tiers rules match).
-	mw := httpx.Middleware(chain, httpx.WithAPIKeyHeader("X-API-Key"), httpx.WithPriority(priority))
+	mw := httpx.Middleware(chain, httpx.Settings{APIKeyHeader: "X-API-Key", Priority: priority})
 	mux := http.NewServeMux()
 	mux.Handle("GET /api/report", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sleep(r.Context(), ms(r))

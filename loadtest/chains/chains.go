@@ -43,7 +43,7 @@ type Env struct {
 	// (the others' full chain stays as it was measured): Tenant gives the
 	// pool fair shares between the values of this dimension
 	// (shedder.WithTenant); Deadlines makes the servers read the
-	// clients' timeout into the context (httpx.WithDeadlineHeader), which
+	// clients' timeout into the context (httpx.Settings.DeadlineHeader), which
 	// the pool uses; StuckTimeout is the learned limit's Timeout
 	// (concurrency.LatencyConfig.Timeout).
 	Tenant       string
@@ -355,7 +355,7 @@ var BlockTitles = map[string]string{
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
 	"fair":        "fair shares between tenants in the pool (shedder.WithTenant)",
-	"deadlines":   "clients' deadlines in the context (httpx.WithDeadlineHeader), adaptive LIFO in the pool (shedder.WithLIFO)",
+	"deadlines":   "clients' deadlines in the context (httpx.Settings.DeadlineHeader), adaptive LIFO in the pool (shedder.WithLIFO)",
 	"stuck":       "the learned limit's Timeout (latency that stays bad)",
 }
 

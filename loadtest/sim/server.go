@@ -113,16 +113,16 @@ func StartAPIServer(lim spillway.Limiter, db *Backend, rec *Recorder, opt Server
 		if l == nil {
 			return h
 		}
-		opts := []httpx.Option{
-			httpx.WithPriority(priorityFromHeader),
-			httpx.WithAPIKeyHeader("X-API-Key"),
-			httpx.WithFailMode(spillway.FailOpen),
-			httpx.WithUser(func(r *http.Request) string { return r.Header.Get(TenantHeader) }),
+		s := httpx.Settings{
+			Priority:     priorityFromHeader,
+			APIKeyHeader: "X-API-Key",
+			FailMode:     spillway.FailOpen,
+			User:         func(r *http.Request) string { return r.Header.Get(TenantHeader) },
 		}
 		if opt.Deadlines {
-			opts = append(opts, httpx.WithDeadlineHeader(spillway.TimeoutHeader))
+			s.DeadlineHeader = spillway.TimeoutHeader
 		}
-		return httpx.Middleware(l, opts...)(h)
+		return httpx.Middleware(l, s)(h)
 	}
 	var h http.Handler = work
 	if lim != nil {

@@ -97,8 +97,10 @@ func main() {
 		return d, done, err
 	})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"results":[]}`) })
-	mw := httpx.Middleware(lim, httpx.WithAPIKeyHeader("X-API-Key"),
-		httpx.WithErrorHandler(func(r *http.Request, err error) { errs.Store(err.Error(), true) }))
+	mw := httpx.Middleware(lim, httpx.Settings{
+		APIKeyHeader: "X-API-Key",
+		OnError:      func(r *http.Request, err error) { errs.Store(err.Error(), true) },
+	})
 
 	bare := newTarget("bare", handler)
 	limited := newTarget("middleware", mw(handler))

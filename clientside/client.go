@@ -1,0 +1,105 @@
+package clientside
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrThrottled is returned by spillway's client adapters (httpx.Transport,
+// grpcx's client interceptors) when the Client's throttle rejected a call
+// locally; it was not sent. Compare with errors.Is.
+var ErrThrottled = errors.New("clientside: request throttled locally: the backend is rejecting most requests")
+
+// Throttler is client-side adaptive throttling: Allow counts a request and
+// says whether to send it, Accepted records that the backend did the work
+// rather than reject it as overloaded. *Throttle implements it.
+type Throttler interface {
+	Allow() bool
+	Accepted()
+}
+
+// DefaultMaxRetries is the MaxRetries of NewClient.
+const DefaultMaxRetries = 2
+
+// Client is the client side of calls to a service that limits load, as
+// spillway's adapters (httpx.Transport, grpcx.UnaryClientInterceptor and
+// StreamClientInterceptor) apply it: a call is sent only when the throttle
+// allows it, and an overloaded answer is retried at most MaxRetries times,
+// after the server's delay plus jitter (Backoff), only when the context's
+// deadline leaves time for the wait, the budget has room and the throttle
+// allows the retry.
+//
+// The zero Client (and a nil *Client) sends every call once, with no
+// throttle and no budget; NewClient has the defaults. Its fields must not
+// change once it is in use; a Client is safe for concurrent use when its
+// Throttle and Budget are (the package's are). One Client per backend:
+// the throttle learns that backend's rejections.
+type Client struct {
+	Throttle   Throttler    // nil: no client-side throttling
+	Budget     *RetryBudget // nil: retries capped only by MaxRetries
+	Backoff    Backoff
+	MaxRetries int // retries after the first attempt; 0 or negative: none
+}
+
+// NewClient returns a Client with the default Throttle (K = 2 over two
+// minutes), RetryBudget (10% of requests, at least one retry a second)
+// and DefaultMaxRetries retries.
+func NewClient() *Client {
+	th, err := NewThrottle(ThrottleSettings{})
+	if err != nil {
+		panic(err) // defaults are valid; unreachable
+	}
+	b, err := NewRetryBudget(RetryBudgetSettings{})
+	if err != nil {
+		panic(err)
+	}
+	return &Client{Throttle: th, Budget: b, MaxRetries: DefaultMaxRetries}
+}
+
+// Begin starts a call: it deposits in the budget and reports whether the
+// throttle lets the call be sent (false: reject it locally, unsent, with
+// ErrThrottled).
+func (c *Client) Begin() bool {
+	if c == nil {
+		return true
+	}
+	if c.Budget != nil {
+		c.Budget.Deposit()
+	}
+	return c.Throttle == nil || c.Throttle.Allow()
+}
+
+// Accepted records that the backend accepted an attempt (it did not
+// answer overloaded).
+func (c *Client) Accepted() {
+	if c != nil && c.Throttle != nil {
+		c.Throttle.Accepted()
+	}
+}
+
+// Next decides whether the call whose attempt (0 for the first) was
+// answered overloaded is retried, and after how long; retryAfter is the
+// server's delay (0: none given, Backoff's exponential delay applies). It
+// spends from the budget and asks the throttle only when every other rule
+// allows the retry. A refused retry leaves the caller with the server's
+// answer.
+func (c *Client) Next(ctx context.Context, attempt int, retryAfter time.Duration) (time.Duration, bool) {
+	if c == nil || attempt >= c.MaxRetries {
+		return 0, false
+	}
+	wait, ok := c.Backoff.Delay(attempt+1, retryAfter)
+	if !ok {
+		return 0, false
+	}
+	if dl, has := ctx.Deadline(); has && time.Until(dl) < wait {
+		return 0, false // the answer would come too late anyway
+	}
+	if c.Budget != nil && !c.Budget.TryRetry() {
+		return 0, false
+	}
+	if c.Throttle != nil && !c.Throttle.Allow() {
+		return 0, false
+	}
+	return wait, true
+}
