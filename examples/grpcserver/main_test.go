@@ -150,7 +150,9 @@ func TestSmokeRedis(t *testing.T) {
 		require.Equal(t, "hello, ann", reply.GetMessage())
 	}
 	body := metrics(t, m[1])
-	require.Contains(t, body, `spillway_breaker="redis"} 2`) // open
+	// open, or half-open when its probe (OpenTimeout after it opened) is
+	// already under way on a loaded machine: not closed either way
+	require.Regexp(t, `spillway_breaker="redis"} [12]\n`, body)
 	require.Contains(t, body, `spillway_degraded="true",spillway_limiter="grpc",spillway_outcome="allowed"`)
 }
 
