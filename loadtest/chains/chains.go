@@ -152,23 +152,58 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	}, nil
 }
 
-// fallbackBudget is the time one Redis call of the full chain may take:
-// milliseconds, not go-redis's seconds, but above the tail latency of a
-// healthy call through the proxy on a busy two-core machine (at 100 ms
-// the breakers tripped on a healthy Redis there).
+// fallbackBudget is the time one request's admission may wait on Redis,
+// in all (the chains' budget, spillway.ChainBudget, which every
+// Redis-backed block spends: the rate store, the concurrency limiter,
+// the ceiling): milliseconds, not go-redis's seconds, but above the tail
+// latency of a healthy call through the proxy on a busy two-core machine
+// (at 100 ms the breakers tripped on a healthy Redis there).
 const fallbackBudget = 250 * time.Millisecond
 
-// Settings of the full chain's fallback wrappers: a Redis call may take
-// fallbackBudget; five failures in a row open the breaker for a second;
-// three successful probes close it.
-func fallbackSettings(env *Env, name string, share float64) fallback.Settings {
-	return fallback.Settings{
-		Name:        name,
-		Budget:      fallbackBudget,
-		Failures:    5,
-		OpenTimeout: time.Second,
-		Probes:      3,
-		Share:       share,
+// newClient returns a server's Redis client with its health attached, as
+// the README wires it: fallback.NewHealth on the client once, before the
+// blocks; every block built on the client then falls back by itself (five
+// failures in a row open the breaker for a second, three successful
+// probes close it: the health's defaults). share fixes the local share of
+// every limit while Redis is away (0: the library's default, this
+// server's share of the fleet the fleet shedder last saw).
+func newClient(env *Env, share float64) (*redis.Client, *fallback.Health, error) {
+	client := redis.NewClient(&redis.Options{
+		Addr: env.Redis,
+		// Deadlines come from the budget (the context); the client's own
+		// timeouts are only a backstop.
+		ContextTimeoutEnabled: true,
+		DialTimeout:           time.Second,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		PoolTimeout:           fallbackBudget,
+		MaxRetries:            -1,
+		PoolSize:              64,
+	})
+	health, err := fallback.NewHealth(client, fallback.HealthSettings{
+		Share: share,
+		OnStateChange: func(name string, from, to fallback.State) {
+			env.Debug.Add("health:"+from.String()+"->"+to.String(), 1)
+		},
+	})
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return client, health, nil
+}
+
+// rateStore returns the rate limits' store on client: the Redis store
+// behind fallback.NewStore, as the README wires it (the breaker is the
+// client's health).
+func rateStore(env *Env, client *redis.Client) (ratelimit.Store, error) {
+	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	if err != nil {
+		return nil, err
+	}
+	return fallback.NewStore(redisStore, fallback.Settings{
+		Name:   "rate",
+		Budget: fallbackBudget,
 		OnDegraded: func(e fallback.DegradedEvent) {
 			cause := "other"
 			switch {
@@ -177,9 +212,14 @@ func fallbackSettings(env *Env, name string, share float64) fallback.Settings {
 			case errors.Is(e.Cause, context.DeadlineExceeded):
 				cause = "budget"
 			}
-			env.Debug.Add(name+":"+cause+":"+fmt.Sprint(e.Cause), 1)
+			env.Debug.Add("rate:"+cause+":"+fmt.Sprint(e.Cause), 1)
 		},
-	}
+	})
+}
+
+// breakerOpen reports whether the client's health is not closed.
+func breakerOpen(h *fallback.Health) func() bool {
+	return func() bool { return h.State() != fallback.Closed }
 }
 
 // queueWait is how long a request may wait for one of its server's
@@ -211,8 +251,8 @@ const perKeyConcurrency = 10
 // buildStatic is the chain before the fleet shedder and the learned
 // limits earned their place, kept as the "static" configuration: cheapest
 // first: the per-key rate limit
-// and the per-key concurrency limit (both in Redis, each behind a
-// fallback: time budget, breaker, local share), this server's pool of
+// and the per-key concurrency limit (both in Redis, each falling back by
+// itself through the client's health to 1/N locally), this server's pool of
 // database slots (C/N, a shedder.Queue that gives freed slots to the
 // highest priority waiting), and the global ceiling in front of the
 // database.
@@ -227,40 +267,29 @@ const perKeyConcurrency = 10
 // Critical denials (Critical threshold 1) and held the pools below what
 // they could take (threshold 0.9); see docs/loadtest.md.
 func buildStatic(env *Env, _ int) (ServerChain, error) {
-	client := redis.NewClient(&redis.Options{
-		Addr: env.Redis,
-		// Deadlines come from the fallback's budget (the context); the
-		// client's own timeouts are only a backstop.
-		ContextTimeoutEnabled: true,
-		DialTimeout:           time.Second,
-		ReadTimeout:           time.Second,
-		WriteTimeout:          time.Second,
-		PoolTimeout:           fallbackBudget,
-		MaxRetries:            -1,
-		PoolSize:              64,
-	})
+	// Every block's local share while Redis is away is 1/N: the chain is
+	// sized from N in advance (and has no fleet shedder to count it).
+	client, health, err := newClient(env, 1/float64(env.Servers))
+	if err != nil {
+		return ServerChain{}, err
+	}
 	fail := func(err error) (ServerChain, error) {
 		client.Close()
 		return ServerChain{}, err
 	}
-	n := float64(env.Servers)
 
 	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
 	// fleet keeps the whole quota while Redis is away.
-	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	store, err := rateStore(env, client)
 	if err != nil {
 		return fail(err)
 	}
-	rateStore, err := fallback.NewStore(redisStore, fallbackSettings(env, "rate", 1/n))
-	if err != nil {
-		return fail(err)
-	}
-	perKey, err := rateTiers(rateStore)
+	perKey, err := rateTiers(store)
 	if err != nil {
 		return fail(err)
 	}
 
-	// 2. Per-key concurrency; locally 20% of it per server.
+	// 2. Per-key concurrency; locally 1/N of it per server.
 	cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
 	if err != nil {
 		return fail(err)
@@ -269,14 +298,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(1, perKeyConcurrency/5), concurrency.WithName("per_key_concurrency"))
-	if err != nil {
-		return fail(err)
-	}
-	conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
-	if err != nil {
-		return fail(err)
-	}
+	conc := concurrency.PerKey(cshared, spillway.DimAPIKey)
 
 	// 3. This server's pool of database connections, C/N queries at once,
 	// as a shedder.Queue: a request that finds the pool full waits up to
@@ -295,32 +317,18 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	// 5. Global ceiling in front of the database: a fleet-wide rate
 	// backstop at 1.2× the backend's throughput per second (10% kept for
 	// Critical work), one round trip per admission (Cached mode). While
-	// Redis is away each server admits 1/N of it from a local bucket.
+	// Redis is away each server admits 1/N of it by itself.
 	ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 	ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 		globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
 	if err != nil {
 		return fail(err)
 	}
-	localCeil, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{
-		Limit: max(1, ceilingLimit/int64(env.Servers)), Period: time.Second,
-	}, ratelimit.WithScope("db_ceiling_local"))
-	if err != nil {
-		ceil.Close()
-		return fail(err)
-	}
-	ceiling, err := fallback.NewLimiter(ceil, ratelimit.PerKey(localCeil, spillway.DimEndpoint), fallbackSettings(env, "ceiling", 1/n))
-	if err != nil {
-		ceil.Close()
-		return fail(err)
-	}
 
 	return ServerChain{
-		Limiter: spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}, tagged{"pool", pool}, tagged{"ceiling", ceiling}),
-		Export:  spillway.Chain(tagged{"rate", perKey}, tagged{"concurrency", conc}),
-		BreakerOpen: func() bool {
-			return rateStore.State() != fallback.Closed || conc.State() != fallback.Closed || ceiling.State() != fallback.Closed
-		},
+		Limiter:     spillway.ChainBudget(fallbackBudget, tagged{"rate", perKey}, tagged{"concurrency", conc}, tagged{"pool", pool}, tagged{"ceiling", ceil}),
+		Export:      spillway.ChainBudget(fallbackBudget, tagged{"rate", perKey}, tagged{"concurrency", conc}),
+		BreakerOpen: breakerOpen(health),
 		Close: func() {
 			_ = ceil.Close()
 			client.Close()
@@ -379,9 +387,8 @@ const fleetTTL = 10 * fleetInterval
 // block named removed ("" for the whole chain), built from the library's
 // blocks only. Cheapest first:
 //
-//  1. rate: per-key rate tiers in Redis, behind a fallback (time budget,
-//     breaker, local share);
-//  2. concurrency: per-key concurrent requests in Redis, behind a fallback;
+//  1. rate: per-key rate tiers in Redis, over fallback.NewStore;
+//  2. concurrency: per-key concurrent requests in Redis;
 //  3. worker: shedder.Worker over this server's own workers, when the
 //     server has a bounded number of them (Env.Workers, the workers
 //     scenario): a request holds its worker from here until it is
@@ -401,29 +408,27 @@ const fleetTTL = 10 * fleetInterval
 //     deciding on the fleet's measured usage;
 //  7. ceiling: the global ceiling, a fleet-wide rate backstop in Redis.
 //
+// Wired as the README wires a service: fallback.NewHealth on the client,
+// the rate store in fallback.NewStore, and every other Redis block (the
+// concurrency limiter, the fleet shedder, the ceiling) falling back by
+// itself, no local twin and no wrapper; one budget per request
+// (fallbackBudget, through the chain).
 // The export route (no database) runs rate, concurrency and worker only.
 // Nothing is sized from the number of servers or from a per-server share
 // of the database worked out in advance: the fleet-wide numbers (the
 // shedder's capacity, the ceiling) are set once for the fleet, and what a
-// server may do is learned (the pool) or derived at run time from the
-// share of the fleet's work the Fleet measures (the fallbacks of the
-// fleet shedder and the ceiling) and from the database's gauge (the
-// fleet's capacity now).
+// server may do is learned (the pool) or derived at run time: from the
+// servers the Fleet last counted (every Redis block's local share while
+// Redis is away) and from the database's gauge (the fleet's capacity now).
 func Full(removed string) func(env *Env, server int) (ServerChain, error) {
 	return func(env *Env, server int) (ServerChain, error) { return buildFull(env, server, removed) }
 }
 
 func buildFull(env *Env, server int, removed string) (ServerChain, error) {
-	client := redis.NewClient(&redis.Options{
-		Addr:                  env.Redis,
-		ContextTimeoutEnabled: true,
-		DialTimeout:           time.Second,
-		ReadTimeout:           time.Second,
-		WriteTimeout:          time.Second,
-		PoolTimeout:           fallbackBudget,
-		MaxRetries:            -1,
-		PoolSize:              64,
-	})
+	client, health, err := newClient(env, 0)
+	if err != nil {
+		return ServerChain{}, err
+	}
 	var closers []func()
 	fail := func(err error) (ServerChain, error) {
 		for _, c := range closers {
@@ -432,27 +437,19 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		client.Close()
 		return ServerChain{}, err
 	}
-	var (
-		blocks   = map[string]spillway.Limiter{}
-		breakers []func() bool
-	)
+	blocks := map[string]spillway.Limiter{}
 	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
-		redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+		store, err := rateStore(env, client)
 		if err != nil {
 			return fail(err)
 		}
-		rateStore, err := fallback.NewStore(redisStore, fallbackSettings(env, "rate", 0))
-		if err != nil {
-			return fail(err)
-		}
-		perKey, err := rateTiers(rateStore)
+		perKey, err := rateTiers(store)
 		if err != nil {
 			return fail(err)
 		}
 		add("rate", perKey)
-		breakers = append(breakers, func() bool { return rateStore.State() != fallback.Closed })
 	}
 	if removed != "concurrency" {
 		cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
@@ -463,16 +460,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if err != nil {
 			return fail(err)
 		}
-		clocal, err := concurrency.New(concurrency.NewMemoryStore(), max(1, perKeyConcurrency/5), concurrency.WithName("per_key_concurrency"))
-		if err != nil {
-			return fail(err)
-		}
-		conc, err := fallback.NewLimiter(concurrency.PerKey(cshared, spillway.DimAPIKey), concurrency.PerKey(clocal, spillway.DimAPIKey), fallbackSettings(env, "concurrency", 0.2))
-		if err != nil {
-			return fail(err)
-		}
-		add("concurrency", conc)
-		breakers = append(breakers, func() bool { return conc.State() != fallback.Closed })
+		add("concurrency", concurrency.PerKey(cshared, spillway.DimAPIKey))
 	}
 	if removed != "worker" && env.Workers > 0 {
 		// The server's own workers: a request holds one from its admission
@@ -567,9 +555,9 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	if removed != "ceiling" {
 		// A fleet-wide rate backstop at 1.2× the database's throughput per
 		// second (10% kept for Critical work), one round trip per admission
-		// (Cached mode). While Redis is away each server admits its share
-		// of it, the share of the fleet's work its Fleet measured (a third
-		// each on an even fleet of three), from a local bucket.
+		// (Cached mode). While Redis is away each server admits its share of
+		// it by itself: its share of the fleet its Fleet last counted (a
+		// third each on a fleet of three).
 		ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 		ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
 			globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
@@ -577,36 +565,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			return fail(err)
 		}
 		closers = append(closers, func() { _ = ceil.Close() })
-		local, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: ceilingLimit, Period: time.Second},
-			ratelimit.WithScope("db_ceiling_local"))
-		if err != nil {
-			return fail(err)
-		}
-		share := func() float64 {
-			if fleet == nil {
-				return 0.2
-			}
-			if s := fleet.Stats(); s.Share > 0 {
-				return s.Share
-			}
-			return 0.2
-		}
-		localCeil := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-			// Each local admission costs 1/share tokens of the fleet-wide
-			// bucket: this server alone admits its share of the ceiling.
-			n := int64(math.Round(float64(r.EffectiveCost()) / share()))
-			d, err := local.AllowN(ctx, "db", max(1, min(n, ceilingLimit)))
-			if err == nil && !d.Allowed {
-				d.Reason = spillway.ReasonCeiling
-			}
-			return d, spillway.Noop, err
-		})
-		ceiling, err := fallback.NewLimiter(ceil, localCeil, fallbackSettings(env, "ceiling", 1))
-		if err != nil {
-			return fail(err)
-		}
-		add("ceiling", ceiling)
-		breakers = append(breakers, func() bool { return ceiling.State() != fallback.Closed })
+		add("ceiling", ceil)
 	}
 	var chain, export []spillway.Limiter
 	for _, b := range FullBlocks {
@@ -618,18 +577,11 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		}
 	}
 	return ServerChain{
-		Limiter:   spillway.Chain(chain...),
-		Export:    spillway.Chain(export...),
-		Deadlines: env.Deadlines && removed != "deadlines",
-		Learned:   learned,
-		BreakerOpen: func() bool {
-			for _, b := range breakers {
-				if b() {
-					return true
-				}
-			}
-			return false
-		},
+		Limiter:     spillway.ChainBudget(fallbackBudget, chain...),
+		Export:      spillway.ChainBudget(fallbackBudget, export...),
+		Deadlines:   env.Deadlines && removed != "deadlines",
+		Learned:     learned,
+		BreakerOpen: breakerOpen(health),
 		Close: func() {
 			for _, c := range closers {
 				c()
