@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/ratecore"
 )
 
 // Reserve-then-settle: a request whose cost is known only after the work
@@ -371,24 +372,28 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hol
 	return h, nil
 }
 
-// ValidateReserve reports what is wrong with a Reserver.Reserve of items
+func init() {
+	ratecore.Register(ratecore.Hooks[Item, *Hold]{ValidateReserve: validateReserve, DeniedHold: deniedHold})
+}
+
+// validateReserve reports what is wrong with a Reserver.Reserve of items
 // for ttl, as the stores do before touching any state: the errors of
 // Policy.Validate and of a negative cost, ErrHoldUnsupported for an
 // algorithm that cannot hold, ErrInvalidPolicy for Burst·T above 2^51 µs,
 // and a ttl out of range. A store that wraps another (a fallback) calls it
 // so that bad input is never mistaken for a failing backend.
-func ValidateReserve(items []Item, ttl time.Duration) error {
+func validateReserve(items []Item, ttl time.Duration) error {
 	if _, _, err := holdTTLOf(ttl); err != nil {
 		return err
 	}
 	return validateHold(items)
 }
 
-// DeniedHold returns a Hold that holds nothing, with these decisions (at
+// deniedHold returns a Hold that holds nothing, with these decisions (at
 // least one not allowed): what a store that wraps another returns when it
 // denies a reservation itself (a fail-closed rule while the backend is
 // down, say). Its Settle returns ErrNotHeld.
-func DeniedHold(decisions []spillway.Decision) *Hold {
+func deniedHold(decisions []spillway.Decision) *Hold {
 	return &Hold{dec: decisions}
 }
 

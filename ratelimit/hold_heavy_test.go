@@ -290,7 +290,7 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
 	// timeout would never have run
-	for _, sc := range []*redis.Script{lua.RateLimitHold(), lua.RateLimitSettle(), lua.RateLimitTokenBucket()} {
+	for _, sc := range []*redis.Script{lua.Script("ratelimit_hold"), lua.Script("ratelimit_settle"), lua.Script("ratelimit_token_bucket")} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			t.Fatal(err)
 		}

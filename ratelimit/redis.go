@@ -66,7 +66,7 @@ type RedisStore struct {
 	settleLoaded atomic.Bool // the settle script was loaded (redis_settle.go: run)
 }
 
-var _ BoundedStore = (*RedisStore)(nil)
+var _ boundedStore = (*RedisStore)(nil)
 
 // sharding says how the client spreads keys over servers.
 type sharding uint8
@@ -160,8 +160,9 @@ func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.De
 	return s.DecideBy(ctx, time.Time{}, items, out)
 }
 
-// DecideBy implements BoundedStore: Decide, bounded by deadline as well as
-// by ctx. A call of its own gets a context with the deadline (as the
+// DecideBy is Decide, bounded by deadline as well as by ctx (the zero
+// deadline: no bound but ctx's; fallback.Store calls it with its budget's
+// end instead of making a context with a timer per call). A call of its own gets a context with the deadline (as the
 // caller would have made it); a batch queued for a coalesced call waits
 // on a channel shared by the batches whose deadlines fall in the same
 // millisecond, closed at its end by one timer: the bound is then up to
@@ -242,7 +243,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := s.run(ctx, lua.RateLimitTokenBucket(), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_token_bucket"), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -318,7 +319,7 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	var b bucketsArgs
 	b.add(items)
-	res, err := s.run(ctx, lua.RateLimitBuckets(), keys, b.argv(s.nowArg(), g != nil)...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_buckets"), keys, b.argv(s.nowArg(), g != nil)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
@@ -351,7 +352,7 @@ func (s *RedisStore) runFixed(ctx context.Context, items []Item, out []spillway.
 	}
 	var b bucketsArgs
 	b.addFixed(items)
-	res, err := s.run(ctx, lua.RateLimitFixed(), keys, b.argv(s.nowArg(), false)...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_fixed"), keys, b.argv(s.nowArg(), false)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: fixed window script: %w", err)
 	}
@@ -556,7 +557,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	}
 	args := s.batchArgs(make([]any, 1, 1+batchFields*len(items)), items, uids)
 	args[0] = s.nowArg()
-	res, err := s.run(ctx, lua.RateLimitBatch(), keys, args...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_batch"), keys, args...).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}

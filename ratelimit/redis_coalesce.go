@@ -429,7 +429,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		for _, c := range alone {
-			c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
+			c.cmd = lua.Script("ratelimit_settle").EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range calls {
@@ -439,7 +439,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 		}
 		for _, c := range alone {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
+				c.cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
 	}
@@ -570,15 +570,15 @@ func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalesce
 
 func (c *coalescedCall) script() *redis.Script {
 	if c.hold {
-		return lua.RateLimitHold()
+		return lua.Script("ratelimit_hold")
 	}
 	if c.buckets {
-		return lua.RateLimitBuckets()
+		return lua.Script("ratelimit_buckets")
 	}
 	if c.fixed {
-		return lua.RateLimitFixed()
+		return lua.Script("ratelimit_fixed")
 	}
-	return lua.RateLimitBatch()
+	return lua.Script("ratelimit_batch")
 }
 
 // deliver decodes the call's reply into each waiter's result and wakes it.

@@ -73,7 +73,7 @@ func (h *gateHook) count() int {
 // one EVALSHA (no NOSCRIPT retry) for a gateHook to count.
 func loadScripts(t *testing.T, c *redis.Client) {
 	t.Helper()
-	for _, sc := range []*redis.Script{lua.RateLimitBuckets(), lua.RateLimitBatch(), lua.RateLimitFixed(), lua.RateLimitTokenBucket()} {
+	for _, sc := range []*redis.Script{lua.Script("ratelimit_buckets"), lua.Script("ratelimit_batch"), lua.Script("ratelimit_fixed"), lua.Script("ratelimit_token_bucket")} {
 		if err := sc.Load(context.Background(), c).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -396,7 +396,7 @@ func waitInflight(t *testing.T, s *RedisStore, n int) {
 
 // decideByAsync runs s.DecideBy(ctx, deadline, items) in a goroutine and
 // reports when it returned.
-func decideByAsync(ctx context.Context, s BoundedStore, deadline time.Time, items ...Item) <-chan timedResult {
+func decideByAsync(ctx context.Context, s boundedStore, deadline time.Time, items ...Item) <-chan timedResult {
 	ch := make(chan timedResult, 1)
 	go func() {
 		out := make([]spillway.Decision, len(items))

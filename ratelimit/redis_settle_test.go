@@ -321,7 +321,7 @@ func TestRedisSettleInFlightOrdersNextCall(t *testing.T) {
 			default:
 			}
 			calls := s.settleCalls(batch)
-			calls[0].cmd = lua.RateLimitSettle().Run(ctx, s.client, calls[0].keys, calls[0].args...)
+			calls[0].cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, calls[0].keys, calls[0].args...)
 			if failed := s.deliverSettles(ctx, batch, calls); failed {
 				t.Fatal("settle failed")
 			}

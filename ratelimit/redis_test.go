@@ -539,7 +539,7 @@ func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
 	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p}}, out); err != nil || out[0].Remaining != 4 {
 		t.Fatalf("peek: %v %+v, want 4 remaining", err, out[0])
 	}
-	for _, sha := range []string{lua.RateLimitBatch().Hash(), lua.RateLimitTokenBucket().Hash()} {
+	for _, sha := range []string{lua.Script("ratelimit_batch").Hash(), lua.Script("ratelimit_token_bucket").Hash()} {
 		v, err := srv.Do(ctx, "SCRIPT", "EXISTS", sha)
 		if err != nil || fmt.Sprint(v) != "[1]" {
 			t.Fatalf("SCRIPT EXISTS %s = %v %v, want loaded", sha, v, err)

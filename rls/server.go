@@ -150,7 +150,7 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		inner = &refStore{next: inner, client: client, prefix: s.CacheKeyPrefix, now: time.Now}
 	}
 	if fs.DenyCacheSize > 0 {
-		inner = seenStore{inner.(ratelimit.BoundedStore)}
+		inner = seenStore{inner.(boundedStore)}
 	}
 	return fallback.NewStore(inner, fs)
 }

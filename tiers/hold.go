@@ -447,12 +447,12 @@ func (hs *held) rechargeExpired(res []ratelimit.SettleResult) {
 // ratelimit.Hold.SettleAsync), and what followed them (see
 // WithHoldObserver) is done, or ctx ends (it then returns ctx.Err()). done
 // hands a settle to the store's background path and returns; a store with
-// a Flush method (ratelimit.RedisStore, ratelimit.Flusher) is flushed
+// a Flush(context.Context) error method (ratelimit.RedisStore) is flushed
 // first, so that nothing waits for its linger. Call it before reading a
 // key's state right after a request, or at shutdown (then close the
 // store: ratelimit.RedisStore.Close).
 func (l *Limiter) Flush(ctx context.Context) error {
-	if f, ok := l.store.(ratelimit.Flusher); ok {
+	if f, ok := l.store.(interface{ Flush(context.Context) error }); ok {
 		if err := f.Flush(ctx); err != nil {
 			return fmt.Errorf("tiers: flush: %w", err)
 		}
