@@ -21,7 +21,7 @@ import (
 // reconcile in front of another store (a ratelimit.RedisStore, typically).
 // While the store cannot answer, a batch with a fail-closed item
 // (ratelimit.Item.Fail, which tiers sets from each rule's `fail:` and
-// ratelimit.WithFailMode per limiter; or Settings.Fail for every item) is
+// ratelimit.Settings.FailMode per limiter; or Settings.Fail for every item) is
 // denied, its fail-closed items with spillway.ReasonFailClosed; other
 // batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
@@ -141,7 +141,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	}
 	st.local = s.Local
 	if st.local == nil {
-		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
+		st.local = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: s.Clock, MaxKeys: 1 << 16})
 	}
 	if s.DenyCacheSize > 0 {
 		st.cache = newDenyCache(s.DenyCacheSize)

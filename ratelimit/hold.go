@@ -54,7 +54,7 @@ import (
 //     TAT − t > τ.
 
 // DefaultHoldTTL is how long a hold lives unsettled before the store
-// releases it, when the caller does not say (see WithHoldTTL).
+// releases it, when the caller does not say (see Settings.HoldTTL).
 const DefaultHoldTTL = time.Minute
 
 // MaxHoldTTL is the longest hold TTL accepted: 2^51 µs (about 71 years),
@@ -341,14 +341,8 @@ func settleCost(it *Item, actual int64) int64 {
 	return min(actual, it.Cost+2*it.Policy.EffectiveBurst())
 }
 
-// WithHoldTTL sets how long the limiter's holds (Reserve) live unsettled
-// before the store releases them (default DefaultHoldTTL; at least 1ms,
-// at most MaxHoldTTL). Make it longer than the longest piece of work a
-// hold covers: a hold released before its settle is not charged at all.
-func WithHoldTTL(ttl time.Duration) LimiterOption { return func(l *Limiter) { l.holdTTL = ttl } }
-
 // Reserve holds estimate units of key until the returned Hold is settled
-// with the actual cost (Hold.Settle) or its TTL passes (WithHoldTTL). The
+// with the actual cost (Hold.Settle) or its TTL passes (Settings.HoldTTL). The
 // reservation is decided like AllowN(ctx, key, estimate): the Hold's
 // Decision is what AllowN would say, and when it is not Allowed nothing is
 // held (estimate above Capacity is denied with

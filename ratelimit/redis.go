@@ -22,7 +22,7 @@ import (
 // RedisStore keeps rate-limit state in Redis, shared by every server of a
 // fleet. Each decision is one Lua script call (one round trip), whatever
 // the number of items in the batch, and decisions made while the store's
-// call is in flight are coalesced into one script call (WithCoalescing,
+// call is in flight are coalesced into one script call (RedisSettings.Coalescing,
 // on by default); see docs/ratelimit-redis.md.
 //
 // Keys are prefix + scope + sep + "{" + key + "}" (internal/keys): the
@@ -47,7 +47,7 @@ import (
 // running it, so nothing was charged).
 //
 // By default the scripts read Redis TIME, so servers with skewed clocks
-// agree; WithClock makes the client send its own time instead.
+// agree; RedisSettings.Clock makes the client send its own time instead.
 //
 // A RedisStore is safe for concurrent use.
 type RedisStore struct {
@@ -78,21 +78,20 @@ const (
 )
 
 // NewRedisStore returns a store over client (a *redis.Client, a
-// *redis.ClusterClient, a failover client or a *redis.Ring). It honours
-// WithPrefix (default "spillway:"), WithClock (default: the scripts read
-// Redis TIME) and WithCoalescing (default DefaultCoalescing); WithMaxKeys
-// and WithShards do not apply. It fails when client is nil or the prefix
-// contains '{' or '}'.
-func NewRedisStore(client redis.UniversalClient, opts ...Option) (*RedisStore, error) {
-	o := defaultStoreOptions()
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
+// *redis.ClusterClient, a failover client or a *redis.Ring) configured by
+// set (the zero RedisSettings: the defaults; without a Clock the scripts
+// read Redis TIME). It fails when client is nil or the prefix contains
+// '{' or '}'.
+func NewRedisStore(client redis.UniversalClient, set RedisSettings) (*RedisStore, error) {
+	if set.Prefix == "" {
+		set.Prefix = "spillway:"
 	}
-	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs(), sq: newSettleQueue(o.settleQueue)}
-	if o.coalesce > 0 {
-		s.co = &coalescer{max: o.coalesce}
+	if set.Coalescing == 0 {
+		set.Coalescing = DefaultCoalescing
+	}
+	s := &RedisStore{client: client, prefix: set.Prefix, clock: set.Clock, holdIDs: newHoldIDs(), sq: newSettleQueue(set.SettleQueue)}
+	if set.Coalescing > 0 {
+		s.co = &coalescer{max: set.Coalescing}
 	}
 	nilClient := client == nil
 	switch c := client.(type) {
@@ -108,7 +107,7 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) (*RedisStore, e
 	if nilClient {
 		return nil, errors.New("ratelimit: NewRedisStore: client is nil")
 	}
-	if err := keys.ValidatePrefix(o.prefix); err != nil {
+	if err := keys.ValidatePrefix(set.Prefix); err != nil {
 		return nil, fmt.Errorf("ratelimit: NewRedisStore: %w", err)
 	}
 	var b [9]byte
@@ -155,7 +154,7 @@ func (s *RedisStore) nowArg() string {
 // token-bucket script, several items all of the bucket family the lean
 // buckets script, anything else the batch script; once per slot on a
 // Cluster (see RedisStore). While the store's calls are in flight,
-// concurrent batches are coalesced into one call (see WithCoalescing).
+// concurrent batches are coalesced into one call (see RedisSettings.Coalescing).
 func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
 	return s.DecideBy(ctx, time.Time{}, items, out)
 }

@@ -36,7 +36,7 @@ import (
 // process's next call sees its earlier settles whichever connection gets
 // to Redis first.
 //
-// The queue is bounded (WithSettleQueue, in items): a settle that finds it
+// The queue is bounded (RedisSettings.SettleQueue, in items): a settle that finds it
 // full is not queued, and its hold is left to its TTL. A call that fails
 // (a timeout, a refused connection, a breaker that refuses the command)
 // puts its settles back at the head of the queue, while their holds live
@@ -45,7 +45,7 @@ import (
 // at most once. Close flushes the queue within a deadline.
 
 // DefaultSettleQueue is the number of settle items (one per item of a
-// Hold) a RedisStore queues at most (see WithSettleQueue).
+// Hold) a RedisStore queues at most (see RedisSettings.SettleQueue).
 const DefaultSettleQueue = 1 << 14
 
 const (
@@ -54,13 +54,6 @@ const (
 	settleCallTimeout = 250 * time.Millisecond // the deadline of one flush's call
 	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
 )
-
-// WithSettleQueue bounds the queue of a RedisStore's settles on their way
-// to Redis (Hold.SettleAsync) to n items (default DefaultSettleQueue; n ≤
-// 0 means the default). A queued item costs about 200 bytes besides its
-// Hold, which the queue keeps alive: 16384 items, about 3 MiB. Ignored by
-// the memory store.
-func WithSettleQueue(n int) Option { return func(o *storeOptions) { o.settleQueue = n } }
 
 // SetGate installs gate, asked before each call after admission (a nil
 // gate always calls; fallback.Store installs its breaker). While gate

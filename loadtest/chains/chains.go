@@ -121,7 +121,7 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 // per CPU), and any Redis error lets the request through.
 func buildNaive(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{Addr: env.Redis})
-	store, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	store, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: env.Prefix})
 	if err != nil {
 		client.Close()
 		return ServerChain{}, err
@@ -133,7 +133,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	}
 	// A fleet-wide rate ceiling in front of the database, at its capacity.
 	capRPS := int64(env.System.CapacityRPS())
-	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.WithScope("db_ceiling"))
+	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.Settings{Scope: "db_ceiling"})
 	if err != nil {
 		client.Close()
 		return ServerChain{}, err
@@ -247,7 +247,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 
 	// 1. Per-key rate limit; locally 1/N of the quota per server, so the
 	// fleet keeps the whole quota while Redis is away.
-	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: env.Prefix})
 	if err != nil {
 		return fail(err)
 	}
@@ -302,9 +302,9 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	localCeil, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{
+	localCeil, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{
 		Limit: max(1, ceilingLimit/int64(env.Servers)), Period: time.Second,
-	}, ratelimit.WithScope("db_ceiling_local"))
+	}, ratelimit.Settings{Scope: "db_ceiling_local"})
 	if err != nil {
 		ceil.Close()
 		return fail(err)
@@ -439,7 +439,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	add := func(block string, l spillway.Limiter) { blocks[block] = tagged{block: block, inner: l} }
 
 	if removed != "rate" {
-		redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+		redisStore, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: env.Prefix})
 		if err != nil {
 			return fail(err)
 		}
@@ -577,8 +577,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			return fail(err)
 		}
 		closers = append(closers, func() { _ = ceil.Close() })
-		local, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: ceilingLimit, Period: time.Second},
-			ratelimit.WithScope("db_ceiling_local"))
+		local, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: ceilingLimit, Period: time.Second}, ratelimit.Settings{Scope: "db_ceiling_local"})
 		if err != nil {
 			return fail(err)
 		}
