@@ -12,7 +12,7 @@
 //
 // The shortest use:
 //
-//	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 10, Period: time.Second})
+//	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 10, Period: time.Second}, ratelimit.Settings{})
 //	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP))
 //	d, done, err := chain.Admit(ctx, &spillway.Request{Endpoint: "/api", Cost: 1})
 //	if err == nil && d.Allowed {

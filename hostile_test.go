@@ -31,7 +31,7 @@ func TestHostileChain(t *testing.T) {
 		if err := hostiletest.RedisDelete(ctx, rdb, "hostile:*"); err != nil {
 			return err
 		}
-		rl, err := ratelimit.New(mustRedisStore(rdb, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")), ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.WithScope("rate"))
+		rl, err := ratelimit.New(mustRedisStore(rdb, ratelimit.RedisSettings{Clock: now, Prefix: "hostile:"}), ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.Settings{Scope: "rate"})
 		if err != nil {
 			return err
 		}
@@ -67,10 +67,10 @@ func TestHostileChain(t *testing.T) {
 	})
 }
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

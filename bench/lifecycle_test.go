@@ -226,10 +226,10 @@ func logCommands(b *testing.B, turn string, st map[string]redistest.CommandStat,
 	b.Logf("%s:%s", turn, sb.String())
 }
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

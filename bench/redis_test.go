@@ -43,7 +43,7 @@ var (
 	rounds     = flag.Int("rounds", 3, "rounds of BenchmarkRedisDecisions, each running every contender in turn")
 	slice      = flag.Int("slice", 2000, "decisions per turn of a contender in BenchmarkRedisDecisions")
 	only       = flag.String("only", "", "comma-separated contenders of BenchmarkRedisDecisions (default: all)")
-	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.WithCoalescing)")
+	coalesce   = flag.Int("coalesce", ratelimit.DefaultCoalescing, "calls in flight before spillway coalesces (ratelimit.RedisSettings.Coalescing; 0: off)")
 	md         = flag.String("md", "", "BenchmarkRedisDecisions: write every round's table and the medians as markdown to this file (relative to bench/, e.g. ../docs/figures/peers.md), with a header naming the command, date, commit and load average")
 	rate       = flag.Float64("rate", 0, "BenchmarkRedisDecisions: decisions per second offered by all callers together (open loop; a decision started late counts from its scheduled start); 0: each caller starts its next decision when the last one ends (closed loop)")
 )
@@ -103,7 +103,7 @@ var contenders = []string{
 func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback.Store) {
 	p := ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: int64(*limit), Period: time.Second}
 	limiter := func(s ratelimit.Store) *ratelimit.Limiter {
-		l, err := ratelimit.New(s, p) // the default scope
+		l, err := ratelimit.New(s, p, ratelimit.Settings{}) // the default scope
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -120,9 +120,16 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 	// keys a slice earlier would otherwise leave the next one keys that
 	// have not expired yet, which cost Redis more than absent ones.
 	space := 0
-	store := func(opts ...ratelimit.Option) *ratelimit.RedisStore {
+	// coalescing n: ≤ 0 turns coalescing off (-coalesce 0).
+	coalescing := func(n int) int {
+		if n <= 0 {
+			return -1
+		}
+		return n
+	}
+	store := func(n ...int) *ratelimit.RedisStore {
 		space++
-		return mustRedisStore(c, append([]ratelimit.Option{ratelimit.WithCoalescing(*coalesce), ratelimit.WithPrefix("spillwa" + strconv.Itoa(space%10) + ":")}, opts...)...)
+		return mustRedisStore(c, ratelimit.RedisSettings{Coalescing: coalescing(append(n, *coalesce)[0]), Prefix: "spillwa" + strconv.Itoa(space%10) + ":"})
 	}
 	fb, err := fallback.NewStore(store(), fallback.Settings{})
 	if err != nil {
@@ -168,12 +175,12 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 			return ok, nil
 		},
 		"spillway":               allow(limiter(store())),
-		"spillway_no_coalescing": allow(limiter(store(ratelimit.WithCoalescing(0)))),
+		"spillway_no_coalescing": allow(limiter(store(0))),
 		// for -only: other numbers of calls in flight before coalescing
-		"spillway_coalesce1": allow(limiter(store(ratelimit.WithCoalescing(1)))),
-		"spillway_coalesce2": allow(limiter(store(ratelimit.WithCoalescing(2)))),
-		"spillway_coalesce4": allow(limiter(store(ratelimit.WithCoalescing(4)))),
-		"spillway_coalesce8": allow(limiter(store(ratelimit.WithCoalescing(8)))),
+		"spillway_coalesce1": allow(limiter(store(1))),
+		"spillway_coalesce2": allow(limiter(store(2))),
+		"spillway_coalesce4": allow(limiter(store(4))),
+		"spillway_coalesce8": allow(limiter(store(8))),
 		"spillway_fallback":  allow(limiter(fb)),
 		"tiers_one_rule":     admit(rules("user")),
 		"tiers_three_rules":  admit(rules("ip", "user", "api_key")),
@@ -189,7 +196,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 // window returns a limiter of algorithm a (with its buckets and mode) at
 // -limit per second, with the default scope.
 func window(b *testing.B, s ratelimit.Store, a ratelimit.Algorithm, buckets int64, mode ratelimit.WindowMode) *ratelimit.Limiter {
-	l, err := ratelimit.New(s, ratelimit.Policy{Algorithm: a, Limit: int64(*limit), Period: time.Second, Buckets: buckets, Mode: mode})
+	l, err := ratelimit.New(s, ratelimit.Policy{Algorithm: a, Limit: int64(*limit), Period: time.Second, Buckets: buckets, Mode: mode}, ratelimit.Settings{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -569,7 +576,7 @@ func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter 
 	case "window_log":
 		p.Algorithm = ratelimit.SlidingWindowLog
 	}
-	l, err := ratelimit.New(s, p)
+	l, err := ratelimit.New(s, p, ratelimit.Settings{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -640,7 +647,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 				var allow func(i int) error
 				switch name {
 				case "spillway_default_scope":
-					l, err := ratelimit.New(mustRedisStore(c), ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Hour, Burst: 1000})
+					l, err := ratelimit.New(mustRedisStore(c), ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Hour, Burst: 1000}, ratelimit.Settings{})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -651,7 +658,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
 					var now atomic.Int64
 					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
-					l := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.WithClock(func() time.Time { return time.UnixMicro(now.Load()) })))
+					l := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
 					p := l.Policy()
 					steps, cost := int64(2), int64(50) // the counter: two windows
 					if p.Algorithm == ratelimit.SlidingWindowBuckets {

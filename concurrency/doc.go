@@ -5,7 +5,7 @@
 // where a request of cost c holds c units (one by default). Its state is a
 // Redis sorted set per key — one member per unit, named after a unique
 // request id, scored with the request's start time — changed by one Lua
-// script (lua.ConcurrencyAcquire()) that reaps entries older than a TTL on
+// script (lua.Script("concurrency_acquire")) that reaps entries older than a TTL on
 // every call, so a server that crashed mid-request leaks its units only
 // until the TTL. MemoryStore is a twin with
 // the same semantics for a single process and for tests; one conformance

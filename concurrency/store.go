@@ -132,7 +132,7 @@ func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, cost, l
 	if s.o.clock != nil {
 		now = strconv.FormatInt(s.o.clock().UnixMicro(), 10)
 	}
-	raw, err := lua.ConcurrencyAcquire().Run(ctx, s.client, []string{s.Key(scope, key)},
+	raw, err := lua.Script("concurrency_acquire").Run(ctx, s.client, []string{s.Key(scope, key)},
 		limit, ttlMillis(ttl), id, now, cost).Result()
 	if err != nil {
 		return Result{}, fmt.Errorf("concurrency: acquire: %w", err)

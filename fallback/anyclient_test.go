@@ -186,7 +186,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	if err != nil {
 		return err
 	}
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100000, Period: time.Minute}, ratelimit.WithScope(fmt.Sprintf("any-%p", c1)))
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100000, Period: time.Minute}, ratelimit.Settings{Scope: fmt.Sprintf("any-%p", c1)})
 	if err != nil {
 		return err
 	}
@@ -426,7 +426,7 @@ func TestBudgetHoldsOnABareClusterClient(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100000, Period: time.Minute}, ratelimit.WithScope(fmt.Sprintf("cl-%p", client)))
+		lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100000, Period: time.Minute}, ratelimit.Settings{Scope: fmt.Sprintf("cl-%p", client)})
 		if err != nil {
 			return err
 		}

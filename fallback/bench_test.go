@@ -84,7 +84,7 @@ func BenchmarkDecisionLatency(b *testing.B) {
 
 	b.Run("memory", func(b *testing.B) {
 		lat := make(latencies, 0, b.N)
-		run(b, ratelimit.NewMemoryStore(), b.N, &lat)
+		run(b, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), b.N, &lat)
 		lat.report(b)
 	})
 	b.Run("healthy", func(b *testing.B) {
@@ -167,7 +167,7 @@ func BenchmarkOpenBreaker(b *testing.B) {
 			}
 		})
 	}
-	b.Run("memory", func(b *testing.B) { bench(b, ratelimit.NewMemoryStore()) })
+	b.Run("memory", func(b *testing.B) { bench(b, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})) })
 	b.Run("open", func(b *testing.B) {
 		st, err := fallback.NewStore(downStore{}, fallback.Settings{Failures: 1, OpenTimeout: time.Hour})
 		if err != nil {
@@ -226,7 +226,9 @@ func BenchmarkWrapperThroughput(b *testing.B) {
 			b.ReportMetric(float64(fb.Stats().Degraded), "degraded")
 		}
 	}
-	prefix := func(name string) ratelimit.Option { return ratelimit.WithPrefix("bench-" + name + ":") }
+	prefix := func(name string) ratelimit.RedisSettings {
+		return ratelimit.RedisSettings{Prefix: "bench-" + name + ":"}
+	}
 	b.Run("bare", func(b *testing.B) {
 		bench(b, mustRedisStore(newClient(b), prefix("bare")))
 	})

@@ -48,11 +48,11 @@
 //	if _, err := fallback.NewHealth(client, fallback.HealthSettings{}); err != nil { // once, before the blocks
 //		return err
 //	}
-//	redisStore, err := ratelimit.NewRedisStore(client)
+//	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{})
 //	if err != nil { return err }
 //	store, err := fallback.NewStore(redisStore, fallback.Settings{})
 //	if err != nil { return err }
-//	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second})
+//	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 //
 // Stores and Limiters are safe for concurrent use.
 package fallback

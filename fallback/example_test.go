@@ -27,7 +27,7 @@ func ExampleNewStore() {
 	if err != nil {
 		panic(err)
 	}
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.WithScope("api"))
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.Settings{Scope: "api"})
 	if err != nil {
 		panic(err)
 	}
@@ -50,8 +50,7 @@ func ExampleStore_failClosed() {
 	if err != nil {
 		panic(err)
 	}
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 5, Period: time.Minute},
-		ratelimit.WithScope("login"), ratelimit.WithFailMode(spillway.FailClosed))
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 5, Period: time.Minute}, ratelimit.Settings{Scope: "login", FailMode: spillway.FailClosed})
 	if err != nil {
 		panic(err)
 	}

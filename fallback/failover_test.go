@@ -43,7 +43,7 @@ type failoverSample struct {
 var daily = ratelimit.Policy{Limit: 1000, Period: 24 * time.Hour}
 
 func newFailoverRun(t *testing.T, store ratelimit.Store, n int) *failoverRun {
-	lim, err := ratelimit.New(store, daily, ratelimit.WithScope("api"))
+	lim, err := ratelimit.New(store, daily, ratelimit.Settings{Scope: "api"})
 	if err != nil {
 		t.Fatal(err)
 	}

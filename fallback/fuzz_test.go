@@ -160,7 +160,7 @@ func FuzzStoreOps(f *testing.F) {
 func runFuzzOps(t *testing.T, data []byte) {
 	r := &fuzzRun{t: t, clk: newFakeClock(), local: map[string]int64{}}
 	r.share = fuzzShares[int(data[0])%len(fuzzShares)]
-	r.inner = &faultyStore{inner: ratelimit.NewMemoryStore(ratelimit.WithClock(r.clk.Now))}
+	r.inner = &faultyStore{inner: ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: r.clk.Now})}
 	s := fallback.Settings{
 		Budget:      50 * time.Millisecond,
 		Failures:    uint32(data[1]%4) + 1,

@@ -715,7 +715,7 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 }
 
 // guardWith is guard; withDeadline false leaves the deadline out of the
-// context, for a call that passes it to a ratelimit.BoundedStore instead
+// context, for a call that passes it to a store's DecideBy instead
 // (no timer per call).
 func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Duration, withDeadline bool) guardScope {
 	sc := guardScope{start: time.Now()}

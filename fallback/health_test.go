@@ -63,7 +63,7 @@ func TestSpentBudgetDecidesLocallyWithoutACall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inner := &countingStore{Store: ratelimit.NewMemoryStore()}
+	inner := &countingStore{Store: ratelimit.NewMemoryStore(ratelimit.MemorySettings{})}
 	var causes []error
 	// No ledger: the local decision below would otherwise be reconciled
 	// by a background pass after the first call that reaches the store,

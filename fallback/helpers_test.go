@@ -16,7 +16,7 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-// fakeClock is a settable clock shared by the Redis store (WithClock), the
+// fakeClock is a settable clock shared by the Redis store (its Clock), the
 // local share and the fallback, so decisions are exact.
 type fakeClock struct{ us atomic.Int64 }
 
@@ -71,12 +71,12 @@ func (b *bed) warm(t *testing.T) {
 
 // redisStore is the real Redis store over the proxy, on the fake clock.
 func (b *bed) redisStore() *ratelimit.RedisStore {
-	return mustRedisStore(b.client, ratelimit.WithClock(b.clock.Now))
+	return mustRedisStore(b.client, ratelimit.RedisSettings{Clock: b.clock.Now})
 }
 
 // directStore talks to the server without the proxy, for assertions.
 func (b *bed) directStore(t *testing.T) *ratelimit.RedisStore {
-	return mustRedisStore(b.srv.Client(t), ratelimit.WithClock(b.clock.Now))
+	return mustRedisStore(b.srv.Client(t), ratelimit.RedisSettings{Clock: b.clock.Now})
 }
 
 func (b *bed) fallback(t *testing.T, s fallback.Settings) *fallback.Store {
@@ -171,10 +171,10 @@ type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

@@ -7,10 +7,14 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/ratecore"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
 var _ ratelimit.Reserver = (*Store)(nil)
+
+// rateHooks are ratelimit's checks shared with this package only.
+var rateHooks = ratecore.Get[ratelimit.Item, *ratelimit.Hold]()
 
 // CanReserve reports whether Reserve can hold: nil when the inner and the
 // local store are both ratelimit.Reservers, else an error wrapping
@@ -40,7 +44,7 @@ func (s *Store) CanReserve() error {
 // Settle returns its error and the inner store releases the hold at its
 // TTL (the work is then not charged there). Reconcile carries back the
 // estimates of the holds made locally, as admitted, not their settled
-// costs. Bad input (see ratelimit.ValidateReserve) is an error and never
+// costs. Bad input (what ratelimit's stores reject before touching state) is an error and never
 // counts against the breaker; an inner store that is not a Reserver makes
 // every Reserve fail with ratelimit.ErrHoldUnsupported.
 func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
@@ -52,7 +56,7 @@ func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Du
 	if !ok {
 		return nil, fmt.Errorf("fallback: %w: local store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.local)
 	}
-	if err := ratelimit.ValidateReserve(items, ttl); err != nil {
+	if err := rateHooks.ValidateReserve(items, ttl); err != nil {
 		return nil, fmt.Errorf("fallback: %w", err)
 	}
 	if len(items) == 0 {
@@ -142,7 +146,7 @@ func (s *Store) reserveLocal(ctx context.Context, local ratelimit.Reserver, item
 				}
 			}
 		}
-		h = ratelimit.DeniedHold(out)
+		h = rateHooks.DeniedHold(out)
 	} else {
 		var err error
 		h, err = local.Reserve(ctx, scaled, ttl)

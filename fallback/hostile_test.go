@@ -86,9 +86,9 @@ func TestHostileStore(t *testing.T) {
 							return err
 						}
 					}
-					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.WithClock(now))}
+					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: now})}
 					var err error
-					st, err = fallback.NewStore(mustRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile:")),
+					st, err = fallback.NewStore(mustRedisStore(c.client, ratelimit.RedisSettings{Clock: now, Prefix: "hostile:"}),
 						fallback.Settings{Local: local, Clock: now, Budget: time.Second})
 					return err
 				},
@@ -148,13 +148,12 @@ func TestHostileLimiter(t *testing.T) {
 							return err
 						}
 					}
-					inner, err := ratelimit.New(mustRedisStore(c.client, ratelimit.WithClock(now), ratelimit.WithPrefix("hostile-lim:")),
-						ratelimit.Policy{Limit: 10, Period: time.Hour})
+					inner, err := ratelimit.New(mustRedisStore(c.client, ratelimit.RedisSettings{Clock: now, Prefix: "hostile-lim:"}), ratelimit.Policy{Limit: 10, Period: time.Hour}, ratelimit.Settings{})
 					if err != nil {
 						return err
 					}
-					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.WithClock(now))}
-					loc, err := ratelimit.New(local, ratelimit.Policy{Limit: 2, Period: time.Hour})
+					local = &recStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: now})}
+					loc, err := ratelimit.New(local, ratelimit.Policy{Limit: 2, Period: time.Hour}, ratelimit.Settings{})
 					if err != nil {
 						return err
 					}

@@ -84,7 +84,7 @@ func TestSettingsValidation(t *testing.T) {
 	if _, err := NewLimiter(nil, nil, Settings{}); err == nil || err.Error() != "fallback: inner limiter is nil" {
 		t.Fatalf("NewLimiter(nil) = %v; want fallback: inner limiter is nil", err)
 	}
-	if _, err := NewStore(ratelimit.NewMemoryStore(), Settings{Budget: -1}); err == nil || !strings.Contains(err.Error(), "budget") {
+	if _, err := NewStore(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{Budget: -1}); err == nil || !strings.Contains(err.Error(), "budget") {
 		t.Fatalf("NewStore with a negative budget = %v; want an error naming the budget", err)
 	}
 }

@@ -27,8 +27,7 @@ import (
 //
 // Settings.DenyCacheSize, LedgerSize and Local do not apply: the wrapper
 // knows nothing of the inner limiter's keys. Build the local limiter with
-// the share yourself, e.g. ratelimit.New(ratelimit.NewMemoryStore(),
-// fallback.ScalePolicy(p, 0.2)).
+// the share yourself, e.g. ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), // fallback.ScalePolicy(p, 0.2), ratelimit.Settings{}).
 //
 // A Limiter is safe for concurrent use.
 type Limiter struct {

@@ -42,7 +42,7 @@ func TestLimiterBudgetBreakerProbes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		inner := &slowLimiter{}
 		inner.delay.Store(int64(time.Second)) // far over the budget
-		local, err := ratelimit.New(ratelimit.NewMemoryStore(), fallback.ScalePolicy(hourly, 0.2), ratelimit.WithScope("local"))
+		local, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), fallback.ScalePolicy(hourly, 0.2), ratelimit.Settings{Scope: "local"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -31,7 +31,7 @@ func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	var overload, other atomic.Int64
-	st, err := fallback.NewStore(mustRedisStore(client, ratelimit.WithClock(b.clock.Now)), fallback.Settings{
+	st, err := fallback.NewStore(mustRedisStore(client, ratelimit.RedisSettings{Clock: b.clock.Now}), fallback.Settings{
 		Health: h, Budget: 40 * time.Millisecond, Clock: b.clock.Now,
 		OnDegraded: func(e fallback.DegradedEvent) {
 			if errors.Is(e.Cause, spillway.ErrBudgetSpent) {

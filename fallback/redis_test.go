@@ -343,7 +343,7 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := ratelimit.New(st, ratelimit.Policy{Limit: 1_000_000, Period: time.Second}, ratelimit.WithScope("api"))
+	lim, err := ratelimit.New(st, ratelimit.Policy{Limit: 1_000_000, Period: time.Second}, ratelimit.Settings{Scope: "api"})
 	if err != nil {
 		t.Fatal(err)
 	}

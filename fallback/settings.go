@@ -113,7 +113,7 @@ type Settings struct {
 	// spillway.FailClosed the request is denied with
 	// spillway.ReasonFailClosed (a 503). A Store fails an item closed when
 	// the item's own mode (ratelimit.Item.Fail, set per rule by tiers or
-	// per limiter by ratelimit.WithFailMode) or this one says so; a
+	// per limiter by ratelimit.Settings.FailMode) or this one says so; a
 	// Limiter, which sees no items, uses this one.
 	Fail spillway.FailMode
 

@@ -37,7 +37,7 @@ func newShareBed(t *testing.T, hs fallback.HealthSettings) *shareBed {
 	if _, err := fallback.NewHealth(client, hs); err != nil {
 		t.Fatal(err)
 	}
-	rstore, err := ratelimit.NewRedisStore(client)
+	rstore, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func newShareBed(t *testing.T, hs fallback.HealthSettings) *shareBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rate, err := ratelimit.New(store, ratelimit.Policy{Limit: 50, Period: time.Hour}, ratelimit.WithScope("per_ip"))
+	rate, err := ratelimit.New(store, ratelimit.Policy{Limit: 50, Period: time.Hour}, ratelimit.Settings{Scope: "per_ip"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 // reconcile in front of another store (a ratelimit.RedisStore, typically).
 // While the store cannot answer, a batch with a fail-closed item
 // (ratelimit.Item.Fail, which tiers sets from each rule's `fail:` and
-// ratelimit.WithFailMode per limiter; or Settings.Fail for every item) is
+// ratelimit.Settings.FailMode per limiter; or Settings.Fail for every item) is
 // denied, its fail-closed items with spillway.ReasonFailClosed; other
 // batches are decided by the local share.
 // Its Decide never returns the inner store's errors: a failed or refused
@@ -53,7 +53,7 @@ import (
 // A Store is safe for concurrent use.
 type Store struct {
 	inner   ratelimit.Store
-	bounded ratelimit.BoundedStore // inner, when it takes a deadline apart from the context
+	bounded boundedStore // inner, when it takes a deadline apart from the context
 	local   ratelimit.Store
 	set     Settings
 	br      *Health
@@ -70,6 +70,13 @@ type Store struct {
 	reconciling atomic.Bool
 	retryAt     atomic.Int64 // Unix ns before which no reconcile pass starts by itself (keys left pending)
 	stats       storeStats
+}
+
+// boundedStore is a store that bounds one Decide by a deadline given apart
+// from the context (ratelimit.RedisStore.DecideBy): no timer per call.
+type boundedStore interface {
+	ratelimit.Store
+	DecideBy(ctx context.Context, deadline time.Time, items []ratelimit.Item, out []spillway.Decision) (bool, error)
 }
 
 var _ ratelimit.Store = (*Store)(nil)
@@ -125,7 +132,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if _, mem := inner.(*ratelimit.MemoryStore); mem {
 		st.direct = true // never waits
 	}
-	st.bounded, _ = inner.(ratelimit.BoundedStore)
+	st.bounded, _ = inner.(boundedStore)
 	if g, ok := inner.(interface{ SetGate(gate func() bool) }); ok {
 		// The store's calls after admission (settles sent in the
 		// background) go out only while the health is closed.
@@ -134,7 +141,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	}
 	st.local = s.Local
 	if st.local == nil {
-		st.local = ratelimit.NewMemoryStore(ratelimit.WithClock(s.Clock), ratelimit.WithMaxKeys(1<<16))
+		st.local = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: s.Clock, MaxKeys: 1 << 16})
 	}
 	if s.DenyCacheSize > 0 {
 		st.cache = newDenyCache(s.DenyCacheSize)
@@ -220,7 +227,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	}
 	// The breaker inline rather than through Health.call: no closure to
 	// allocate on the hot path, and no context when the breaker is open or
-	// the request's budget is spent. A BoundedStore (a RedisStore) takes
+	// the request's budget is spent. A boundedStore (a RedisStore) takes
 	// the budget's deadline as an argument: no context, and no timer, per
 	// call.
 	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)

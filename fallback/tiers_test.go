@@ -180,7 +180,7 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := fallback.NewStore(plainInner{ratelimit.NewMemoryStore()}, fallback.Settings{})
+	st, err := fallback.NewStore(plainInner{ratelimit.NewMemoryStore(ratelimit.MemorySettings{})}, fallback.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 	if err == nil || err.Error() != want || !errors.Is(err, ratelimit.ErrHoldUnsupported) {
 		t.Fatalf("tiers.New = %v\nwant %s", err, want)
 	}
-	ok, err := fallback.NewStore(ratelimit.NewMemoryStore(), fallback.Settings{})
+	ok, err := fallback.NewStore(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), fallback.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -214,7 +214,7 @@ func New(client redis.UniversalClient, name string, limit int64, window time.Dur
 		return nil, fmt.Errorf("globalceiling: New: %w", err)
 	}
 	c := &Ceiling{client: client, name: name, limit: limit, window: window, o: o,
-		charge: lua.CeilingCharge().Hash(), synced: o.clock(), syncSem: make(chan struct{}, 1),
+		charge: lua.Script("ceiling_charge").Hash(), synced: o.clock(), syncSem: make(chan struct{}, 1),
 		shares: share.Of(client)}
 	for j := 0; j < o.shards; j++ {
 		c.entities = append(c.entities, name+":"+strconv.Itoa(j))
@@ -442,7 +442,7 @@ func (c *Ceiling) admitExact(ctx context.Context, now time.Time, p spillway.Prio
 	// may have been denied too (undershoot), never admitted beyond.
 	c.writes.Add(1)
 	c.roundTrips.Add(1)
-	if err := lua.CeilingRefund().Run(ctx, c.client, []string{c.Key(w, i)}, cost).Err(); err != nil {
+	if err := lua.Script("ceiling_refund").Run(ctx, c.client, []string{c.Key(w, i)}, cost).Err(); err != nil {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: refund: %w", err)
 	}
 	return c.decision(false, p, max(total-cost, 0), end, now), nil
@@ -457,7 +457,7 @@ var errNoScript = errors.New("globalceiling: NOSCRIPT")
 func (c *Ceiling) withScript(ctx context.Context, f func() error) error {
 	err := f()
 	if errors.Is(err, errNoScript) {
-		if lerr := lua.CeilingCharge().Load(ctx, c.client).Err(); lerr != nil {
+		if lerr := lua.Script("ceiling_charge").Load(ctx, c.client).Err(); lerr != nil {
 			return fmt.Errorf("globalceiling: load script: %w", lerr)
 		}
 		err = f()
@@ -575,7 +575,7 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 		i := c.o.intn(c.o.shards)
 		c.writes.Add(1)
 		c.roundTrips.Add(1)
-		err := lua.CeilingCharge().Run(ctx, c.client, []string{c.keysOf(cw)[i]}, cost, c.ttlMS).Err()
+		err := lua.Script("ceiling_charge").Run(ctx, c.client, []string{c.keysOf(cw)[i]}, cost, c.ttlMS).Err()
 		c.mu.Lock()
 		if c.cur.w == cw {
 			if err != nil {

@@ -249,7 +249,7 @@ func TestOlderSyncNeverOverwritesNewer(t *testing.T) {
 			defer c.Close()
 			// The script is loaded, so sync A is not held on a NOSCRIPT
 			// reply before its flush has landed.
-			if err := lua.CeilingCharge().Load(ctx, rdb).Err(); err != nil {
+			if err := lua.Script("ceiling_charge").Load(ctx, rdb).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for i := 0; i < 100; i++ {
@@ -348,11 +348,11 @@ func TestChargeScriptRepliesExactCounts(t *testing.T) {
 		if err := rdb.Set(ctx, "k", c.start, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		n, err := lua.CeilingCharge().Run(ctx, rdb, []string{"k"}, c.add, 60000).Int64()
+		n, err := lua.Script("ceiling_charge").Run(ctx, rdb, []string{"k"}, c.add, 60000).Int64()
 		if err != nil || n != c.want {
 			t.Fatalf("charge %d on %d: %d %v, want %d", c.add, c.start, n, err, c.want)
 		}
-		back, err := lua.CeilingRefund().Run(ctx, rdb, []string{"k"}, c.add).Int64()
+		back, err := lua.Script("ceiling_refund").Run(ctx, rdb, []string{"k"}, c.add).Int64()
 		if err != nil || back != c.start {
 			t.Fatalf("refund %d from %d: %d %v, want %d", c.add, c.want, back, err, c.start)
 		}
@@ -360,7 +360,7 @@ func TestChargeScriptRepliesExactCounts(t *testing.T) {
 	if err := rdb.Set(ctx, "k", math.MaxInt64, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := lua.CeilingCharge().Run(ctx, rdb, []string{"k"}, 1, 60000).Err(); err == nil || !strings.Contains(err.Error(), "overflow") {
+	if err := lua.Script("ceiling_charge").Run(ctx, rdb, []string{"k"}, 1, 60000).Err(); err == nil || !strings.Contains(err.Error(), "overflow") {
 		t.Fatalf("charge past MaxInt64: %v, want an overflow error", err)
 	}
 	if v, _ := rdb.Get(ctx, "k").Int64(); v != math.MaxInt64 {

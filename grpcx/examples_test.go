@@ -14,7 +14,7 @@ import (
 )
 
 func ExampleUnaryServerInterceptor() {
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 100, Period: time.Second})
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 	if err != nil {
 		panic(err)
 	}

@@ -134,7 +134,7 @@ func callGenerate(t *testing.T, conn *grpc.ClientConn, chunks int, estimate stri
 }
 
 func TestStreamSettlesInSteps(t *testing.T) {
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: 1000, Period: time.Hour})
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Algorithm: ratelimit.TokenBucket, Limit: 1000, Period: time.Hour}, ratelimit.Settings{})
 	require.NoError(t, err)
 	hl := &holdLimiter{lim: lim}
 	conn := startGenerate(t, hl, grpcx.ServerSettings{EstimateMetadata: "X-Estimate"})

@@ -27,7 +27,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		return spillway.Decision{Allowed: true, Limiter: "l", Limit: 100, Remaining: 99, ResetAfter: time.Second}, spillway.Noop, nil
 	})
 	rs := redistest.Start(b)
-	rl, err := ratelimit.New(mustRedisStore(rs.Client(b)), ratelimit.Policy{Limit: 1_000_000, Period: time.Second})
+	rl, err := ratelimit.New(mustRedisStore(rs.Client(b)), ratelimit.Policy{Limit: 1_000_000, Period: time.Second}, ratelimit.Settings{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func (h holdPerKey) Admit(ctx context.Context, r *spillway.Request) (spillway.De
 //	go test -run '^$' -bench MiddlewareReserveSettle -benchtime 20000x ./httpx
 func BenchmarkMiddlewareReserveSettle(b *testing.B) {
 	rs := redistest.Start(b)
-	rl, err := ratelimit.New(mustRedisStore(rs.Client(b)), ratelimit.Policy{Limit: 1_000_000, Period: time.Second})
+	rl, err := ratelimit.New(mustRedisStore(rs.Client(b)), ratelimit.Policy{Limit: 1_000_000, Period: time.Second}, ratelimit.Settings{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 // shed request must be given back, or the next request would get 429.
 func TestRealChainOverRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	rl, err := ratelimit.New(mustRedisStore(rs.Client(t)), ratelimit.Policy{Limit: 3, Period: time.Minute}, ratelimit.WithScope("per_ip"))
+	rl, err := ratelimit.New(mustRedisStore(rs.Client(t)), ratelimit.Policy{Limit: 3, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	require.NoError(t, err)
 	conc, err := concurrency.New(concurrency.NewMemoryStore(), 1, concurrency.WithName("inflight"))
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestRedisDownFailOpenAndClosed(t *testing.T) {
 	fallback.TuneOptions(opt) // fail fast instead of go-redis's patient retries
 	client := redis.NewClient(opt)
 	t.Cleanup(func() { client.Close() })
-	rl, err := ratelimit.New(mustRedisStore(client), ratelimit.Policy{Limit: 10, Period: time.Minute}, ratelimit.WithScope("per_ip"))
+	rl, err := ratelimit.New(mustRedisStore(client), ratelimit.Policy{Limit: 10, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	require.NoError(t, err)
 	lim := ratelimit.PerKey(rl, spillway.DimIP)
 
@@ -90,10 +90,10 @@ func TestRedisDownFailOpenAndClosed(t *testing.T) {
 	require.Equal(t, 2, errs)
 }
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 func ExampleMiddleware() {
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 2, Period: time.Minute}, ratelimit.WithScope("per_ip"))
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 2, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	if err != nil {
 		panic(err)
 	}

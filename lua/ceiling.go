@@ -13,14 +13,10 @@ var (
 	ceilingRefundSrc string
 )
 
+// ceilingCharge increments one shard of a global-ceiling counter and gives
+// a new counter its TTL. See ceiling_charge.lua.
 var ceilingCharge = redis.NewScript(ceilingChargeSrc)
 
-// CeilingCharge increments one shard of a global-ceiling counter and gives
-// a new counter its TTL. See ceiling_charge.lua.
-func CeilingCharge() *redis.Script { return ceilingCharge }
-
-var ceilingRefund = redis.NewScript(ceilingRefundSrc)
-
-// CeilingRefund takes back a charge after a denied admission, without ever
+// ceilingRefund takes back a charge after a denied admission, without ever
 // creating a counter. See ceiling_refund.lua.
-func CeilingRefund() *redis.Script { return ceilingRefund }
+var ceilingRefund = redis.NewScript(ceilingRefundSrc)

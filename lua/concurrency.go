@@ -9,10 +9,8 @@ import (
 //go:embed concurrency_acquire.lua
 var concurrencyAcquireSrc string
 
-var concurrencyAcquire = redis.NewScript(concurrencyAcquireSrc)
-
-// ConcurrencyAcquire admits one request of cost c into a per-key in-flight
+// concurrencyAcquire admits one request of cost c into a per-key in-flight
 // sorted set (Stripe's concurrent-request limiter, weighted): the request
 // holds c members, its id and id#1 … id#(c-1). See concurrency_acquire.lua
 // for KEYS, ARGV and the reply. Release is a plain ZREM of those members.
-func ConcurrencyAcquire() *redis.Script { return concurrencyAcquire }
+var concurrencyAcquire = redis.NewScript(concurrencyAcquireSrc)

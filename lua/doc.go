@@ -1,8 +1,9 @@
 // Package lua holds spillway's Redis scripts: one .lua file per script,
-// embedded with go:embed. The package exports no variables: each script
-// is returned by a func of its name (RateLimitBatch(), …), one
-// *redis.Script per script, built once (run with go-redis Script.Run:
-// EVALSHA, with an EVAL fallback on NOSCRIPT). Each file opens
+// embedded with go:embed. The package exports one func and no
+// variables: Script returns a script by the name of its file
+// (Script("ratelimit_hold")), one *redis.Script per script, built once
+// (run with go-redis Script.Run: EVALSHA, with an EVAL fallback on
+// NOSCRIPT). Each file opens
 // with its contract: KEYS, ARGV, the reply, and what it writes. Scripts
 // touch only the keys in KEYS, so they are safe on Redis Cluster as long as
 // a call's keys share a hash tag.

@@ -33,54 +33,40 @@ var (
 	ratelimitFixedSrc string
 )
 
+// rateLimitBatch decides N (key, policy, cost) items of every algorithm all
+// or nothing in one call (ratelimit_batch.lua).
 var rateLimitBatch = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitBatchSrc))
 
-// RateLimitBatch decides N (key, policy, cost) items of every algorithm all
-// or nothing in one call (ratelimit_batch.lua).
-func RateLimitBatch() *redis.Script { return rateLimitBatch }
-
+// rateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
+// the lean common path (ratelimit_token_bucket.lua).
 var rateLimitTokenBucket = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitTokenBucketSrc))
 
-// RateLimitTokenBucket decides one token-bucket / GCRA / leaky-bucket item:
-// the lean common path (ratelimit_token_bucket.lua).
-func RateLimitTokenBucket() *redis.Script { return rateLimitTokenBucket }
-
-var rateLimitBuckets = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitBucketsSrc))
-
-// RateLimitBuckets decides N items of the bucket family (token bucket, GCRA,
+// rateLimitBuckets decides N items of the bucket family (token bucket, GCRA,
 // leaky bucket) all or nothing in one call, with a smaller ARGV and reply
 // than RateLimitBatch: the lean path of a multi-item batch
 // (ratelimit_buckets.lua).
-func RateLimitBuckets() *redis.Script { return rateLimitBuckets }
+var rateLimitBuckets = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitBucketsSrc))
 
-var rateLimitFixed = redis.NewScript(ratelimitFixedSrc)
-
-// RateLimitFixed decides N fixed-window items all or nothing in one call
+// rateLimitFixed decides N fixed-window items all or nothing in one call
 // with the state, decisions and writes of RateLimitBatch, but one MGET, a
 // small ARGV and one reply value per item: the lean path of a batch of
 // fixed windows (ratelimit_fixed.lua).
-func RateLimitFixed() *redis.Script { return rateLimitFixed }
+var rateLimitFixed = redis.NewScript(ratelimitFixedSrc)
 
-var rateLimitRefund = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitRefundSrc))
-
-// RateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
+// rateLimitRefund undoes what RateLimitBatch or RateLimitBuckets charged,
 // for the Redis Cluster (Ring) path where one slot group was charged and
 // another denied: it restores the state from before the charge when the
 // key still holds what the charge wrote (ratelimit_refund.lua).
-func RateLimitRefund() *redis.Script { return rateLimitRefund }
+var rateLimitRefund = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitSubwindowsSrc + ratelimitRefundSrc))
 
+// rateLimitHold reserves N bucket-family items all or nothing and holds
+// their estimates under one hold id (ratelimit_hold.lua).
 var rateLimitHold = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitHoldSrc))
 
-// RateLimitHold reserves N bucket-family items all or nothing and holds
-// their estimates under one hold id (ratelimit_hold.lua).
-func RateLimitHold() *redis.Script { return rateLimitHold }
-
-var rateLimitSettle = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitSettleSrc))
-
-// RateLimitSettle replaces holds by their actual costs, at most once per
+// rateLimitSettle replaces holds by their actual costs, at most once per
 // hold, or cancels the holds of a Cluster reserve whose other slot group
 // was denied (ratelimit_settle.lua).
-func RateLimitSettle() *redis.Script { return rateLimitSettle }
+var rateLimitSettle = redis.NewScript(slotted(ratelimitHoldsSrc + ratelimitSettleSrc))
 
 var (
 	slotLine  = regexp.MustCompile(`(?m)^--   slots \w+: (.+)$`)

@@ -9,9 +9,7 @@ import (
 //go:embed shedder_fleet.lua
 var shedderFleetSrc string
 
-var shedderFleet = redis.NewScript(shedderFleetSrc)
-
-// ShedderFleet reports one server's in-flight work per priority and returns
+// shedderFleet reports one server's in-flight work per priority and returns
 // the fleet's (the fleet usage load shedder). See shedder_fleet.lua for
 // KEYS, ARGV and the reply.
-func ShedderFleet() *redis.Script { return shedderFleet }
+var shedderFleet = redis.NewScript(shedderFleetSrc)

@@ -29,9 +29,9 @@ func BenchmarkOneKey(b *testing.B) {
 		b.Run("memory/"+a.String(), func(b *testing.B) {
 			// A limit that never runs out, as in the x/time/rate case: both
 			// measure the allowed path.
-			l, err := New(NewMemoryStore(), benchPolicy(a))
+			l, err := New(NewMemoryStore(MemorySettings{}), benchPolicy(a), Settings{})
 			if a == SlidingWindowLog { // one entry per unit: keep the log short
-				l, err = New(NewMemoryStore(), Policy{Algorithm: a, Limit: 1000, Period: time.Millisecond})
+				l, err = New(NewMemoryStore(MemorySettings{}), Policy{Algorithm: a, Limit: 1000, Period: time.Millisecond}, Settings{})
 			}
 			if err != nil {
 				b.Fatal(err)
@@ -78,7 +78,7 @@ func BenchmarkOneKeyFixedClock(b *testing.B) {
 	t := time.Now()
 	ctx := context.Background()
 	b.Run("memory", func(b *testing.B) {
-		l, err := New(NewMemoryStore(WithClock(func() time.Time { return t })), benchPolicy(TokenBucket))
+		l, err := New(NewMemoryStore(MemorySettings{Clock: func() time.Time { return t }}), benchPolicy(TokenBucket), Settings{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func Benchmark10kKeys(b *testing.B) {
 	ctx := context.Background()
 	keys := benchKeyNames()
 	b.Run("memory", func(b *testing.B) {
-		l, err := New(NewMemoryStore(), benchPolicy(TokenBucket))
+		l, err := New(NewMemoryStore(MemorySettings{}), benchPolicy(TokenBucket), Settings{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -224,8 +224,8 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
-				st := NewMemoryStore()
-				l, err := New(st, Policy{Algorithm: a, Limit: 10, Period: time.Minute})
+				st := NewMemoryStore(MemorySettings{})
+				l, err := New(st, Policy{Algorithm: a, Limit: 10, Period: time.Minute}, Settings{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -19,8 +19,8 @@ func TestSlidingWindowBucketsState(t *testing.T) {
 	_, c := redisServer(t)
 	ctx := context.Background()
 	clk := newFakeClock(rt0) // rt0 is a whole second: sub-windows start on it
-	rs := mustRedisStore(c, WithClock(clk.Now))
-	mem := NewMemoryStore(WithClock(clk.Now))
+	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now})
+	mem := NewMemoryStore(MemorySettings{Clock: clk.Now})
 	p := Policy{Algorithm: SlidingWindowBuckets, Limit: 4, Period: time.Second, Buckets: 4, Mode: Conservative} // W = 250ms
 	h0 := rt0.UnixMicro() / 250_000
 	it := Item{Scope: "s", Key: "k", Policy: p}
@@ -158,7 +158,7 @@ func TestSlidingWindowBucketsCluster(t *testing.T) {
 				c := cl.Client(t)
 				c.AddHook(&freezeHook{raw: cl.Client(t)})
 				clock := newConfClock()
-				st := mustRedisStore(c, WithClock(clock.Now), WithPrefix(fmt.Sprintf("conf%d-%s:", i, dc.name)))
+				st := mustRedisStore(c, RedisSettings{Clock: clock.Now, Prefix: fmt.Sprintf("conf%d-%s:", i, dc.name)})
 				runSteps(t, st, clock, tab.policy, dc.decide, tab.steps)
 			})
 		}
@@ -166,8 +166,8 @@ func TestSlidingWindowBucketsCluster(t *testing.T) {
 	t.Run("refund", func(t *testing.T) {
 		c := cl.Client(t)
 		clk := newFakeClock(rt0)
-		s := mustRedisStore(c, WithClock(clk.Now), WithPrefix("swb-refund:"))
-		m := NewMemoryStore(WithClock(clk.Now))
+		s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: "swb-refund:"})
+		m := NewMemoryStore(MemorySettings{Clock: clk.Now})
 		p := Policy{Algorithm: SlidingWindowBuckets, Limit: 5, Period: time.Minute, Buckets: 6, Mode: Conservative}
 		// entities on different slots: a and b are charged, z (a cost
 		// above the limit) denies
@@ -219,7 +219,7 @@ func TestSlidingWindowBucketsWidths(t *testing.T) {
 	c.AddHook(&freezeHook{raw: srv.Client(t)}) // the periods are µs: keep the keys
 	ctx := context.Background()
 	clk := newFakeClock(rt0)
-	rs := mustRedisStore(c, WithClock(clk.Now))
+	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	// (Validate's L ≤ P and L·P ≤ 2^53 keep L below 2^27: 7 bytes are
 	// never used)
 	for _, L := range []int64{255, 256, 65535, 65536, 1 << 26} {

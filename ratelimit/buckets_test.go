@@ -149,9 +149,9 @@ func TestSlidingWindowBucketsConservativeNeverOverAdmits(t *testing.T) {
 	total := 0
 	for _, N := range []int64{4, 10, 60} {
 		now := int64(1_700_000_000_000_000)
-		store := NewMemoryStore(WithClock(func() time.Time { return time.UnixMicro(now) }))
+		store := NewMemoryStore(MemorySettings{Clock: func() time.Time { return time.UnixMicro(now) }})
 		p := Policy{Algorithm: SlidingWindowBuckets, Limit: limit, Period: periodUS * time.Microsecond, Buckets: N, Mode: Conservative}
-		lim, err := New(store, p)
+		lim, err := New(store, p, Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,7 @@ package ratelimit
 //		storeFactories = append(storeFactories, storeFactory{
 //			name: "redis",
 //			new: func(t *testing.T, now func() time.Time) Store {
-//				// a fresh, empty store whose clock is now (WithClock(now))
+//				// a fresh, empty store whose clock is now (its Clock is now)
 //			},
 //		})
 //	}
@@ -32,7 +32,7 @@ type storeFactory struct {
 // storeFactories lists the stores the conformance suite runs against.
 var storeFactories = []storeFactory{
 	{name: "memory", new: func(t *testing.T, now func() time.Time) Store {
-		return NewMemoryStore(WithClock(now))
+		return NewMemoryStore(MemorySettings{Clock: now})
 	}},
 }
 
@@ -233,7 +233,7 @@ var deciders = []struct {
 		return out[0], err
 	}},
 	{"limiter", func(ctx context.Context, st Store, scope, key string, p Policy, n int64) (spillway.Decision, error) {
-		l, err := New(st, p, WithScope(scope))
+		l, err := New(st, p, Settings{Scope: scope})
 		if err != nil {
 			return spillway.Decision{}, err
 		}

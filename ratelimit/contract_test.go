@@ -16,7 +16,7 @@ import (
 func TestPerKeyContract(t *testing.T) {
 	policy := ratelimit.Policy{Limit: 1000, Period: time.Hour}
 	instance := func(t *testing.T, store ratelimit.Store, brk func(*testing.T)) contracttest.Instance {
-		lim, err := ratelimit.New(store, policy, ratelimit.WithScope("contract"))
+		lim, err := ratelimit.New(store, policy, ratelimit.Settings{Scope: "contract"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,13 +32,13 @@ func TestPerKeyContract(t *testing.T) {
 	}
 	t.Run("memory", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-			return instance(t, ratelimit.NewMemoryStore(), nil)
+			return instance(t, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), nil)
 		}})
 	})
 	t.Run("redis", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 			c, brk := contracttest.Redis(t)
-			store, err := ratelimit.NewRedisStore(c)
+			store, err := ratelimit.NewRedisStore(c, ratelimit.RedisSettings{})
 			if err != nil {
 				t.Fatal(err)
 			}

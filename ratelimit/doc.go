@@ -2,9 +2,14 @@
 // with one of seven algorithms over a Store: a sharded in-process
 // MemoryStore, or a RedisStore shared by a fleet.
 //
+// Each constructor takes its own settings struct, whose zero value is the
+// default: New a Settings, NewMemoryStore a MemorySettings, NewRedisStore
+// a RedisSettings. A field of one cannot be passed to another.
+//
 // The shortest use:
 //
-//	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 100, Period: time.Second})
+//	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
+//	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 //	if err != nil { return err }                // the policy is invalid
 //	d, err := lim.Allow(ctx, clientIP)
 //	if err == nil && !d.Allowed {
@@ -56,7 +61,7 @@
 //
 // Only the bucket family holds (the windows return ErrHoldUnsupported). An
 // extra charge may put the key up to one Burst into debt, so the next
-// requests wait. A hold not settled within its TTL (WithHoldTTL) is released
+// requests wait. A hold not settled within its TTL (Settings.HoldTTL) is released
 // by the store on the next touch of its key; a settle is applied at most
 // once per hold, also when retried after a timeout (SettleAlreadySettled).
 // Reserver.Reserve holds a batch all or nothing; Hold.SettleEach settles it

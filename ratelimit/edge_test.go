@@ -38,8 +38,8 @@ func TestStoresAgreeAtTheEdge(t *testing.T) {
 			}
 		}
 		clk := newFakeClock(rt0)
-		mem := NewMemoryStore(WithClock(clk.Now))
-		red := mustRedisStore(rdb, WithClock(clk.Now), WithPrefix("edge:"))
+		mem := NewMemoryStore(MemorySettings{Clock: clk.Now})
+		red := mustRedisStore(rdb, RedisSettings{Clock: clk.Now, Prefix: "edge:"})
 		fw := Policy{Algorithm: FixedWindow, Limit: 5, Period: time.Second}
 		for _, cost := range []int64{burst + 1, 1<<53 + 1, 1 << 62, math.MaxInt64} {
 			batches := map[string][]Item{

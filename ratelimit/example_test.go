@@ -10,12 +10,11 @@ import (
 )
 
 // A fixed clock makes the examples' output exact; real code leaves
-// WithClock out.
+// Clock out.
 var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func Example() {
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start })),
-		ratelimit.Policy{Limit: 3, Period: time.Second}, ratelimit.WithScope("api"))
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return start }}), ratelimit.Policy{Limit: 3, Period: time.Second}, ratelimit.Settings{Scope: "api"})
 	if err != nil {
 		panic(err)
 	}
@@ -35,8 +34,8 @@ func Example() {
 
 func ExampleLimiter_AllowN() {
 	now := start
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return now }))
-	lim, _ := ratelimit.New(store, ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 10, Period: time.Second, Burst: 5})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }})
+	lim, _ := ratelimit.New(store, ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 10, Period: time.Second, Burst: 5}, ratelimit.Settings{})
 	ctx := context.Background()
 
 	d, _ := lim.AllowN(ctx, "user-42", 4) // cost 4 of a burst of 5
@@ -58,8 +57,7 @@ func ExampleLimiter_AllowN() {
 func ExampleLimiter_Schedule() {
 	// A leaky bucket used as a queue: up to 3 requests wait their turn,
 	// leaving one every 100ms, instead of being admitted at once.
-	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start })),
-		ratelimit.Policy{Algorithm: ratelimit.LeakyBucket, Limit: 10, Period: time.Second, Burst: 3})
+	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return start }}), ratelimit.Policy{Algorithm: ratelimit.LeakyBucket, Limit: 10, Period: time.Second, Burst: 3}, ratelimit.Settings{})
 	for i := 0; i < 4; i++ {
 		r, _ := lim.Schedule(context.Background(), "worker")
 		fmt.Printf("allowed=%v delay=%v retry_after=%v\n", r.Allowed, r.Delay, r.RetryAfter)
@@ -72,8 +70,7 @@ func ExampleLimiter_Schedule() {
 }
 
 func ExamplePerKey() {
-	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start })),
-		ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Minute}, ratelimit.WithScope("login"))
+	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return start }}), ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Minute}, ratelimit.Settings{Scope: "login"})
 	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP))
 	for i := 0; i < 3; i++ {
 		r := &spillway.Request{Endpoint: "/login", Priority: spillway.Critical}
@@ -94,7 +91,7 @@ func ExamplePerKey() {
 func ExampleMemoryStore_Decide() {
 	// Two tiers decided together, all or nothing: the per-user limit has
 	// room, the per-IP one does not, so nothing is charged.
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return start }))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return start }})
 	perIP := ratelimit.Policy{Limit: 1, Period: time.Second}
 	perUser := ratelimit.Policy{Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Period: time.Hour}
 	ctx := context.Background()
@@ -120,8 +117,7 @@ func ExampleLimiter_Reserve() {
 	// model generates) is known only after the work: hold an estimate,
 	// settle the actual count.
 	now := start
-	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return now })),
-		ratelimit.Policy{Limit: 1000, Period: time.Minute}, ratelimit.WithScope("tokens"), ratelimit.WithHoldTTL(2*time.Minute))
+	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }}), ratelimit.Policy{Limit: 1000, Period: time.Minute}, ratelimit.Settings{Scope: "tokens", HoldTTL: 2 * time.Minute})
 	ctx := context.Background()
 
 	h, _ := lim.Reserve(ctx, "key-42", 500) // the request may generate up to 500 tokens

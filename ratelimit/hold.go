@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/ratecore"
 )
 
 // Reserve-then-settle: a request whose cost is known only after the work
@@ -53,7 +54,7 @@ import (
 //     TAT − t > τ.
 
 // DefaultHoldTTL is how long a hold lives unsettled before the store
-// releases it, when the caller does not say (see WithHoldTTL).
+// releases it, when the caller does not say (see Settings.HoldTTL).
 const DefaultHoldTTL = time.Minute
 
 // MaxHoldTTL is the longest hold TTL accepted: 2^51 µs (about 71 years),
@@ -340,14 +341,8 @@ func settleCost(it *Item, actual int64) int64 {
 	return min(actual, it.Cost+2*it.Policy.EffectiveBurst())
 }
 
-// WithHoldTTL sets how long the limiter's holds (Reserve) live unsettled
-// before the store releases them (default DefaultHoldTTL; at least 1ms,
-// at most MaxHoldTTL). Make it longer than the longest piece of work a
-// hold covers: a hold released before its settle is not charged at all.
-func WithHoldTTL(ttl time.Duration) LimiterOption { return func(l *Limiter) { l.holdTTL = ttl } }
-
 // Reserve holds estimate units of key until the returned Hold is settled
-// with the actual cost (Hold.Settle) or its TTL passes (WithHoldTTL). The
+// with the actual cost (Hold.Settle) or its TTL passes (Settings.HoldTTL). The
 // reservation is decided like AllowN(ctx, key, estimate): the Hold's
 // Decision is what AllowN would say, and when it is not Allowed nothing is
 // held (estimate above Capacity is denied with
@@ -371,24 +366,28 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hol
 	return h, nil
 }
 
-// ValidateReserve reports what is wrong with a Reserver.Reserve of items
+func init() {
+	ratecore.Register(ratecore.Hooks[Item, *Hold]{ValidateReserve: validateReserve, DeniedHold: deniedHold})
+}
+
+// validateReserve reports what is wrong with a Reserver.Reserve of items
 // for ttl, as the stores do before touching any state: the errors of
 // Policy.Validate and of a negative cost, ErrHoldUnsupported for an
 // algorithm that cannot hold, ErrInvalidPolicy for Burst·T above 2^51 µs,
 // and a ttl out of range. A store that wraps another (a fallback) calls it
 // so that bad input is never mistaken for a failing backend.
-func ValidateReserve(items []Item, ttl time.Duration) error {
+func validateReserve(items []Item, ttl time.Duration) error {
 	if _, _, err := holdTTLOf(ttl); err != nil {
 		return err
 	}
 	return validateHold(items)
 }
 
-// DeniedHold returns a Hold that holds nothing, with these decisions (at
+// deniedHold returns a Hold that holds nothing, with these decisions (at
 // least one not allowed): what a store that wraps another returns when it
 // denies a reservation itself (a fail-closed rule while the backend is
 // down, say). Its Settle returns ErrNotHeld.
-func DeniedHold(decisions []spillway.Decision) *Hold {
+func deniedHold(decisions []spillway.Decision) *Hold {
 	return &Hold{dec: decisions}
 }
 

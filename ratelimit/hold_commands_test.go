@@ -52,7 +52,7 @@ func TestRedisHoldCommandCount(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	s := mustRedisStore(c, WithPrefix("cmds:"))
+	s := mustRedisStore(c, RedisSettings{Prefix: "cmds:"})
 	p := Policy{Limit: 100, Period: time.Hour}
 	step := func(what, want string, f func()) {
 		t.Helper()

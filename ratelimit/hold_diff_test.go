@@ -53,8 +53,8 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 	r := rand.New(rand.NewPCG(seed, 15))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("hdiff%d:", seed)
-	rs := mustRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
-	ms := NewMemoryStore(WithClock(clk.Now))
+	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
+	ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
 	ctx := context.Background()
 
 	type scope struct {

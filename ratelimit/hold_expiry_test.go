@@ -27,7 +27,7 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 		s    Store
 		c    redis.UniversalClient
 	}{
-		{"memory", NewMemoryStore(), nil},
+		{"memory", NewMemoryStore(MemorySettings{}), nil},
 		{"redis", mustRedisStore(srv.Client(t)), srv.Client(t)},
 		{"cluster", mustRedisStore(cl.Client(t)), cl.Client(t)},
 	}
@@ -45,7 +45,7 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 	runs := make([]*run, len(stores))
 	keys := []string{"decision", "peek", "reserve", "settle"}
 	for i, st := range stores {
-		l, err := New(st.s, p, WithScope("exp"), WithHoldTTL(ttl))
+		l, err := New(st.s, p, Settings{Scope: "exp", HoldTTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +60,7 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 			}
 			r.expired[k] = h
 		}
-		lt, err := New(st.s, p, WithScope("exp"), WithHoldTTL(time.Minute))
+		lt, err := New(st.s, p, Settings{Scope: "exp", HoldTTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

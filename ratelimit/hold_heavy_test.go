@@ -81,7 +81,7 @@ func redisState(ctx context.Context, c redis.UniversalClient, prefix string, it 
 func TestHoldConcurrentInvariant(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		clk := newFakeClock(rt0)
-		s := NewMemoryStore(WithClock(clk.Now))
+		s := NewMemoryStore(MemorySettings{Clock: clk.Now})
 		holdInvariant(t, []Reserver{s}, clk, func(it *Item) (keyState, error) { return memKeyState(s, it), nil })
 	})
 	t.Run("redis", func(t *testing.T) {
@@ -89,7 +89,7 @@ func TestHoldConcurrentInvariant(t *testing.T) {
 		clk := newFakeClock(rt0)
 		var stores []Reserver
 		for range 4 {
-			stores = append(stores, mustRedisStore(srv.Client(t), WithClock(clk.Now)))
+			stores = append(stores, mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now}))
 		}
 		holdInvariant(t, stores, clk, func(it *Item) (keyState, error) {
 			return redisState(context.Background(), c, "spillway:", it)
@@ -238,7 +238,7 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	ctx := context.Background()
 
 	dead := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	l := mustLimiter(t, mustRedisStore(dead, WithClock(clk.Now)), p, WithScope("gen"), WithHoldTTL(30*time.Second))
+	l := mustLimiter(t, mustRedisStore(dead, RedisSettings{Clock: clk.Now}), p, Settings{Scope: "gen", HoldTTL: 30 * time.Second})
 	for _, est := range []int64{40, 30} {
 		if h := mustReserve(t, l, "key", est); !h.Allowed() {
 			t.Fatalf("reserve %d: %+v", est, h.Decision())
@@ -253,7 +253,7 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	}
 	_ = dead.Close()
 
-	alive := mustLimiter(t, mustRedisStore(srv.Client(t), WithClock(clk.Now)), p, WithScope("gen"))
+	alive := mustLimiter(t, mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now}), p, Settings{Scope: "gen"})
 	wantDecision(t, "held by the dead", peek(t, alive, "key"), true, 10, 90*36*time.Second, 0)
 	clk.Add(30*time.Second - time.Microsecond)
 	if d := peek(t, alive, "key"); d.Remaining != 10 {
@@ -286,11 +286,11 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	clk := newFakeClock(rt0)
-	l := mustLimiter(t, mustRedisStore(c, WithClock(clk.Now)), Policy{Limit: 100, Period: time.Hour}, WithScope("retry"))
+	l := mustLimiter(t, mustRedisStore(c, RedisSettings{Clock: clk.Now}), Policy{Limit: 100, Period: time.Hour}, Settings{Scope: "retry"})
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
 	// timeout would never have run
-	for _, sc := range []*redis.Script{lua.RateLimitHold(), lua.RateLimitSettle(), lua.RateLimitTokenBucket()} {
+	for _, sc := range []*redis.Script{lua.Script("ratelimit_hold"), lua.Script("ratelimit_settle"), lua.Script("ratelimit_token_bucket")} {
 		if err := sc.Load(ctx, c).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -331,7 +331,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 		clk := newFakeClock(rt0)
 		var stores []Reserver
 		for range 4 {
-			stores = append(stores, mustRedisStore(cl.Client(t), WithClock(clk.Now)))
+			stores = append(stores, mustRedisStore(cl.Client(t), RedisSettings{Clock: clk.Now}))
 		}
 		c := cl.Client(t)
 		a, b := holdInvariantItems()
@@ -358,7 +358,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
 		c := cl.Client(t)
 		clk := newFakeClock(rt0)
-		s := mustRedisStore(c, WithClock(clk.Now), WithPrefix("cancel:"))
+		s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: "cancel:"})
 		p := Policy{Limit: 10, Period: time.Hour}
 		room := Item{Scope: "ip", Key: "198.51.100.7", Policy: p, Cost: 3}
 		full := Item{Scope: "user", Key: "u42", Policy: p, Cost: 10}
@@ -409,7 +409,7 @@ func TestRedisStoreHoldKeysExpire(t *testing.T) {
 	srv, c := redisServer(t)
 	_ = srv
 	ctx := context.Background()
-	l := mustLimiter(t, mustRedisStore(c), Policy{Limit: 1000, Period: time.Second}, WithScope("ttl"), WithHoldTTL(300*time.Millisecond))
+	l := mustLimiter(t, mustRedisStore(c), Policy{Limit: 1000, Period: time.Second}, Settings{Scope: "ttl", HoldTTL: 300 * time.Millisecond})
 	settled := mustReserve(t, l, "a", 5)
 	dropped := mustReserve(t, l, "b", 5)
 	mustSettle(t, settled, 2, SettleApplied)

@@ -211,7 +211,7 @@ func TestHoldLayoutVectorsRedis(t *testing.T) {
 		now := strconv.FormatInt(v.Now, 10)
 		switch v.Op {
 		case "decide":
-			wait, err := lua.RateLimitTokenBucket().Run(ctx, c, []string{key}, now, v.T, v.Tau, v.N).Int64()
+			wait, err := lua.Script("ratelimit_token_bucket").Run(ctx, c, []string{key}, now, v.T, v.Tau, v.N).Int64()
 			if err != nil {
 				t.Fatalf("%s: %v", v.Name, err)
 			}
@@ -220,7 +220,7 @@ func TestHoldLayoutVectorsRedis(t *testing.T) {
 				t.Errorf("%s: the script replies wait %d (allowed %v), want %d %v", v.Name, wait, o.allowed, v.Wait, v.Allowed)
 			}
 		case "reserve":
-			r, err := lua.RateLimitHold().Run(ctx, c, []string{key}, now, 1, 1, v.TTL,
+			r, err := lua.Script("ratelimit_hold").Run(ctx, c, []string{key}, now, 1, 1, v.TTL,
 				v.T, v.Tau, v.N, holdName(v.Member, v.N)).Int64Slice()
 			if err != nil || len(r) != 3 {
 				t.Fatalf("%s: %v %v", v.Name, r, err)
@@ -229,7 +229,7 @@ func TestHoldLayoutVectorsRedis(t *testing.T) {
 				t.Errorf("%s: the hold script replies %v, want wait %d allowed %v", v.Name, r, v.Wait, v.Allowed)
 			}
 		case "settle":
-			r, err := lua.RateLimitSettle().Run(ctx, c, []string{key}, now, 0,
+			r, err := lua.Script("ratelimit_settle").Run(ctx, c, []string{key}, now, 0,
 				v.T, v.Tau, v.Est, v.Actual, holdName(v.Member, v.Est), v.End).Int64Slice()
 			if err != nil || len(r) != 1 {
 				t.Fatalf("%s: %v %v", v.Name, r, err)

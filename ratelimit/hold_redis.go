@@ -276,11 +276,11 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 		// runs them first): one script call for both
 		calls := s.settleCalls(settles) // one: a single server
 		k, a := calls[0].ride(keys, args)
-		res, err = lua.RateLimitHold().Run(ctx, s.client, k, a...).Result()
+		res, err = lua.Script("ratelimit_hold").Run(ctx, s.client, k, a...).Result()
 		res = calls[0].split(ctx, res, err)
 		s.deliverSettles(ctx, settles, calls)
 	} else {
-		res, err = lua.RateLimitHold().Run(ctx, s.client, keys, args...).Result()
+		res, err = lua.Script("ratelimit_hold").Run(ctx, s.client, keys, args...).Result()
 	}
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: hold script: %w", err)
@@ -378,7 +378,7 @@ func (s *RedisStore) runSettle(ctx context.Context, h *Hold, cancel bool, g *gro
 	if len(idx) == 0 {
 		return nil
 	}
-	r, err := lua.RateLimitSettle().Run(ctx, s.client, keys, args...).Result()
+	r, err := lua.Script("ratelimit_settle").Run(ctx, s.client, keys, args...).Result()
 	if err != nil {
 		return fmt.Errorf("ratelimit: redis: settle script: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 )
 
 // The hold suite runs against a RedisStore on a real redis-server of its
-// own, with the suite's clock (WithClock) and the conformance suite's
+// own, with the suite's clock (its Clock) and the conformance suite's
 // freezeHook (the fake clock stands still while Redis expires keys in real
 // time).
 func init() {
@@ -18,7 +18,7 @@ func init() {
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			c.AddHook(&freezeHook{raw: srv.Client(t)})
-			return mustRedisStore(c, WithClock(now))
+			return mustRedisStore(c, RedisSettings{Clock: now})
 		},
 	})
 }

@@ -15,7 +15,7 @@ import (
 // hold_redis_test.go.
 var holdFactories = []storeFactory{
 	{name: "memory", new: func(t *testing.T, now func() time.Time) Store {
-		return NewMemoryStore(WithClock(now))
+		return NewMemoryStore(MemorySettings{Clock: now})
 	}},
 }
 
@@ -73,7 +73,7 @@ func TestHoldSteps(t *testing.T) {
 	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
 		ctx := context.Background()
 		// T = 100ms, τ = 500ms
-		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, WithScope("steps"), WithHoldTTL(2*time.Second))
+		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, Settings{Scope: "steps", HoldTTL: 2 * time.Second})
 		h := mustReserve(t, l, "k", 3)
 		wantDecision(t, "reserve 3", h.Decision(), true, 2, ms(300), 0)
 		if h.Decision().Window != l.Policy().Window() || h.Decision().Limit != 5 || h.ID() == "" || h.TTL() != 2*time.Second {
@@ -129,7 +129,7 @@ func TestHoldFixedZeroKeepsMark(t *testing.T) {
 	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
 		ctx := context.Background()
 		// T = 100ms, τ = 500ms
-		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, WithScope("fz"), WithHoldTTL(2*time.Second))
+		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, Settings{Scope: "fz", HoldTTL: 2 * time.Second})
 		for _, key := range []string{"fixed", "plain"} {
 			h := mustReserve(t, l, key, 0)
 			mustSettle(t, h, 9, SettleApplied) // a debt: TAT = 900ms, marked
@@ -159,7 +159,7 @@ func TestHoldFixedZeroKeepsMark(t *testing.T) {
 func TestHoldExpires(t *testing.T) {
 	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
 		// T = 1s, τ = 10s: a charge drains far slower than the hold expires
-		l := mustLimiter(t, s, Policy{Limit: 10, Period: 10 * time.Second}, WithScope("exp"), WithHoldTTL(2*time.Second))
+		l := mustLimiter(t, s, Policy{Limit: 10, Period: 10 * time.Second}, Settings{Scope: "exp", HoldTTL: 2 * time.Second})
 		h := mustReserve(t, l, "k", 6)
 		wantDecision(t, "reserve 6", h.Decision(), true, 4, ms(6000), 0)
 		kept := mustReserve(t, l, "k", 1) // settled in time: not released
@@ -237,7 +237,7 @@ func TestHoldBadInput(t *testing.T) {
 	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
 		ctx := context.Background()
 		p := Policy{Limit: 10, Period: time.Second, Burst: 5}
-		l := mustLimiter(t, s, p, WithScope("bad"))
+		l := mustLimiter(t, s, p, Settings{Scope: "bad"})
 		for _, est := range []int64{-1, math.MinInt64} {
 			if _, err := l.Reserve(ctx, "k", est); !errors.Is(err, ErrInvalidCost) {
 				t.Fatalf("estimate %d: %v", est, err)
@@ -284,10 +284,10 @@ func TestHoldBadInput(t *testing.T) {
 				t.Fatalf("ttl %v: no error", ttl)
 			}
 		}
-		if _, err := New(s, p, WithHoldTTL(time.Microsecond)); err == nil {
-			t.Fatal("WithHoldTTL(1µs): no error")
+		if _, err := New(s, p, Settings{HoldTTL: time.Microsecond}); err == nil {
+			t.Fatal("HoldTTL 1µs: no error")
 		}
-		if _, err := mustLimiter(t, wrappedStore{NewMemoryStore()}, p).Reserve(ctx, "k", 1); !errors.Is(err, ErrHoldUnsupported) {
+		if _, err := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{})}, p).Reserve(ctx, "k", 1); !errors.Is(err, ErrHoldUnsupported) {
 			t.Fatalf("store without holds: %v", err)
 		}
 	})

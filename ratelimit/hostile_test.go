@@ -99,13 +99,13 @@ func warmOf(p Policy) int64 {
 var hostileT0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
 
 func memorySubject(p Policy, bystander bool) hostiletest.Subject {
-	return storeSubject(func() Store { return NewMemoryStore(WithClock(func() time.Time { return hostileT0 })) },
+	return storeSubject(func() Store { return NewMemoryStore(MemorySettings{Clock: func() time.Time { return hostileT0 }}) },
 		func(s Store) (string, error) { return memState(s.(*MemoryStore)), nil }, p, bystander)
 }
 
 func redisSubject(c redis.UniversalClient, prefix string, p Policy, bystander bool) hostiletest.Subject {
 	s := storeSubject(func() Store {
-		return mustRedisStore(c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+		return mustRedisStore(c, RedisSettings{Clock: func() time.Time { return hostileT0 }, Prefix: prefix})
 	},
 		func(Store) (string, error) { return hostiletest.RedisState(context.Background(), c, prefix+"*") }, p, bystander)
 	s.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, c, prefix+"*") }
@@ -145,7 +145,7 @@ func TestHostileStores(t *testing.T) {
 	// denied reservation holds nothing.
 	for name, p := range holdPolicies() {
 		t.Run("reserve/"+name, func(t *testing.T) {
-			memMk := func() Store { return NewMemoryStore(WithClock(func() time.Time { return hostileT0 })) }
+			memMk := func() Store { return NewMemoryStore(MemorySettings{Clock: func() time.Time { return hostileT0 }}) }
 			memSt := func(s Store) (string, error) { return memState(s.(*MemoryStore)), nil }
 			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, reserveSubject(memMk, memSt, p)) })
 			for _, r := range []struct {
@@ -154,7 +154,7 @@ func TestHostileStores(t *testing.T) {
 			}{{"redis", node}, {"cluster", cluster}} {
 				const prefix = "hostile-hold:"
 				mk := func() Store {
-					return mustRedisStore(r.c, WithClock(func() time.Time { return hostileT0 }), WithPrefix(prefix))
+					return mustRedisStore(r.c, RedisSettings{Clock: func() time.Time { return hostileT0 }, Prefix: prefix})
 				}
 				red := reserveSubject(mk, func(Store) (string, error) { return hostiletest.RedisState(context.Background(), r.c, prefix+"*") }, p)
 				red.Reset = func(ctx context.Context) error { return hostiletest.RedisDelete(ctx, r.c, prefix+"*") }
@@ -215,7 +215,7 @@ func limiterSubject(mk func() Store, state func(Store) (string, error), p Policy
 	var l *Limiter
 	reset := func() {
 		var err error
-		if l, err = New(mk(), p, WithScope("lim")); err != nil {
+		if l, err = New(mk(), p, Settings{Scope: "lim"}); err != nil {
 			panic(err)
 		}
 	}
@@ -239,7 +239,7 @@ func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostilet
 	var st Store
 	reset := func() {
 		st = mk()
-		l, err := New(st, p, WithScope("dim"))
+		l, err := New(st, p, Settings{Scope: "dim"})
 		if err != nil {
 			panic(err)
 		}
@@ -264,15 +264,15 @@ func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostilet
 // allocation-free path) and Redis.
 func TestHostileLimiters(t *testing.T) {
 	node := redistest.Start(t).Client(t)
-	clock := WithClock(func() time.Time { return hostileT0 })
+	clock := func() time.Time { return hostileT0 }
 	for name, p := range hostilePolicies() {
 		t.Run(name, func(t *testing.T) {
 			var mem *MemoryStore
-			mkMem := func() Store { mem = NewMemoryStore(clock); return mem }
+			mkMem := func() Store { mem = NewMemoryStore(MemorySettings{Clock: clock}); return mem }
 			memState := func(Store) (string, error) { return memState(mem), nil }
 			mkRed := func() Store {
 				_ = hostiletest.RedisDelete(context.Background(), node, "hl:*")
-				return mustRedisStore(node, clock, WithPrefix("hl:"))
+				return mustRedisStore(node, RedisSettings{Clock: clock, Prefix: "hl:"})
 			}
 			redState := func(Store) (string, error) { return hostiletest.RedisState(context.Background(), node, "hl:*") }
 			t.Run("memory", func(t *testing.T) { hostiletest.Run(t, limiterSubject(mkMem, memState, p)) })
@@ -339,8 +339,8 @@ func FuzzRedisVsMemory(f *testing.F) {
 		ctx := context.Background()
 		prefix := fmt.Sprintf("fz%d:", run.Add(1))
 		defer hostiletest.RedisDelete(ctx, rdb, prefix+"*")
-		clock := WithClock(func() time.Time { return hostileT0 })
-		stores := [2]Store{NewMemoryStore(clock), mustRedisStore(rdb, clock, WithPrefix(prefix))}
+		clock := func() time.Time { return hostileT0 }
+		stores := [2]Store{NewMemoryStore(MemorySettings{Clock: clock}), mustRedisStore(rdb, RedisSettings{Clock: clock, Prefix: prefix})}
 		other := Policy{Algorithm: FixedWindow, Limit: 1000, Period: time.Hour}
 		batches := [][]Item{
 			{{Scope: "s", Key: "a", Policy: p, Cost: w}},

@@ -29,40 +29,19 @@ type Limiter struct {
 	hash    uint64 // the scope's hash in mem
 	fail    spillway.FailMode
 	window  time.Duration // policy.Window(), the Window of every decision
-	holdTTL time.Duration // WithHoldTTL: 0 means DefaultHoldTTL
-}
-
-// LimiterOption configures a Limiter.
-type LimiterOption func(*Limiter)
-
-// WithScope names the limiter: the scope under which its keys live in the
-// store (two limiters with different scopes keep separate state for the
-// same key) and the Limiter field of its decisions. The default scope is a
-// 6-character digest of the policy's String() (see DefaultScope), so that
-// a default key in Redis is only a few bytes longer than the user's key,
-// and two limiters with the same policy on the same store share state
-// unless named; the decisions of an unnamed limiter carry the policy's
-// String() ("token_bucket 100/1s burst 50"), readable where the digest is
-// not.
-func WithScope(scope string) LimiterOption {
-	return func(l *Limiter) { l.scope, l.name = scope, scope }
+	holdTTL time.Duration // Settings.HoldTTL: 0 means DefaultHoldTTL
 }
 
 // DefaultScope returns the scope of a Limiter of policy p made without
-// WithScope: the first 36 bits of the SHA-256 of p.String(), as 6
+// Settings.Scope: the first 36 bits of the SHA-256 of p.String(), as 6
 // base64url characters (e.g. "QmCX23" for "token_bucket 100/1s burst 50").
 func DefaultScope(p Policy) string { return keys.Digest(p.String()) }
 
-// WithFailMode sets what the limiter wants when its store cannot answer
-// (default spillway.FailOpen). Every item it sends carries the mode, so a
-// fallback.Store under it honours it; without such a store, the
-// *spillway.StoreError its Admit returns carries it to the adapter.
-func WithFailMode(m spillway.FailMode) LimiterOption { return func(l *Limiter) { l.fail = m } }
-
-// New returns a limiter applying p over store. It returns an error when
+// New returns a limiter applying p over store, configured by set (the
+// zero Settings: the defaults). It returns an error when
 // store is nil or p is invalid (the error wraps ErrInvalidPolicy and names
 // the field).
-func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
+func New(store Store, p Policy, set Settings) (*Limiter, error) {
 	if store == nil {
 		return nil, errors.New("ratelimit: store is nil")
 	}
@@ -73,11 +52,10 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(l)
-		}
+	if set.Scope != "" {
+		l.scope, l.name = set.Scope, set.Scope
 	}
+	l.fail, l.holdTTL = set.FailMode, set.HoldTTL
 	if !l.fail.Valid() {
 		return nil, fmt.Errorf("ratelimit: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(l.fail))
 	}
@@ -95,13 +73,13 @@ func New(store Store, p Policy, opts ...LimiterOption) (*Limiter, error) {
 	return l, nil
 }
 
-// FailMode returns the limiter's fail mode (see WithFailMode).
+// FailMode returns the limiter's fail mode (see Settings.FailMode).
 func (l *Limiter) FailMode() spillway.FailMode { return l.fail }
 
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() Policy { return l.policy }
 
-// Scope returns the limiter's scope (see WithScope).
+// Scope returns the limiter's scope (see Settings.Scope).
 func (l *Limiter) Scope() string { return l.scope }
 
 // Allow is shorthand for AllowN(ctx, key, 1).
@@ -117,7 +95,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, err
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
 // the policy's Capacity; Window is Policy.Window; Limiter is the scope
-// (WithScope), or the policy's String() when none was given.
+// (Settings.Scope), or the policy's String() when none was given.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
@@ -231,13 +209,13 @@ type dimensionLimiter struct {
 // Its state lives under the scope "<l's scope>:<dim>", so adapters over
 // different dimensions never share state; its decisions are named
 // "<l's name>:<dim>" (the name is the scope, or the policy's String() when
-// l has no WithScope). A request without the dimension is allowed without
+// l has no Settings.Scope). A request without the dimension is allowed without
 // being charged, with Limit 0 (a Chain then ignores it for headers) and the
 // Limiter name "<name>:<dim>:absent", so the gap is visible in telemetry;
 // put a limiter that denies such requests in front if that is wrong for
 // you. A nil or malformed request (spillway.Request.Valid) is denied with
 // spillway.ReasonInvalid. A store failure returns a *spillway.StoreError
-// carrying the limiter's fail mode (WithFailMode). Done is spillway.Noop: a
+// carrying the limiter's fail mode (Settings.FailMode). Done is spillway.Noop: a
 // rate limit has nothing to release.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
 	scope, name := l.scope+":"+dim, l.name+":"+dim

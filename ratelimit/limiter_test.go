@@ -14,7 +14,7 @@ import (
 )
 
 func TestNewValidates(t *testing.T) {
-	st := NewMemoryStore()
+	st := NewMemoryStore(MemorySettings{})
 	cases := []struct {
 		name  string
 		store Store
@@ -34,7 +34,7 @@ func TestNewValidates(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			l, err := New(c.store, c.p)
+			l, err := New(c.store, c.p, Settings{})
 			if err == nil || l != nil {
 				t.Fatalf("New accepted it: %v", l)
 			}
@@ -50,7 +50,7 @@ func TestNewValidates(t *testing.T) {
 
 func TestLimiterDefaults(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Second, Burst: 50}
-	l := mustLimiter(t, NewMemoryStore(), p)
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{}), p)
 	if l.Scope() != "QmCX23" || l.Scope() != DefaultScope(p) || l.Policy() != p {
 		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
 	}
@@ -64,7 +64,7 @@ func TestLimiterDefaults(t *testing.T) {
 	if d, _, err := PerKey(l, spillway.DimIP).Admit(context.Background(), r); err != nil || d.Limiter != "token_bucket 100/1s burst 50:ip" {
 		t.Fatalf("by dimension: %+v %v", d, err)
 	}
-	named := mustLimiter(t, NewMemoryStore(), p, WithScope("login"))
+	named := mustLimiter(t, NewMemoryStore(MemorySettings{}), p, Settings{Scope: "login"})
 	if d, _ := named.Allow(context.Background(), "k"); d.Limiter != "login" {
 		t.Fatalf("Limiter %q, want login", d.Limiter)
 	}
@@ -74,13 +74,13 @@ func TestLimiterDefaults(t *testing.T) {
 }
 
 func TestAllowNNegative(t *testing.T) {
-	l := mustLimiter(t, NewMemoryStore(), Policy{Limit: 1, Period: time.Second})
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Limit: 1, Period: time.Second})
 	_, err := l.AllowN(context.Background(), "k", -3)
 	if !errors.Is(err, ErrInvalidCost) || !strings.Contains(err.Error(), "n = -3 is negative") {
 		t.Fatalf("err = %v", err)
 	}
 	// The generic path (a store that is not a *MemoryStore) too.
-	g := mustLimiter(t, wrappedStore{NewMemoryStore()}, Policy{Limit: 1, Period: time.Second})
+	g := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{})}, Policy{Limit: 1, Period: time.Second})
 	if _, err := g.AllowN(context.Background(), "k", -1); !errors.Is(err, ErrInvalidCost) {
 		t.Fatalf("err = %v", err)
 	}
@@ -102,8 +102,8 @@ func (failingStore) Reset(context.Context, string, string, Policy) error { retur
 func TestLimiterGenericPathMatchesFastPath(t *testing.T) {
 	clock := newConfClock()
 	p := Policy{Limit: 3, Period: time.Second}
-	fast := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), p)
-	slow := mustLimiter(t, wrappedStore{NewMemoryStore(WithClock(clock.Now))}, p)
+	fast := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), p)
+	slow := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{Clock: clock.Now})}, p)
 	ctx := context.Background()
 	for i, n := range []int64{1, 0, 2, 1, 4} {
 		clock.Set(time.Duration(i) * ms(90))
@@ -116,7 +116,7 @@ func TestLimiterGenericPathMatchesFastPath(t *testing.T) {
 }
 
 func TestLimiterStoreErrors(t *testing.T) {
-	l := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, WithScope("s"))
+	l := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{Scope: "s"})
 	ctx := context.Background()
 	if _, err := l.Allow(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: backend down" {
 		t.Fatalf("Allow: %v", err)
@@ -129,7 +129,7 @@ func TestLimiterStoreErrors(t *testing.T) {
 	if !errors.Is(err, errBackend) || !errors.As(err, &se) || se.Fail != spillway.FailOpen || d != (spillway.Decision{}) || done == nil || err.Error() != "spillway: store unavailable (s:ip, fail open): backend down" {
 		t.Fatalf("Admit: %+v %v", d, err)
 	}
-	closed := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, WithScope("login"), WithFailMode(spillway.FailClosed))
+	closed := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{Scope: "login", FailMode: spillway.FailClosed})
 	if closed.FailMode() != spillway.FailClosed {
 		t.Fatalf("FailMode() = %v", closed.FailMode())
 	}
@@ -137,8 +137,8 @@ func TestLimiterStoreErrors(t *testing.T) {
 	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
 		t.Fatalf("fail-closed Admit: %v", err)
 	}
-	if _, err := New(failingStore{}, Policy{Limit: 1, Period: time.Second}, WithFailMode(5)); err == nil || err.Error() != "ratelimit: unknown fail mode 5 (want spillway.FailOpen or spillway.FailClosed)" {
-		t.Fatalf("WithFailMode(5): %v", err)
+	if _, err := New(failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{FailMode: 5}); err == nil || err.Error() != "ratelimit: unknown fail mode 5 (want spillway.FailOpen or spillway.FailClosed)" {
+		t.Fatalf("FailMode 5: %v", err)
 	}
 }
 
@@ -153,7 +153,7 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 	if err := closed.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l := mustLimiter(t, mustRedisStore(closed), p, WithScope("s"))
+	l := mustLimiter(t, mustRedisStore(closed), p, Settings{Scope: "s"})
 	if err := l.Reset(ctx, "k"); err == nil || err.Error() != `ratelimit: s: reset: redis: reset "spillway:s;{k}": redis: client is closed` {
 		t.Fatalf("Reset over a closed client: %v", err)
 	}
@@ -162,17 +162,17 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 		t.Fatalf("Admit over a closed client: %v", err)
 	}
 	// A store whose errors are ratelimit's own validation errors.
-	wl := mustLimiter(t, wrappedStore{NewMemoryStore()}, p, WithScope("w"))
+	wl := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{})}, p, Settings{Scope: "w"})
 	wl.policy.Limit = 0 // as if the store rejected the policy
 	_, err := wl.Allow(ctx, "k")
 	if err == nil || err.Error() != "ratelimit: w: item 0: invalid policy: limit 0 must be positive" || !errors.Is(err, ErrInvalidPolicy) {
 		t.Fatalf("invalid item through a limiter: %v", err)
 	}
-	cl := mustLimiter(t, mustRedisStore(closed), p, WithScope("s"))
+	cl := mustLimiter(t, mustRedisStore(closed), p, Settings{Scope: "s"})
 	if _, err := cl.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: token bucket script: redis: client is closed" || !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("Allow over a closed client: %v", err)
 	}
-	for _, st := range []Store{NewMemoryStore(), mustRedisStore(closed)} {
+	for _, st := range []Store{NewMemoryStore(MemorySettings{}), mustRedisStore(closed)} {
 		out := make([]spillway.Decision, 1)
 		_, err := st.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p, Cost: -1}}, out)
 		if err == nil || err.Error() != "ratelimit: item 0: invalid cost: cost -1 is negative" || !errors.Is(err, ErrInvalidCost) {
@@ -183,7 +183,7 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 
 func TestPerKey(t *testing.T) {
 	clock := newConfClock()
-	l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Limit: 2, Period: time.Second}, WithScope("api"))
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Limit: 2, Period: time.Second}, Settings{Scope: "api"})
 	byIP := PerKey(l, spillway.DimIP)
 	byUser := PerKey(l, spillway.DimUser)
 	ctx := context.Background()
@@ -249,7 +249,7 @@ func TestPerKey(t *testing.T) {
 }
 
 func TestPerKeyAllocations(t *testing.T) {
-	l := mustLimiter(t, NewMemoryStore(), Policy{Limit: 1000, Period: time.Millisecond})
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Limit: 1000, Period: time.Millisecond})
 	lim := PerKey(l, spillway.DimIP)
 	r := &spillway.Request{Dims: []spillway.Dimension{{Name: spillway.DimIP, Value: "10.0.0.1"}}}
 	ctx := context.Background()
@@ -261,7 +261,7 @@ func TestPerKeyAllocations(t *testing.T) {
 func TestSchedule(t *testing.T) {
 	clock := newConfClock()
 	p := Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 3} // one per 100ms, queue of 3
-	for _, st := range []Store{NewMemoryStore(WithClock(clock.Now)), wrappedStore{NewMemoryStore(WithClock(clock.Now))}} {
+	for _, st := range []Store{NewMemoryStore(MemorySettings{Clock: clock.Now}), wrappedStore{NewMemoryStore(MemorySettings{Clock: clock.Now})}} {
 		clock.Set(0)
 		l := mustLimiter(t, st, p)
 		ctx := context.Background()
@@ -282,13 +282,13 @@ func TestSchedule(t *testing.T) {
 		}
 		// Sub-millisecond slots: the delay is never early, < 1ms late.
 		clock.Set(ms(1000))
-		l3 := mustLimiter(t, st, Policy{Algorithm: LeakyBucket, Limit: 3, Period: time.Second}, WithScope("thirds"))
+		l3 := mustLimiter(t, st, Policy{Algorithm: LeakyBucket, Limit: 3, Period: time.Second}, Settings{Scope: "thirds"})
 		l3.Schedule(ctx, "k")
 		if r, _ := l3.Schedule(ctx, "k"); r.Delay != 333666*time.Microsecond { // exact 333334µs
 			t.Fatalf("thirds: %+v", r)
 		}
 	}
-	w := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: SlidingWindowLog, Limit: 1, Period: time.Second})
+	w := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Algorithm: SlidingWindowLog, Limit: 1, Period: time.Second})
 	if _, err := w.Schedule(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
 		t.Fatalf("window Schedule: %v", err)
 	}
@@ -300,7 +300,7 @@ func TestSchedule(t *testing.T) {
 func TestWaitSmoothsABurst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// The store's default clock reads the bubble's fake time.
-		l := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 5})
+		l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 5})
 		ctx := context.Background()
 		start := time.Now()
 		var at []time.Duration

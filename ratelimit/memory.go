@@ -19,13 +19,13 @@ import (
 // implementation of Store (the Redis scripts must decide exactly as it
 // does) and the local fallback when Redis is unavailable.
 //
-// State is spread over lock shards (WithShards) chosen by a hash of the
+// State is spread over lock shards (MemorySettings.Shards) chosen by a hash of the
 // item's Key, so unrelated keys rarely contend and the items of one entity
 // (its tiers) share a shard. Keys longer than keys.MaxPart bytes are kept as
 // a 128-bit SHA-256 prefix, so memory per key is bounded whatever callers
 // send.
 //
-// The number of keys is capped (WithMaxKeys, split evenly over the shards).
+// The number of keys is capped (MemorySettings.MaxKeys, split evenly over the shards).
 // Inserting a key into a full shard first drops every state that is back to
 // full among a sample of 32 entries of that shard (dropping such a state
 // changes no decision); when the sample holds none, it drops the sampled
@@ -122,23 +122,18 @@ type lookup struct {
 	shard  uint64
 }
 
-// NewMemoryStore returns a memory store. It honours WithClock (default: a
-// monotonic clock that starts at the wall time of the call), WithMaxKeys (default 1<<20; n ≤ 0 means the default) and
-// WithShards (default 64, rounded up to a power of two and lowered so that
-// every shard holds at least one key); WithPrefix does not apply.
-func NewMemoryStore(opts ...Option) *MemoryStore {
-	o := defaultStoreOptions()
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	def := defaultStoreOptions()
+// NewMemoryStore returns a memory store configured by set (the zero
+// MemorySettings: the defaults).
+func NewMemoryStore(set MemorySettings) *MemoryStore {
+	o := struct {
+		clock           func() time.Time
+		maxKeys, shards int
+	}{set.Clock, set.MaxKeys, set.Shards}
 	if o.maxKeys <= 0 {
-		o.maxKeys = def.maxKeys
+		o.maxKeys = 1 << 20
 	}
 	if o.shards <= 0 {
-		o.shards = def.shards
+		o.shards = 64
 	}
 	n := 1
 	for n < o.shards && n < 1<<16 {
@@ -168,7 +163,7 @@ func NewMemoryStore(opts ...Option) *MemoryStore {
 	return s
 }
 
-// now returns the time in µs since the epoch. Without WithClock it is the
+// now returns the time in µs since the epoch. Without MemorySettings.Clock it is the
 // wall time at construction plus the monotonic time elapsed since: it never
 // goes backwards (NTP steps do not move it) and reading it costs a third of
 // time.Now on the machines measured (docs/ratelimit.md).

@@ -13,9 +13,9 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-func mustLimiter(t testing.TB, st Store, p Policy, opts ...LimiterOption) *Limiter {
+func mustLimiter(t testing.TB, st Store, p Policy, set ...Settings) *Limiter {
 	t.Helper()
-	l, err := New(st, p, opts...)
+	l, err := New(st, p, append(set, Settings{})[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func remainingOf(t testing.TB, l *Limiter, key string) int64 {
 func TestFixedWindowBoundaryBurst(t *testing.T) {
 	const N = 5
 	clock := newConfClock()
-	l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Algorithm: FixedWindow, Limit: N, Period: time.Second})
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: FixedWindow, Limit: N, Period: time.Second})
 	admitted := 0
 	for _, at := range []time.Duration{ms(999), ms(1000)} {
 		clock.Set(at)
@@ -64,7 +64,7 @@ func TestSlidingWindowCounterBoundaryBounded(t *testing.T) {
 	const N = 5
 	ctx := context.Background()
 	clock := newConfClock()
-	l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Algorithm: SlidingWindowCounter, Limit: N, Period: time.Second})
+	l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: SlidingWindowCounter, Limit: N, Period: time.Second})
 	admitted := 0
 	for _, at := range []time.Duration{ms(999), ms(1000)} {
 		clock.Set(at)
@@ -86,7 +86,7 @@ func TestSlidingWindowCounterBoundaryBounded(t *testing.T) {
 	}
 	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
 		clock := newConfClock()
-		l := mustLimiter(t, NewMemoryStore(WithClock(clock.Now)), Policy{Algorithm: a, Limit: N, Period: time.Second})
+		l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: a, Limit: N, Period: time.Second})
 		var times []time.Duration
 		for at := ms(999); at < ms(6000); at += time.Millisecond {
 			clock.Set(at)
@@ -125,7 +125,7 @@ func TestSlidingWindowCounterBoundaryBounded(t *testing.T) {
 
 func TestMemoryStoreEvictsFullStateFirst(t *testing.T) {
 	clock := newConfClock()
-	st := NewMemoryStore(WithClock(clock.Now), WithMaxKeys(4), WithShards(1))
+	st := NewMemoryStore(MemorySettings{Clock: clock.Now, MaxKeys: 4, Shards: 1})
 	l := mustLimiter(t, st, Policy{Limit: 10, Period: time.Second}) // T = 100ms, burst 10
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -178,7 +178,7 @@ func TestMemoryStoreEvictsFullStateFirst(t *testing.T) {
 }
 
 func TestMemoryStoreCapSpreadOverShards(t *testing.T) {
-	st := NewMemoryStore(WithMaxKeys(100), WithShards(8))
+	st := NewMemoryStore(MemorySettings{MaxKeys: 100, Shards: 8})
 	l := mustLimiter(t, st, Policy{Limit: 1, Period: time.Hour})
 	for i := 0; i < 5000; i++ {
 		l.Allow(context.Background(), fmt.Sprint(i))
@@ -187,7 +187,7 @@ func TestMemoryStoreCapSpreadOverShards(t *testing.T) {
 		t.Fatalf("Len = %d, want exactly the cap 100", n)
 	}
 	// A cap below the shard count lowers the shard count.
-	small := NewMemoryStore(WithMaxKeys(3), WithShards(64))
+	small := NewMemoryStore(MemorySettings{MaxKeys: 3, Shards: 64})
 	ls := mustLimiter(t, small, Policy{Limit: 1, Period: time.Hour})
 	for i := 0; i < 50; i++ {
 		ls.Allow(context.Background(), fmt.Sprint(i))
@@ -198,7 +198,7 @@ func TestMemoryStoreCapSpreadOverShards(t *testing.T) {
 }
 
 func TestMemoryStoreLongKeysAreBounded(t *testing.T) {
-	st := NewMemoryStore()
+	st := NewMemoryStore(MemorySettings{})
 	l := mustLimiter(t, st, Policy{Limit: 2, Period: time.Hour})
 	ctx := context.Background()
 	long := strings.Repeat("x", 10_000)
@@ -240,19 +240,19 @@ func TestMemoryStoreLongKeysAreBounded(t *testing.T) {
 }
 
 func TestMemoryStoreScopesAndLayoutsAreSeparate(t *testing.T) {
-	st := NewMemoryStore()
+	st := NewMemoryStore(MemorySettings{})
 	ctx := context.Background()
 	p := Policy{Limit: 1, Period: time.Hour}
-	a := mustLimiter(t, st, p, WithScope("a"))
-	b := mustLimiter(t, st, p, WithScope("b"))
-	fw := mustLimiter(t, st, Policy{Algorithm: FixedWindow, Limit: 1, Period: time.Hour}, WithScope("a"))
+	a := mustLimiter(t, st, p, Settings{Scope: "a"})
+	b := mustLimiter(t, st, p, Settings{Scope: "b"})
+	fw := mustLimiter(t, st, Policy{Algorithm: FixedWindow, Limit: 1, Period: time.Hour}, Settings{Scope: "a"})
 	for _, l := range []*Limiter{a, b, fw} {
 		if d, _ := l.Allow(ctx, "k"); !d.Allowed {
 			t.Fatalf("%s/%v: first request denied: state leaked between scopes or layouts", l.Scope(), l.Policy().Algorithm)
 		}
 	}
 	// GCRA and TokenBucket share the bucket layout of the same scope.
-	g := mustLimiter(t, st, Policy{Algorithm: GCRA, Limit: 1, Period: time.Hour}, WithScope("a"))
+	g := mustLimiter(t, st, Policy{Algorithm: GCRA, Limit: 1, Period: time.Hour}, Settings{Scope: "a"})
 	if d, _ := g.Allow(ctx, "k"); d.Allowed {
 		t.Fatal("GCRA under scope a does not see the token bucket's charge")
 	}
@@ -263,7 +263,7 @@ func TestMemoryStoreScopesAndLayoutsAreSeparate(t *testing.T) {
 // refill: exactly the burst is admitted, never more; run with -race.
 func TestMemoryStoreConcurrent(t *testing.T) {
 	clock := newConfClock()
-	st := NewMemoryStore(WithClock(clock.Now), WithShards(4))
+	st := NewMemoryStore(MemorySettings{Clock: clock.Now, Shards: 4})
 	p := Policy{Limit: 100, Period: time.Hour} // burst 100, no refill within the test
 	ctx := context.Background()
 	var single, batches atomic.Int64
@@ -303,7 +303,7 @@ func TestMemoryStoreConcurrent(t *testing.T) {
 }
 
 func TestMemoryStoreDecideErrors(t *testing.T) {
-	st := NewMemoryStore()
+	st := NewMemoryStore(MemorySettings{})
 	ctx := context.Background()
 	p := Policy{Limit: 1, Period: time.Second}
 	if _, err := st.Decide(ctx, []Item{{Key: "a", Policy: p}}, nil); err == nil || !strings.Contains(err.Error(), "out has 0 decisions for 1 items") {
@@ -327,7 +327,7 @@ func TestMemoryStoreDecideErrors(t *testing.T) {
 func TestMemoryStoreAllocations(t *testing.T) {
 	ctx := context.Background()
 	for _, a := range []Algorithm{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
-		l := mustLimiter(t, NewMemoryStore(), Policy{Algorithm: a, Limit: 1000, Period: time.Millisecond})
+		l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Algorithm: a, Limit: 1000, Period: time.Millisecond})
 		l.Allow(ctx, "warm")
 		if n := testing.AllocsPerRun(1000, func() { l.Allow(ctx, "warm") }); n != 0 {
 			t.Errorf("%v: %v allocations per Allow, want 0", a, n)

@@ -22,7 +22,7 @@ import (
 // RedisStore keeps rate-limit state in Redis, shared by every server of a
 // fleet. Each decision is one Lua script call (one round trip), whatever
 // the number of items in the batch, and decisions made while the store's
-// call is in flight are coalesced into one script call (WithCoalescing,
+// call is in flight are coalesced into one script call (RedisSettings.Coalescing,
 // on by default); see docs/ratelimit-redis.md.
 //
 // Keys are prefix + scope + sep + "{" + key + "}" (internal/keys): the
@@ -47,7 +47,7 @@ import (
 // running it, so nothing was charged).
 //
 // By default the scripts read Redis TIME, so servers with skewed clocks
-// agree; WithClock makes the client send its own time instead.
+// agree; RedisSettings.Clock makes the client send its own time instead.
 //
 // A RedisStore is safe for concurrent use.
 type RedisStore struct {
@@ -66,7 +66,7 @@ type RedisStore struct {
 	settleLoaded atomic.Bool // the settle script was loaded (redis_settle.go: run)
 }
 
-var _ BoundedStore = (*RedisStore)(nil)
+var _ boundedStore = (*RedisStore)(nil)
 
 // sharding says how the client spreads keys over servers.
 type sharding uint8
@@ -78,21 +78,20 @@ const (
 )
 
 // NewRedisStore returns a store over client (a *redis.Client, a
-// *redis.ClusterClient, a failover client or a *redis.Ring). It honours
-// WithPrefix (default "spillway:"), WithClock (default: the scripts read
-// Redis TIME) and WithCoalescing (default DefaultCoalescing); WithMaxKeys
-// and WithShards do not apply. It fails when client is nil or the prefix
-// contains '{' or '}'.
-func NewRedisStore(client redis.UniversalClient, opts ...Option) (*RedisStore, error) {
-	o := defaultStoreOptions()
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
+// *redis.ClusterClient, a failover client or a *redis.Ring) configured by
+// set (the zero RedisSettings: the defaults; without a Clock the scripts
+// read Redis TIME). It fails when client is nil or the prefix contains
+// '{' or '}'.
+func NewRedisStore(client redis.UniversalClient, set RedisSettings) (*RedisStore, error) {
+	if set.Prefix == "" {
+		set.Prefix = "spillway:"
 	}
-	s := &RedisStore{client: client, prefix: o.prefix, clock: o.clock, holdIDs: newHoldIDs(), sq: newSettleQueue(o.settleQueue)}
-	if o.coalesce > 0 {
-		s.co = &coalescer{max: o.coalesce}
+	if set.Coalescing == 0 {
+		set.Coalescing = DefaultCoalescing
+	}
+	s := &RedisStore{client: client, prefix: set.Prefix, clock: set.Clock, holdIDs: newHoldIDs(), sq: newSettleQueue(set.SettleQueue)}
+	if set.Coalescing > 0 {
+		s.co = &coalescer{max: set.Coalescing}
 	}
 	nilClient := client == nil
 	switch c := client.(type) {
@@ -108,7 +107,7 @@ func NewRedisStore(client redis.UniversalClient, opts ...Option) (*RedisStore, e
 	if nilClient {
 		return nil, errors.New("ratelimit: NewRedisStore: client is nil")
 	}
-	if err := keys.ValidatePrefix(o.prefix); err != nil {
+	if err := keys.ValidatePrefix(set.Prefix); err != nil {
 		return nil, fmt.Errorf("ratelimit: NewRedisStore: %w", err)
 	}
 	var b [9]byte
@@ -155,13 +154,14 @@ func (s *RedisStore) nowArg() string {
 // token-bucket script, several items all of the bucket family the lean
 // buckets script, anything else the batch script; once per slot on a
 // Cluster (see RedisStore). While the store's calls are in flight,
-// concurrent batches are coalesced into one call (see WithCoalescing).
+// concurrent batches are coalesced into one call (see RedisSettings.Coalescing).
 func (s *RedisStore) Decide(ctx context.Context, items []Item, out []spillway.Decision) (bool, error) {
 	return s.DecideBy(ctx, time.Time{}, items, out)
 }
 
-// DecideBy implements BoundedStore: Decide, bounded by deadline as well as
-// by ctx. A call of its own gets a context with the deadline (as the
+// DecideBy is Decide, bounded by deadline as well as by ctx (the zero
+// deadline: no bound but ctx's; fallback.Store calls it with its budget's
+// end instead of making a context with a timer per call). A call of its own gets a context with the deadline (as the
 // caller would have made it); a batch queued for a coalesced call waits
 // on a channel shared by the batches whose deadlines fall in the same
 // millisecond, closed at its end by one timer: the bound is then up to
@@ -242,7 +242,7 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 	T := p.EmissionInterval()
 	tau := p.EffectiveBurst() * T
 	key := redisKey(s.prefix, it)
-	res, err := s.run(ctx, lua.RateLimitTokenBucket(), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_token_bucket"), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: token bucket script: %w", err)
 	}
@@ -318,7 +318,7 @@ func (s *RedisStore) runBuckets(ctx context.Context, items []Item, out []spillwa
 	}
 	var b bucketsArgs
 	b.add(items)
-	res, err := s.run(ctx, lua.RateLimitBuckets(), keys, b.argv(s.nowArg(), g != nil)...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_buckets"), keys, b.argv(s.nowArg(), g != nil)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: buckets script: %w", err)
 	}
@@ -351,7 +351,7 @@ func (s *RedisStore) runFixed(ctx context.Context, items []Item, out []spillway.
 	}
 	var b bucketsArgs
 	b.addFixed(items)
-	res, err := s.run(ctx, lua.RateLimitFixed(), keys, b.argv(s.nowArg(), false)...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_fixed"), keys, b.argv(s.nowArg(), false)...).Result()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: redis: fixed window script: %w", err)
 	}
@@ -556,7 +556,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 	}
 	args := s.batchArgs(make([]any, 1, 1+batchFields*len(items)), items, uids)
 	args[0] = s.nowArg()
-	res, err := s.run(ctx, lua.RateLimitBatch(), keys, args...).Result()
+	res, err := s.run(ctx, lua.Script("ratelimit_batch"), keys, args...).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("ratelimit: redis: batch script: %w", err)
 	}

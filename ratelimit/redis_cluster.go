@@ -136,7 +136,7 @@ func (s *RedisStore) refund(ctx context.Context, groups []*group) error {
 				keys[i] = redisKey(s.prefix, &g.items[i])
 				args = refundArgs(args, &g.items[i], g.uids[i], g.old[i], g.now)
 			}
-			if err := lua.RateLimitRefund().Run(ctx, s.client, keys, args...).Err(); err != nil {
+			if err := lua.Script("ratelimit_refund").Run(ctx, s.client, keys, args...).Err(); err != nil {
 				return fmt.Errorf("ratelimit: redis: refund script: %w", err)
 			}
 			return nil

@@ -66,7 +66,7 @@ func TestRedisStoreCluster(t *testing.T) {
 			c := cl.Client(t)
 			clk := newFakeClock(rt0)
 			prefix := "refund-" + a.String() + ":"
-			s := mustRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
+			s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
 			p := Policy{Algorithm: a, Limit: 5, Period: time.Minute}
 			full := Policy{Algorithm: a, Limit: 1, Period: time.Minute}
 			out := make([]spillway.Decision, 4)
@@ -136,8 +136,8 @@ func TestRedisStoreCluster(t *testing.T) {
 			c := cl.Client(t)
 			clk := newFakeClock(rt0) // rt0 starts a minute: a window boundary
 			prefix := "refund-state-" + a.String() + ":"
-			rs := mustRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
-			ms := NewMemoryStore(WithClock(clk.Now))
+			rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
+			ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
 			p := Policy{Algorithm: a, Limit: 5, Period: time.Minute} // T = 12 s
 			a1 := Item{Scope: "p", Key: "a", Policy: p, Cost: 1}
 			z := Item{Scope: "z", Key: "z", Policy: p, Cost: 6} // above the capacity: always denied
@@ -193,7 +193,7 @@ func TestRedisStoreCluster(t *testing.T) {
 	t.Run("refund-byte-for-byte", func(t *testing.T) {
 		c := cl.Client(t)
 		prefix := "refund-bytes:"
-		s := mustRedisStore(c, WithPrefix(prefix))
+		s := mustRedisStore(c, RedisSettings{Prefix: prefix})
 		p := Policy{Limit: 5, Period: time.Minute} // T = 12 s
 		a := Item{Scope: "p", Key: "a", Policy: p, Cost: 2}
 		b := Item{Scope: "p", Key: "b", Policy: p, Cost: 1}
@@ -229,7 +229,7 @@ func TestRedisStoreCluster(t *testing.T) {
 			o.ReadTimeout = 200 * time.Millisecond
 			o.MaxRetries = -1
 		})
-		s := mustRedisStore(c, WithPrefix("err:"))
+		s := mustRedisStore(c, RedisSettings{Prefix: "err:"})
 		p := Policy{Limit: 5, Period: time.Minute}
 		batch := []Item{{Scope: "p", Key: "a", Policy: p, Cost: 2}, {Scope: "p", Key: "b", Policy: p, Cost: 2}, {Scope: "p", Key: "z", Policy: p, Cost: 1}}
 		out := make([]spillway.Decision, 3)
@@ -275,7 +275,7 @@ func TestRedisStoreCluster(t *testing.T) {
 		// A ClusterClient behind a type the store does not recognise: the
 		// server's CROSSSLOT answer makes the store group by slot itself.
 		type wrapped struct{ *redis.ClusterClient }
-		s := mustRedisStore(wrapped{cl.Client(t)}, WithPrefix("wrap:"))
+		s := mustRedisStore(wrapped{cl.Client(t)}, RedisSettings{Prefix: "wrap:"})
 		p := Policy{Limit: 5, Period: time.Minute}
 		batch := []Item{{Scope: "p", Key: "a", Policy: p, Cost: 2}, {Scope: "p", Key: "b", Policy: p, Cost: 3}}
 		out := make([]spillway.Decision, 2)

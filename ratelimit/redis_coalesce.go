@@ -16,45 +16,13 @@ import (
 )
 
 // DefaultCoalescing is the number of script calls a RedisStore has in
-// flight before it coalesces further decisions (see WithCoalescing).
+// flight before it coalesces further decisions (see RedisSettings.Coalescing).
 const DefaultCoalescing = 1
 
 // Coalesced calls stay bounded: a batch of more than maxCoalesceItems
 // items always runs alone, and one coalesced call carries at most
 // maxCoalesceItems items (more wait for the next call).
 const maxCoalesceItems = 256
-
-// WithCoalescing sets how many script calls a RedisStore has in flight at
-// once before it coalesces (default DefaultCoalescing; n ≤ 0 turns
-// coalescing off: every Decide makes calls of its own). Ignored by the
-// memory store.
-//
-// With coalescing, a Decide that finds fewer than n calls in flight makes
-// its call at once, exactly as without coalescing, so a lone caller waits
-// for nothing. One that finds n calls in flight queues; when a call
-// returns, everything queued meanwhile (up to 256 items) goes out as one
-// script call per slot group, in one pipeline: one command for Redis to
-// parse and run where there would have been one per batch. No timer is
-// involved: a batch waits at most for the call in flight before it.
-//
-// Each queued batch is one group of the coalesced call, decided all or
-// nothing exactly as if it were a call of its own made after the earlier
-// groups: a denied batch charges nothing and changes nothing another
-// batch sees. Only batches whose items share one slot (on a Cluster; one
-// hash tag on a Ring) are coalesced; a batch over several slots runs its
-// own calls. A caller whose context ends while its batch is queued
-// returns ctx.Err() and its batch is never sent; once sent, it returns
-// ctx.Err() at once and the call goes on for the others (the batch may
-// then have been charged, as with any call interrupted after it was
-// sent).
-//
-// On a Cluster, each primary has its own n calls in flight and its own
-// queue: a batch waits only for calls to the node that serves its slot,
-// so a primary that stalls or dies holds up its own slots, not the
-// others'.
-func WithCoalescing(n int) Option {
-	return func(o *storeOptions) { o.coalesce = max(n, 0) }
-}
 
 // coalescer queues batches while max calls are in flight.
 type coalescer struct {
@@ -429,7 +397,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 			c.cmd = c.script().EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		for _, c := range alone {
-			c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
+			c.cmd = lua.Script("ratelimit_settle").EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx)
 		for _, c := range calls {
@@ -439,7 +407,7 @@ func (s *RedisStore) flush(batch []*waiter) {
 		}
 		for _, c := range alone {
 			if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
+				c.cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, c.keys, c.args...)
 			}
 		}
 	}
@@ -570,15 +538,15 @@ func holdCallOf(s *RedisStore, calls []*coalescedCall, sc *settleCall) *coalesce
 
 func (c *coalescedCall) script() *redis.Script {
 	if c.hold {
-		return lua.RateLimitHold()
+		return lua.Script("ratelimit_hold")
 	}
 	if c.buckets {
-		return lua.RateLimitBuckets()
+		return lua.Script("ratelimit_buckets")
 	}
 	if c.fixed {
-		return lua.RateLimitFixed()
+		return lua.Script("ratelimit_fixed")
 	}
-	return lua.RateLimitBatch()
+	return lua.Script("ratelimit_batch")
 }
 
 // deliver decodes the call's reply into each waiter's result and wakes it.

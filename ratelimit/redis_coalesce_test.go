@@ -73,7 +73,7 @@ func (h *gateHook) count() int {
 // one EVALSHA (no NOSCRIPT retry) for a gateHook to count.
 func loadScripts(t *testing.T, c *redis.Client) {
 	t.Helper()
-	for _, sc := range []*redis.Script{lua.RateLimitBuckets(), lua.RateLimitBatch(), lua.RateLimitFixed(), lua.RateLimitTokenBucket()} {
+	for _, sc := range []*redis.Script{lua.Script("ratelimit_buckets"), lua.Script("ratelimit_batch"), lua.Script("ratelimit_fixed"), lua.Script("ratelimit_token_bucket")} {
 		if err := sc.Load(context.Background(), c).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -135,8 +135,8 @@ func TestRedisStoreCoalescedAsSequential(t *testing.T) {
 			hook := newGateHook(2) // call 1 pre-drains y, call 2 is the one in flight
 			c.AddHook(hook)
 			clk := newFakeClock(rt0)
-			rs := mustRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
-			ms := NewMemoryStore(WithClock(clk.Now))
+			rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Coalescing: 1})
+			ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
 			// 3 per 1000 s: nothing refills during the test
 			p := Policy{Algorithm: tc.alg, Limit: 3, Period: 1000 * time.Second, Burst: 3}
 			it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }
@@ -229,7 +229,7 @@ func TestRedisStoreCoalescedCancel(t *testing.T) {
 	hook := newGateHook(1, 2)
 	c.AddHook(hook)
 	clk := newFakeClock(rt0)
-	rs := mustRedisStore(c, WithClock(clk.Now), WithCoalescing(1))
+	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Coalescing: 1})
 	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
 	it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }
 
@@ -282,9 +282,9 @@ func TestRedisStoreCoalescingOff(t *testing.T) {
 	loadScripts(t, c)
 	hook := newGateHook(1)
 	c.AddHook(hook)
-	rs := mustRedisStore(c, WithCoalescing(0))
+	rs := mustRedisStore(c, RedisSettings{Coalescing: -1})
 	if rs.co != nil {
-		t.Fatal("WithCoalescing(0) left coalescing on")
+		t.Fatal("Coalescing -1 left coalescing on")
 	}
 	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
 	first := decideAsync(ctx, rs, Item{Scope: "s", Key: "a", Policy: p, Cost: 1})
@@ -396,7 +396,7 @@ func waitInflight(t *testing.T, s *RedisStore, n int) {
 
 // decideByAsync runs s.DecideBy(ctx, deadline, items) in a goroutine and
 // reports when it returned.
-func decideByAsync(ctx context.Context, s BoundedStore, deadline time.Time, items ...Item) <-chan timedResult {
+func decideByAsync(ctx context.Context, s boundedStore, deadline time.Time, items ...Item) <-chan timedResult {
 	ch := make(chan timedResult, 1)
 	go func() {
 		out := make([]spillway.Decision, len(items))
@@ -497,7 +497,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	redistest.WaitFor(t, what, time.Millisecond, cond)
 }
 
-// hungCoalescingStore is a coalescing RedisStore (WithCoalescing(1)) on a
+// hungCoalescingStore is a coalescing RedisStore (Coalescing 1) on a
 // redis-server stopped with SIGSTOP until resume runs (at the latest when
 // the test ends), its client honouring context deadlines as package
 // fallback asks, and a maker of items of a 3-per-1000 s policy.
@@ -518,5 +518,5 @@ func hungCoalescingStore(t *testing.T) (rs *RedisStore, it func(key string) Item
 		return err
 	}
 	t.Cleanup(func() { _ = resume() })
-	return mustRedisStore(c, WithCoalescing(1)), func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }, resume
+	return mustRedisStore(c, RedisSettings{Coalescing: 1}), func(key string) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: 1} }, resume
 }

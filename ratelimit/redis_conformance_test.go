@@ -8,7 +8,7 @@ import (
 )
 
 // The conformance suite runs against a RedisStore on a real redis-server of
-// its own, with the suite's clock passed through WithClock. The client
+// its own, with the suite's clock passed as its Clock. The client
 // removes the TTL of every key its scripts touch, in the same transaction
 // (freezeHook): the suite's clock stands still or jumps while Redis
 // expires keys in real time, and on a loaded machine a key with a TTL of a
@@ -21,7 +21,7 @@ func init() {
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			c.AddHook(&freezeHook{raw: srv.Client(t)})
-			return mustRedisStore(c, WithClock(now))
+			return mustRedisStore(c, RedisSettings{Clock: now})
 		},
 	})
 }

@@ -15,11 +15,11 @@ import (
 // bursts of up to 20, decided by one Lua script call against Redis.
 func ExampleNewRedisStore() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	store, err := ratelimit.NewRedisStore(rdb, ratelimit.WithPrefix("myapp:rl:"))
+	store, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{Prefix: "myapp:rl:"})
 	if err != nil {
 		panic(err) // a nil client or a prefix with a brace
 	}
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second, Burst: 20}, ratelimit.WithScope("api"))
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second, Burst: 20}, ratelimit.Settings{Scope: "api"})
 	if err != nil {
 		panic(err) // the policy is invalid
 	}
@@ -38,7 +38,7 @@ func ExampleNewRedisStore() {
 // per Cluster slot): a per-IP and a per-user limit of one request.
 func ExampleRedisStore_Decide() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	store, err := ratelimit.NewRedisStore(rdb)
+	store, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
 	if err != nil {
 		panic(err)
 	}

@@ -36,7 +36,7 @@ import (
 // process's next call sees its earlier settles whichever connection gets
 // to Redis first.
 //
-// The queue is bounded (WithSettleQueue, in items): a settle that finds it
+// The queue is bounded (RedisSettings.SettleQueue, in items): a settle that finds it
 // full is not queued, and its hold is left to its TTL. A call that fails
 // (a timeout, a refused connection, a breaker that refuses the command)
 // puts its settles back at the head of the queue, while their holds live
@@ -45,7 +45,7 @@ import (
 // at most once. Close flushes the queue within a deadline.
 
 // DefaultSettleQueue is the number of settle items (one per item of a
-// Hold) a RedisStore queues at most (see WithSettleQueue).
+// Hold) a RedisStore queues at most (see RedisSettings.SettleQueue).
 const DefaultSettleQueue = 1 << 14
 
 const (
@@ -55,36 +55,9 @@ const (
 	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
 )
 
-// WithSettleQueue bounds the queue of a RedisStore's settles on their way
-// to Redis (Hold.SettleAsync) to n items (default DefaultSettleQueue; n ≤
-// 0 means the default). A queued item costs about 200 bytes besides its
-// Hold, which the queue keeps alive: 16384 items, about 3 MiB. Ignored by
-// the memory store.
-func WithSettleQueue(n int) Option { return func(o *storeOptions) { o.settleQueue = n } }
-
-// Gated is a store whose calls after admission (a RedisStore's settles)
-// can be kept off a backend that a circuit breaker found unavailable.
-// A circuit breaker in front of the store may install its state (a
-// fallback.Health attached to the client refuses the commands by itself).
-type Gated interface {
-	// SetGate installs gate, asked before each call after admission:
-	// false means do not call the backend now. A nil gate always calls.
-	SetGate(gate func() bool)
-}
-
-var _ Gated = (*RedisStore)(nil)
-
-// Flusher is a store whose settles may still be on their way after
-// Hold.SettleAsync returned (RedisStore): Flush waits until they are
-// answered. A store that wraps another may forward it.
-type Flusher interface {
-	Flush(ctx context.Context) error
-}
-
-var _ Flusher = (*RedisStore)(nil)
-
-// SetGate implements Gated. While gate returns false, the store's
-// background path sends no settle (they wait in the queue while their
+// SetGate installs gate, asked before each call after admission (a nil
+// gate always calls; fallback.Store installs its breaker). While gate
+// returns false, the store's background path sends no settle (they wait in the queue while their
 // holds live, else are left to their TTL) and a synchronous Settle
 // returns an error wrapping ErrNotSent at once. gate must be quick and
 // safe for concurrent use.
@@ -328,20 +301,20 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 		// first trip too (a NOSCRIPT would send them again after it). A
 		// server that lost its scripts since (a restart, SCRIPT FLUSH)
 		// runs them after the call once.
-		if err := lua.RateLimitSettle().Load(ctx, s.client).Err(); err == nil {
+		if err := lua.Script("ratelimit_settle").Load(ctx, s.client).Err(); err == nil {
 			s.settleLoaded.Store(true)
 		}
 	}
 	calls := s.settleCalls(settles)
 	pipe := s.client.Pipeline()
 	for _, c := range calls {
-		c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
+		c.cmd = lua.Script("ratelimit_settle").EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	cmd := script.EvalSha(ctx, pipe, keys, args...)
 	_, _ = pipe.Exec(ctx)
 	for _, c := range calls {
 		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
+			c.cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, c.keys, c.args...)
 		}
 	}
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -513,16 +486,16 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 		calls := s.settleCalls(batch)
 		if len(calls) == 1 {
 			c := calls[0]
-			c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
+			c.cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, c.keys, c.args...)
 		} else {
 			pipe := s.client.Pipeline()
 			for _, c := range calls {
-				c.cmd = lua.RateLimitSettle().EvalSha(ctx, pipe, c.keys, c.args...)
+				c.cmd = lua.Script("ratelimit_settle").EvalSha(ctx, pipe, c.keys, c.args...)
 			}
 			_, _ = pipe.Exec(ctx)
 			for _, c := range calls {
 				if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-					c.cmd = lua.RateLimitSettle().Run(ctx, s.client, c.keys, c.args...)
+					c.cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, c.keys, c.args...)
 				}
 			}
 		}
@@ -605,7 +578,7 @@ func (s *RedisStore) deliverSettles(ctx context.Context, batch []*asyncSettle, c
 			// a Cluster in disguise: each item on its own (nothing ran)
 			for _, r := range c.refs {
 				h := r.a.h
-				v, e := lua.RateLimitSettle().Run(ctx, s.client, h.rkeys[r.i:r.i+1], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
+				v, e := lua.Script("ratelimit_settle").Run(ctx, s.client, h.rkeys[r.i:r.i+1], h.settleArgs([]any{s.nowArg(), 0}, r.i, false, r.a.actual[r.i], [3]int64{})...).Result()
 				if e == nil {
 					e = r.a.answer(r.i, v)
 				}

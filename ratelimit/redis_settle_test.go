@@ -46,7 +46,7 @@ func TestRedisSettleAsync(t *testing.T) {
 		c    redis.UniversalClient
 	}{{"redis", srv.Client(t)}, {"cluster", cl.Client(t)}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := mustRedisStore(tc.c, WithPrefix("async:"))
+			s := mustRedisStore(tc.c, RedisSettings{Prefix: "async:"})
 			defer func() {
 				if err := s.Close(ctx); err != nil {
 					t.Error(err)
@@ -139,7 +139,7 @@ func TestRedisSettleGate(t *testing.T) {
 	c.AddHook(hook)
 	ctx := context.Background()
 	p := Policy{Limit: 100, Period: time.Hour}
-	s := mustRedisStore(c, WithPrefix("gate:"), WithSettleQueue(2))
+	s := mustRedisStore(c, RedisSettings{Prefix: "gate:", SettleQueue: 2})
 	var open atomic.Bool
 	s.SetGate(open.Load)
 	it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 10}}
@@ -273,7 +273,7 @@ func TestRedisSettleInFlightOrdersNextCall(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Hour}
 	for _, next := range []string{"decide", "reserve"} {
 		t.Run(next, func(t *testing.T) {
-			s := mustRedisStore(srv.Client(t), WithPrefix(next+":"))
+			s := mustRedisStore(srv.Client(t), RedisSettings{Prefix: next + ":"})
 			q := s.sq
 			q.running.Store(true) // no background goroutine: the test is the sender
 			it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 50}}
@@ -321,7 +321,7 @@ func TestRedisSettleInFlightOrdersNextCall(t *testing.T) {
 			default:
 			}
 			calls := s.settleCalls(batch)
-			calls[0].cmd = lua.RateLimitSettle().Run(ctx, s.client, calls[0].keys, calls[0].args...)
+			calls[0].cmd = lua.Script("ratelimit_settle").Run(ctx, s.client, calls[0].keys, calls[0].args...)
 			if failed := s.deliverSettles(ctx, batch, calls); failed {
 				t.Fatal("settle failed")
 			}

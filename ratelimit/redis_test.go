@@ -17,7 +17,7 @@ import (
 	"github.com/spillway-go/spillway/lua"
 )
 
-// fakeClock is a settable clock for WithClock.
+// fakeClock is a settable clock for the stores' Clock.
 type fakeClock struct{ us atomic.Int64 }
 
 func (c *fakeClock) Now() time.Time       { return time.UnixMicro(c.us.Load()) }
@@ -37,7 +37,7 @@ var rt0 = time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
 func TestRedisStoreTokenBucketSteps(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s := mustRedisStore(c, WithClock(clk.Now))
+	s := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	// T = 100s, tau = 300s: Redis expires keys in real time, and no TTL
 	// may end during the test, however loaded the machine
 	p := Policy{Limit: 10, Period: 1000 * time.Second, Burst: 3}
@@ -78,7 +78,7 @@ func TestRedisStoreTokenBucketSteps(t *testing.T) {
 func TestRedisStoreBatchAllOrNothing(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s := mustRedisStore(c, WithClock(clk.Now))
+	s := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	ctx := context.Background()
 	tb := Policy{Limit: 5, Period: time.Second}
 	fw := Policy{Algorithm: FixedWindow, Limit: 2, Period: time.Second}
@@ -190,8 +190,8 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 	r := rand.New(rand.NewPCG(seed, 99))
 	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("diff%d:", seed)
-	rs := mustRedisStore(c, WithClock(clk.Now), WithPrefix(prefix))
-	ms := NewMemoryStore(WithClock(clk.Now))
+	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
+	ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
 	ctx := context.Background()
 
 	type scope struct {
@@ -471,7 +471,7 @@ func TestRedisStoreContention(t *testing.T) {
 			clk := newFakeClock(rt0)                                     // frozen: no refill at all
 			var stores [4]*RedisStore
 			for i := range stores {
-				stores[i] = mustRedisStore(srv.Client(t), WithClock(clk.Now))
+				stores[i] = mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now})
 			}
 			var admitted atomic.Int64
 			var wg sync.WaitGroup
@@ -539,7 +539,7 @@ func TestRedisStoreScriptReloadAfterFlush(t *testing.T) {
 	if _, err := s.Decide(ctx, []Item{{Scope: "s", Key: "k", Policy: p}}, out); err != nil || out[0].Remaining != 4 {
 		t.Fatalf("peek: %v %+v, want 4 remaining", err, out[0])
 	}
-	for _, sha := range []string{lua.RateLimitBatch().Hash(), lua.RateLimitTokenBucket().Hash()} {
+	for _, sha := range []string{lua.Script("ratelimit_batch").Hash(), lua.Script("ratelimit_token_bucket").Hash()} {
 		v, err := srv.Do(ctx, "SCRIPT", "EXISTS", sha)
 		if err != nil || fmt.Sprint(v) != "[1]" {
 			t.Fatalf("SCRIPT EXISTS %s = %v %v, want loaded", sha, v, err)
@@ -596,7 +596,7 @@ func TestRedisStoreTTLOnEveryKey(t *testing.T) {
 
 func TestRedisStoreReset(t *testing.T) {
 	_, c := redisServer(t)
-	s := mustRedisStore(c, WithPrefix("rs:"))
+	s := mustRedisStore(c, RedisSettings{Prefix: "rs:"})
 	ctx := context.Background()
 	for a := Algorithm(0); a < numAlgorithms; a++ {
 		p := Policy{Algorithm: a, Limit: 2, Period: time.Minute}
@@ -625,8 +625,8 @@ func TestRedisStoreReset(t *testing.T) {
 func TestRedisStoreLogMembersUnique(t *testing.T) {
 	_, c := redisServer(t)
 	clk := newFakeClock(rt0)
-	s1 := mustRedisStore(c, WithClock(clk.Now))
-	s2 := mustRedisStore(c, WithClock(clk.Now))
+	s1 := mustRedisStore(c, RedisSettings{Clock: clk.Now})
+	s2 := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	p := Policy{Algorithm: SlidingWindowLog, Limit: 3000, Period: time.Minute}
 	ctx := context.Background()
 	out := make([]spillway.Decision, 1)
@@ -736,11 +736,11 @@ func TestRedisStoreBadInput(t *testing.T) {
 	var nilClient *redis.Client
 	var nilCluster *redis.ClusterClient
 	for _, c := range []redis.UniversalClient{nil, nilClient, nilCluster} {
-		if s, err := NewRedisStore(c); s != nil || err == nil || err.Error() != "ratelimit: NewRedisStore: client is nil" {
+		if s, err := NewRedisStore(c, RedisSettings{}); s != nil || err == nil || err.Error() != "ratelimit: NewRedisStore: client is nil" {
 			t.Errorf("nil client %T: %v, %v", c, s, err)
 		}
 	}
-	if s, err := NewRedisStore(c, WithPrefix("a{b}")); s != nil || err == nil || !strings.Contains(err.Error(), "prefix") {
+	if s, err := NewRedisStore(c, RedisSettings{Prefix: "a{b}"}); s != nil || err == nil || !strings.Contains(err.Error(), "prefix") {
 		t.Errorf("bad prefix: %v, %v", s, err)
 	}
 	s := mustRedisStore(c)
@@ -776,7 +776,7 @@ func TestSlotMatchesCluster(t *testing.T) {
 	}
 }
 
-// TestRedisStoreServerTime decides with Redis TIME (no WithClock): a
+// TestRedisStoreServerTime decides with Redis TIME (no Clock): a
 // policy of 1 per hour, burst 3, admits three and then reports a retry of
 // about an hour and a reset of about three, whatever the client's clock says.
 func TestRedisStoreServerTime(t *testing.T) {
@@ -859,9 +859,9 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	rs := mustRedisStore(c, WithCoalescing(0)) // Redis TIME
+	rs := mustRedisStore(c, RedisSettings{Coalescing: -1}) // Redis TIME
 	var memNow atomic.Int64
-	ms := NewMemoryStore(WithClock(func() time.Time { return time.UnixMicro(memNow.Load()) }))
+	ms := NewMemoryStore(MemorySettings{Clock: func() time.Time { return time.UnixMicro(memNow.Load()) }})
 	policies := []Policy{
 		{Algorithm: GCRA, Limit: 7, Period: 3 * time.Millisecond, Burst: 3},                            // T = 429 µs
 		{Algorithm: TokenBucket, Limit: 1000, Period: time.Second, Burst: 5},                           // T = 1 ms
@@ -954,9 +954,9 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	}
 }
 
-// mustRedisStore is NewRedisStore for a client and options that are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...Option) *RedisStore {
-	s, err := NewRedisStore(c, opts...)
+// mustRedisStore is NewRedisStore for a client and settings that are valid.
+func mustRedisStore(c redis.UniversalClient, set ...RedisSettings) *RedisStore {
+	s, err := NewRedisStore(c, append(set, RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

@@ -52,13 +52,13 @@ type Store interface {
 	Reset(ctx context.Context, scope, key string, p Policy) error
 }
 
-// BoundedStore is a Store that bounds one Decide by a deadline given
+// boundedStore is a Store that bounds one Decide by a deadline given
 // apart from the context. A wrapper that gives every call a time budget
 // (fallback.Store) calls DecideBy with the budget's end instead of making a
 // context with that deadline: such a context costs a timer per call,
 // which at tens of thousands of decisions per second is a measurable share
 // of the client's CPU. RedisStore implements it.
-type BoundedStore interface {
+type boundedStore interface {
 	Store
 	// DecideBy is Decide, bounded by deadline as well as by ctx: a call
 	// still waiting at the deadline returns an error wrapping

@@ -92,7 +92,7 @@ func BenchmarkGRPC(b *testing.B) {
 	require.NoError(b, err)
 	svc := rls.NewService(store, set, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	svc.SetConfig(cfg)
-	mem := rls.NewService(ratelimit.NewMemoryStore(), set, nil, nil)
+	mem := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil, nil)
 	mem.SetConfig(cfg)
 	for _, n := range []int{1, 3} {
 		reqs := requests(10000, n)
@@ -142,7 +142,7 @@ func BenchmarkGRPC(b *testing.B) {
 func BenchmarkService(b *testing.B) {
 	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
 	require.NoError(b, err)
-	svc := rls.NewService(ratelimit.NewMemoryStore(), rls.DefaultSettings(), nil, nil)
+	svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), rls.DefaultSettings(), nil, nil)
 	svc.SetConfig(cfg)
 	for _, n := range []int{1, 3} {
 		reqs := requests(10000, n)

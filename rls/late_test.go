@@ -44,7 +44,7 @@ descriptors:
 			t.Fatalf("default SPILLWAY_LATE_ANSWER %q, want error", set.LateAnswer)
 		}
 		set.LateAnswer = tc.answer
-		svc := rls.NewService(ratelimit.NewMemoryStore(), set, nil, nil)
+		svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil, nil)
 		svc.SetConfig(cfg)
 		for range 3 {
 			resp, err := svc.ShouldRateLimit(expired, req)

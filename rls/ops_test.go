@@ -139,7 +139,7 @@ func opsServer(t *testing.T, vars map[string]string) (*Server, pb.RateLimitServi
 	}
 	set, _, err := Env(env(m))
 	require.NoError(t, err)
-	srv, err := NewServer(set, ratelimit.NewMemoryStore(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv, err := NewServer(set, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	require.NoError(t, srv.Listen())
 	ctx, cancel := context.WithCancel(context.Background())

@@ -141,7 +141,7 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		// bytes; the deny cache keeps whole denials, about 100 bytes each
 		fs.DenyCacheSize = max(s.LocalCacheSizeInBytes/100, 1)
 	}
-	rs, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(prefix), ratelimit.WithCoalescing(s.Coalesce))
+	rs, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: prefix, Coalescing: coalescing(s.Coalesce)})
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 		inner = &refStore{next: inner, client: client, prefix: s.CacheKeyPrefix, now: time.Now}
 	}
 	if fs.DenyCacheSize > 0 {
-		inner = seenStore{inner.(ratelimit.BoundedStore)}
+		inner = seenStore{inner.(boundedStore)}
 	}
 	return fallback.NewStore(inner, fs)
 }
@@ -468,4 +468,13 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 	log.Warn("rls: serving", "grpc", srv.GRPCAddr().String(), "http", net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
 		"config", s.ConfigDir(), "redis", s.RedisType)
 	return srv.Serve(ctx, s.Drain)
+}
+
+// coalescing is SPILLWAY_COALESCE as ratelimit.RedisSettings.Coalescing:
+// 0 (or less) turns coalescing off.
+func coalescing(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }

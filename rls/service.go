@@ -53,7 +53,14 @@ type seenKey struct{}
 
 // seenStore marks, through the context, that a call reached the store
 // behind a caching one.
-type seenStore struct{ ratelimit.BoundedStore }
+// boundedStore is a store that bounds one Decide by a deadline given apart
+// from the context (ratelimit.RedisStore.DecideBy): no timer per call.
+type boundedStore interface {
+	ratelimit.Store
+	DecideBy(ctx context.Context, deadline time.Time, items []ratelimit.Item, out []spillway.Decision) (bool, error)
+}
+
+type seenStore struct{ boundedStore }
 
 func mark(ctx context.Context) {
 	if p, ok := ctx.Value(seenKey{}).(*bool); ok {
@@ -63,12 +70,12 @@ func mark(ctx context.Context) {
 
 func (s seenStore) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
 	mark(ctx)
-	return s.BoundedStore.Decide(ctx, items, out)
+	return s.boundedStore.Decide(ctx, items, out)
 }
 
 func (s seenStore) DecideBy(ctx context.Context, deadline time.Time, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
 	mark(ctx)
-	return s.BoundedStore.DecideBy(ctx, deadline, items, out)
+	return s.boundedStore.DecideBy(ctx, deadline, items, out)
 }
 
 // NewService returns a Service deciding with store. set supplies the

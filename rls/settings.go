@@ -49,7 +49,7 @@ type Settings struct {
 	LocalShare     float64       // SPILLWAY_LOCAL_SHARE: the share of each limit enforced locally while Redis is down (0.2)
 	FailClosed     bool          // SPILLWAY_FAIL_MODE=closed: deny while Redis is down instead of the local share
 	ReloadInterval time.Duration // SPILLWAY_RELOAD_INTERVAL: how often the config directory is checked (1s)
-	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.WithCoalescing)
+	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.RedisSettings.Coalescing; 0: off)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
 
 	// Operations: stats sinks, shutdown (the mogrifiers read by readMogrifiers).

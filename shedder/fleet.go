@@ -29,7 +29,7 @@ import (
 //
 // Each server counts its own in-flight work per priority and, about every
 // interval (default 100ms), reports it to Redis and reads back the fleet's
-// sum in one script call (lua.ShedderFleet()). Admit decides locally, with no
+// sum in one script call (lua.Script("shedder_fleet")). Admit decides locally, with no
 // Redis round trip, on the fleet sum from the last refresh and this
 // server's measured share of it. Between refreshes a server may grow its
 // own in-flight work by its share of the headroom the last refresh showed
@@ -423,7 +423,7 @@ func (f *Fleet) report(ctx context.Context, ttl time.Duration) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.o.timeout)
 	defer cancel()
-	res, err := lua.ShedderFleet().Run(ctx, f.client, f.keys, args...).Int64Slice()
+	res, err := lua.Script("shedder_fleet").Run(ctx, f.client, f.keys, args...).Int64Slice()
 	if err == nil && len(res) != 8 {
 		err = fmt.Errorf("reply has %d values, want 8", len(res))
 	}

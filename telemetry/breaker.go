@@ -17,17 +17,16 @@ import (
 // so the gauge is right even when no transition happened since the
 // process started. Use it with a shared health:
 //
-//	stop, err := telemetry.ObserveBreaker("redis", health.State)
+//	stop, err := telemetry.ObserveBreaker("redis", health.State, nil)
 //
-// The name must be one of few (one per breaker, never a key). The meter
-// provider comes from opts (default otel.GetMeterProvider()). stop
-// unregisters the callback.
-func ObserveBreaker(breaker string, state func() fallback.State, opts ...Option) (stop func() error, err error) {
+// The name must be one of few (one per breaker, never a key). mp is the
+// meter provider (nil: otel.GetMeterProvider()). stop unregisters the
+// callback.
+func ObserveBreaker(breaker string, state func() fallback.State, mp metric.MeterProvider) (stop func() error, err error) {
 	if state == nil {
 		return nil, fmt.Errorf("telemetry: ObserveBreaker %q: state func is nil", breaker)
 	}
-	c := newConfig(opts)
-	m := c.mp.Meter(ScopeName)
+	m := meterProvider(mp).Meter(ScopeName)
 	g, err := m.Int64ObservableGauge(MetricBreakerState,
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."),
 		metric.WithUnit("{state}"))

@@ -22,9 +22,11 @@
 //
 //	chain = telemetry.Instrument(chain, "api")
 //
-// Providers come from WithTracerProvider and WithMeterProvider and default
-// to otel.GetTracerProvider() and otel.GetMeterProvider(); this package never
-// sets the globals. Instruments are created once, in Instrument. Limiter
+// Only Instrument takes Options (WithTracerProvider, WithMeterProvider,
+// WithChildSpan, WithClock); NewHoldMetrics and ObserveBreaker take just a
+// meter provider, so an option that does not apply does not compile.
+// Providers default to otel.GetTracerProvider() and otel.GetMeterProvider()
+// (a nil provider too); this package never sets the globals. Instruments are created once, in Instrument. Limiter
 // keys (IPs, users, API keys) never become metric attributes: every metric
 // attribute has a small fixed set of values, except the limiter name, which
 // the caller chooses. The rule that decided (Decision.Limiter) goes only on

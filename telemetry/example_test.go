@@ -16,7 +16,7 @@ func ExampleInstrument() {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 1, Period: time.Minute})
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 1, Period: time.Minute}, ratelimit.Settings{})
 	if err != nil {
 		panic(err)
 	}

@@ -34,7 +34,7 @@ var settleResults = [...]string{SettleApplied, SettleAlreadySettled, SettleExpir
 // (reserve, then settle): feed it from the limiter that holds. It
 // implements tiers.HoldObserver:
 //
-//	hm := telemetry.NewHoldMetrics("api")
+//	hm := telemetry.NewHoldMetrics("api", nil)
 //	lim, err := tiers.New(cfg, store, tiers.WithHoldObserver(hm))
 //
 // Metrics, each with the attributes spillway.limiter (the name given
@@ -72,13 +72,12 @@ type ruleAttrs struct {
 	results [len(settleResults)]metric.MeasurementOption
 }
 
-// NewHoldMetrics creates the instruments from the meter provider in opts
-// (default otel.GetMeterProvider()). limiter names the limiter that holds
+// NewHoldMetrics creates the instruments from the meter provider mp (nil:
+// otel.GetMeterProvider()). limiter names the limiter that holds
 // (bounded: a name, never a key). Instrument errors go to otel.Handle and
 // leave that instrument a no-op.
-func NewHoldMetrics(limiter string, opts ...Option) *HoldMetrics {
-	c := newConfig(opts)
-	m := c.mp.Meter(ScopeName)
+func NewHoldMetrics(limiter string, mp metric.MeterProvider) *HoldMetrics {
+	m := meterProvider(mp).Meter(ScopeName)
 	hm := &HoldMetrics{name: limiter}
 	var err error
 	if hm.outstanding, err = m.Int64UpDownCounter(MetricHoldsOutstanding,

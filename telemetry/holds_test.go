@@ -42,9 +42,9 @@ func holdSums(t *testing.T, m metricdata.Metrics) (map[string]int64, bool) {
 // holds that ended by their TTL.
 func TestHoldMetrics(t *testing.T) {
 	_, _, reader, mp := setup()
-	hm := telemetry.NewHoldMetrics("api", telemetry.WithMeterProvider(mp))
+	hm := telemetry.NewHoldMetrics("api", mp)
 	now := time.Unix(1_800_000_000, 0)
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(func() time.Time { return now }))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }})
 	cfg, err := tiers.Parse("limits.yaml", []byte(`
 limits:
   - id: tokens

@@ -18,7 +18,7 @@ import (
 // request, through httpx over a real loopback connection.
 func TestDecisionOnRequestSpan(t *testing.T) {
 	sr, tp, reader, mp := setup()
-	rl, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{Limit: 1, Period: time.Minute}, ratelimit.WithScope("per_ip"))
+	rl, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 1, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	require.NoError(t, err)
 	lim := telemetry.Instrument(ratelimit.PerKey(rl, spillway.DimIP), "api", telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp))
 	tracing := func(h http.Handler) http.Handler {

@@ -48,7 +48,7 @@ func TestObserveBreakerReadsTheSharedHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := telemetry.ObserveBreaker("redis", h.State, telemetry.WithMeterProvider(mp))
+	stop, err := telemetry.ObserveBreaker("redis", h.State, mp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestObserveBreakerReadsTheSharedHealth(t *testing.T) {
 	if _, ok := collect(); ok {
 		t.Fatal("gauge still observed after stop")
 	}
-	if _, err := telemetry.ObserveBreaker("x", nil); err == nil {
+	if _, err := telemetry.ObserveBreaker("x", nil, nil); err == nil {
 		t.Fatal("nil state func accepted")
 	}
 }

@@ -80,6 +80,14 @@ func newConfig(opts []Option) config {
 	return c
 }
 
+// meterProvider is mp, or otel.GetMeterProvider() when mp is nil.
+func meterProvider(mp metric.MeterProvider) metric.MeterProvider {
+	if mp == nil {
+		return otel.GetMeterProvider()
+	}
+	return mp
+}
+
 // WithTracerProvider sets the tracer provider (default
 // otel.GetTracerProvider()); used for child spans (WithChildSpan).
 func WithTracerProvider(tp trace.TracerProvider) Option {

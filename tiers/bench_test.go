@@ -78,7 +78,7 @@ func BenchmarkRedis(b *testing.B) {
 // BenchmarkMemory is the same comparison on the memory store: the cost of
 // matching and key building itself.
 func BenchmarkMemory(b *testing.B) {
-	benchCompare(b, ratelimit.NewMemoryStore())
+	benchCompare(b, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 }
 
 // benchCompare runs the single-rule, three-tier and three-sequential
@@ -177,7 +177,7 @@ func BenchmarkRedisResponseInterleaved(b *testing.B) {
 	plain := mustLimiter(b, benchPlainTwo, store)
 	resp := mustLimiter(b, benchResponse, store)
 	calls := mustLimiter(b, benchCalls, store)
-	tokens, err := ratelimit.New(store, ratelimit.Policy{Limit: 1000000, Period: time.Second, Burst: 500000}, ratelimit.WithScope("bench-tokens"))
+	tokens, err := ratelimit.New(store, ratelimit.Policy{Limit: 1000000, Period: time.Second, Burst: 500000}, ratelimit.Settings{Scope: "bench-tokens"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func BenchmarkRedisResponseInterleaved(b *testing.B) {
 // BenchmarkMemoryResponse is one lifecycle on the memory store: a plain
 // two-rule check against Admit, report and done with cost: response.
 func BenchmarkMemoryResponse(b *testing.B) {
-	store := ratelimit.NewMemoryStore()
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
 	plain := mustLimiter(b, benchPlainTwo, store)
 	resp := mustLimiter(b, benchResponse, store)
 	b.Run("plain", func(b *testing.B) { benchAdmit(b, plain) })

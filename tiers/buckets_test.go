@@ -37,7 +37,7 @@ func TestSlidingWindowBucketsRule(t *testing.T) {
 	}
 	clk := newClock()
 	clk.advance(time.Second) // 1_700_000_001 s: a sub-window starts
-	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)))
+	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
 	if err != nil {
 		t.Fatal(err)
 	}

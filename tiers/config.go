@@ -33,7 +33,7 @@ func (r *Rule) policy(b Bucket) ratelimit.Policy {
 	return p
 }
 
-// String formats b the way ParseBucket reads it ("1000/minute, burst 200").
+// String formats b the way parseBucket reads it ("1000/minute, burst 200").
 func (b Bucket) String() string {
 	if b.Unlimited {
 		return "unlimited"
@@ -71,21 +71,11 @@ var units = map[string]time.Duration{
 // would overflow the scripts' arithmetic sooner or later.
 const maxPeriod = 366 * 24 * time.Hour
 
-// ParseBucket parses "N/unit", "N/Kunit" (e.g. "100/10s", "100/15 minutes")
-// with an optional ", burst B", or "unlimited". Units: second, minute, hour,
-// day, their plurals and s, sec, m, min, h, hr, d. The error names the
-// offending part ("tiers: unknown unit \"minit\"").
-func ParseBucket(s string) (Bucket, error) {
-	b, err := parseBucket(s)
-	if err != nil {
-		return b, fmt.Errorf("tiers: %w", err)
-	}
-	return b, nil
-}
-
-// parseBucket is ParseBucket with errors that name only the offending part,
-// without the package or the field: the config parser adds file, line and
-// field.
+// parseBucket parses "N/unit", "N/Kunit" (e.g. "100/10s", "100/15
+// minutes") with an optional ", burst B", or "unlimited". Units: second,
+// minute, hour, day, their plurals and s, sec, m, min, h, hr, d. Its
+// errors name only the offending part, without the package or the field:
+// the config parser adds file, line and field.
 func parseBucket(s string) (Bucket, error) {
 	text := strings.TrimSpace(s)
 	if text == "unlimited" {

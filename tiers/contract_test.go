@@ -42,7 +42,7 @@ limits:
 	}
 	t.Run("memory", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-			return instance(t, ratelimit.NewMemoryStore(), nil)
+			return instance(t, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), nil)
 		}})
 	})
 	t.Run("redis", func(t *testing.T) {
@@ -88,7 +88,7 @@ limits:
 	}
 	t.Run("memory", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-			return instance(t, ratelimit.NewMemoryStore(), nil)
+			return instance(t, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), nil)
 		}})
 	})
 	t.Run("redis", func(t *testing.T) {
@@ -106,10 +106,10 @@ func newLimiter(t *testing.T, yml string, store ratelimit.Store) *tiers.Limiter 
 	return tierstest.Limiter(t, yml, store)
 }
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

@@ -4,8 +4,8 @@
 // which identity dimensions key them (ip, user, api_key, endpoint or any
 // dimension the caller sets) and their rate ("1000/minute, burst 200"), with
 // an algorithm, a fail mode and a shadow flag per rule. Plans (free, pro,
-// enterprise) are named bucket sets; a PlanResolver maps an API key to its
-// plan. For each request every rule that matches is decided in one
+// enterprise) are named bucket sets; a plan resolver (WithPlanResolver)
+// maps an API key to its plan. For each request every rule that matches is decided in one
 // ratelimit.Store.Decide call, all or nothing, so on Redis the whole check
 // costs one round trip (per slot group, in parallel, on a Cluster).
 //
@@ -16,7 +16,7 @@
 //	cfg, err := tiers.ParseFile("limits.yaml")
 //	if err != nil { return err } // "tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit""
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	store, err := ratelimit.NewRedisStore(rdb)
+//	store, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
 //	if err != nil { return err }
 //	lim, err := tiers.New(cfg, store)
 //	r := &spillway.Request{Endpoint: "/api/v1/login", Method: "POST"}
@@ -35,6 +35,10 @@
 // settles it to spillway.Usage's total when done runs, going into debt
 // when the work cost more (see Limiter.Admit). The store must hold
 // (ratelimit.Reserver: the memory, Redis and fallback stores do).
+//
+// Configuration is by functional options, one type per constructor: New
+// takes Options, Limiter.Watch WatchOptions; one passed to the other does
+// not compile.
 //
 // A Limiter is safe for concurrent use. Swap and Reload replace the config
 // atomically; unchanged rules keep their counters. Watch follows a config

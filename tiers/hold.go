@@ -2,7 +2,6 @@ package tiers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -53,10 +52,6 @@ type HoldObserver interface {
 	Settled(ctx context.Context, rule string, units int64, result string)
 }
 
-// ErrSpent is wrapped by the error a step of a metered request returns
-// (spillway.Usage.Add) when a "cost: response" rule has no room for it.
-var ErrSpent = errors.New("tiers: limit spent")
-
 // SpentError is the error spillway.Usage.Add (and Set) returns when a
 // step of the work takes a "cost: response" rule past what its key has:
 // the work should stop. The step is charged all the same (the work was
@@ -77,9 +72,6 @@ func (e *SpentError) Error() string {
 
 // Decision returns the denial.
 func (e *SpentError) Decision() spillway.Decision { return e.D }
-
-// Unwrap makes errors.Is(err, ErrSpent) true.
-func (e *SpentError) Unwrap() error { return ErrSpent }
 
 // admitHeld is Admit for a batch with "cost: response" rules. items,
 // rules and out belong to Admit's scratch: what the hold needs after
@@ -447,12 +439,12 @@ func (hs *held) rechargeExpired(res []ratelimit.SettleResult) {
 // ratelimit.Hold.SettleAsync), and what followed them (see
 // WithHoldObserver) is done, or ctx ends (it then returns ctx.Err()). done
 // hands a settle to the store's background path and returns; a store with
-// a Flush method (ratelimit.RedisStore, ratelimit.Flusher) is flushed
+// a Flush(context.Context) error method (ratelimit.RedisStore) is flushed
 // first, so that nothing waits for its linger. Call it before reading a
 // key's state right after a request, or at shutdown (then close the
 // store: ratelimit.RedisStore.Close).
 func (l *Limiter) Flush(ctx context.Context) error {
-	if f, ok := l.store.(ratelimit.Flusher); ok {
+	if f, ok := l.store.(interface{ Flush(context.Context) error }); ok {
 		if err := f.Flush(ctx); err != nil {
 			return fmt.Errorf("tiers: flush: %w", err)
 		}

@@ -62,7 +62,7 @@ func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.Univer
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := ratelimit.WithClock(func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) })
+	clock := func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) }
 	subject := func(mk func() ratelimit.Store, state func(context.Context) (string, error)) hostiletest.Subject {
 		var l *Limiter
 		reset := func(context.Context) error {
@@ -90,13 +90,16 @@ func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.Univer
 		}
 	}
 	var mem *peekStore
-	mkMem := func() ratelimit.Store { mem = &peekStore{MemoryStore: ratelimit.NewMemoryStore(clock)}; return mem }
+	mkMem := func() ratelimit.Store {
+		mem = &peekStore{MemoryStore: ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clock})}
+		return mem
+	}
 	memState := func(ctx context.Context) (string, error) { return mem.state(ctx) }
 	t.Run("memory", func(t *testing.T) { hostiletest.Run(t, subject(mkMem, memState)) })
 	for name, c := range redisClients {
 		mkRed := func() ratelimit.Store {
 			_ = hostiletest.RedisDelete(context.Background(), c, "hostile:*")
-			return mustRedisStore(c, clock, ratelimit.WithPrefix("hostile:"))
+			return mustRedisStore(c, ratelimit.RedisSettings{Clock: clock, Prefix: "hostile:"})
 		}
 		state := func(ctx context.Context) (string, error) { return hostiletest.RedisState(ctx, c, "hostile:*") }
 		t.Run(name, func(t *testing.T) { hostiletest.Run(t, subject(mkRed, state)) })

@@ -14,30 +14,31 @@ import (
 
 // DimPlan is the request dimension that names the caller's plan directly
 // (set it when authentication already knows the plan); without it the
-// PlanResolver is asked, then Config.DefaultPlan applies.
+// plan resolver (WithPlanResolver) is asked, then Config.DefaultPlan
+// applies.
 const DimPlan = "plan"
 
 // ErrUnknownPlan is wrapped by the error Admit returns when a request's plan
-// (from DimPlan or the PlanResolver) is not in the config.
+// (from DimPlan or the plan resolver) is not in the config.
 var ErrUnknownPlan = errors.New("tiers: unknown plan")
-
-// PlanResolver maps an API key (the request's "api_key" dimension) to the
-// name of its plan. "" means the config's default plan. It runs at most once
-// per Admit, and only when a rule with a plan matched.
-type PlanResolver func(ctx context.Context, apiKey string) (plan string, err error)
-
-// ShadowFunc receives the decision of a shadow rule: d.Allowed is false when
-// the rule would have denied the request. d.Limiter is the rule's id.
-type ShadowFunc func(ctx context.Context, r *spillway.Request, d spillway.Decision)
 
 // Option configures a Limiter.
 type Option func(*Limiter)
 
-// WithPlanResolver sets the hook that maps an API key to its plan.
-func WithPlanResolver(f PlanResolver) Option { return func(l *Limiter) { l.resolver = f } }
+// WithPlanResolver sets the hook that maps an API key (the request's
+// "api_key" dimension) to the name of its plan. "" means the config's
+// default plan. It runs at most once per Admit, and only when a rule with
+// a plan matched.
+func WithPlanResolver(f func(ctx context.Context, apiKey string) (plan string, err error)) Option {
+	return func(l *Limiter) { l.resolver = f }
+}
 
-// WithShadow sets the hook that receives every shadow rule's decision.
-func WithShadow(f ShadowFunc) Option { return func(l *Limiter) { l.shadowFn = f } }
+// WithShadow sets the hook that receives every shadow rule's decision:
+// d.Allowed is false when the rule would have denied the request;
+// d.Limiter is the rule's id.
+func WithShadow(f func(ctx context.Context, r *spillway.Request, d spillway.Decision)) Option {
+	return func(l *Limiter) { l.shadowFn = f }
+}
 
 // WithIPv6Prefix keys the "ip" dimension of IPv6 clients by their /bits
 // prefix (64 is the usual choice: one subscriber gets a /64). 0 (the
@@ -56,8 +57,8 @@ type Limiter struct {
 	store    ratelimit.Store
 	reserver ratelimit.Reserver // store, when it holds; nil otherwise
 	cur      atomic.Pointer[compiled]
-	resolver PlanResolver
-	shadowFn ShadowFunc
+	resolver func(ctx context.Context, apiKey string) (string, error)
+	shadowFn func(ctx context.Context, r *spillway.Request, d spillway.Decision)
 	v6bits   int
 	name     string
 

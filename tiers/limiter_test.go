@@ -130,7 +130,7 @@ limits:
 
 func TestAdmitMultiRule(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	l := mustLimiter(t, loginConfig, store)
 	login := func() *spillway.Request { return req("POST", "/api/v1/login", "ip", "10.0.0.1", "user", "ann") }
 	const ipRule, userRule = "POST /api/v1/login:ip", "/api/v1/login:user"
@@ -167,7 +167,7 @@ func TestAdmitMultiRule(t *testing.T) {
 
 func TestAdmitDenialChoice(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	l := mustLimiter(t, `
 limits:
   - id: slow
@@ -206,7 +206,7 @@ limits:
 }
 
 func TestAdmitInvalidAndEmpty(t *testing.T) {
-	l := mustLimiter(t, "limits: []\n", ratelimit.NewMemoryStore(), WithName("api-tiers"))
+	l := mustLimiter(t, "limits: []\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithName("api-tiers"))
 	r := req("GET", "/", "ip", "a")
 	r.Cost = -1
 	run(t, l, []step{
@@ -217,7 +217,7 @@ func TestAdmitInvalidAndEmpty(t *testing.T) {
 
 func TestShadow(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	var (
 		mu   sync.Mutex
 		seen []spillway.Decision
@@ -303,7 +303,7 @@ limits:
 
 func TestPlans(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	plans := map[string]string{"kp": "pro", "ke": "enterprise", "kx": "platinum"}
 	calls := 0
 	resolver := func(_ context.Context, key string) (string, error) {
@@ -339,13 +339,13 @@ func TestPlans(t *testing.T) {
 	run(t, l, []step{{req("GET", "/health", "api_key", "broken"), spillway.Decision{Allowed: true, Limiter: "tiers"}}})
 
 	// Without a resolver every key is on the default plan.
-	l2 := mustLimiter(t, plansConfig, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)))
+	l2 := mustLimiter(t, plansConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
 	run(t, l2, []step{{k("kp"), spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}}})
 }
 
 func TestSwapCarriesOver(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	l := mustLimiter(t, `
 limits:
   - id: keep
@@ -404,7 +404,7 @@ limits:
 // Swap while requests run: every Admit sees one whole config (run with
 // -race).
 func TestSwapConcurrent(t *testing.T) {
-	store := ratelimit.NewMemoryStore()
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
 	a := "limits:\n  - id: a\n    by: ip\n    bucket: 1000000/second\n"
 	b := "limits:\n  - id: b\n    by: ip\n    bucket: 1000000/second\n  - id: c\n    by: ip\n    bucket: 1000000/minute\n"
 	l := mustLimiter(t, a, store)
@@ -502,14 +502,14 @@ func TestIPv6Grouping(t *testing.T) {
 	cfg := "limits:\n  - id: ip\n    by: ip\n    bucket: 2/minute\n"
 	r := func(ip string) *spillway.Request { return req("GET", "/", "ip", ip) }
 	clk := newClock()
-	grouped := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)), WithIPv6Prefix(64))
+	grouped := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}), WithIPv6Prefix(64))
 	run(t, grouped, []step{
 		{r("2001:db8::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 		{r("2001:db8::2"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 0, ResetAfter: time.Minute}},
 		{r("2001:db8::ffff:3"), spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "ip", Limit: 2, ResetAfter: time.Minute, RetryAfter: 30 * time.Second}},
 		{r("2001:db8:0:1::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 	})
-	whole := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)))
+	whole := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
 	run(t, whole, []step{
 		{r("2001:db8::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 		{r("2001:db8::2"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
@@ -521,7 +521,7 @@ func TestIPv6Grouping(t *testing.T) {
 // Keys: dimensions and rules never share counters; braces cannot pick a
 // slot; long values are bounded; all rules about one entity share a tag.
 func TestKeySafety(t *testing.T) {
-	store := ratelimit.NewMemoryStore()
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
 	l := mustLimiter(t, `
 limits:
   - id: by-ip
@@ -676,7 +676,7 @@ limits:
     bucket: 100/minute
 `
 	clk := newClock()
-	mem := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	mem := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	probe := mustLimiter(t, cfg, mem)
 	ms, err := probe.Matches(context.Background(), req("GET", "/", "ip", "a", "user", "u", "api_key", "k"))
 	if err != nil || len(ms) != 3 {
@@ -717,7 +717,7 @@ func TestManyRules(t *testing.T) {
 		r.Set(dim, "v")
 	}
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 	l := mustLimiter(t, b.String(), store)
 	run(t, l, []step{
 		{r, spillway.Decision{Allowed: true, Limiter: "rdl", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
@@ -733,7 +733,7 @@ func TestManyRules(t *testing.T) {
 // A nil request is malformed like a negative cost: Admit denies it with
 // ReasonInvalid and Matches returns an error, never a panic.
 func TestNilRequest(t *testing.T) {
-	l := mustLimiter(t, "limits:\n  - id: ip\n    by: ip\n    bucket: 1/second\n", ratelimit.NewMemoryStore(), WithName("api-tiers"))
+	l := mustLimiter(t, "limits:\n  - id: ip\n    by: ip\n    bucket: 1/second\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithName("api-tiers"))
 	d, done, err := l.Admit(context.Background(), nil)
 	if want := (spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "api-tiers"}); d != want || err != nil || done == nil {
 		t.Fatalf("Admit(nil) = %+v, %v; want %+v", d, err, want)
@@ -763,7 +763,7 @@ limits:
     bucket: 100/hour
     algorithm: fixed_window
 `
-	l := mustLimiter(t, cfg, ratelimit.NewMemoryStore())
+	l := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 	for _, c := range []struct {
 		endpoint string
 		window   time.Duration

@@ -266,7 +266,7 @@ func TestParseFull(t *testing.T) {
 			t.Errorf("rule %d:\n got %+v\nwant %+v", i, c.Rules[i], want[i])
 		}
 	}
-	l, err := New(c, ratelimit.NewMemoryStore())
+	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,21 +368,21 @@ func TestParseBucket(t *testing.T) {
 		{in: "", err: `want N/unit, e.g. 10/minute, got ""`},
 		{in: "10/99999999999999999999s", err: "period 99999999999999999999 is too large"},
 	} {
-		got, err := ParseBucket(tc.in)
+		got, err := parseBucket(tc.in)
 		if tc.err != "" {
-			if err == nil || err.Error() != "tiers: "+tc.err {
-				t.Errorf("ParseBucket(%q) error = %v, want %s", tc.in, err, tc.err)
+			if err == nil || err.Error() != tc.err {
+				t.Errorf("parseBucket(%q) error = %v, want %s", tc.in, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("ParseBucket(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			t.Errorf("parseBucket(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
 			continue
 		}
 		// String round-trips.
-		back, err := ParseBucket(got.String())
+		back, err := parseBucket(got.String())
 		if err != nil || back != got {
-			t.Errorf("ParseBucket(%q.String() = %q) = %+v, %v", tc.in, got.String(), back, err)
+			t.Errorf("parseBucket(%q.String() = %q) = %+v, %v", tc.in, got.String(), back, err)
 		}
 	}
 }
@@ -404,7 +404,7 @@ func TestConfigInGo(t *testing.T) {
 		{&Config{File: "a.yaml", Rules: []Rule{{By: []string{"ip"}, Plan: "api"}}}, `tiers: a.yaml: rule 1: plan "api": no plans: section defines it`},
 		{&Config{DefaultPlan: "x", Rules: []Rule{}}, `tiers: default_plan "x": no such plan (have none)`},
 	} {
-		_, err := New(tc.cfg, ratelimit.NewMemoryStore())
+		_, err := New(tc.cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("New(%+v)\n got: %v\nwant: %s", tc.cfg, err, tc.want)
 		}
@@ -412,10 +412,10 @@ func TestConfigInGo(t *testing.T) {
 	if _, err := New(&Config{}, nil); err == nil || err.Error() != "tiers: nil store" {
 		t.Errorf("New with nil store: %v; want tiers: nil store", err)
 	}
-	if _, err := New(nil, ratelimit.NewMemoryStore()); err == nil || err.Error() != "tiers: nil config" {
+	if _, err := New(nil, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || err.Error() != "tiers: nil config" {
 		t.Errorf("New with nil config: %v; want tiers: nil config", err)
 	}
-	if _, err := New(&Config{}, ratelimit.NewMemoryStore(), WithIPv6Prefix(129)); err == nil {
+	if _, err := New(&Config{}, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithIPv6Prefix(129)); err == nil {
 		t.Error("New with /129 succeeded")
 	}
 }
@@ -446,7 +446,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		l, err := New(c, ratelimit.NewMemoryStore())
+		l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 		if err != nil {
 			t.Fatalf("parsed config does not compile: %v", err)
 		}

@@ -86,8 +86,8 @@ func randomRequest(rng *rand.Rand) *spillway.Request {
 func TestRedisMatchesMemory(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
-	mem := mustLimiter(t, diffConfig, ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now)))
-	red := mustLimiter(t, diffConfig, mustRedisStore(srv.Client(t), ratelimit.WithClock(clk.now)))
+	mem := mustLimiter(t, diffConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
+	red := mustLimiter(t, diffConfig, mustRedisStore(srv.Client(t), ratelimit.RedisSettings{Clock: clk.now}))
 	rng := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	denied := 0
@@ -196,7 +196,7 @@ func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	cc := c.Client(t)
 	clk := newClock()
-	store := mustRedisStore(cc, ratelimit.WithClock(clk.now))
+	store := mustRedisStore(cc, ratelimit.RedisSettings{Clock: clk.now})
 	l := mustLimiter(t, clusterConfig, store)
 	ctx := context.Background()
 
@@ -370,7 +370,7 @@ limits:
 func TestClusterFailoverPartialCoverage(t *testing.T) {
 	c := redistest.StartCluster(t, "--cluster-require-full-coverage", "no")
 	clk := newClock()
-	store := mustRedisStore(c.Client(t), ratelimit.WithClock(clk.now))
+	store := mustRedisStore(c.Client(t), ratelimit.RedisSettings{Clock: clk.now})
 	l := mustLimiter(t, clusterConfig, store)
 	failover(t, c, l, store, true)
 }
@@ -516,10 +516,10 @@ func sameOwner(t *testing.T, c *redistest.Cluster, a, b int) bool {
 	return oa == ob
 }
 
-// mustRedisStore is ratelimit.NewRedisStore for a client and options that
+// mustRedisStore is ratelimit.NewRedisStore for a client and settings that
 // are valid.
-func mustRedisStore(c redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.RedisStore {
-	s, err := ratelimit.NewRedisStore(c, opts...)
+func mustRedisStore(c redis.UniversalClient, set ...ratelimit.RedisSettings) *ratelimit.RedisStore {
+	s, err := ratelimit.NewRedisStore(c, append(set, ratelimit.RedisSettings{})[0])
 	if err != nil {
 		panic(err)
 	}

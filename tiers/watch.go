@@ -12,22 +12,22 @@ import (
 	"time"
 )
 
-// DefaultWatchInterval is how often a Watcher looks at its file unless
+// DefaultWatchInterval is how often Limiter.Watch looks at its file unless
 // WithWatchInterval says otherwise.
 const DefaultWatchInterval = time.Second
 
-// racyWindow is how long after a file's mtime a Watcher keeps reading it
+// racyWindow is how long after a file's mtime a watcher keeps reading it
 // even when its stat has not changed: a write within the filesystem's mtime
 // granularity (one second on some, two on FAT) of the previous read leaves
 // the stat unchanged, so only the content hash can tell.
 const racyWindow = 2 * time.Second
 
-// WatchOption configures a Watcher.
-type WatchOption func(*Watcher)
+// WatchOption configures Limiter.Watch.
+type WatchOption func(*watcher)
 
 // WithWatchInterval sets how often the file is checked (default
 // DefaultWatchInterval). It must be positive.
-func WithWatchInterval(d time.Duration) WatchOption { return func(w *Watcher) { w.interval = d } }
+func WithWatchInterval(d time.Duration) WatchOption { return func(w *watcher) { w.interval = d } }
 
 // WithReloadErrorHandler sets the func that receives a failed check: the
 // parse error of a rejected file (a *ConfigError naming the file and the
@@ -35,47 +35,17 @@ func WithWatchInterval(d time.Duration) WatchOption { return func(w *Watcher) { 
 // gone). It is called once per failure, not on every tick: again only when
 // the error changes. The default logs with slog.Default at level Error.
 func WithReloadErrorHandler(f func(error)) WatchOption {
-	return func(w *Watcher) { w.onError = f }
+	return func(w *watcher) { w.onError = f }
 }
 
 // WithReloadHandler sets the func called after a new config is swapped
 // in, with that config.
 func WithReloadHandler(f func(*Config)) WatchOption {
-	return func(w *Watcher) { w.onReload = f }
+	return func(w *watcher) { w.onReload = f }
 }
 
-// Watcher follows a config file and reloads a Limiter when its content
-// changes. It polls (portable, and sees a file replaced by rename or by a
-// Kubernetes ConfigMap symlink swap as well as one edited in place): each
-// check stats the file and reads it only when its identity, size or mtime
-// changed, or when the mtime is recent enough that a same-size rewrite
-// could hide in the mtime granularity; the content's SHA-256 then decides
-// whether anything changed.
-//
-// A changed file goes through Limiter.Reload: a valid one is swapped in
-// atomically, and rules whose id and policy are unchanged keep their
-// counters and Stats. A file that does not parse, or that cannot be read
-// (deleted, unreadable), changes nothing: the Limiter keeps enforcing the
-// last good config with its counters, and the error is reported to the
-// WithReloadErrorHandler func. The same bad content is not parsed or
-// reported again; the next change is.
-//
-// The first check applies the file as it is, whatever config the Limiter
-// was created with (a Swap of an identical config keeps every counter), and
-// so does the first check after someone else swapped a config in: while a
-// Watcher runs, the file is the source of truth.
-//
-// Replace the file atomically (write a temporary file in the same
-// directory, then rename it over the old one): a check can read a file
-// being written in place half-written. Such a half is almost always
-// rejected and reported, and the whole file applied at the next check; but
-// a cut that falls between two rules parses, and would be enforced for one
-// interval.
-//
-// Limitation of polling: a rewrite that keeps the file's size and restores
-// its old mtime is not seen. A Watcher's methods are safe for concurrent
-// use.
-type Watcher struct {
+// watcher follows a config file for Limiter.Watch (see there).
+type watcher struct {
 	l        *Limiter
 	path     string
 	name     string // the base name, used in parse errors
@@ -94,16 +64,16 @@ type Watcher struct {
 	lastErr error // the error of the last check, for reporting changes only
 }
 
-// NewWatcher returns a Watcher of the config file at path for l. It does
+// newWatcher returns a watcher of the config file at path for l. It does
 // not look at the file yet: Check and Run do.
-func NewWatcher(l *Limiter, path string, opts ...WatchOption) (*Watcher, error) {
+func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) {
 	if l == nil {
 		return nil, errors.New("tiers: watch: nil limiter")
 	}
 	if path == "" {
 		return nil, errors.New("tiers: watch: empty path")
 	}
-	w := &Watcher{
+	w := &watcher{
 		l:        l,
 		path:     path,
 		name:     filepath.Base(path),
@@ -123,14 +93,44 @@ func NewWatcher(l *Limiter, path string, opts ...WatchOption) (*Watcher, error) 
 	return w, nil
 }
 
-// Watch follows the config file at path and reloads l when it changes,
-// until ctx is done: NewWatcher(l, path, opts...) then Run. It returns
-// ctx.Err(), or NewWatcher's error at once.
+// Watch follows the config file at path and reloads l when its content
+// changes, until ctx is done; it returns ctx.Err(), or at once an error
+// for an empty path or a non-positive WithWatchInterval.
 //
 //	go lim.Watch(ctx, "/etc/myapp/limits.yaml",
 //		tiers.WithReloadErrorHandler(func(err error) { log.Print(err) }))
+//
+// It polls (portable, and sees a file replaced by rename or by a
+// Kubernetes ConfigMap symlink swap as well as one edited in place): each
+// check stats the file and reads it only when its identity, size or mtime
+// changed, or when the mtime is recent enough that a same-size rewrite
+// could hide in the mtime granularity; the content's SHA-256 then decides
+// whether anything changed.
+//
+// A changed file goes through Limiter.Reload: a valid one is swapped in
+// atomically, and rules whose id and policy are unchanged keep their
+// counters and Stats. A file that does not parse, or that cannot be read
+// (deleted, unreadable), changes nothing: the Limiter keeps enforcing the
+// last good config with its counters, and the error is reported to the
+// WithReloadErrorHandler func. The same bad content is not parsed or
+// reported again; the next change is.
+//
+// The first check applies the file as it is, whatever config the Limiter
+// was created with (a Swap of an identical config keeps every counter), and
+// so does the first check after someone else swapped a config in: while Watch
+// runs, the file is the source of truth.
+//
+// Replace the file atomically (write a temporary file in the same
+// directory, then rename it over the old one): a check can read a file
+// being written in place half-written. Such a half is almost always
+// rejected and reported, and the whole file applied at the next check; but
+// a cut that falls between two rules parses, and would be enforced for one
+// interval.
+//
+// Limitation of polling: a rewrite that keeps the file's size and restores
+// its old mtime is not seen.
 func (l *Limiter) Watch(ctx context.Context, path string, opts ...WatchOption) error {
-	w, err := NewWatcher(l, path, opts...)
+	w, err := newWatcher(l, path, opts...)
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func (l *Limiter) Watch(ctx context.Context, path string, opts ...WatchOption) e
 
 // Run checks the file at once, then every interval, until ctx is done; it
 // returns ctx.Err(). It starts no other goroutine.
-func (w *Watcher) Run(ctx context.Context) error {
+func (w *watcher) Run(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -161,7 +161,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 // when the config in use is the file's content; otherwise it says why not
 // (the same error again while nothing changes). A new error is also
 // passed to the error handler.
-func (w *Watcher) Check() (reloaded bool, err error) {
+func (w *watcher) Check() (reloaded bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	reloaded, err = w.check()
@@ -175,7 +175,7 @@ func (w *Watcher) Check() (reloaded bool, err error) {
 	return reloaded, err
 }
 
-func (w *Watcher) check() (bool, error) {
+func (w *watcher) check() (bool, error) {
 	fi, err := os.Stat(w.path)
 	if err != nil {
 		return false, fmt.Errorf("tiers: watch: %w", err)

@@ -57,7 +57,7 @@ const watchBad = `limits:
 
 const watchBadErr = `tiers: limits.yaml:9: bucket "2/hour, burts 4": want ", burst N" after the rate, got "burts 4"`
 
-// reports records what a Watcher reported.
+// reports records what a watcher reported.
 type reports struct {
 	mu      sync.Mutex
 	errs    []error
@@ -115,7 +115,7 @@ type admitStep struct {
 	want     outcome
 }
 
-func checkWant(t *testing.T, w *Watcher, what string, wantReloaded bool, wantErr string) {
+func checkWant(t *testing.T, w *watcher, what string, wantReloaded bool, wantErr string) {
 	t.Helper()
 	reloaded, err := w.Check()
 	got := ""
@@ -136,9 +136,9 @@ func TestWatchCheck(t *testing.T) {
 			clk := newClock()
 			var store ratelimit.Store
 			if backend == "memory" {
-				store = ratelimit.NewMemoryStore(ratelimit.WithClock(clk.now))
+				store = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
 			} else {
-				store = mustRedisStore(redistest.Start(t).Client(t), ratelimit.WithClock(clk.now))
+				store = mustRedisStore(redistest.Start(t).Client(t), ratelimit.RedisSettings{Clock: clk.now})
 			}
 			testWatchCheck(t, store)
 		})
@@ -157,7 +157,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 		t.Fatal(err)
 	}
 	var rep reports
-	w, err := NewWatcher(l, path, rep.opts()...)
+	w, err := newWatcher(l, path, rep.opts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +267,8 @@ func TestWatchSkipsUnchangedStat(t *testing.T) {
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore())
-	w, err := NewWatcher(l, path, WithReloadErrorHandler(func(error) {}))
+	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+	w, err := newWatcher(l, path, WithReloadErrorHandler(func(error) {}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,8 +301,8 @@ func TestWatchAfterForeignSwap(t *testing.T) {
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore())
-	w, err := NewWatcher(l, path, WithReloadErrorHandler(func(error) {}))
+	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+	w, err := newWatcher(l, path, WithReloadErrorHandler(func(error) {}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestWatchAfterForeignSwap(t *testing.T) {
 }
 
 func TestNewWatcherErrors(t *testing.T) {
-	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore())
+	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 	for _, c := range []struct {
 		l    *Limiter
 		path string
@@ -331,13 +331,13 @@ func TestNewWatcherErrors(t *testing.T) {
 		{l, "x.yaml", []WatchOption{WithWatchInterval(0)}, "tiers: watch interval 0s must be positive"},
 		{l, "x.yaml", []WatchOption{WithWatchInterval(-time.Second)}, "tiers: watch interval -1s must be positive"},
 	} {
-		_, err := NewWatcher(c.l, c.path, c.opts...)
+		_, err := newWatcher(c.l, c.path, c.opts...)
 		if err == nil || err.Error() != c.want {
-			t.Errorf("NewWatcher(%q): %v; want %q", c.path, err, c.want)
+			t.Errorf("newWatcher(%q): %v; want %q", c.path, err, c.want)
 		}
 	}
 	dir := t.TempDir()
-	w, err := NewWatcher(l, dir, WithReloadErrorHandler(func(error) {}))
+	w, err := newWatcher(l, dir, WithReloadErrorHandler(func(error) {}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,9 +351,9 @@ func TestWatchRunTicks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "limits.yaml")
 		writeFile(t, path, watchV1)
-		l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore())
+		l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 		var rep reports
-		w, err := NewWatcher(l, path, append(rep.opts(), WithWatchInterval(10*time.Second))...)
+		w, err := newWatcher(l, path, append(rep.opts(), WithWatchInterval(10*time.Second))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -399,7 +399,7 @@ func TestWatchRunTicks(t *testing.T) {
 func TestWatchRealLoop(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "limits.yaml")
 	writeFile(t, path, watchV1)
-	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore())
+	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 16)

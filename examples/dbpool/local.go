@@ -14,9 +14,9 @@ import (
 type memoryShare struct{ lim *ratelimit.Limiter }
 
 func newMemoryShare(perSecond int64) (spillway.Limiter, error) {
-	lim, err := ratelimit.New(ratelimit.NewMemoryStore(), ratelimit.Policy{
+	lim, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{
 		Algorithm: ratelimit.TokenBucket, Limit: perSecond, Period: time.Second,
-	})
+	}, ratelimit.Settings{})
 	if err != nil {
 		return nil, err
 	}

@@ -185,7 +185,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 			return fmt.Errorf("-tokens: %w", err)
 		}
 	}
-	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel.Options())
+	chain, describe, closeAll, err := build(ctx, cfg, *redisAddr, *budget, tel)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 	return nil
 }
 
-func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel []telemetry.Option) (spillway.Limiter, string, func(), error) {
+func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time.Duration, tel *demo.Telemetry) (spillway.Limiter, string, func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -263,8 +263,8 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		return fail(err)
 	}
 	if redisAddr == "" {
-		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
+		store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel.MeterProvider)))
 		if err != nil {
 			return fail(err)
 		}
@@ -272,14 +272,14 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel...)
+		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel.Options()...)
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
 	// One health for the one Redis: K failures seen by any block (or by
 	// the fleet's reports) stop every block from calling it; go-redis's
 	// own dial errors are logged once per 10 s.
-	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel)
+	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel.MeterProvider)
 	if err != nil {
 		return fail(err)
 	}
@@ -289,7 +289,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 
 	// Rules marked "fail: closed" deny while Redis is out: their store
 	// items say so, and the fallback store honours it.
-	redisStore, err := ratelimit.NewRedisStore(rdb)
+	redisStore, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
 	if err != nil {
 		return fail(err)
 	}
@@ -297,7 +297,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel...)))
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel.MeterProvider)))
 	if err != nil {
 		return fail(err)
 	}
@@ -322,6 +322,6 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	})
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel...)
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel.Options()...)
 	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }

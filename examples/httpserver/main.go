@@ -161,7 +161,7 @@ func run(ctx context.Context, args []string, out, otelOut io.Writer, ready func(
 		}
 	}
 
-	b, err := build(ctx, cfg, sizes{*perClient, *workerCap}, *redisAddr, *budget, tel.Options())
+	b, err := build(ctx, cfg, sizes{*perClient, *workerCap}, *redisAddr, *budget, tel)
 	if err != nil {
 		return err
 	}
@@ -297,7 +297,7 @@ func (b *blocks) close() {
 	}
 }
 
-func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, budget time.Duration, tel []telemetry.Option) (*blocks, error) {
+func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, budget time.Duration, tel *demo.Telemetry) (*blocks, error) {
 	b := &blocks{degraded: func() bool { return false }}
 	worker, err := shedder.NewWorker(sz.worker, shedder.WithName("worker"))
 	if err != nil {
@@ -305,8 +305,8 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	}
 
 	if redisAddr == "" {
-		store := ratelimit.NewMemoryStore()
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
+		store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
+		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel.MeterProvider)))
 		if err != nil {
 			return nil, err
 		}
@@ -316,7 +316,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		}
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
-		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel...)
+		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel.Options()...)
 		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -324,7 +324,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// One health for the one Redis: K failures seen by any block (or by
 	// the fleet's reports, the ceiling's sync) stop every block from
 	// calling it; go-redis's own dial errors are logged once per 10 s.
-	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel)
+	conn, err := demo.ConnectRedis(ctx, redisAddr, budget, tel.MeterProvider)
 	if err != nil {
 		b.close()
 		return nil, err
@@ -336,7 +336,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 	// Rate tiers: Redis store inside the fallback (budget, breaker, 20%
 	// local share); rules marked "fail: closed" deny while Redis is out
 	// (their store items say so).
-	redisStore, err := ratelimit.NewRedisStore(rdb)
+	redisStore, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
 	if err != nil {
 		b.close()
 		return nil, err
@@ -346,7 +346,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		b.close()
 		return nil, err
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel...)))
+	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel.MeterProvider)))
 	if err != nil {
 		b.close()
 		return nil, err
@@ -390,7 +390,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, ceiling)), "api", tel...)
+	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, ceiling)), "api", tel.Options()...)
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()

@@ -31,7 +31,7 @@ func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 func run() error {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(c.now))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: c.now})
 
 	policies := []ratelimit.Policy{
 		{Algorithm: ratelimit.TokenBucket, Limit: 5, Period: time.Second, Burst: 3},
@@ -40,7 +40,7 @@ func run() error {
 		{Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Period: time.Second},
 	}
 	for _, p := range policies {
-		lim, err := ratelimit.New(store, p)
+		lim, err := ratelimit.New(store, p, ratelimit.Settings{})
 		if err != nil {
 			return err
 		}
@@ -58,7 +58,7 @@ func run() error {
 	}
 
 	// A cost above what a policy can ever admit is an explicit denial.
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 10, Period: time.Second})
+	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 10, Period: time.Second}, ratelimit.Settings{})
 	if err != nil {
 		return err
 	}
@@ -69,12 +69,12 @@ func run() error {
 	fmt.Printf("== cost 11 against %s: allowed=%v reason=%s retry_after=%v\n\n", lim.Policy(), d.Allowed, d.Reason, d.RetryAfter)
 
 	// An invalid policy is an error that names the field.
-	if _, err := ratelimit.New(store, ratelimit.Policy{Limit: 0, Period: time.Second}); err != nil {
+	if _, err := ratelimit.New(store, ratelimit.Policy{Limit: 0, Period: time.Second}, ratelimit.Settings{}); err != nil {
 		fmt.Printf("== invalid policy: %v\n\n", err)
 	}
 
 	// In a chain, keyed by the client's IP.
-	perIP, err := ratelimit.New(store, ratelimit.Policy{Limit: 2, Period: time.Second}, ratelimit.WithScope("per-ip"))
+	perIP, err := ratelimit.New(store, ratelimit.Policy{Limit: 2, Period: time.Second}, ratelimit.Settings{Scope: "per-ip"})
 	if err != nil {
 		return err
 	}

@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 	if err != nil {
 		return err
 	}
-	rstore, err := ratelimit.NewRedisStore(rdb)
+	rstore, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func buildNone(*Env, int) (ServerChain, error) { return ServerChain{}, nil }
 // per CPU), and any Redis error lets the request through.
 func buildNaive(env *Env, _ int) (ServerChain, error) {
 	client := redis.NewClient(&redis.Options{Addr: env.Redis})
-	store, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	store, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: env.Prefix})
 	if err != nil {
 		client.Close()
 		return ServerChain{}, err
@@ -133,7 +133,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 	}
 	// A fleet-wide rate ceiling in front of the database, at its capacity.
 	capRPS := int64(env.System.CapacityRPS())
-	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.WithScope("db_ceiling"))
+	global, err := ratelimit.New(store, ratelimit.Policy{Limit: capRPS, Period: time.Second, Burst: int64(env.System.Capacity)}, ratelimit.Settings{Scope: "db_ceiling"})
 	if err != nil {
 		client.Close()
 		return ServerChain{}, err
@@ -197,7 +197,7 @@ func newClient(env *Env, share float64) (*redis.Client, *fallback.Health, error)
 // behind fallback.NewStore, as the README wires it (the breaker is the
 // client's health).
 func rateStore(env *Env, client *redis.Client) (ratelimit.Store, error) {
-	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.WithPrefix(env.Prefix))
+	redisStore, err := ratelimit.NewRedisStore(client, ratelimit.RedisSettings{Prefix: env.Prefix})
 	if err != nil {
 		return nil, err
 	}

@@ -129,9 +129,9 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 
 	var now int64 // µs, the fake clock
 	clock := func() time.Time { return time.UnixMicro(now) }
-	store := ratelimit.NewMemoryStore(ratelimit.WithClock(clock))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clock})
 	mk := func(a ratelimit.Algorithm) *ratelimit.Limiter {
-		l, err := ratelimit.New(store, ratelimit.Policy{Algorithm: a, Limit: accuracyLimit, Period: accuracyPeriod}, ratelimit.WithScope(a.String()))
+		l, err := ratelimit.New(store, ratelimit.Policy{Algorithm: a, Limit: accuracyLimit, Period: accuracyPeriod}, ratelimit.Settings{Scope: a.String()})
 		if err != nil {
 			panic(err) // a constant, valid policy
 		}
@@ -394,7 +394,7 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 	var now int64
 	clock := func() time.Time { return time.UnixMicro(1_700_000_000_000_000 + now) }
 	mk := func(p ratelimit.Policy) *ratelimit.Limiter {
-		l, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.WithClock(clock)), p)
+		l, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clock}), p, ratelimit.Settings{})
 		if err != nil {
 			panic(err) // the contenders are constant, valid policies
 		}

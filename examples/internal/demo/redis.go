@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/telemetry"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Redis is the examples' connection to one Redis: the client, tuned so
@@ -24,7 +25,7 @@ type Redis struct {
 // within 2 s), routes go-redis's own log lines through a rate-limited
 // logger (one line per message pattern per 10 s), and publishes the shared
 // health as the breaker gauge named "redis".
-func ConnectRedis(ctx context.Context, addr string, budget time.Duration, tel []telemetry.Option) (*Redis, error) {
+func ConnectRedis(ctx context.Context, addr string, budget time.Duration, mp metric.MeterProvider) (*Redis, error) {
 	opt := &redis.Options{Addr: addr}
 	if budget > fallback.ClientIOTimeout {
 		opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = budget, budget, budget
@@ -44,7 +45,7 @@ func ConnectRedis(ctx context.Context, addr string, budget time.Duration, tel []
 		r.Close()
 		return nil, err
 	}
-	stop, err := telemetry.ObserveBreaker("redis", r.Health.State, tel...)
+	stop, err := telemetry.ObserveBreaker("redis", r.Health.State, mp)
 	if err != nil {
 		r.Close()
 		return nil, err
