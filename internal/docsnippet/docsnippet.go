@@ -230,17 +230,10 @@ func Check(t testing.TB, dir string, snippets ...Snippet) {
 	if len(paths) == 0 {
 		return
 	}
-	exports, err := exportData(dir, paths)
+	imp, err := importerFor(fset, dir, paths)
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
-		file, ok := exports[path]
-		if !ok {
-			return nil, fmt.Errorf("no export data for %s", path)
-		}
-		return os.Open(file)
-	})
 	for i, s := range snippets {
 		if files[i] == nil {
 			continue
@@ -298,4 +291,20 @@ func numbered(src string) string {
 		fmt.Fprintf(&b, "%4d  %s\n", i+1, l)
 	}
 	return b.String()
+}
+
+// importerFor returns an importer of the export data of paths, built from
+// dir (go list -export).
+func importerFor(fset *token.FileSet, dir string, paths map[string]bool) (types.Importer, error) {
+	exports, err := exportData(dir, paths)
+	if err != nil {
+		return nil, err
+	}
+	return importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+		file, ok := exports[path]
+		if !ok {
+			return nil, fmt.Errorf("no export data for %s", path)
+		}
+		return os.Open(file)
+	}), nil
 }

@@ -1,14 +1,10 @@
 package docsnippet
 
 import (
-	"fmt"
 	"go/ast"
-	"go/importer"
 	"go/parser"
 	"go/token"
 	"go/types"
-	"io"
-	"os"
 	"strings"
 	"testing"
 )
@@ -27,17 +23,10 @@ func CompileErrors(t testing.TB, dir string, s Snippet) []string {
 	for _, imp := range f.Imports {
 		paths[strings.Trim(imp.Path.Value, `"`)] = true
 	}
-	exports, err := exportData(dir, paths)
+	imp, err := importerFor(fset, dir, paths)
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
-		file, ok := exports[path]
-		if !ok {
-			return nil, fmt.Errorf("no export data for %s", path)
-		}
-		return os.Open(file)
-	})
 	var errs []string
 	conf := types.Config{Importer: imp, Error: func(err error) {
 		if te, ok := err.(types.Error); ok && te.Soft && (strings.Contains(te.Msg, "declared and not used") || strings.Contains(te.Msg, "imported and not used")) {
