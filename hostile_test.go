@@ -35,11 +35,11 @@ func TestHostileChain(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		cs, err := concurrency.NewRedisStore(rdb, concurrency.WithClock(now), concurrency.WithPrefix("hostile:"))
+		cs, err := concurrency.NewRedisStore(rdb, concurrency.RedisSettings{Clock: now, Prefix: "hostile:"})
 		if err != nil {
 			return err
 		}
-		cl, err := concurrency.New(cs, 20)
+		cl, err := concurrency.New(cs, 20, concurrency.Settings{})
 		if err != nil {
 			return err
 		}

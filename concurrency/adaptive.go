@@ -10,22 +10,22 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-// Sample is one completed request, as an Algorithm sees it.
-type Sample struct {
+// sample is one completed request, as an Algorithm sees it.
+type sample struct {
 	Start    time.Time        // when it was admitted
 	RTT      time.Duration    // how long it ran
 	InFlight int              // requests in flight when it was admitted or when it ended, whichever was more, itself included
 	Outcome  spillway.Outcome // Success or Dropped; Ignored never reaches an Algorithm
 }
 
-// Algorithm computes a concurrency limit from completed requests. Adaptive
-// calls it under its own lock, so implementations need not be safe for
-// concurrent use.
+// Algorithm computes a concurrency limit from completed requests: a
+// *LatencyLimit (NewLatencyLimit) or an AIMD (NewAIMD); the interface is
+// sealed. Adaptive calls it under its own lock.
 type Algorithm interface {
-	// Limit returns the current limit, at least 1.
-	Limit() int
-	// Update records one completed request.
-	Update(s Sample)
+	// value returns the current limit, at least 1.
+	value() int
+	// update records one completed request.
+	update(s sample)
 }
 
 // Adaptive is a local (per-process) concurrency limit whose value an
@@ -41,35 +41,24 @@ type Adaptive struct {
 	now      func() time.Time
 }
 
-// AdaptiveOption configures an Adaptive.
-type AdaptiveOption func(*Adaptive)
-
-// WithAdaptiveName sets Decision.Limiter (default "adaptive").
-func WithAdaptiveName(name string) AdaptiveOption { return func(a *Adaptive) { a.name = name } }
-
-// WithAdaptiveClock sets the clock that measures RTTs (default time.Now).
-func WithAdaptiveClock(now func() time.Time) AdaptiveOption { return func(a *Adaptive) { a.now = now } }
-
-// NewAdaptive returns a limiter driven by alg (NewLatencyLimit or NewAIMD).
-func NewAdaptive(alg Algorithm, opts ...AdaptiveOption) (*Adaptive, error) {
-	if alg == nil {
+// NewAdaptive returns a limiter driven by alg (NewLatencyLimit or NewAIMD),
+// named name in Decision.Limiter ("" is "adaptive"). It fails when alg is
+// nil.
+func NewAdaptive(alg Algorithm, name string) (*Adaptive, error) {
+	if alg == nil || alg == (*LatencyLimit)(nil) {
 		return nil, fmt.Errorf("concurrency: NewAdaptive: algorithm is nil")
 	}
-	a := &Adaptive{alg: alg, name: "adaptive", now: time.Now}
-	for _, o := range opts {
-		o(a)
+	if name == "" {
+		name = "adaptive"
 	}
-	if a.now == nil || a.name == "" {
-		return nil, fmt.Errorf("concurrency: NewAdaptive: clock and name must be set")
-	}
-	return a, nil
+	return &Adaptive{alg: alg, name: name, now: time.Now}, nil
 }
 
 // Limit returns the current limit.
 func (a *Adaptive) Limit() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.alg.Limit()
+	return a.alg.value()
 }
 
 // InFlight returns the number of admitted requests not yet done.
@@ -95,7 +84,7 @@ func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decis
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil
 	}
 	a.mu.Lock()
-	limit := a.alg.Limit()
+	limit := a.alg.value()
 	if a.inFlight >= limit {
 		a.mu.Unlock()
 		return spillway.Decision{Reason: spillway.ReasonShed, Limiter: a.name, Limit: int64(limit), RetryAfter: time.Second}, spillway.Noop, nil
@@ -112,7 +101,7 @@ func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decis
 		used := max(inFlight, a.inFlight)
 		a.inFlight--
 		if o == spillway.Success || o == spillway.Dropped {
-			a.alg.Update(Sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
+			a.alg.update(sample{Start: start, RTT: rtt, InFlight: used, Outcome: o})
 		}
 	}), nil
 }
@@ -126,20 +115,26 @@ type AIMDConfig struct {
 	Timeout time.Duration // an RTT above it counts as a drop; 0: RTT never does
 }
 
-// AIMD is additive-increase, multiplicative-decrease, as TCP Reno: each
+// aimd is additive-increase, multiplicative-decrease, as TCP Reno: each
 // success of a request that saw at least half the limit in use adds 1/limit
 // (one per limit's worth of successes, i.e. about one per round trip); a
 // drop multiplies the limit by Backoff, at most once per round trip (drops
 // of requests that started before the last decrease are ignored: the
 // decrease already answered them).
-type AIMD struct {
+type aimd struct {
 	cfg          AIMDConfig
 	limit        float64
 	lastDecrease time.Time
 }
 
-// NewAIMD validates cfg and returns an AIMD at cfg.Initial.
-func NewAIMD(cfg AIMDConfig) (*AIMD, error) {
+// NewAIMD validates cfg and returns an Algorithm at cfg.Initial that is
+// additive-increase, multiplicative-decrease, as TCP Reno: each success
+// of a request that saw at least half the limit in use adds 1/limit (one
+// per limit's worth of successes, i.e. about one per round trip); a drop
+// (a Dropped outcome, or an RTT above Timeout) multiplies the limit by
+// Backoff, at most once per round trip. It learns from failures only: for
+// work whose latency says nothing about overload.
+func NewAIMD(cfg AIMDConfig) (Algorithm, error) {
 	if cfg.Initial == 0 {
 		cfg.Initial = 20
 	}
@@ -162,14 +157,12 @@ func NewAIMD(cfg AIMDConfig) (*AIMD, error) {
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("concurrency: NewAIMD: Timeout %v is negative", cfg.Timeout)
 	}
-	return &AIMD{cfg: cfg, limit: float64(cfg.Initial)}, nil
+	return &aimd{cfg: cfg, limit: float64(cfg.Initial)}, nil
 }
 
-// Limit implements Algorithm.
-func (a *AIMD) Limit() int { return int(a.limit) }
+func (a *aimd) value() int { return int(a.limit) }
 
-// Update implements Algorithm.
-func (a *AIMD) Update(s Sample) {
+func (a *aimd) update(s sample) {
 	dropped := s.Outcome == spillway.Dropped || (a.cfg.Timeout > 0 && s.RTT > a.cfg.Timeout)
 	if dropped {
 		if s.Start.Before(a.lastDecrease) {

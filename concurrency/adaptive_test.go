@@ -2,6 +2,7 @@ package concurrency
 
 import (
 	"context"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"math"
 	"testing"
 	"time"
@@ -15,46 +16,46 @@ func TestAIMDSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	ok := func(start time.Duration, inFlight int) Sample {
-		return Sample{Start: t0.Add(start), RTT: 100 * time.Millisecond, InFlight: inFlight, Outcome: spillway.Success}
+	ok := func(start time.Duration, inFlight int) sample {
+		return sample{Start: t0.Add(start), RTT: 100 * time.Millisecond, InFlight: inFlight, Outcome: spillway.Success}
 	}
 	// Ten successes that used the limit add one (1/limit each).
 	for i := 0; i < 10; i++ {
-		a.Update(ok(0, 5))
+		a.update(ok(0, 5))
 	}
-	if got := a.Limit(); got != 10 && got != 11 {
+	if got := a.value(); got != 10 && got != 11 {
 		t.Fatalf("after 10 successes limit = %d", got)
 	}
-	a.Update(ok(0, 6))
-	if got := a.Limit(); got != 11 {
+	a.update(ok(0, 6))
+	if got := a.value(); got != 11 {
 		t.Fatalf("after 11 successes limit = %d, want 11", got)
 	}
 	// App-limited successes (2 in flight of 11) teach nothing.
 	for i := 0; i < 100; i++ {
-		a.Update(ok(0, 2))
+		a.update(ok(0, 2))
 	}
-	if got := a.Limit(); got != 11 {
+	if got := a.value(); got != 11 {
 		t.Fatalf("app-limited successes moved the limit to %d", got)
 	}
 	// A drop: floor(11.x × 0.9) = 9. Its decrease answers every request
 	// that started before it ended (t0+1s+100ms).
-	a.Update(Sample{Start: t0.Add(time.Second), RTT: 100 * time.Millisecond, InFlight: 11, Outcome: spillway.Dropped})
-	if got := a.Limit(); got != 9 {
+	a.update(sample{Start: t0.Add(time.Second), RTT: 100 * time.Millisecond, InFlight: 11, Outcome: spillway.Dropped})
+	if got := a.value(); got != 9 {
 		t.Fatalf("after a drop limit = %d, want 9", got)
 	}
-	a.Update(Sample{Start: t0.Add(time.Second + 50*time.Millisecond), RTT: time.Millisecond, Outcome: spillway.Dropped})
-	if got := a.Limit(); got != 9 {
+	a.update(sample{Start: t0.Add(time.Second + 50*time.Millisecond), RTT: time.Millisecond, Outcome: spillway.Dropped})
+	if got := a.value(); got != 9 {
 		t.Fatalf("a drop of the same round trip decreased again: %d", got)
 	}
 	// An RTT above the timeout is a drop: floor(9 × 0.9) = 8.
-	a.Update(Sample{Start: t0.Add(2 * time.Second), RTT: 2 * time.Second, InFlight: 9, Outcome: spillway.Success})
-	if got := a.Limit(); got != 8 {
+	a.update(sample{Start: t0.Add(2 * time.Second), RTT: 2 * time.Second, InFlight: 9, Outcome: spillway.Success})
+	if got := a.value(); got != 8 {
 		t.Fatalf("after a timeout limit = %d, want 8", got)
 	}
 	for i := 0; i < 50; i++ {
-		a.Update(Sample{Start: t0.Add(time.Duration(10+i) * time.Minute), RTT: time.Millisecond, Outcome: spillway.Dropped})
+		a.update(sample{Start: t0.Add(time.Duration(10+i) * time.Minute), RTT: time.Millisecond, Outcome: spillway.Dropped})
 	}
-	if got := a.Limit(); got != 2 {
+	if got := a.value(); got != 2 {
 		t.Fatalf("limit fell to %d, want the floor 2", got)
 	}
 }
@@ -71,7 +72,7 @@ func TestAlgorithmConfigValidation(t *testing.T) {
 			t.Errorf("AIMD %s: no error", name)
 		}
 	}
-	if _, err := NewAdaptive(nil); err == nil {
+	if _, err := NewAdaptive(nil, ""); err == nil {
 		t.Error("NewAdaptive(nil): no error")
 	}
 }
@@ -79,10 +80,11 @@ func TestAlgorithmConfigValidation(t *testing.T) {
 func TestAdaptiveAdmitAndOutcomes(t *testing.T) {
 	clock := newFakeClock()
 	alg, _ := NewAIMD(AIMDConfig{Initial: 2, Min: 1})
-	a, err := NewAdaptive(alg, WithAdaptiveClock(clock.Now), WithAdaptiveName("local"))
+	a, err := NewAdaptive(alg, "local")
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.now = clock.Now
 	ctx := context.Background()
 	r := &spillway.Request{Priority: spillway.Critical}
 	d1, done1, _ := a.Admit(ctx, r)
@@ -115,7 +117,7 @@ func TestAdaptiveAdmitAndOutcomes(t *testing.T) {
 // request's Cost does not weigh (see Adaptive.Admit for why).
 func TestAdaptiveCountsRequestsNotCost(t *testing.T) {
 	alg, _ := NewAIMD(AIMDConfig{Initial: 2, Min: 1})
-	a, _ := NewAdaptive(alg, WithAdaptiveName("local"))
+	a, _ := NewAdaptive(alg, "local")
 	ctx := context.Background()
 	d1, done1, _ := a.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: 5})
 	d2, done2, _ := a.Admit(ctx, &spillway.Request{Priority: spillway.Critical, Cost: 100})
@@ -144,7 +146,7 @@ func TestAdaptiveCountsRequestsNotCost(t *testing.T) {
 // limit admits (steady overload), runs what was admitted and completes it.
 type sim struct {
 	t        *testing.T
-	clock    *fakeClock
+	clock    *testclock.Clock
 	a        *Adaptive
 	capacity int
 	base     time.Duration
@@ -152,10 +154,11 @@ type sim struct {
 
 func newSim(t *testing.T, alg Algorithm, capacity int, base time.Duration) *sim {
 	clock := newFakeClock()
-	a, err := NewAdaptive(alg, WithAdaptiveClock(clock.Now))
+	a, err := NewAdaptive(alg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.now = clock.Now
 	return &sim{t: t, clock: clock, a: a, capacity: capacity, base: base}
 }
 
@@ -192,8 +195,8 @@ type gradient2Like struct {
 	winStart       time.Time
 }
 
-func (g *gradient2Like) Limit() int { return int(g.limit) }
-func (g *gradient2Like) Update(s Sample) {
+func (g *gradient2Like) value() int { return int(g.limit) }
+func (g *gradient2Like) update(s sample) {
 	if s.Start.Before(g.winStart) {
 		return
 	}

@@ -20,7 +20,7 @@ import (
 //	go test -run '^$' -bench . -benchmem ./concurrency
 func BenchmarkAcquireRelease(b *testing.B) {
 	run := func(b *testing.B, store Store, cost int64) {
-		lim, err := New(store, 1000)
+		lim, err := New(store, 1000, Settings{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -34,7 +34,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				d, done, err := lim.AcquireN(ctx, keys[n.Add(1)%64], cost)
+				d, done, err := lim.Acquire(ctx, keys[n.Add(1)%64], cost)
 				if err != nil || !d.Allowed {
 					b.Fatal(d, err)
 				}
@@ -46,12 +46,12 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		srv := redistest.Start(b)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		b.Cleanup(func() { rdb.Close() })
-		s, _ := NewRedisStore(rdb)
+		s, _ := NewRedisStore(rdb, RedisSettings{})
 		return s
 	}
-	b.Run("memory", func(b *testing.B) { run(b, NewMemoryStore(), 1) })
+	b.Run("memory", func(b *testing.B) { run(b, NewMemoryStore(MemorySettings{}), 1) })
 	b.Run("redis", func(b *testing.B) { run(b, redisStore(b), 1) })
-	b.Run("memory-cost3", func(b *testing.B) { run(b, NewMemoryStore(), 3) })
+	b.Run("memory-cost3", func(b *testing.B) { run(b, NewMemoryStore(MemorySettings{}), 3) })
 	b.Run("redis-cost3", func(b *testing.B) { run(b, redisStore(b), 3) })
 }
 
@@ -65,7 +65,7 @@ func BenchmarkAdaptive(b *testing.B) {
 			} else {
 				alg, _ = NewLatencyLimit(LatencyConfig{Initial: 1000, Max: 1000})
 			}
-			a, _ := NewAdaptive(alg)
+			a, _ := NewAdaptive(alg, "")
 			r := &spillway.Request{Priority: spillway.Critical}
 			ctx := context.Background()
 			b.ReportAllocs()

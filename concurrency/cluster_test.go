@@ -16,11 +16,11 @@ import (
 func TestRedisCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	ctx := context.Background()
-	store, err := NewRedisStore(cl.Client(t))
+	store, err := NewRedisStore(cl.Client(t), RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := New(store, 2, WithTTL(10*time.Second))
+	lim, err := New(store, 2, Settings{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestRedisCluster(t *testing.T) {
 		key := "user-" + strconv.Itoa(u)
 		var dones []spillway.Done
 		for i := 0; i < 3; i++ {
-			d, done, err := lim.Acquire(ctx, key)
+			d, done, err := lim.Acquire(ctx, key, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,10 +42,10 @@ func TestRedisCluster(t *testing.T) {
 			done(spillway.Success)
 		}
 		lim.WaitReleases()
-		if d, _, err := lim.Acquire(ctx, key); err != nil || !d.Allowed || d.Remaining != 1 {
+		if d, _, err := lim.Acquire(ctx, key, 1); err != nil || !d.Allowed || d.Remaining != 1 {
 			t.Fatalf("%s after release: %+v %v", key, d, err)
 		}
-		owner, err := cl.OwnerOfKey(ctx, store.Key("concurrency", key))
+		owner, err := cl.OwnerOfKey(ctx, store.key("concurrency", key))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,16 +58,16 @@ func TestRedisCluster(t *testing.T) {
 	// one script call, no CROSSSLOT.
 	for u := 0; u < 12; u++ {
 		key := "weighted-" + strconv.Itoa(u)
-		d, done, err := lim.AcquireN(ctx, key, 2)
+		d, done, err := lim.Acquire(ctx, key, 2)
 		if err != nil || !d.Allowed || d.Remaining != 0 {
 			t.Fatalf("%s cost 2: %+v %v", key, d, err)
 		}
-		if d, _, err := lim.Acquire(ctx, key); err != nil || d.Allowed {
+		if d, _, err := lim.Acquire(ctx, key, 1); err != nil || d.Allowed {
 			t.Fatalf("%s cost 1 beside a cost 2: %+v %v; want denied", key, d, err)
 		}
 		done(spillway.Success)
 		lim.WaitReleases()
-		if d, _, err := lim.Acquire(ctx, key); err != nil || !d.Allowed || d.Remaining != 1 {
+		if d, _, err := lim.Acquire(ctx, key, 1); err != nil || !d.Allowed || d.Remaining != 1 {
 			t.Fatalf("%s after the cost 2 is done: %+v %v", key, d, err)
 		}
 	}

@@ -10,20 +10,19 @@ import (
 	"github.com/spillway-go/spillway/internal/testclock"
 )
 
-// fakeClock is a settable clock, safe for concurrent use.
-type fakeClock = testclock.Clock
-
-func newFakeClock() *fakeClock { return testclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) }
-
-type storeFactory func(t *testing.T, clock *fakeClock) Store
-
-func memoryFactory(t *testing.T, clock *fakeClock) Store {
-	return NewMemoryStore(WithClock(clock.Now))
+func newFakeClock() *testclock.Clock {
+	return testclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 }
 
-func redisFactory(t *testing.T, clock *fakeClock) Store {
+type storeFactory func(t *testing.T, clock *testclock.Clock) Store
+
+func memoryFactory(t *testing.T, clock *testclock.Clock) Store {
+	return NewMemoryStore(MemorySettings{Clock: clock.Now})
+}
+
+func redisFactory(t *testing.T, clock *testclock.Clock) Store {
 	srv := redistest.Start(t)
-	s, err := NewRedisStore(srv.Client(t), WithClock(clock.Now))
+	s, err := NewRedisStore(srv.Client(t), RedisSettings{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +51,7 @@ type step struct {
 	wait     time.Duration
 }
 
-func runSteps(t *testing.T, s Store, clock *fakeClock, limit int64, ttl time.Duration, steps []step) {
+func runSteps(t *testing.T, s Store, clock *testclock.Clock, limit int64, ttl time.Duration, steps []step) {
 	t.Helper()
 	ctx := context.Background()
 	for i, st := range steps {
@@ -66,16 +65,16 @@ func runSteps(t *testing.T, s Store, clock *fakeClock, limit int64, ttl time.Dur
 			cost = 1
 		}
 		if st.release != "" {
-			if err := s.Release(ctx, "scope", key, st.release, cost); err != nil {
+			if err := s.release(ctx, "scope", key, st.release, cost); err != nil {
 				t.Fatalf("step %d: release %s: %v", i, st.release, err)
 			}
 			continue
 		}
-		res, err := s.Acquire(ctx, "scope", key, st.id, cost, limit, ttl)
+		res, err := s.acquire(ctx, "scope", key, st.id, cost, limit, ttl)
 		if err != nil {
 			t.Fatalf("step %d: acquire %s cost %d: %v", i, st.id, cost, err)
 		}
-		want := Result{Allowed: st.allowed, InFlight: st.inFlight, Wait: st.wait}
+		want := result{Allowed: st.allowed, InFlight: st.inFlight, Wait: st.wait}
 		if res != want {
 			t.Fatalf("step %d (%s cost %d): got %+v, want %+v", i, st.id, cost, res, want)
 		}
@@ -146,7 +145,7 @@ func runConformance(t *testing.T, newStore storeFactory) {
 			// A key that looks like another's hash tag stays separate.
 			{id: "d", key: "{k1}", allowed: true, inFlight: 1},
 		})
-		res, err := s.Acquire(context.Background(), "other", "k1", "e", 1, 1, ttl)
+		res, err := s.acquire(context.Background(), "other", "k1", "e", 1, 1, ttl)
 		if err != nil || !res.Allowed {
 			t.Fatalf("other scope: %+v, %v; want allowed", res, err)
 		}
@@ -246,12 +245,12 @@ func runConformance(t *testing.T, newStore storeFactory) {
 			{-1, 1, ttl, "a", "cost -1"},
 			{3, 2, ttl, "a", "cost 3"},
 		} {
-			if _, err := s.Acquire(ctx, "scope", "k", c.id, c.cost, c.limit, c.ttl); err == nil || !strings.Contains(err.Error(), c.want) {
+			if _, err := s.acquire(ctx, "scope", "k", c.id, c.cost, c.limit, c.ttl); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Acquire(cost=%d, limit=%d, ttl=%v, id=%q): err = %v, want one naming %q", c.cost, c.limit, c.ttl, c.id, err, c.want)
 			}
 		}
 		// An id with '#' could name another request's unit.
-		if res, err := s.Acquire(ctx, "scope", "k", "a", 3, 3, ttl); err != nil || !res.Allowed {
+		if res, err := s.acquire(ctx, "scope", "k", "a", 3, 3, ttl); err != nil || !res.Allowed {
 			t.Fatalf("a: %+v %v", res, err)
 		}
 		for _, c := range []struct {
@@ -259,11 +258,11 @@ func runConformance(t *testing.T, newStore storeFactory) {
 			cost int64
 			want string
 		}{{"a#1", 1, "contains '#'"}, {"", 1, "id is empty"}, {"a", 0, "cost 0"}} {
-			if err := s.Release(ctx, "scope", "k", c.id, c.cost); err == nil || !strings.Contains(err.Error(), c.want) {
+			if err := s.release(ctx, "scope", "k", c.id, c.cost); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Release(id=%q, cost=%d): err = %v, want one naming %q", c.id, c.cost, err, c.want)
 			}
 		}
-		if res, err := s.Acquire(ctx, "scope", "k", "b", 1, 3, ttl); err != nil || res.Allowed || res.InFlight != 3 {
+		if res, err := s.acquire(ctx, "scope", "k", "b", 1, 3, ttl); err != nil || res.Allowed || res.InFlight != 3 {
 			t.Fatalf("after refused releases: %+v %v; want a's 3 units still held", res, err)
 		}
 	})

@@ -1,4 +1,4 @@
-package concurrency_test
+package concurrency
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/internal/contracttest"
 )
 
@@ -15,18 +14,18 @@ import (
 // not yet released. A release of an id that is not held (a second
 // release) counts against it, so a done that releases twice shows.
 type heldStore struct {
-	concurrency.Store
+	Store
 	mu    sync.Mutex
 	units map[string]int64
 	extra int64 // releases of ids not held
 }
 
-func newHeldStore(s concurrency.Store) *heldStore {
+func newHeldStore(s Store) *heldStore {
 	return &heldStore{Store: s, units: map[string]int64{}}
 }
 
-func (s *heldStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (concurrency.Result, error) {
-	res, err := s.Store.Acquire(ctx, scope, key, id, cost, limit, ttl)
+func (s *heldStore) acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (result, error) {
+	res, err := s.Store.acquire(ctx, scope, key, id, cost, limit, ttl)
 	if err == nil && res.Allowed {
 		s.mu.Lock()
 		s.units[id] = cost
@@ -35,7 +34,7 @@ func (s *heldStore) Acquire(ctx context.Context, scope, key, id string, cost, li
 	return res, err
 }
 
-func (s *heldStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
+func (s *heldStore) release(ctx context.Context, scope, key, id string, cost int64) error {
 	s.mu.Lock()
 	if _, ok := s.units[id]; ok {
 		delete(s.units, id)
@@ -43,7 +42,7 @@ func (s *heldStore) Release(ctx context.Context, scope, key, id string, cost int
 		s.extra++
 	}
 	s.mu.Unlock()
-	return s.Store.Release(ctx, scope, key, id, cost)
+	return s.Store.release(ctx, scope, key, id, cost)
 }
 
 func (s *heldStore) held() int64 {
@@ -61,17 +60,17 @@ func (s *heldStore) held() int64 {
 // with the zero Decision (the release of an admission made before the
 // outage does not panic).
 func TestPerKeyContract(t *testing.T) {
-	instance := func(t *testing.T, store concurrency.Store, brk func(*testing.T)) contracttest.Instance {
+	instance := func(t *testing.T, store Store, brk func(*testing.T)) contracttest.Instance {
 		hs := newHeldStore(store)
-		lim, err := concurrency.New(hs, 64, concurrency.WithName("contract"), concurrency.WithReleaseTimeout(500*time.Millisecond))
+		lim, err := New(hs, 64, Settings{Name: "contract", ReleaseTimeout: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return contracttest.Instance{
-			Limiter: concurrency.PerKey(lim, spillway.DimUser),
+			Limiter: PerKey(lim, spillway.DimUser),
 			Held:    hs.held,
 			Deny: func(t *testing.T) {
-				if d, _, err := lim.AcquireN(context.Background(), "u-contract", 64); err != nil || !d.Allowed {
+				if d, _, err := lim.Acquire(context.Background(), "u-contract", 64); err != nil || !d.Allowed {
 					t.Fatalf("filling the key: %+v, %v", d, err)
 				}
 			},
@@ -80,13 +79,13 @@ func TestPerKeyContract(t *testing.T) {
 	}
 	t.Run("memory", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-			return instance(t, concurrency.NewMemoryStore(), nil)
+			return instance(t, NewMemoryStore(MemorySettings{}), nil)
 		}})
 	})
 	t.Run("redis", func(t *testing.T) {
 		contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 			c, brk := contracttest.Redis(t)
-			st, err := concurrency.NewRedisStore(c)
+			st, err := NewRedisStore(c, RedisSettings{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,11 +98,11 @@ func TestPerKeyContract(t *testing.T) {
 // its limit is reached.
 func TestAdaptiveContract(t *testing.T) {
 	contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-		alg, err := concurrency.NewAIMD(concurrency.AIMDConfig{Initial: 4, Min: 4, Max: 4})
+		alg, err := NewAIMD(AIMDConfig{Initial: 4, Min: 4, Max: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := concurrency.NewAdaptive(alg)
+		a, err := NewAdaptive(alg, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,8 +17,8 @@ import (
 func TestDifferentialMemoryVsRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	memClock, redisClock := newFakeClock(), newFakeClock()
-	mem := NewMemoryStore(WithClock(memClock.Now))
-	rs, err := NewRedisStore(srv.Client(t), WithClock(redisClock.Now))
+	mem := NewMemoryStore(MemorySettings{Clock: memClock.Now})
+	rs, err := NewRedisStore(srv.Client(t), RedisSettings{Clock: redisClock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,8 +38,8 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 				// than a scheduling stall of a loaded machine would let
 				// Redis drop a set the memory store still holds.
 				ttl := time.Duration(1+r.IntN(50)) * time.Second
-				a, err1 := mem.Acquire(ctx, "diff", key, id, cost, limit, ttl)
-				b, err2 := rs.Acquire(ctx, "diff", key, id, cost, limit, ttl)
+				a, err1 := mem.acquire(ctx, "diff", key, id, cost, limit, ttl)
+				b, err2 := rs.acquire(ctx, "diff", key, id, cost, limit, ttl)
 				if err1 != nil || err2 != nil {
 					t.Fatal(err1, err2)
 				}
@@ -53,10 +53,10 @@ func TestDifferentialMemoryVsRedis(t *testing.T) {
 				i := r.IntN(len(held))
 				h := held[i]
 				held = append(held[:i], held[i+1:]...)
-				if err := mem.Release(ctx, "diff", h.key, h.id, h.cost); err != nil {
+				if err := mem.release(ctx, "diff", h.key, h.id, h.cost); err != nil {
 					t.Fatal(err)
 				}
-				if err := rs.Release(ctx, "diff", h.key, h.id, h.cost); err != nil {
+				if err := rs.release(ctx, "diff", h.key, h.id, h.cost); err != nil {
 					t.Fatal(err)
 				}
 			default:
@@ -92,13 +92,13 @@ func FuzzAlgorithms(f *testing.F) {
 			if data[i+2]&1 == 1 {
 				o = spillway.Dropped
 			}
-			s := Sample{Start: now, RTT: time.Duration(data[i+1]) * time.Millisecond, InFlight: int(data[i+2] >> 1), Outcome: o}
-			g.Update(s)
-			a.Update(s)
-			if l := g.Limit(); l < 2 || l > 50 {
+			s := sample{Start: now, RTT: time.Duration(data[i+1]) * time.Millisecond, InFlight: int(data[i+2] >> 1), Outcome: o}
+			g.update(s)
+			a.update(s)
+			if l := g.value(); l < 2 || l > 50 {
 				t.Fatalf("latency limit %d outside [2, 50]", l)
 			}
-			if l := a.Limit(); l < 1 || l > 50 {
+			if l := a.value(); l < 1 || l > 50 {
 				t.Fatalf("aimd limit %d outside [1, 50]", l)
 			}
 		}

@@ -45,7 +45,7 @@ func limiterSubject(mk func() (Store, func() (string, error))) hostiletest.Subje
 	var state func() (string, error)
 	reset := func(context.Context) error {
 		st, stateOf := mk()
-		l, err := New(st, 10, WithName("hostile"))
+		l, err := New(st, 10, Settings{Name: "hostile"})
 		lim, state = PerKey(l, spillway.DimUser), stateOf
 		return err
 	}
@@ -66,7 +66,7 @@ func limiterSubject(mk func() (Store, func() (string, error))) hostiletest.Subje
 }
 
 func memoryMaker() (Store, func() (string, error)) {
-	s := NewMemoryStore(WithClock(hostileNow))
+	s := NewMemoryStore(MemorySettings{Clock: hostileNow})
 	return s, func() (string, error) { return memStoreState(s), nil }
 }
 
@@ -74,7 +74,7 @@ func redisMaker(c redis.UniversalClient) func() (Store, func() (string, error)) 
 	return func() (Store, func() (string, error)) {
 		ctx := context.Background()
 		_ = hostiletest.RedisDelete(ctx, c, "hostile:*")
-		s, err := NewRedisStore(c, WithClock(hostileNow), WithPrefix("hostile:"))
+		s, err := NewRedisStore(c, RedisSettings{Clock: hostileNow, Prefix: "hostile:"})
 		if err != nil {
 			panic(err)
 		}
@@ -105,7 +105,7 @@ func TestHostileStoreDirect(t *testing.T) {
 	ctx := context.Background()
 	for name, mk := range map[string]func() (Store, func() (string, error)){"memory": memoryMaker, "redis": redisMaker(node)} {
 		st, state := mk()
-		if _, err := st.Acquire(ctx, "s", "k", "warm", 1, 10, time.Minute); err != nil {
+		if _, err := st.acquire(ctx, "s", "k", "warm", 1, 10, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		before, _ := state()
@@ -113,10 +113,10 @@ func TestHostileStoreDirect(t *testing.T) {
 			if c >= 1 && c <= 10 {
 				continue
 			}
-			if res, err := st.Acquire(ctx, "s", "k", "x", c, 10, time.Minute); err == nil {
+			if res, err := st.acquire(ctx, "s", "k", "x", c, 10, time.Minute); err == nil {
 				t.Errorf("%s: cost %d of limit 10: %+v, want an error", name, c, res)
 			}
-			if err := st.Release(ctx, "s", "k", "x", c); c < 1 && err == nil {
+			if err := st.release(ctx, "s", "k", "x", c); c < 1 && err == nil {
 				t.Errorf("%s: release of cost %d: no error", name, c)
 			}
 		}
@@ -125,16 +125,16 @@ func TestHostileStoreDirect(t *testing.T) {
 		}
 	}
 	rs, _ := redisMaker(node)()
-	if _, err := rs.Acquire(ctx, "s", "k", "x", 1, MaxRedisLimit+1, time.Minute); err == nil || !strings.Contains(err.Error(), "MaxRedisLimit") && !strings.Contains(err.Error(), "exceeds") {
+	if _, err := rs.acquire(ctx, "s", "k", "x", 1, MaxRedisLimit+1, time.Minute); err == nil || !strings.Contains(err.Error(), "MaxRedisLimit") && !strings.Contains(err.Error(), "exceeds") {
 		t.Errorf("limit MaxRedisLimit+1 on Redis: %v", err)
 	}
-	if err := rs.Release(ctx, "s", "k", "x", hostiletest.MaxInt64); err == nil {
+	if err := rs.release(ctx, "s", "k", "x", hostiletest.MaxInt64); err == nil {
 		t.Error("release of cost MaxInt64 on Redis: no error (it would allocate one string per unit)")
 	}
-	if _, err := New(rs, MaxRedisLimit+1); err == nil || !strings.Contains(err.Error(), "MaxRedisLimit") {
+	if _, err := New(rs, MaxRedisLimit+1, Settings{}); err == nil || !strings.Contains(err.Error(), "MaxRedisLimit") {
 		t.Errorf("New over Redis with limit MaxRedisLimit+1: %v", err)
 	}
-	if _, err := New(NewMemoryStore(), hostiletest.MaxInt64); err != nil {
+	if _, err := New(NewMemoryStore(MemorySettings{}), hostiletest.MaxInt64, Settings{}); err != nil {
 		t.Errorf("New over memory with limit MaxInt64: %v", err)
 	}
 }
@@ -147,7 +147,7 @@ func TestHostileAdaptive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := NewAdaptive(alg)
+	a, err := NewAdaptive(alg, "")
 	if err != nil {
 		t.Fatal(err)
 	}

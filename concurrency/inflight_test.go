@@ -73,7 +73,7 @@ func TestInFlightCapHoldsUnderBursts(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, PoolSize: 64})
 	t.Cleanup(func() { client.Close() })
 	capN := int64(5)
-	cap5, err := concurrency.NewInFlight(client, "db_inflight", capN)
+	cap5, err := concurrency.NewInFlight(client, capN, concurrency.Settings{Name: "db_inflight"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestGuardKeepsEveryBlockWhileRedisIsDown(t *testing.T) {
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
-	inflight, err := concurrency.NewInFlight(client, "db_inflight", 10)
+	inflight, err := concurrency.NewInFlight(client, 10, concurrency.Settings{Name: "db_inflight"})
 	if err != nil {
 		t.Fatal(err)
 	}

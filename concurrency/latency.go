@@ -200,13 +200,9 @@ func NewLatencyLimit(cfg LatencyConfig) (*LatencyLimit, error) {
 	return &LatencyLimit{cfg: cfg, limit: float64(cfg.Initial)}, nil
 }
 
-// Limit implements Algorithm: the learned limit (the cap does not lower
+// value implements Algorithm: the learned limit (the cap does not lower
 // it; the caller takes the lower of the two).
-func (l *LatencyLimit) Limit() int { return int(l.limit) }
-
-// Baseline returns the latency the windows compare against, 0 until the
-// first window.
-func (l *LatencyLimit) Baseline() time.Duration { return l.baseline }
+func (l *LatencyLimit) value() int { return int(l.limit) }
 
 // setCap sets the most this server may have in flight whatever it learns
 // (what the fleet shedder allows it now), 0 for none. The limit does not
@@ -222,14 +218,10 @@ func (l *LatencyLimit) eff() float64 {
 	return l.limit
 }
 
-// learn is Update with the sample's fields (for shedder.Pool).
+// learn is update with the sample's fields (for shedder.Pool).
 func (l *LatencyLimit) learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome) {
-	l.Update(Sample{Start: start, RTT: rtt, InFlight: inFlight, Outcome: o})
+	l.update(sample{Start: start, RTT: rtt, InFlight: inFlight, Outcome: o})
 }
-
-// Stuck reports whether the limit is at Min because latency stays at the
-// Timeout (LatencyConfig.Timeout).
-func (l *LatencyLimit) Stuck() bool { return l.stuck }
 
 // stuckAt is the latency at which work is stuck: the Timeout, or
 // stuckFactor × the lowest baseline when that is lower; 0 without a
@@ -261,8 +253,8 @@ func (l *LatencyLimit) goStuck(at time.Time) bool {
 	return true
 }
 
-// Update implements Algorithm.
-func (l *LatencyLimit) Update(s Sample) {
+// update implements Algorithm.
+func (l *LatencyLimit) update(s sample) {
 	if s.Outcome != spillway.Success && s.Outcome != spillway.Dropped {
 		return
 	}
@@ -564,6 +556,8 @@ func init() {
 func (v poolView) Learn(start time.Time, rtt time.Duration, inFlight int, o spillway.Outcome) {
 	v.learn(start, rtt, inFlight, o)
 }
+func (v poolView) Limit() int                                        { return v.value() }
+func (v poolView) Baseline() time.Duration                           { return v.baseline }
 func (v poolView) SetCap(n int64)                                    { v.setCap(n) }
 func (v poolView) Overdue(now time.Time, starts iter.Seq[time.Time]) { v.overdue(now, starts) }
 func (v poolView) Raise(idle, share float64, to int64, since, at time.Time) {

@@ -22,7 +22,7 @@ func newLatency(t *testing.T, cfg LatencyConfig) *LatencyLimit {
 // ended, with inFlight in use, and returns the time after the last.
 func feed(l *LatencyLimit, at time.Time, n int, rtt time.Duration, inFlight int) time.Time {
 	for i := 0; i < n; i++ {
-		l.Update(Sample{Start: at, RTT: rtt, InFlight: inFlight, Outcome: spillway.Success})
+		l.update(sample{Start: at, RTT: rtt, InFlight: inFlight, Outcome: spillway.Success})
 		at = at.Add(rtt + time.Millisecond)
 	}
 	return at
@@ -39,32 +39,32 @@ func TestLatencyLimit(t *testing.T) {
 	const window, baselineSamples = 12, 48
 	at := time.Unix(1000, 0)
 	at = feed(l, at, window, 200*time.Millisecond, 4) // a first baseline, 200 ms
-	if l.Baseline() != 200*time.Millisecond || l.Limit() != 4 {
-		t.Fatalf("baseline %v, limit %d; want 200ms, 4", l.Baseline(), l.Limit())
+	if l.baseline != 200*time.Millisecond || l.value() != 4 {
+		t.Fatalf("baseline %v, limit %d; want 200ms, 4", l.baseline, l.value())
 	}
 	at = feed(l, at, window, 200*time.Millisecond, 2) // half used: doubles
 	at = feed(l, at, window, 200*time.Millisecond, 4)
-	if l.Limit() != 16 {
-		t.Fatalf("slow start: limit %d, want 16", l.Limit())
+	if l.value() != 16 {
+		t.Fatalf("slow start: limit %d, want 16", l.value())
 	}
 	at = feed(l, at, window, 200*time.Millisecond, 7) // under half used: holds
-	if l.Limit() != 16 || l.bn != baselineSamples {
-		t.Fatalf("limit not in use: %d, want 16 (baseline from %d samples)", l.Limit(), l.bn)
+	if l.value() != 16 || l.bn != baselineSamples {
+		t.Fatalf("limit not in use: %d, want 16 (baseline from %d samples)", l.value(), l.bn)
 	}
 	// Two calls 4× slower are not enough (the machine may have paused);
 	// three in a row are, a cut by at most half.
 	at = feed(l, at, 2, 800*time.Millisecond, 16)
-	if l.Limit() != 16 {
-		t.Fatalf("two slow calls: limit %d, want 16", l.Limit())
+	if l.value() != 16 {
+		t.Fatalf("two slow calls: limit %d, want 16", l.value())
 	}
 	at = feed(l, at, 1, 800*time.Millisecond, 16)
-	if l.Limit() != 8 || !l.grown {
-		t.Fatalf("after a collapse: limit %d, want 8", l.Limit())
+	if l.value() != 8 || !l.grown {
+		t.Fatalf("after a collapse: limit %d, want 8", l.value())
 	}
 	// A call admitted before the cut says nothing: ignored.
-	l.Update(Sample{Start: at.Add(-time.Hour), RTT: time.Hour, InFlight: 16, Outcome: spillway.Dropped})
-	if l.Limit() != 8 {
-		t.Fatalf("an old sample moved the limit to %d", l.Limit())
+	l.update(sample{Start: at.Add(-time.Hour), RTT: time.Hour, InFlight: 16, Outcome: spillway.Dropped})
+	if l.value() != 8 {
+		t.Fatalf("an old sample moved the limit to %d", l.value())
 	}
 	// Back to normal it probes gently: a 32nd of the limit, doubled
 	// after every window that grew, up to a quarter.
@@ -88,7 +88,7 @@ func TestLatencyLimit(t *testing.T) {
 	// A window 1.3× slower than the baseline, not enough for a cut at
 	// once: a tenth off at its end.
 	at = feed(l, at, window, 260*time.Millisecond, 12)
-	if want := grown * 33 / 32 * 0.9; math.Abs(l.limit-want) > 1e-9 || l.Limit() != 11 {
+	if want := grown * 33 / 32 * 0.9; math.Abs(l.limit-want) > 1e-9 || l.value() != 11 {
 		t.Fatalf("mild overload: limit %v, want %v", l.limit, want)
 	}
 	// Capped (by what the fleet allows this server), it does not grow
@@ -101,17 +101,17 @@ func TestLatencyLimit(t *testing.T) {
 		t.Fatalf("capped: limit %v (in use %v), want %v held, 8 in use", l.limit, l.eff(), held)
 	}
 	at = feed(l, at, fastSamples, 800*time.Millisecond, 8) // 8 · 0.5
-	if l.Limit() != 4 {
-		t.Fatalf("cut under the cap: limit %d, want 4", l.Limit())
+	if l.value() != 4 {
+		t.Fatalf("cut under the cap: limit %d, want 4", l.value())
 	}
 	l.setCap(0)
 	// A failed call halves it; an Ignored one says nothing.
-	l.Update(Sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 4, Outcome: spillway.Ignored})
-	if l.Limit() != 4 {
+	l.update(sample{Start: at.Add(time.Hour), RTT: time.Second, InFlight: 4, Outcome: spillway.Ignored})
+	if l.value() != 4 {
 		t.Fatalf("after an ignored sample: limit %v, want 4", l.limit)
 	}
 	l.learn(at.Add(time.Hour), time.Second, 4, spillway.Dropped)
-	if l.Limit() != 2 {
+	if l.value() != 2 {
 		t.Fatalf("after a failure: limit %v, want 2", l.limit)
 	}
 	var got []string
@@ -123,7 +123,7 @@ func TestLatencyLimit(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("changes %v, want causes %q", changes, want)
 	}
-	if c := changes[6]; c.From != held || c.To != 4 || c.Cap != 8 || c.Baseline != l.Baseline() {
+	if c := changes[6]; c.From != held || c.To != 4 || c.Cap != 8 || c.Baseline != l.baseline {
 		t.Fatalf("the capped cut reported %+v", c)
 	}
 }
@@ -133,30 +133,30 @@ func TestLatencyLimit(t *testing.T) {
 func TestLatencyLimitOverdue(t *testing.T) {
 	l := newLatency(t, LatencyConfig{Initial: 20})
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 9) // under half used
-	if l.Baseline() != 200*time.Millisecond || l.Limit() != 20 {
-		t.Fatalf("baseline %v, limit %d; want 200ms, 20", l.Baseline(), l.Limit())
+	if l.baseline != 200*time.Millisecond || l.value() != 20 {
+		t.Fatalf("baseline %v, limit %d; want 200ms, 20", l.baseline, l.value())
 	}
 	now := at.Add(time.Second)
 	// Two overdue, one young: no cut.
 	l.overdue(now, slices.Values([]time.Time{now.Add(-450 * time.Millisecond), now.Add(-450 * time.Millisecond), now.Add(-100 * time.Millisecond)}))
-	if l.Limit() != 20 {
-		t.Fatalf("two overdue: limit %d, want 20", l.Limit())
+	if l.value() != 20 {
+		t.Fatalf("two overdue: limit %d, want 20", l.value())
 	}
 	old := []time.Time{now.Add(-410 * time.Millisecond), now.Add(-410 * time.Millisecond), now.Add(-140 * time.Millisecond), now.Add(-500 * time.Millisecond)}
 	l.overdue(now, slices.Values(old))
-	if l.Limit() != 10 {
-		t.Fatalf("three overdue: limit %d, want 10", l.Limit())
+	if l.value() != 10 {
+		t.Fatalf("three overdue: limit %d, want 10", l.value())
 	}
 	// The same work again: admitted before the cut, it says nothing.
 	l.overdue(now.Add(time.Second), slices.Values(old))
-	if l.Limit() != 10 {
-		t.Fatalf("the same overdue work cut again: limit %d, want 10", l.Limit())
+	if l.value() != 10 {
+		t.Fatalf("the same overdue work cut again: limit %d, want 10", l.value())
 	}
 	// Before a baseline, nothing is overdue.
 	fresh := newLatency(t, LatencyConfig{Initial: 20})
 	fresh.overdue(now, slices.Values(old))
-	if fresh.Limit() != 20 {
-		t.Fatalf("no baseline: limit %d, want 20", fresh.Limit())
+	if fresh.value() != 20 {
+		t.Fatalf("no baseline: limit %d, want 20", fresh.value())
 	}
 }
 
@@ -169,8 +169,8 @@ func TestLatencyLimitRaise(t *testing.T) {
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
 	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
 	cut := l.cutAt
-	if l.Limit() != 8 || cut.IsZero() {
-		t.Fatalf("limit %d after a collapse (cut at %v)", l.Limit(), cut)
+	if l.value() != 8 || cut.IsZero() {
+		t.Fatalf("limit %d after a collapse (cut at %v)", l.value(), cut)
 	}
 	after := func(ms int) time.Time { return cut.Add(time.Duration(ms) * time.Millisecond) }
 	for _, c := range []struct {
@@ -194,8 +194,8 @@ func TestLatencyLimitRaise(t *testing.T) {
 		{"two idle units shared by three", 2, 1.0 / 3, 30, after(6), 18},
 	} {
 		l.raise(c.idle, c.share, c.to, c.since, at)
-		if l.Limit() != c.want {
-			t.Fatalf("%s: limit %d, want %d", c.name, l.Limit(), c.want)
+		if l.value() != c.want {
+			t.Fatalf("%s: limit %d, want %d", c.name, l.value(), c.want)
 		}
 	}
 	// A new cut (18 halved) makes a reading that began before it stale.
@@ -203,12 +203,12 @@ func TestLatencyLimitRaise(t *testing.T) {
 	// move the baseline instead, TestLatencyLimitIdleRebaseline.)
 	l.raise(0.5, 1.0/3, 30, after(7), at)
 	at = feed(l, at.Add(time.Second), fastSamples, 800*time.Millisecond, 18)
-	if l.Limit() != 9 {
-		t.Fatalf("limit %d after the second collapse, want 9", l.Limit())
+	if l.value() != 9 {
+		t.Fatalf("limit %d after the second collapse, want 9", l.value())
 	}
 	l.raise(11, 0.5, 30, after(7), at)
-	if l.Limit() != 9 {
-		t.Fatalf("a reading from before the second cut raised the limit to %d", l.Limit())
+	if l.value() != 9 {
+		t.Fatalf("a reading from before the second cut raised the limit to %d", l.value())
 	}
 }
 
@@ -221,29 +221,29 @@ func TestLatencyLimitIdleRebaseline(t *testing.T) {
 	l := newLatency(t, LatencyConfig{})
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
 	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
-	if l.Limit() != 8 || l.Baseline() != 200*time.Millisecond {
-		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.Limit(), l.Baseline())
+	if l.value() != 8 || l.baseline != 200*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.value(), l.baseline)
 	}
 	cut := l.cutAt
 	l.raise(4, 0.5, 8, cut.Add(time.Millisecond), at) // idle, but the allowance holds the limit
 	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
-	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
-		t.Fatalf("slow work with idle capacity: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
+	if l.value() != 8 || l.baseline != 600*time.Millisecond {
+		t.Fatalf("slow work with idle capacity: limit %d, baseline %v; want 8, 600ms", l.value(), l.baseline)
 	}
 	at = feed(l, at, 12, 600*time.Millisecond, 8) // a window at the new baseline: no cut
-	if l.Limit() < 8 || l.Baseline() != 600*time.Millisecond {
-		t.Fatalf("a window at the new baseline: limit %d, baseline %v; want >= 8, 600ms", l.Limit(), l.Baseline())
+	if l.value() < 8 || l.baseline != 600*time.Millisecond {
+		t.Fatalf("a window at the new baseline: limit %d, baseline %v; want >= 8, 600ms", l.value(), l.baseline)
 	}
-	limit := l.Limit()
+	limit := l.value()
 	at = feed(l, at, 12, 200*time.Millisecond, 1) // fast again, little used: no growth
-	if l.Limit() != limit || l.Baseline() != 200*time.Millisecond {
-		t.Fatalf("fast again: limit %d, baseline %v; want %d, 200ms", l.Limit(), l.Baseline(), limit)
+	if l.value() != limit || l.baseline != 200*time.Millisecond {
+		t.Fatalf("fast again: limit %d, baseline %v; want %d, 200ms", l.value(), l.baseline, limit)
 	}
 	// The latest reading busy: slow work is an overload again.
 	l.raise(0.5, 0.5, 30, at, at)
 	feed(l, at, fastSamples, 600*time.Millisecond, limit)
-	if l.Limit() >= limit || l.Baseline() != 200*time.Millisecond {
-		t.Fatalf("slow work, busy reading: limit %d, baseline %v; want < %d, 200ms", l.Limit(), l.Baseline(), limit)
+	if l.value() >= limit || l.baseline != 200*time.Millisecond {
+		t.Fatalf("slow work, busy reading: limit %d, baseline %v; want < %d, 200ms", l.value(), l.baseline, limit)
 	}
 }
 
@@ -257,8 +257,8 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 	l := newLatency(t, LatencyConfig{})
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 4) // slow start to 16
 	at = feed(l, at, fastSamples, 800*time.Millisecond, 16)        // a cut, by half
-	if l.Limit() != 8 || l.Baseline() != 200*time.Millisecond {
-		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.Limit(), l.Baseline())
+	if l.value() != 8 || l.baseline != 200*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v after a collapse; want 8, 200ms", l.value(), l.baseline)
 	}
 	cut := l.cutAt
 	after := func(ms int) time.Time { return cut.Add(time.Duration(ms) * time.Millisecond) }
@@ -267,28 +267,28 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 	probe := *l
 	probe.queued(0, cut.Add(-time.Millisecond))
 	feed(&probe, at, fastSamples, 600*time.Millisecond, 8)
-	if probe.Limit() >= 8 {
-		t.Fatalf("a calm reading from before the cut kept the limit at %d", probe.Limit())
+	if probe.value() >= 8 {
+		t.Fatalf("a calm reading from before the cut kept the limit at %d", probe.value())
 	}
 
 	// Every worker busy, nothing waiting: the dependency is slower.
 	l.raise(0, 0.5, 30, after(1), at) // no idle unit
 	l.queued(0.3, after(1))
 	at = feed(l, at, fastSamples, 600*time.Millisecond, 8)
-	if l.Limit() != 8 || l.Baseline() != 600*time.Millisecond {
-		t.Fatalf("slow work, nothing waiting: limit %d, baseline %v; want 8, 600ms", l.Limit(), l.Baseline())
+	if l.value() != 8 || l.baseline != 600*time.Millisecond {
+		t.Fatalf("slow work, nothing waiting: limit %d, baseline %v; want 8, 600ms", l.value(), l.baseline)
 	}
 	old := slices.Repeat([]time.Time{at.Add(-2 * time.Second)}, 3)
 	l.overdue(at, slices.Values(old)) // 2 s in flight, past 2 × 600 ms
-	if l.Limit() != 8 {
-		t.Fatalf("overdue work with nothing waiting cut the limit to %d", l.Limit())
+	if l.value() != 8 {
+		t.Fatalf("overdue work with nothing waiting cut the limit to %d", l.value())
 	}
 
 	// A newer reading with work waiting: the same slowness is a queue.
 	l.queued(2, after(2))
 	feed(l, at, fastSamples, 1800*time.Millisecond, 8)
-	if l.Limit() >= 8 || l.Baseline() != 600*time.Millisecond {
-		t.Fatalf("slow work, 2 waiting: limit %d, baseline %v; want < 8, 600ms", l.Limit(), l.Baseline())
+	if l.value() >= 8 || l.baseline != 600*time.Millisecond {
+		t.Fatalf("slow work, 2 waiting: limit %d, baseline %v; want < 8, 600ms", l.value(), l.baseline)
 	}
 
 	// The latest reading decides: a queue after an idle reading cuts, an
@@ -319,11 +319,11 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 		m := newLatency(t, LatencyConfig{})
 		at := feed(m, time.Unix(1000, 0), 48, 200*time.Millisecond, 4)
 		at = feed(m, at, fastSamples, 800*time.Millisecond, 16)
-		limit := m.Limit()
+		limit := m.value()
 		c.read(m, m.cutAt)
 		feed(m, at, fastSamples, 600*time.Millisecond, limit)
-		if cutNow := m.Limit() < limit; cutNow != c.wantCut {
-			t.Errorf("%s: limit %d -> %d (baseline %v), want cut %v", c.name, limit, m.Limit(), m.Baseline(), c.wantCut)
+		if cutNow := m.value() < limit; cutNow != c.wantCut {
+			t.Errorf("%s: limit %d -> %d (baseline %v), want cut %v", c.name, limit, m.value(), m.baseline, c.wantCut)
 		}
 	}
 }
@@ -333,15 +333,15 @@ func TestLatencyLimitQueueRebaseline(t *testing.T) {
 func TestLatencyLimitBounds(t *testing.T) {
 	l := newLatency(t, LatencyConfig{Initial: 4, Min: 3, Max: 20})
 	at := feed(l, time.Unix(1000, 0), 12*6, 10*time.Millisecond, 20)
-	if l.Limit() != 20 {
-		t.Fatalf("slow start: limit %d, want Max 20", l.Limit())
+	if l.value() != 20 {
+		t.Fatalf("slow start: limit %d, want Max 20", l.value())
 	}
 	for i := 0; i < 10; i++ {
 		l.learn(at, time.Second, 20, spillway.Dropped)
 		at = at.Add(2 * time.Second)
 	}
-	if l.Limit() != 3 {
-		t.Fatalf("after ten failures: limit %d, want Min 3", l.Limit())
+	if l.value() != 3 {
+		t.Fatalf("after ten failures: limit %d, want Min 3", l.value())
 	}
 }
 
@@ -363,8 +363,8 @@ func TestLatencyConfigValidation(t *testing.T) {
 		}
 	}
 	l := newLatency(t, LatencyConfig{})
-	if l.cfg.Initial != 4 || l.cfg.Min != 1 || l.cfg.Max != 1000 || l.cfg.Window != 12 || l.cfg.Tolerance != 1.2 || l.Limit() != 4 {
-		t.Fatalf("defaults %+v, limit %d", l.cfg, l.Limit())
+	if l.cfg.Initial != 4 || l.cfg.Min != 1 || l.cfg.Max != 1000 || l.cfg.Window != 12 || l.cfg.Tolerance != 1.2 || l.value() != 4 {
+		t.Fatalf("defaults %+v, limit %d", l.cfg, l.value())
 	}
 }
 
@@ -382,7 +382,7 @@ func TestLatencyLimitSteadyOverload(t *testing.T) {
 		m := 0
 		for i := from; i < to; i++ {
 			s.round(math.MaxInt32)
-			m = max(m, l.Limit())
+			m = max(m, l.value())
 		}
 		return m
 	}
@@ -396,11 +396,11 @@ func TestLatencyLimitSteadyOverload(t *testing.T) {
 
 	ref := &gradient2Like{limit: 20}
 	rs := newSim(t, ref, capacity, 10*time.Millisecond)
-	for i := 0; i < 3000 && ref.Limit() < 10*capacity; i++ {
+	for i := 0; i < 3000 && ref.value() < 10*capacity; i++ {
 		rs.round(math.MaxInt32)
 	}
-	if ref.Limit() < 10*capacity {
-		t.Fatalf("the reference long-average baseline reached only %d; the scenario no longer detects creep", ref.Limit())
+	if ref.value() < 10*capacity {
+		t.Fatalf("the reference long-average baseline reached only %d; the scenario no longer detects creep", ref.value())
 	}
 }
 
@@ -420,23 +420,23 @@ func TestLatencyLimitFollowsSlowerDependency(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		s.round(math.MaxInt32)
 	}
-	if l.Limit() != 23 || l.Baseline() != 10*time.Millisecond {
-		t.Fatalf("before: limit %d, baseline %v", l.Limit(), l.Baseline())
+	if l.value() != 23 || l.baseline != 10*time.Millisecond {
+		t.Fatalf("before: limit %d, baseline %v", l.value(), l.baseline)
 	}
 	s.base = 30 * time.Millisecond
 	atMin, back := -1, -1
 	for i := 0; i < 2000 && back < 0; i++ {
 		s.round(math.MaxInt32)
-		if atMin < 0 && l.Limit() == 1 {
+		if atMin < 0 && l.value() == 1 {
 			atMin = i
 		}
-		if atMin >= 0 && l.Limit() >= capacity {
+		if atMin >= 0 && l.value() >= capacity {
 			back = i
 		}
 	}
-	t.Logf("at Min after %d round trips, back to %d after %d; baseline %v", atMin, capacity, back, l.Baseline())
-	if atMin != 4 || back != 119 || l.Baseline() != 30*time.Millisecond || len(causes) != 1 {
-		t.Fatalf("at Min after %d round trips (want 4), back to the capacity after %d (want 119), baseline %v (want 30ms), %d rebaselines (want 1)", atMin, back, l.Baseline(), len(causes))
+	t.Logf("at Min after %d round trips, back to %d after %d; baseline %v", atMin, capacity, back, l.baseline)
+	if atMin != 4 || back != 119 || l.baseline != 30*time.Millisecond || len(causes) != 1 {
+		t.Fatalf("at Min after %d round trips (want 4), back to the capacity after %d (want 119), baseline %v (want 30ms), %d rebaselines (want 1)", atMin, back, l.baseline, len(causes))
 	}
 }
 
@@ -449,28 +449,28 @@ func TestLatencyLimitStuck(t *testing.T) {
 	var causes []string
 	l := newLatency(t, LatencyConfig{Initial: 20, Timeout: time.Second, OnChange: func(c LatencyChange) { causes = append(causes, c.Cause) }})
 	at := feed(l, time.Unix(1000, 0), 48, 200*time.Millisecond, 9) // baseline 200 ms, under half used
-	if l.Baseline() != 200*time.Millisecond || l.Limit() != 20 || l.Stuck() {
-		t.Fatalf("baseline %v, limit %d, stuck %v; want 200ms, 20, false", l.Baseline(), l.Limit(), l.Stuck())
+	if l.baseline != 200*time.Millisecond || l.value() != 20 || l.stuck {
+		t.Fatalf("baseline %v, limit %d, stuck %v; want 200ms, 20, false", l.baseline, l.value(), l.stuck)
 	}
 	// One of three in flight younger than the Timeout: not stuck (the
 	// overdue rule halves).
 	now := at.Add(1500 * time.Millisecond)
 	starts := []time.Time{at, at, at.Add(900 * time.Millisecond)}
 	l.overdue(now, slices.Values(starts))
-	if l.Limit() != 10 || l.Stuck() {
-		t.Fatalf("one young: limit %d, stuck %v; want 10, false", l.Limit(), l.Stuck())
+	if l.value() != 10 || l.stuck {
+		t.Fatalf("one young: limit %d, stuck %v; want 10, false", l.value(), l.stuck)
 	}
 	// All three past the Timeout, nothing ended in time for 2 s: Min,
 	// though the work was admitted before the last cut.
 	now = at.Add(2 * time.Second)
 	l.overdue(now, slices.Values(starts))
-	if l.Limit() != 1 || !l.Stuck() {
-		t.Fatalf("all stuck: limit %d, stuck %v; want 1, true", l.Limit(), l.Stuck())
+	if l.value() != 1 || !l.stuck {
+		t.Fatalf("all stuck: limit %d, stuck %v; want 1, true", l.value(), l.stuck)
 	}
 	// Idle capacity reported by a gauge does not raise a stuck limit.
 	l.raise(11, 0.5, 30, now.Add(time.Millisecond), now.Add(300*time.Millisecond))
-	if l.Limit() != 1 {
-		t.Fatalf("raised while stuck to %d", l.Limit())
+	if l.value() != 1 {
+		t.Fatalf("raised while stuck to %d", l.value())
 	}
 	// Every call ends at the Timeout (a steady ratio) or fails: it stays
 	// at Min and keeps its baseline.
@@ -480,22 +480,22 @@ func TestLatencyLimitStuck(t *testing.T) {
 		if i%2 == 1 {
 			o = spillway.Dropped
 		}
-		l.Update(Sample{Start: at, RTT: time.Second, InFlight: 1, Outcome: o})
+		l.update(sample{Start: at, RTT: time.Second, InFlight: 1, Outcome: o})
 		at = at.Add(time.Second + time.Millisecond)
 	}
-	if l.Limit() != 1 || l.Baseline() != 200*time.Millisecond || !l.Stuck() {
-		t.Fatalf("at the timeout: limit %d, baseline %v, stuck %v; want 1, 200ms, true", l.Limit(), l.Baseline(), l.Stuck())
+	if l.value() != 1 || l.baseline != 200*time.Millisecond || !l.stuck {
+		t.Fatalf("at the timeout: limit %d, baseline %v, stuck %v; want 1, 200ms, true", l.value(), l.baseline, l.stuck)
 	}
 	// The dependency is back: the first call in time ends it, and the
 	// limit doubles with every window from Min.
 	at = feed(l, at, 1, 200*time.Millisecond, 1)
-	if l.Stuck() {
+	if l.stuck {
 		t.Fatal("still stuck after a call in time")
 	}
 	var got []int
 	for _, used := range []int{1, 2, 4, 8} {
 		at = feed(l, at, 12, 200*time.Millisecond, used)
-		got = append(got, l.Limit())
+		got = append(got, l.value())
 	}
 	if !slices.Equal(got, []int{2, 4, 8, 16}) {
 		t.Fatalf("after the return: limits %v, want [2 4 8 16]", got)
@@ -509,15 +509,15 @@ func TestLatencyLimitStuck(t *testing.T) {
 	ref := newLatency(t, LatencyConfig{Initial: 20})
 	at = feed(ref, time.Unix(1000, 0), 48, 200*time.Millisecond, 9)
 	ref.overdue(at.Add(2*time.Second), slices.Values([]time.Time{at, at, at}))
-	for ref.Limit() > 1 {
+	for ref.value() > 1 {
 		at = feed(ref, at, 3, 2*time.Second, 20)
 	}
-	for i := 0; i < 3 && ref.Baseline() != time.Second; i++ {
+	for i := 0; i < 3 && ref.baseline != time.Second; i++ {
 		at = feed(ref, at, 12, time.Second, 1) // to Min, then a rebaseline to 1 s
 	}
 	_ = feed(ref, at, 12, time.Second, 1) // grows on it
-	if ref.Baseline() != time.Second || ref.limit != 1+1.0/32 {
-		t.Fatalf("without a Timeout: baseline %v, limit %v; want 1s and growing above 1", ref.Baseline(), ref.limit)
+	if ref.baseline != time.Second || ref.limit != 1+1.0/32 {
+		t.Fatalf("without a Timeout: baseline %v, limit %v; want 1s and growing above 1", ref.baseline, ref.limit)
 	}
 }
 
@@ -530,9 +530,9 @@ func TestLatencyLimitStuckFarAboveMinimum(t *testing.T) {
 	if l.stuckAt() != time.Second {
 		t.Fatalf("stuck latency %v, want 1s (10 × the 100ms baseline)", l.stuckAt())
 	}
-	l.Update(Sample{Start: at, RTT: 1500 * time.Millisecond, InFlight: 9, Outcome: spillway.Success})
-	if l.Limit() != 1 || !l.Stuck() {
-		t.Fatalf("limit %d, stuck %v; want 1, true", l.Limit(), l.Stuck())
+	l.update(sample{Start: at, RTT: 1500 * time.Millisecond, InFlight: 9, Outcome: spillway.Success})
+	if l.value() != 1 || !l.stuck {
+		t.Fatalf("limit %d, stuck %v; want 1, true", l.value(), l.stuck)
 	}
 	// A negative Timeout is refused.
 	if _, err := NewLatencyLimit(LatencyConfig{Timeout: -time.Second}); err == nil {

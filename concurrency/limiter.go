@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/cchook"
 	"github.com/spillway-go/spillway/internal/share"
 )
 
 // Limiter admits at most Limit units of one key in flight at a time,
 // across every process that shares its Store: a request of cost c holds c
-// units (Acquire is cost 1). Create it with New.
+// units. Create it with New.
 type Limiter struct {
 	store    Store
 	limit    int64
@@ -42,6 +43,10 @@ type Limiter struct {
 	shares *share.State
 }
 
+func init() {
+	cchook.PendingReleases = func(l any) (int64, int64) { return l.(*Limiter).pendingReleases() }
+}
+
 // pendingRelease is a release to retry.
 type pendingRelease struct {
 	key, id string
@@ -49,8 +54,58 @@ type pendingRelease struct {
 	at      time.Time // when the request was admitted
 }
 
-// Option configures a Limiter.
-type Option func(*options)
+// Settings configures a Limiter (New, NewInFlight). The zero value is
+// the default.
+type Settings struct {
+	// Name names the limiter (New: "" is "concurrency"; NewInFlight: it
+	// must be set). The name is the Decision.Limiter and the scope of the
+	// keys: two limiters with different names keep separate sets for the
+	// same key.
+	Name string
+	// FailMode is what the limiter does when its store cannot answer
+	// (default spillway.FailOpen). On a RedisStore: FailOpen decides
+	// locally at this server's share, FailClosed denies with
+	// spillway.ReasonFailClosed (a 503), both marked Degraded. On another
+	// store, the *spillway.StoreError that Acquire and PerKey return
+	// carries it, and the adapters deny a request whose error asks for
+	// spillway.FailClosed whatever their own default.
+	FailMode spillway.FailMode
+	// TTL is how long an entry may stay in flight before it is reaped as
+	// a leak (0: 1 minute). Set it above the longest legitimate request:
+	// a request that outlives the TTL loses its slot while it still runs.
+	// A server that crashes mid-request blocks its slots for at most the
+	// TTL. Redis keeps TTLs in whole milliseconds, so it is rounded up to
+	// one.
+	TTL time.Duration
+	// RetryAfter is the RetryAfter of a denial (0: 1 s): a slot frees when
+	// any request of the key finishes, which the limiter cannot foresee,
+	// so the hint is a typical request duration. It is capped by the time
+	// until the oldest entry is reaped, when that is sooner.
+	RetryAfter time.Duration
+	// ReleaseTimeout bounds the store call of a Done (0:
+	// spillway.DefaultBudget, 50 ms). A Done waits for the store at most
+	// 1 ms: it hands the release to a goroutine of its own and returns
+	// when the store answered or the millisecond passed, so a response is
+	// not delayed by a slow or stopped store while a healthy one frees the
+	// slot before the client's next request (WaitReleases waits for the
+	// releases handed off). The release runs detached from the admission
+	// context's cancellation (a cancelled request must still release its
+	// slot) but keeps its values. A release that fails is not lost: see
+	// MaxPendingReleases.
+	ReleaseTimeout time.Duration
+	// OnReleaseError, when set, is called when a Done fails to release its
+	// entry (the store was unreachable, or the store's circuit breaker is
+	// open); the release is then retried later (see MaxPendingReleases).
+	OnReleaseError func(error)
+	// MaxPendingReleases bounds the releases kept for a retry (0: 4096;
+	// negative: none kept). A release that fails is kept and retried in
+	// the background after the next Acquire the store answers, so a store
+	// outage does not leave slots taken once the store is back; a release
+	// older than the TTL is dropped instead (the store has reaped its
+	// entry by then), and so is one that finds the list full: its entry
+	// is reaped after the TTL.
+	MaxPendingReleases int
+}
 
 type options struct {
 	name           string
@@ -62,67 +117,23 @@ type options struct {
 	fail           spillway.FailMode
 }
 
-// WithFailMode sets what the limiter does when its store cannot answer
-// (default spillway.FailOpen). On a RedisStore: FailOpen decides locally
-// at this server's share, FailClosed denies with spillway.ReasonFailClosed
-// (a 503), both marked Degraded. On another store, the *spillway.StoreError
-// that AcquireN and PerKey return carries it, and the adapters deny a
-// request whose error asks for spillway.FailClosed whatever their own
-// default.
-func WithFailMode(m spillway.FailMode) Option { return func(o *options) { o.fail = m } }
-
-// WithName names the limiter (default "concurrency"). The name is the
-// Decision.Limiter and the scope of the keys: two limiters with different
-// names keep separate sets for the same key.
-func WithName(name string) Option { return func(o *options) { o.name = name } }
-
-// WithTTL sets how long an entry may stay in flight before it is reaped as
-// a leak (default 1 minute). Set it above the longest legitimate request:
-// a request that outlives the TTL loses its slot while it still runs. A
-// server that crashes mid-request blocks its slots for at most the TTL.
-// Redis keeps TTLs in whole milliseconds, so it is rounded up to one.
-func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl } }
-
-// WithRetryAfter sets the RetryAfter of a denial (default 1 s): a slot
-// frees when any request of the key finishes, which the limiter cannot
-// foresee, so the hint is a typical request duration. It is capped by the
-// time until the oldest entry is reaped, when that is sooner.
-func WithRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
-
-// WithReleaseTimeout bounds the store call of a Done (default
-// spillway.DefaultBudget, 50 ms). A Done waits for the store at most 1 ms:
-// it hands the release to a goroutine of its own and returns when the
-// store answered or the millisecond passed, so a response is not delayed
-// by a slow or stopped store while a healthy one frees the slot before the
-// client's next request (WaitReleases waits for the
-// releases handed off). The release runs detached from the admission
-// context's cancellation (a cancelled request must still release its slot)
-// but keeps its values. A release that fails is not lost: see
-// WithMaxPendingReleases.
-func WithReleaseTimeout(d time.Duration) Option { return func(o *options) { o.releaseTimeout = d } }
-
-// WithReleaseErrorHandler is called when a Done fails to release its
-// entry (the store was unreachable, or the store's circuit breaker is
-// open); the release is then retried later (see WithMaxPendingReleases).
-// The default ignores the error.
-func WithReleaseErrorHandler(f func(error)) Option { return func(o *options) { o.onReleaseError = f } }
-
-// WithMaxPendingReleases bounds the releases kept for a retry (default
-// 4096). A release that fails is kept and retried in the background after
-// the next Acquire the store answers, so a store outage does not leave
-// slots taken once the store is back; a release older than the TTL is
-// dropped instead (the store has reaped its entry by then), and so is one
-// that finds the list full: its entry is reaped after the TTL. 0 keeps
-// none.
-func WithMaxPendingReleases(n int) Option { return func(o *options) { o.maxPending = n } }
-
 // New returns a limiter that admits at most limit units per key in flight
 // (limit requests of cost 1). It fails when store is nil, limit is below 1
-// or an option is out of range.
-func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
-	o := options{name: "concurrency", ttl: time.Minute, retryAfter: time.Second, releaseTimeout: spillway.DefaultBudget, maxPending: 4096}
-	for _, opt := range opts {
-		opt(&o)
+// or a setting is out of range (a negative duration).
+func New(store Store, limit int64, s Settings) (*Limiter, error) {
+	o := options{name: s.Name, ttl: s.TTL, retryAfter: s.RetryAfter, releaseTimeout: s.ReleaseTimeout,
+		onReleaseError: s.OnReleaseError, maxPending: s.MaxPendingReleases, fail: s.FailMode}
+	if o.name == "" {
+		o.name = "concurrency"
+	}
+	o.ttl = orDefault(o.ttl, time.Minute)
+	o.retryAfter = orDefault(o.retryAfter, time.Second)
+	o.releaseTimeout = orDefault(o.releaseTimeout, spillway.DefaultBudget)
+	switch {
+	case o.maxPending == 0:
+		o.maxPending = 4096
+	case o.maxPending < 0:
+		o.maxPending = 0
 	}
 	switch {
 	case store == nil:
@@ -131,8 +142,6 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: limit %d must be at least 1", limit)
 	case isRedis(store) && limit > MaxRedisLimit:
 		return nil, fmt.Errorf("concurrency: New: limit %d exceeds MaxRedisLimit %d of the Redis store (one member per unit in flight)", limit, MaxRedisLimit)
-	case o.name == "":
-		return nil, fmt.Errorf("concurrency: New: name is empty")
 	case o.ttl <= 0:
 		return nil, fmt.Errorf("concurrency: New: ttl %v must be positive", o.ttl)
 	case o.retryAfter <= 0:
@@ -141,8 +150,6 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: release timeout %v must be positive", o.releaseTimeout)
 	case !o.fail.Valid():
 		return nil, fmt.Errorf("concurrency: New: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(o.fail))
-	case o.maxPending < 0:
-		return nil, fmt.Errorf("concurrency: New: max pending releases %d must not be negative", o.maxPending)
 	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -155,40 +162,38 @@ func New(store Store, limit int64, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
-
-// Limit returns the limit per key.
-func (l *Limiter) Limit() int64 { return l.limit }
-
-// Name returns the limiter's name.
-func (l *Limiter) Name() string { return l.o.name }
-
-// Acquire is shorthand for AcquireN(ctx, key, 1).
-func (l *Limiter) Acquire(ctx context.Context, key string) (spillway.Decision, spillway.Done, error) {
-	return l.AcquireN(ctx, key, 1)
+// orDefault is d, or def when d is 0.
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }
 
-// AcquireN admits a request of key that holds n units when the units in
+func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
+
+// Acquire admits a request of key that holds n units when the units in
 // flight plus n are at most Limit. n = 0 means 1, as spillway.Request.Cost
 // does; a negative n is an error.
 //
 // Allowed: Remaining is Limit minus the units in flight (this request's
 // included); done frees the request's n units — call it once when the work
 // ends; further calls do nothing. done waits for the store at most 1 ms: the
-// release runs on a goroutine of its own (see WithReleaseTimeout). Denied: Reason is
-// spillway.ReasonConcurrency (answer 429), Remaining is the units left
-// (fewer than n; 0 for n = 1) and RetryAfter is the WithRetryAfter hint,
+// release runs on a goroutine of its own (see Settings.ReleaseTimeout).
+// Denied: Reason is spillway.ReasonConcurrency (answer 429), Remaining is
+// the units left (fewer than n; 0 for n = 1) and RetryAfter is the
+// Settings.RetryAfter hint,
 // or the time until enough of the oldest entries are reaped for n units to
 // fit when sooner. An n above Limit can never be admitted: it is denied
 // with spillway.ReasonCostExceedsLimit, Remaining 0 and no RetryAfter,
 // without a store call. ResetAfter is always 0: when the key is back to
 // empty depends on requests the limiter cannot foresee. On a RedisStore a
 // store that cannot answer is decided locally (see the package doc and
-// WithFailMode) and err != nil only for a negative n or a caller that
-// canceled. On another store, err != nil means only that the store failed:
+// Settings.FailMode) and err != nil only for a negative n or a caller that
+// canceled. On a MemoryStore, err != nil means only that the store failed:
 // it is a *spillway.StoreError (errors.Is(err, spillway.ErrStoreUnavailable))
-// with the WithFailMode mode, wrapping the store's error.
-func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
+// with the Settings.FailMode mode, wrapping the store's error.
+func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	switch {
 	case n < 0:
 		return spillway.Decision{}, spillway.Noop, fmt.Errorf("concurrency: %s: cost %d is negative", l.o.name, n)
@@ -201,7 +206,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 		return l.acquireRedis(ctx, key, n)
 	}
 	id := l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
-	res, err := l.store.Acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
+	res, err := l.store.acquire(ctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	if err != nil {
 		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: l.o.name, Fail: l.o.fail, Err: err}
 	}
@@ -215,7 +220,7 @@ func (l *Limiter) AcquireN(ctx context.Context, key string, n int64) (spillway.D
 	if _, local := l.store.(*MemoryStore); local {
 		// A memory release cannot block and ignores its context: none is
 		// kept.
-		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.Release(context.Background(), l.o.name, key, id, n) }), nil
+		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.release(context.Background(), l.o.name, key, id, n) }), nil
 	}
 	at := time.Now()
 	return d, spillway.Once(func(spillway.Outcome) { l.releaseAsync(ctx, key, id, n, at) }), nil
@@ -251,7 +256,7 @@ func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at 
 }
 
 // decision is the decision of a store's answer.
-func (l *Limiter) decision(res Result) spillway.Decision {
+func (l *Limiter) decision(res result) spillway.Decision {
 	d := spillway.Decision{
 		Allowed:   res.Allowed,
 		Limiter:   l.o.name,
@@ -271,7 +276,7 @@ func (l *Limiter) decision(res Result) spillway.Decision {
 func (l *Limiter) release(ctx context.Context, key, id string, n int64) error {
 	rctx, cancel := context.WithTimeout(ctx, l.o.releaseTimeout)
 	defer cancel()
-	return l.store.Release(rctx, l.o.name, key, id, n)
+	return l.store.release(rctx, l.o.name, key, id, n)
 }
 
 // keep adds a failed release to the retry list, unless it is full.
@@ -316,14 +321,14 @@ func (l *Limiter) retryPending() {
 	}()
 }
 
-// PendingReleases returns the releases waiting for a retry and those
+// pendingReleases returns the releases waiting for a retry and those
 // given up (older than the TTL, or the list was full).
-func (l *Limiter) PendingReleases() (pending, dropped int64) {
+func (l *Limiter) pendingReleases() (pending, dropped int64) {
 	return l.npending.Load(), l.dropped.Load()
 }
 
 // WaitReleases waits until the releases whose done has run so far were
-// answered by the store (or failed: see WithMaxPendingReleases), and for a
+// answered by the store (or failed: see Settings.MaxPendingReleases), and for a
 // background retry of pending releases to end. Call it before reading a
 // key's state right after a request, and at shutdown.
 func (l *Limiter) WaitReleases() { l.releasing.Wait(); l.retryWait.Wait() }
@@ -346,6 +351,6 @@ func PerKey(l *Limiter, dim string) spillway.Limiter {
 		if !ok {
 			return spillway.Decision{Allowed: true, Limiter: absent}, spillway.Noop, nil
 		}
-		return l.AcquireN(ctx, key, r.EffectiveCost())
+		return l.Acquire(ctx, key, r.EffectiveCost())
 	})
 }

@@ -22,23 +22,23 @@ func TestLimiterDecisions(t *testing.T) {
 		new  storeFactory
 	}{{"memory", memoryFactory}, {"redis", redisFactory}} {
 		t.Run(f.name, func(t *testing.T) {
-			lim, err := New(f.new(t, clock), 2, WithName("api"), WithTTL(10*time.Second), WithRetryAfter(500*time.Millisecond))
+			lim, err := New(f.new(t, clock), 2, Settings{Name: "api", TTL: 10 * time.Second, RetryAfter: 500 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			d1, done1, err := lim.Acquire(ctx, "u1")
+			d1, done1, err := lim.Acquire(ctx, "u1", 1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if want := (spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 1}); d1 != want {
 				t.Fatalf("first: %+v, want %+v", d1, want)
 			}
-			d2, done2, _ := lim.Acquire(ctx, "u1")
+			d2, done2, _ := lim.Acquire(ctx, "u1", 1)
 			if want := (spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 0}); d2 != want {
 				t.Fatalf("second: %+v, want %+v", d2, want)
 			}
-			d3, done3, _ := lim.Acquire(ctx, "u1")
+			d3, done3, _ := lim.Acquire(ctx, "u1", 1)
 			want := spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "api", Limit: 2, RetryAfter: 500 * time.Millisecond}
 			if d3 != want {
 				t.Fatalf("third: %+v, want %+v", d3, want)
@@ -46,7 +46,7 @@ func TestLimiterDecisions(t *testing.T) {
 			done3(spillway.Success) // Noop of a denial: harmless
 			// Near the TTL the reap comes sooner than the hint.
 			clock.Advance(9800 * time.Millisecond)
-			d3, _, _ = lim.Acquire(ctx, "u1")
+			d3, _, _ = lim.Acquire(ctx, "u1", 1)
 			if d3.Allowed || d3.RetryAfter != 200*time.Millisecond {
 				t.Fatalf("near ttl: %+v, want denied with RetryAfter 200ms", d3)
 			}
@@ -54,16 +54,16 @@ func TestLimiterDecisions(t *testing.T) {
 			done1(spillway.Success)
 			done1(spillway.Success)
 			lim.WaitReleases() // done hands the release to the background
-			d4, done4, _ := lim.Acquire(ctx, "u1")
+			d4, done4, _ := lim.Acquire(ctx, "u1", 1)
 			if !d4.Allowed || d4.Remaining != 0 {
 				t.Fatalf("after done: %+v, want allowed with 0 remaining", d4)
 			}
-			if d, _, _ := lim.Acquire(ctx, "u1"); d.Allowed {
+			if d, _, _ := lim.Acquire(ctx, "u1", 1); d.Allowed {
 				t.Fatalf("double done freed a second slot: %+v", d)
 			}
 			done2(spillway.Dropped)
 			done4(spillway.Ignored)
-			if d, _, _ := lim.Acquire(ctx, "u2"); !d.Allowed || d.Remaining != 1 {
+			if d, _, _ := lim.Acquire(ctx, "u2", 1); !d.Allowed || d.Remaining != 1 {
 				t.Fatalf("other key: %+v", d)
 			}
 		})
@@ -71,7 +71,7 @@ func TestLimiterDecisions(t *testing.T) {
 }
 
 func TestPerKey(t *testing.T) {
-	lim, err := New(NewMemoryStore(), 1)
+	lim, err := New(NewMemoryStore(MemorySettings{}), 1, Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,31 +114,29 @@ func TestPerKey(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	s := NewMemoryStore()
+	s := NewMemoryStore(MemorySettings{})
 	// The key is the field the error must name.
 	for field, c := range map[string]struct {
 		store Store
 		limit int64
-		opts  []Option
+		set   Settings
 	}{
-		"store":           {nil, 0, nil},
-		"limit 0":         {s, 0, nil},
-		"limit -1":        {s, -1, nil},
-		"ttl 0s":          {s, 1, []Option{WithTTL(0)}},
-		"ttl -1s":         {s, 1, []Option{WithTTL(-time.Second)}},
-		"name":            {s, 1, []Option{WithName("")}},
-		"retry after":     {s, 1, []Option{WithRetryAfter(-1)}},
-		"release timeout": {s, 1, []Option{WithReleaseTimeout(0)}},
+		"store":           {nil, 0, Settings{}},
+		"limit 0":         {s, 0, Settings{}},
+		"limit -1":        {s, -1, Settings{}},
+		"ttl -1s":         {s, 1, Settings{TTL: -time.Second}},
+		"retry after":     {s, 1, Settings{RetryAfter: -1}},
+		"release timeout": {s, 1, Settings{ReleaseTimeout: -1}},
 	} {
-		l, err := New(c.store, c.limit, c.opts...)
+		l, err := New(c.store, c.limit, c.set)
 		if err == nil || l != nil || !strings.HasPrefix(err.Error(), "concurrency: ") || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: New = %v, %v; want a concurrency: error naming %q", field, l, err, field)
 		}
 	}
-	if _, err := NewRedisStore(nil); err == nil || !strings.Contains(err.Error(), "client is nil") {
-		t.Errorf("NewRedisStore(nil): err = %v, want one naming the client", err)
+	if _, err := NewRedisStore(nil, RedisSettings{}); err == nil || !strings.Contains(err.Error(), "client is nil") {
+		t.Errorf("NewRedisStore(nil, RedisSettings{}): err = %v, want one naming the client", err)
 	}
-	if _, err := NewRedisStore(redis.NewClient(&redis.Options{}), WithPrefix("a{b")); err == nil {
+	if _, err := NewRedisStore(redis.NewClient(&redis.Options{}), RedisSettings{Prefix: "a{b"}); err == nil {
 		t.Error("prefix with brace: no error")
 	}
 }
@@ -149,14 +147,14 @@ type countingStore struct {
 	acquires, releases atomic.Int64
 }
 
-func (s *countingStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+func (s *countingStore) acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (result, error) {
 	s.acquires.Add(1)
-	return s.Store.Acquire(ctx, scope, key, id, cost, limit, ttl)
+	return s.Store.acquire(ctx, scope, key, id, cost, limit, ttl)
 }
 
-func (s *countingStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
+func (s *countingStore) release(ctx context.Context, scope, key, id string, cost int64) error {
 	s.releases.Add(1)
-	return s.Store.Release(ctx, scope, key, id, cost)
+	return s.Store.release(ctx, scope, key, id, cost)
 }
 
 // TestPerKeyCost: a request holds its EffectiveCost in units of the limit,
@@ -169,7 +167,7 @@ func TestPerKeyCost(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			clock := newFakeClock()
 			store := &countingStore{Store: f.new(t, clock)}
-			lim, err := New(store, 10, WithName("cc"), WithTTL(10*time.Second), WithRetryAfter(500*time.Millisecond))
+			lim, err := New(store, 10, Settings{Name: "cc", TTL: 10 * time.Second, RetryAfter: 500 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -230,7 +228,7 @@ func TestPerKeyCost(t *testing.T) {
 			if d, _, _ := l.Admit(ctx, r); d != allowed(0) {
 				t.Fatalf("cost 10 on an empty key: %+v", d)
 			}
-			if d, done, err := lim.AcquireN(ctx, "u", -1); err == nil || !strings.Contains(err.Error(), "cost -1") || d.Allowed {
+			if d, done, err := lim.Acquire(ctx, "u", -1); err == nil || !strings.Contains(err.Error(), "cost -1") || d.Allowed {
 				t.Fatalf("AcquireN(-1): %+v, %v; want an error naming the cost", d, err)
 			} else {
 				done(spillway.Success) // Noop
@@ -251,14 +249,13 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 200})
 	t.Cleanup(func() { rdb.Close() })
-	store, err := NewRedisStore(rdb)
+	store, err := NewRedisStore(rdb, RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var releaseErrs atomic.Int64
 	var lastReleaseErr atomic.Value
-	lim, err := New(store, 20, WithTTL(30*time.Second), WithReleaseTimeout(10*time.Second),
-		WithReleaseErrorHandler(func(err error) { releaseErrs.Add(1); lastReleaseErr.Store(err) }))
+	lim, err := New(store, 20, Settings{TTL: 30 * time.Second, ReleaseTimeout: 10 * time.Second, OnReleaseError: func(err error) { releaseErrs.Add(1); lastReleaseErr.Store(err) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +270,7 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 10; i++ {
 				cost := int64(1 + (g+i)%4)
-				d, done, err := lim.AcquireN(ctx, "hot", cost)
+				d, done, err := lim.Acquire(ctx, "hot", cost)
 				if err != nil {
 					errc <- err
 					return
@@ -314,7 +311,7 @@ func TestRedis200GoroutinesLimit20(t *testing.T) {
 		t.Fatalf("%d releases failed; last: %v", releaseErrs.Load(), lastReleaseErr.Load())
 	}
 	lim.WaitReleases()
-	n, err := rdb.Exists(ctx, store.Key("concurrency", "hot")).Result()
+	n, err := rdb.Exists(ctx, store.key("concurrency", "hot")).Result()
 	if err != nil || n != 0 {
 		t.Fatalf("after every done the set should be gone: exists=%d err=%v", n, err)
 	}
@@ -332,19 +329,19 @@ func TestRedisCrashedServerBlocksOnlyUntilTTL(t *testing.T) {
 	const ttl = time.Second
 
 	crashed := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	cs, _ := NewRedisStore(crashed)
-	a, _ := New(cs, 3, WithTTL(ttl))
+	cs, _ := NewRedisStore(crashed, RedisSettings{})
+	a, _ := New(cs, 3, Settings{TTL: ttl})
 	for i := 0; i < 3; i++ {
-		if d, _, err := a.Acquire(ctx, "k"); err != nil || !d.Allowed {
+		if d, _, err := a.Acquire(ctx, "k", 1); err != nil || !d.Allowed {
 			t.Fatalf("crashing server acquire %d: %+v %v", i, d, err)
 		}
 	}
 	start := time.Now()
 	crashed.Close() // it dies; its done functions are never called
 
-	bs, _ := NewRedisStore(srv.Client(t))
-	b, _ := New(bs, 3, WithTTL(ttl), WithRetryAfter(10*time.Second))
-	d, _, err := b.Acquire(ctx, "k")
+	bs, _ := NewRedisStore(srv.Client(t), RedisSettings{})
+	b, _ := New(bs, 3, Settings{TTL: ttl, RetryAfter: 10 * time.Second})
+	d, _, err := b.Acquire(ctx, "k", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,17 +349,17 @@ func TestRedisCrashedServerBlocksOnlyUntilTTL(t *testing.T) {
 		t.Fatalf("while leaked: %+v, want a denial with 0 < RetryAfter <= %v", d, ttl)
 	}
 	// Its key carries a TTL in Redis too.
-	pttl, err := srv.Client(t).PTTL(ctx, bs.Key("concurrency", "k")).Result()
+	pttl, err := srv.Client(t).PTTL(ctx, bs.key("concurrency", "k")).Result()
 	if err != nil || pttl <= 0 || pttl > ttl {
 		t.Fatalf("PTTL = %v, %v; want in (0, %v]", pttl, err, ttl)
 	}
 	time.Sleep(time.Until(start.Add(ttl + 50*time.Millisecond)))
 	for i := 0; i < 3; i++ {
-		if d, _, err := b.Acquire(ctx, "k"); err != nil || !d.Allowed {
+		if d, _, err := b.Acquire(ctx, "k", 1); err != nil || !d.Allowed {
 			t.Fatalf("after ttl, acquire %d: %+v %v", i, d, err)
 		}
 	}
-	if d, _, _ := b.Acquire(ctx, "k"); d.Allowed {
+	if d, _, _ := b.Acquire(ctx, "k", 1); d.Allowed {
 		t.Fatalf("fourth admitted: %+v", d)
 	}
 }
@@ -371,11 +368,11 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { rdb.Close() })
-	store, _ := NewRedisStore(rdb)
+	store, _ := NewRedisStore(rdb, RedisSettings{})
 	var releaseErr atomic.Value
-	lim, _ := New(store, 5, WithReleaseErrorHandler(func(err error) { releaseErr.Store(err) }))
+	lim, _ := New(store, 5, Settings{OnReleaseError: func(err error) { releaseErr.Store(err) }})
 	ctx := context.Background()
-	d, done, err := lim.Acquire(ctx, "k")
+	d, done, err := lim.Acquire(ctx, "k", 1)
 	if err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}
@@ -387,14 +384,14 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	}
 	// Redis is gone: the limiter decides locally, Degraded, at the
 	// client's share (0.2 of 5 = 1 while no fleet shedder has counted).
-	d, done, err = lim.Acquire(ctx, "k")
+	d, done, err = lim.Acquire(ctx, "k", 1)
 	if err != nil || !d.Allowed || !d.Degraded || d.Limit != 1 || d.Remaining != 0 {
 		t.Fatalf("acquire on a dead Redis: %+v, %v; want a Degraded admission at the local share 1", d, err)
 	}
-	if d2, _, err := lim.Acquire(ctx, "k"); err != nil || d2.Allowed || !d2.Degraded || d2.Reason != spillway.ReasonConcurrency || d2.RetryAfter != time.Second {
+	if d2, _, err := lim.Acquire(ctx, "k", 1); err != nil || d2.Allowed || !d2.Degraded || d2.Reason != spillway.ReasonConcurrency || d2.RetryAfter != time.Second {
 		t.Fatalf("second acquire on a dead Redis: %+v, %v; want a Degraded concurrency denial", d2, err)
 	}
-	closed, err := New(lim.store, 1, WithName("login"), WithFailMode(spillway.FailClosed))
+	closed, err := New(lim.store, 1, Settings{Name: "login", FailMode: spillway.FailClosed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,10 +405,10 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	var se *spillway.StoreError
-	if _, _, err := lim.Acquire(cctx, "k"); !errors.As(err, &se) || !errors.Is(err, context.Canceled) {
+	if _, _, err := lim.Acquire(cctx, "k", 1); !errors.As(err, &se) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled acquire: %v", err)
 	}
-	if _, err := New(lim.store, 1, WithFailMode(4)); err == nil || err.Error() != "concurrency: New: unknown fail mode 4 (want spillway.FailOpen or spillway.FailClosed)" {
+	if _, err := New(lim.store, 1, Settings{FailMode: 4}); err == nil || err.Error() != "concurrency: New: unknown fail mode 4 (want spillway.FailOpen or spillway.FailClosed)" {
 		t.Fatalf("WithFailMode(4): %v", err)
 	}
 	done(spillway.Success)
@@ -419,18 +416,18 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 
 func TestMemoryStoreSweepsOnCap(t *testing.T) {
 	clock := newFakeClock()
-	s := NewMemoryStore(WithClock(clock.Now), WithMaxKeys(32))
+	s := NewMemoryStore(MemorySettings{Clock: clock.Now, MaxKeys: 32})
 	ctx := context.Background()
 	for i := 0; i < 1000; i++ {
 		// Every acquisition leaks; the TTL is 1 s and the clock moves 10 ms.
-		if _, err := s.Acquire(ctx, "s", "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26), "id", 1, 1, time.Second); err != nil {
+		if _, err := s.acquire(ctx, "s", "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26), "id", 1, 1, time.Second); err != nil {
 			t.Fatal(err)
 		}
 		clock.Advance(10 * time.Millisecond)
 	}
 	// At most 100 acquisitions are younger than the TTL; the cap sweeps
 	// the rest (each shard holds up to 2 keys before sweeping).
-	if n := s.Len(); n > 100+64 {
+	if n := s.size(); n > 100+64 {
 		t.Fatalf("memory store holds %d keys; the sweep is not bounding it", n)
 	}
 }

@@ -113,7 +113,7 @@ func (h *held) sub(key string, n int64, local bool) {
 	sh.mu.Unlock()
 }
 
-// acquireRedis is AcquireN on a RedisStore: the call is bounded by the
+// acquireRedis is Acquire on a RedisStore: the call is bounded by the
 // request's budget (spillway.BudgetDeadline; spillway.DefaultBudget when
 // the context carries none) and, when Redis cannot answer in time (a
 // failure, the budget spent, the client's health open), the request is
@@ -134,7 +134,7 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	at := time.Now()
 	l.held.add(key, n) // may be held: a local decision meanwhile counts it
-	res, err := l.store.Acquire(cctx, l.o.name, key, id, n, l.limit, l.o.ttl)
+	res, err := l.store.acquire(cctx, l.o.name, key, id, n, l.limit, l.o.ttl)
 	cancel()
 	if err != nil {
 		l.held.sub(key, n, false)
@@ -201,11 +201,12 @@ func (l *Limiter) decideLocal(key string, n int64) (spillway.Decision, spillway.
 	return d, spillway.Once(func(spillway.Outcome) { l.held.sub(key, n, true) }), nil
 }
 
-// NewInFlight returns a fleet-wide cap named name: at most limit units in
-// flight at once (limit requests of cost 1) across every server that
+// NewInFlight returns a fleet-wide cap named s.Name (which must be set):
+// at most limit units in flight at once (limit requests of cost 1) across
+// every server that
 // shares the Redis behind client — "at most 20 database calls in flight".
 // Each admission holds its units until its done is called; the entries of
-// a server that crashed expire after WithTTL (default 1 minute), so a
+// a server that crashed expire after s.TTL (default 1 minute), so a
 // crash never leaks the cap. Like every Redis block it falls back by
 // itself: while Redis cannot answer (a failure, the request's budget
 // spent, the client's health open) this server admits only while
@@ -218,16 +219,16 @@ func (l *Limiter) decideLocal(key string, n int64) (spillway.Decision, spillway.
 //
 // Every request counts, whatever its dimensions. A denial has Reason
 // spillway.ReasonCeiling (a shared resource is full: 503) and names the
-// cap. opts are the Limiter's (WithName is name already).
-func NewInFlight(client redis.UniversalClient, name string, limit int64, opts ...Option) (spillway.Limiter, error) {
-	if name == "" {
+// cap.
+func NewInFlight(client redis.UniversalClient, limit int64, s Settings) (spillway.Limiter, error) {
+	if s.Name == "" {
 		return nil, fmt.Errorf("concurrency: NewInFlight: name is empty")
 	}
-	store, err := NewRedisStore(client)
+	store, err := NewRedisStore(client, RedisSettings{})
 	if err != nil {
 		return nil, fmt.Errorf("concurrency: NewInFlight: %w", err)
 	}
-	l, err := New(store, limit, append(opts, WithName(name))...)
+	l, err := New(store, limit, s)
 	if err != nil {
 		return nil, err
 	}
@@ -240,7 +241,7 @@ func (f inFlight) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.l.o.name}, spillway.Noop, nil
 	}
-	d, done, err := f.l.AcquireN(ctx, "", r.EffectiveCost())
+	d, done, err := f.l.Acquire(ctx, "", r.EffectiveCost())
 	if d.Reason == spillway.ReasonConcurrency {
 		d.Reason = spillway.ReasonCeiling
 	}

@@ -23,17 +23,17 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	t.Cleanup(func() { p.Close() })
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	store, err := NewRedisStore(rdb)
+	store, err := NewRedisStore(rdb, RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var releaseErrs int
-	lim, err := New(store, 1, WithReleaseErrorHandler(func(error) { releaseErrs++ }))
+	lim, err := New(store, 1, Settings{OnReleaseError: func(error) { releaseErrs++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	d, done, err := lim.Acquire(ctx, "k")
+	d, done, err := lim.Acquire(ctx, "k", 1)
 	if err != nil || !d.Allowed {
 		t.Fatalf("first acquire: %+v %v", d, err)
 	}
@@ -42,27 +42,27 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	}
 	done(spillway.Success)
 	lim.WaitReleases() // done hands the release to the background
-	if pending, dropped := lim.PendingReleases(); pending != 1 || dropped != 0 || releaseErrs != 1 {
+	if pending, dropped := lim.pendingReleases(); pending != 1 || dropped != 0 || releaseErrs != 1 {
 		t.Fatalf("after a failed release: %d pending, %d dropped, %d errors; want 1, 0, 1", pending, dropped, releaseErrs)
 	}
 	if err := p.SetMode(faultproxy.Pass); err != nil {
 		t.Fatal(err)
 	}
 	// The key is still held in Redis until the retry lands.
-	if n, err := srv.Client(t).ZCard(ctx, store.Key("concurrency", "k")).Result(); err != nil || n != 1 {
+	if n, err := srv.Client(t).ZCard(ctx, store.key("concurrency", "k")).Result(); err != nil || n != 1 {
 		t.Fatalf("in flight before the retry: %d %v; want 1", n, err)
 	}
 	// An Acquire Redis answers (another key) starts the retry.
-	if d, done2, err := lim.Acquire(ctx, "other"); err != nil || !d.Allowed {
+	if d, done2, err := lim.Acquire(ctx, "other", 1); err != nil || !d.Allowed {
 		t.Fatalf("acquire after the outage: %+v %v", d, err)
 	} else {
 		done2(spillway.Success)
 	}
 	lim.WaitReleases()
-	if pending, dropped := lim.PendingReleases(); pending != 0 || dropped != 0 {
+	if pending, dropped := lim.pendingReleases(); pending != 0 || dropped != 0 {
 		t.Fatalf("after the retry: %d pending, %d dropped; want 0, 0", pending, dropped)
 	}
-	if d, _, err := lim.Acquire(ctx, "k"); err != nil || !d.Allowed || d.Remaining != 0 {
+	if d, _, err := lim.Acquire(ctx, "k", 1); err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("the released slot: %+v %v; want allowed (the retry freed it)", d, err)
 	}
 }

@@ -17,27 +17,27 @@ import (
 	"github.com/spillway-go/spillway/lua"
 )
 
-// Store holds the in-flight sets. MemoryStore and RedisStore implement it
-// with the same semantics, counted in units: a request of cost c holds c
-// units of the limit.
+// Store holds the in-flight sets: a *MemoryStore or a *RedisStore (the
+// interface is sealed). Both implement the same semantics, counted in
+// units: a request of cost c holds c units of the limit.
 //
-//   - Acquire first reaps the entries of (scope, key) that started more than
-//     ttl ago, then adds id, holding cost units, with the current time when
-//     the units in flight plus cost are at most limit. Acquiring an id that
-//     is already present admits it without adding anything.
-//   - Release removes id and frees its units; releasing an id that is
+//   - acquire first reaps the entries of (scope, key) that started more
+//     than ttl ago, then adds id, holding cost units, with the current time
+//     when the units in flight plus cost are at most limit. Acquiring an id
+//     that is already present admits it without adding anything.
+//   - release removes id and frees its units; releasing an id that is
 //     absent (released before, or reaped) does nothing. cost must be the
 //     cost id was acquired with (RedisStore removes that many members).
 //
 // ids must be non-empty and must not contain '#'; cost must be in
 // [1, limit]. Bad arguments are an error, not a denial.
 type Store interface {
-	Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error)
-	Release(ctx context.Context, scope, key, id string, cost int64) error
+	acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (result, error)
+	release(ctx context.Context, scope, key, id string, cost int64) error
 }
 
-// Result is the outcome of Store.Acquire.
-type Result struct {
+// result is the outcome of Store.acquire.
+type result struct {
 	// Allowed reports whether id was admitted.
 	Allowed bool
 	// InFlight is the number of units in flight after the call, the new
@@ -50,40 +50,35 @@ type Result struct {
 	Wait time.Duration
 }
 
-// StoreOption configures a store.
-type StoreOption func(*storeOptions)
+// MemorySettings configures a MemoryStore (NewMemoryStore). The zero
+// value is the default.
+type MemorySettings struct {
+	// Clock replaces time.Now (for tests).
+	Clock func() time.Time
+	// MaxKeys is how many keys the store holds before it sweeps every key
+	// for reaped entries (≤ 0: 1<<16). Keys disappear when their last
+	// entry is released or reaped, so the store holds at most as many keys
+	// as there are requests in flight plus leaks younger than the TTL.
+	MaxKeys int
+}
+
+// RedisSettings configures a RedisStore (NewRedisStore). The zero value
+// is the default.
+type RedisSettings struct {
+	// Clock, when set, is sent to the script instead of the script
+	// reading Redis TIME (for tests, and for managed Redis that rejects
+	// TIME in scripts; every client of one Redis then needs synchronized
+	// clocks).
+	Clock func() time.Time
+	// Prefix is the prefix of every Redis key ("": "spillway:"). It must
+	// not contain '{' or '}'.
+	Prefix string
+}
 
 type storeOptions struct {
 	clock   func() time.Time
 	prefix  string
 	maxKeys int
-}
-
-// WithClock sets the clock. The memory store uses it instead of time.Now;
-// the Redis store sends it to the script instead of the script reading
-// Redis TIME (for tests, and for managed Redis that rejects TIME in
-// scripts; every client of one Redis then needs synchronized clocks).
-func WithClock(now func() time.Time) StoreOption {
-	return func(o *storeOptions) { o.clock = now }
-}
-
-// WithPrefix sets the prefix of every Redis key (default "spillway:"). It
-// must not contain '{' or '}'. The memory store ignores it.
-func WithPrefix(prefix string) StoreOption { return func(o *storeOptions) { o.prefix = prefix } }
-
-// WithMaxKeys sets how many keys the memory store holds before it sweeps
-// every key for reaped entries (default 1<<16). Keys disappear when their
-// last entry is released or reaped, so the store holds at most as many keys
-// as there are requests in flight plus leaks younger than the TTL. The Redis
-// store ignores it: its keys carry a TTL.
-func WithMaxKeys(n int) StoreOption { return func(o *storeOptions) { o.maxKeys = n } }
-
-func buildStoreOptions(opts []StoreOption) storeOptions {
-	o := storeOptions{prefix: "spillway:", maxKeys: 1 << 16}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
 }
 
 // RedisStore keeps each key's in-flight set in a Redis sorted set, one
@@ -97,20 +92,23 @@ type RedisStore struct {
 
 // NewRedisStore returns a store on client (a single node, Sentinel or
 // Cluster client). It fails when the prefix contains a brace.
-func NewRedisStore(client redis.UniversalClient, opts ...StoreOption) (*RedisStore, error) {
+func NewRedisStore(client redis.UniversalClient, s RedisSettings) (*RedisStore, error) {
 	if client == nil {
 		return nil, fmt.Errorf("concurrency: NewRedisStore: client is nil")
 	}
-	o := buildStoreOptions(opts)
+	o := storeOptions{clock: s.Clock, prefix: s.Prefix}
+	if o.prefix == "" {
+		o.prefix = "spillway:"
+	}
 	if err := keys.ValidatePrefix(o.prefix); err != nil {
 		return nil, fmt.Errorf("concurrency: NewRedisStore: %w", err)
 	}
 	return &RedisStore{client: client, o: o}, nil
 }
 
-// Key returns the Redis key that holds the in-flight set of (scope, key).
-func (s *RedisStore) Key(scope, key string) string {
-	return keys.Key(s.o.prefix, "cc:"+scope, key)
+// key returns the Redis key that holds the in-flight set of (scope, key).
+func (s *RedisStore) key(scope, key string) string {
+	return keys.Concurrency(s.o.prefix, scope, key)
 }
 
 // MaxRedisLimit is the largest limit a RedisStore accepts: it keeps one
@@ -120,40 +118,40 @@ func (s *RedisStore) Key(scope, key string) string {
 // one string per unit). New refuses a larger limit over a RedisStore.
 const MaxRedisLimit = 1 << 20
 
-// Acquire implements Store with one script call.
-func (s *RedisStore) Acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+// acquire implements Store with one script call.
+func (s *RedisStore) acquire(ctx context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (result, error) {
 	if err := checkAcquire(cost, limit, ttl, id); err != nil {
-		return Result{}, err
+		return result{}, err
 	}
 	if limit > MaxRedisLimit {
-		return Result{}, fmt.Errorf("concurrency: acquire: limit %d exceeds the Redis store's %d (one member per unit)", limit, MaxRedisLimit)
+		return result{}, fmt.Errorf("concurrency: acquire: limit %d exceeds the Redis store's %d (one member per unit)", limit, MaxRedisLimit)
 	}
 	now := ""
 	if s.o.clock != nil {
 		now = strconv.FormatInt(s.o.clock().UnixMicro(), 10)
 	}
-	raw, err := lua.Script("concurrency_acquire").Run(ctx, s.client, []string{s.Key(scope, key)},
+	raw, err := lua.Script("concurrency_acquire").Run(ctx, s.client, []string{s.key(scope, key)},
 		limit, ttlMillis(ttl), id, now, cost).Result()
 	if err != nil {
-		return Result{}, fmt.Errorf("concurrency: acquire: %w", err)
+		return result{}, fmt.Errorf("concurrency: acquire: %w", err)
 	}
 	vals, ok := raw.([]any)
 	if !ok || len(vals) != 3 {
-		return Result{}, fmt.Errorf("concurrency: acquire: unexpected reply %v (want 3 integers)", raw)
+		return result{}, fmt.Errorf("concurrency: acquire: unexpected reply %v (want 3 integers)", raw)
 	}
 	var n [3]int64
 	for i, v := range vals {
 		x, ok := v.(int64)
 		if !ok {
-			return Result{}, fmt.Errorf("concurrency: acquire: reply element %d is %T, want integer", i, v)
+			return result{}, fmt.Errorf("concurrency: acquire: reply element %d is %T, want integer", i, v)
 		}
 		n[i] = x
 	}
-	return Result{Allowed: n[0] == 1, InFlight: n[1], Wait: time.Duration(n[2]) * time.Millisecond}, nil
+	return result{Allowed: n[0] == 1, InFlight: n[1], Wait: time.Duration(n[2]) * time.Millisecond}, nil
 }
 
-// Release implements Store with one ZREM of the request's cost members.
-func (s *RedisStore) Release(ctx context.Context, scope, key, id string, cost int64) error {
+// release implements Store with one ZREM of the request's cost members.
+func (s *RedisStore) release(ctx context.Context, scope, key, id string, cost int64) error {
 	if err := checkRelease(id, cost); err != nil {
 		return err
 	}
@@ -162,14 +160,14 @@ func (s *RedisStore) Release(ctx context.Context, scope, key, id string, cost in
 	}
 	var err error
 	if cost == 1 {
-		err = s.client.ZRem(ctx, s.Key(scope, key), id).Err()
+		err = s.client.ZRem(ctx, s.key(scope, key), id).Err()
 	} else {
 		members := make([]any, cost)
 		members[0] = id
 		for u := int64(1); u < cost; u++ {
 			members[u] = unitMember(id, u)
 		}
-		err = s.client.ZRem(ctx, s.Key(scope, key), members...).Err()
+		err = s.client.ZRem(ctx, s.key(scope, key), members...).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("concurrency: release: %w", err)
@@ -257,8 +255,11 @@ func (set *memSet) remove(id string) {
 }
 
 // NewMemoryStore returns an empty memory store.
-func NewMemoryStore(opts ...StoreOption) *MemoryStore {
-	s := &MemoryStore{o: buildStoreOptions(opts), seed: maphash.MakeSeed()}
+func NewMemoryStore(ms MemorySettings) *MemoryStore {
+	s := &MemoryStore{o: storeOptions{clock: ms.Clock, maxKeys: ms.MaxKeys}, seed: maphash.MakeSeed()}
+	if s.o.maxKeys <= 0 {
+		s.o.maxKeys = 1 << 16
+	}
 	if s.o.clock == nil {
 		s.o.clock = time.Now
 	}
@@ -274,10 +275,10 @@ func (s *MemoryStore) shard(k string) *memShard {
 
 func memKey(scope, key string) string { return scope + "\x00" + key }
 
-// Acquire implements Store.
-func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (Result, error) {
+// acquire implements Store.
+func (s *MemoryStore) acquire(_ context.Context, scope, key, id string, cost, limit int64, ttl time.Duration) (result, error) {
 	if err := checkAcquire(cost, limit, ttl, id); err != nil {
-		return Result{}, err
+		return result{}, err
 	}
 	now := s.o.clock().UnixMicro()
 	ttlUS := ttlMillis(ttl) * 1000
@@ -321,7 +322,7 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, li
 			}
 			n += cost
 		}
-		return Result{Allowed: true, InFlight: n}, nil
+		return result{Allowed: true, InFlight: n}, nil
 	}
 	// n + cost - limit units must be reaped, the oldest first: the wait is
 	// until the request that holds the last of them is, as the script's
@@ -334,7 +335,7 @@ func (s *MemoryStore) Acquire(_ context.Context, scope, key, id string, cost, li
 	if waitMS < 1 {
 		waitMS = 1
 	}
-	return Result{InFlight: n, Wait: time.Duration(waitMS) * time.Millisecond}, nil
+	return result{InFlight: n, Wait: time.Duration(waitMS) * time.Millisecond}, nil
 }
 
 // startOfUnit returns the start of the entry that holds the need-th
@@ -369,8 +370,8 @@ func (sh *memShard) sweep(now int64) {
 	}
 }
 
-// Release implements Store. It frees the cost id was acquired with.
-func (s *MemoryStore) Release(_ context.Context, scope, key, id string, cost int64) error {
+// release implements Store. It frees the cost id was acquired with.
+func (s *MemoryStore) release(_ context.Context, scope, key, id string, cost int64) error {
 	if err := checkRelease(id, cost); err != nil {
 		return err
 	}
@@ -389,8 +390,8 @@ func (s *MemoryStore) Release(_ context.Context, scope, key, id string, cost int
 	return nil
 }
 
-// Len returns the number of keys the store holds (for tests and metrics).
-func (s *MemoryStore) Len() int {
+// size returns the number of keys the store holds (for tests).
+func (s *MemoryStore) size() int {
 	n := 0
 	for i := range s.shards {
 		s.shards[i].mu.Lock()

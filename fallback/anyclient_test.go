@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
+	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -206,16 +207,16 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 		return err
 	}
 	rate := tiersLimiter(t, anyClientRules, tstore)
-	cstore, err := concurrency.NewRedisStore(c2)
+	cstore, err := concurrency.NewRedisStore(c2, concurrency.RedisSettings{})
 	if err != nil {
 		return err
 	}
 	cname := fmt.Sprintf("conc-%p", c2)
-	cshared, err := concurrency.New(cstore, 100, concurrency.WithName(cname))
+	cshared, err := concurrency.New(cstore, 100, concurrency.Settings{Name: cname})
 	if err != nil {
 		return err
 	}
-	clocal, err := concurrency.New(concurrency.NewMemoryStore(), 20, concurrency.WithName(cname))
+	clocal, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), 20, concurrency.Settings{Name: cname})
 	if err != nil {
 		return err
 	}
@@ -227,7 +228,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	chain := spillway.ChainBudget(budget, rate, conc)
 	direct := srv.Client(t)
 	inFlight := func(ip string) int64 {
-		return direct.ZCard(ctx, cstore.Key(cname, ip)).Val()
+		return direct.ZCard(ctx, keys.Concurrency("spillway:", cname, ip)).Val()
 	}
 
 	// Healthy: both decide by Redis.

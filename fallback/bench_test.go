@@ -291,11 +291,11 @@ func BenchmarkDoneWhileOpen(b *testing.B) {
 		b.Fatal(err)
 	}
 	rate := tiersLimiter(b, anyClientRules, tstore)
-	cstore, err := concurrency.NewRedisStore(c)
+	cstore, err := concurrency.NewRedisStore(c, concurrency.RedisSettings{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	cshared, err := concurrency.New(cstore, 1_000_000, concurrency.WithName("bench-conc"))
+	cshared, err := concurrency.New(cstore, 1_000_000, concurrency.Settings{Name: "bench-conc"})
 	if err != nil {
 		b.Fatal(err)
 	}

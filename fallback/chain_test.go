@@ -93,11 +93,11 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 		t.Fatal(err)
 	}
 	rate := tiersLimiter(t, chainRules, store)
-	cstore, err := concurrency.NewRedisStore(client)
+	cstore, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cshared, err := concurrency.New(cstore, 100, concurrency.WithName("conc"))
+	cshared, err := concurrency.New(cstore, 100, concurrency.Settings{Name: "conc"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/internal/contracttest"
+	"github.com/spillway-go/spillway/internal/keys"
 )
 
 // A Redis concurrency limiter on a client with a Health conforms: what it
@@ -19,16 +20,16 @@ func TestLimiterContract(t *testing.T) {
 		t.Run("fail "+fail.String(), func(t *testing.T) {
 			contracttest.Run(t, contracttest.Subject{Decides: true, New: func(t *testing.T) contracttest.Instance {
 				c, brk := contracttest.Redis(t)
-				st, err := concurrency.NewRedisStore(c)
+				st, err := concurrency.NewRedisStore(c, concurrency.RedisSettings{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				inner, err := concurrency.New(st, 64, concurrency.WithName("contract"), concurrency.WithFailMode(fail))
+				inner, err := concurrency.New(st, 64, concurrency.Settings{Name: "contract", FailMode: fail})
 				if err != nil {
 					t.Fatal(err)
 				}
 				l := concurrency.PerKey(inner, spillway.DimUser)
-				key := st.Key("contract", "u-contract")
+				key := keys.Concurrency("spillway:", "contract", "u-contract")
 				return contracttest.Instance{
 					Limiter: l,
 					Held: func() int64 {
@@ -39,7 +40,7 @@ func TestLimiterContract(t *testing.T) {
 						return n
 					},
 					Deny: func(t *testing.T) {
-						if d, _, err := inner.AcquireN(context.Background(), "u-contract", 64); err != nil || !d.Allowed {
+						if d, _, err := inner.Acquire(context.Background(), "u-contract", 64); err != nil || !d.Allowed {
 							t.Fatalf("filling the key: %+v, %v", d, err)
 						}
 					},

@@ -17,7 +17,7 @@ import (
 func TestLimiterLocalCostExceedsIsNotNever(t *testing.T) {
 	inner := &slowLimiter{}
 	inner.fail.Store(true)
-	local, err := concurrency.New(concurrency.NewMemoryStore(), 2, concurrency.WithName("local"))
+	local, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), 2, concurrency.Settings{Name: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}

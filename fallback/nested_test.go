@@ -48,11 +48,11 @@ func nestedFirstRequest(t *testing.T) (elapsed time.Duration, guardDegraded bool
 	if _, err := fallback.NewHealth(client, fallback.HealthSettings{}); err != nil {
 		t.Fatal(err)
 	}
-	cstore, err := concurrency.NewRedisStore(client)
+	cstore, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conc, err := concurrency.New(cstore, 10)
+	conc, err := concurrency.New(cstore, 10, concurrency.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

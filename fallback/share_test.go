@@ -49,11 +49,11 @@ func newShareBed(t *testing.T, hs fallback.HealthSettings) *shareBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cstore, err := concurrency.NewRedisStore(client)
+	cstore, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conc, err := concurrency.New(cstore, 5)
+	conc, err := concurrency.New(cstore, 5, concurrency.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func (b *shareBed) counts(t *testing.T) (rate, conc, ceil int) {
 	}
 	var dones []spillway.Done
 	for ; conc <= 10; conc++ {
-		d, done, err := b.conc.Acquire(ctx, "key")
+		d, done, err := b.conc.Acquire(ctx, "key", 1)
 		if err != nil || !d.Degraded {
 			t.Fatalf("concurrency %d: %+v %v; want a Degraded decision", conc, d, err)
 		}

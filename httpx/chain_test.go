@@ -23,7 +23,7 @@ func TestRealChainOverRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	rl, err := ratelimit.New(mustRedisStore(rs.Client(t)), ratelimit.Policy{Limit: 3, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	require.NoError(t, err)
-	conc, err := concurrency.New(concurrency.NewMemoryStore(), 1, concurrency.WithName("inflight"))
+	conc, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), 1, concurrency.Settings{Name: "inflight"})
 	require.NoError(t, err)
 	shed := true
 	shedder := spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {

@@ -13,6 +13,8 @@ import (
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/httpx"
+	"github.com/spillway-go/spillway/internal/cchook"
+	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
@@ -28,9 +30,9 @@ func TestDoneDoesNotDelayResponse(t *testing.T) {
 	fallback.TuneOptions(opt) // the release timeout reaches the socket
 	client := redis.NewClient(opt)
 	t.Cleanup(func() { client.Close() })
-	store, err := concurrency.NewRedisStore(client)
+	store, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{})
 	require.NoError(t, err)
-	lim, err := concurrency.New(store, 1, concurrency.WithName("inflight"))
+	lim, err := concurrency.New(store, 1, concurrency.Settings{Name: "inflight"})
 	require.NoError(t, err)
 
 	const work = 50 * time.Millisecond
@@ -61,8 +63,8 @@ func TestDoneDoesNotDelayResponse(t *testing.T) {
 
 	require.NoError(t, rs.Resume())
 	lim.WaitReleases()
-	n, err := client.ZCard(context.Background(), store.Key("inflight", "127.0.0.1")).Result()
+	n, err := client.ZCard(context.Background(), keys.Concurrency("spillway:", "inflight", "127.0.0.1")).Result()
 	require.NoError(t, err)
-	pending, _ := lim.PendingReleases()
+	pending, _ := cchook.PendingReleases(lim)
 	require.Equal(t, int64(0), n+pending, "the release is neither lost nor left behind")
 }

@@ -3,6 +3,9 @@ package shedder
 import (
 	"runtime"
 	"time"
+
+	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/internal/learn"
 )
 
 // Test-only knobs, for the tests of package shedder_test.
@@ -54,3 +57,8 @@ func NewCgroupCPUWith(opts ...CgroupOption) (*CgroupCPU, error) {
 	}
 	return newCgroupCPU(cfg)
 }
+
+// LearnedLimit and Baseline read a LatencyLimit's learned limit and
+// baseline.
+func LearnedLimit(l *concurrency.LatencyLimit) int       { return learn.Of(l).Limit() }
+func Baseline(l *concurrency.LatencyLimit) time.Duration { return learn.Of(l).Baseline() }

@@ -242,18 +242,18 @@ func TestPoolQueuedReading(t *testing.T) {
 		p.Observe(shedder.Reading{Since: since, At: clk.Now(), Busy: busy, Active: active})
 	}
 	run(48, 100*time.Millisecond) // the baseline; one in flight of 4: no growth
-	if l.Limit() != 4 || l.Baseline() != 100*time.Millisecond {
-		t.Fatalf("limit %d, baseline %v; want 4, 100ms", l.Limit(), l.Baseline())
+	if shedder.LearnedLimit(l) != 4 || shedder.Baseline(l) != 100*time.Millisecond {
+		t.Fatalf("limit %d, baseline %v; want 4, 100ms", shedder.LearnedLimit(l), shedder.Baseline(l))
 	}
 	read(4, 4.2) // every worker busy, 0.2 waiting
 	run(3, 300*time.Millisecond)
-	if s := p.Stats(); s.Limit != 4 || s.Slots != 4 || l.Baseline() != 300*time.Millisecond {
-		t.Fatalf("slow work, nothing waiting: %+v, baseline %v; want limit 4, baseline 300ms", s, l.Baseline())
+	if s := p.Stats(); s.Limit != 4 || s.Slots != 4 || shedder.Baseline(l) != 300*time.Millisecond {
+		t.Fatalf("slow work, nothing waiting: %+v, baseline %v; want limit 4, baseline 300ms", s, shedder.Baseline(l))
 	}
 	read(4, 7) // 3 waiting
 	run(3, 900*time.Millisecond)
-	if s := p.Stats(); s.Limit != 2 || s.Slots != 2 || l.Baseline() != 300*time.Millisecond {
-		t.Fatalf("slow work, 3 waiting: %+v, baseline %v; want limit 2 (a cut by half), baseline 300ms", s, l.Baseline())
+	if s := p.Stats(); s.Limit != 2 || s.Slots != 2 || shedder.Baseline(l) != 300*time.Millisecond {
+		t.Fatalf("slow work, 3 waiting: %+v, baseline %v; want limit 2 (a cut by half), baseline 300ms", s, shedder.Baseline(l))
 	}
 
 	var reading atomic.Pointer[shedder.Reading]

@@ -28,7 +28,7 @@ func TestInstrumentContract(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				a, err := concurrency.NewAdaptive(alg)
+				a, err := concurrency.NewAdaptive(alg, "")
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -268,7 +268,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		conc, err := concurrency.New(concurrency.NewMemoryStore(), perIPConcurrency, concurrency.WithName("per_ip_concurrency"))
+		conc, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), perIPConcurrency, concurrency.Settings{Name: "per_ip_concurrency"})
 		if err != nil {
 			return fail(err)
 		}
@@ -301,11 +301,11 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	cstore, err := concurrency.NewRedisStore(rdb)
+	cstore, err := concurrency.NewRedisStore(rdb, concurrency.RedisSettings{})
 	if err != nil {
 		return fail(err)
 	}
-	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.WithName("per_ip_concurrency"), concurrency.WithReleaseTimeout(budget))
+	cshared, err := concurrency.New(cstore, perIPConcurrency, concurrency.Settings{Name: "per_ip_concurrency", ReleaseTimeout: budget})
 	if err != nil {
 		return fail(err)
 	}

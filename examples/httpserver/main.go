@@ -310,7 +310,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		if err != nil {
 			return nil, err
 		}
-		conc, err := concurrency.New(concurrency.NewMemoryStore(), sz.perClient, concurrency.WithName("per_client_concurrency"))
+		conc, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), sz.perClient, concurrency.Settings{Name: "per_client_concurrency"})
 		if err != nil {
 			return nil, err
 		}
@@ -354,12 +354,12 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// Per-client concurrency: Stripe's sorted-set limiter in Redis; while
 	// Redis is out it decides by itself at this server's share.
-	cstore, err := concurrency.NewRedisStore(rdb)
+	cstore, err := concurrency.NewRedisStore(rdb, concurrency.RedisSettings{})
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	cshared, err := concurrency.New(cstore, sz.perClient, concurrency.WithName("per_client_concurrency"), concurrency.WithReleaseTimeout(budget))
+	cshared, err := concurrency.New(cstore, sz.perClient, concurrency.Settings{Name: "per_client_concurrency", ReleaseTimeout: budget})
 	if err != nil {
 		b.close()
 		return nil, err

@@ -120,11 +120,11 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 		return err
 	}
 	// 2. Concurrent requests per API key, fleet-wide.
-	cstore, err := concurrency.NewRedisStore(rdb)
+	cstore, err := concurrency.NewRedisStore(rdb, concurrency.RedisSettings{})
 	if err != nil {
 		return err
 	}
-	conc, err := concurrency.New(cstore, perKeyInFlight, concurrency.WithName("per_key_concurrency"))
+	conc, err := concurrency.New(cstore, perKeyInFlight, concurrency.Settings{Name: "per_key_concurrency"})
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 		"api", telemetry.WithMeterProvider(mp))
 
 	// The database, behind at most dbInFlight calls in flight fleet-wide.
-	inflight, err := concurrency.NewInFlight(rdb, "db_inflight", dbInFlight)
+	inflight, err := concurrency.NewInFlight(rdb, dbInFlight, concurrency.Settings{Name: "db_inflight"})
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,11 @@ func Digest(s string) string {
 // Key returns prefix + Escape(scope) + ":{" + Escape(entity) + "}".
 func Key(prefix, scope, entity string) string { return KeyWith(prefix, scope, ':', entity) }
 
+// Concurrency returns the Redis key of a concurrency limiter's in-flight
+// set: the limiter named scope, the key key (what tests outside package
+// concurrency read).
+func Concurrency(prefix, scope, key string) string { return Key(prefix, "cc:"+scope, key) }
+
 // KeyWith returns prefix + Escape(scope) + sep + "{" + Escape(entity) +
 // "}": a layout of its own for each sep. The scope is escaped, so the
 // first '{' of a key is always the one after sep, and keys of two layouts

@@ -15,6 +15,9 @@ import (
 type Limit interface {
 	// Limit returns the learned limit, at least 1.
 	Limit() int
+	// Baseline returns the latency the windows compare against, 0 until
+	// the first window (for tests).
+	Baseline() time.Duration
 	// Learn records one piece of admitted work that ended with o
 	// (Success or Dropped): when it was admitted, how long it held its
 	// slot, and the most pieces in flight from its admission to its end,

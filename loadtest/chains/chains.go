@@ -290,11 +290,11 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	}
 
 	// 2. Per-key concurrency; locally 1/N of it per server.
-	cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
+	cstore, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{Prefix: env.Prefix})
 	if err != nil {
 		return fail(err)
 	}
-	cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.WithName("per_key_concurrency"), concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+	cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5*time.Second, ReleaseTimeout: fallbackBudget})
 	if err != nil {
 		return fail(err)
 	}
@@ -452,11 +452,11 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		add("rate", perKey)
 	}
 	if removed != "concurrency" {
-		cstore, err := concurrency.NewRedisStore(client, concurrency.WithPrefix(env.Prefix))
+		cstore, err := concurrency.NewRedisStore(client, concurrency.RedisSettings{Prefix: env.Prefix})
 		if err != nil {
 			return fail(err)
 		}
-		cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.WithName("per_key_concurrency"), concurrency.WithTTL(5*time.Second), concurrency.WithReleaseTimeout(fallbackBudget))
+		cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5*time.Second, ReleaseTimeout: fallbackBudget})
 		if err != nil {
 			return fail(err)
 		}
@@ -511,7 +511,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			return fail(err)
 		}
 		if removed == "queue" {
-			a, err := concurrency.NewAdaptive(lim, concurrency.WithAdaptiveName("db_pool"))
+			a, err := concurrency.NewAdaptive(lim, "db_pool")
 			if err != nil {
 				return fail(err)
 			}

@@ -17,7 +17,7 @@ func TestRecordingContract(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := concurrency.NewAdaptive(alg)
+		a, err := concurrency.NewAdaptive(alg, "")
 		if err != nil {
 			t.Fatal(err)
 		}
