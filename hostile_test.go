@@ -43,7 +43,7 @@ func TestHostileChain(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if worker, err = shedder.NewWorker(30, shedder.WithClock(now)); err != nil {
+		if worker, err = shedder.NewWorker(30, shedder.WorkerSettings{Clock: now}); err != nil {
 			return err
 		}
 		chain = spillway.Chain(ratelimit.PerKey(rl, spillway.DimUser), concurrency.PerKey(cl, spillway.DimUser), worker)
@@ -61,7 +61,7 @@ func TestHostileChain(t *testing.T) {
 		},
 		State: func(ctx context.Context) (string, error) {
 			st, err := hostiletest.RedisState(ctx, rdb, "hostile:*")
-			return fmt.Sprint(st, " worker ", worker.InFlight()), err
+			return fmt.Sprint(st, " worker ", worker.Stats().InFlight), err
 		},
 		Reset: reset,
 	})

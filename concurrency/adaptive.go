@@ -115,12 +115,8 @@ type AIMDConfig struct {
 	Timeout time.Duration // an RTT above it counts as a drop; 0: RTT never does
 }
 
-// aimd is additive-increase, multiplicative-decrease, as TCP Reno: each
-// success of a request that saw at least half the limit in use adds 1/limit
-// (one per limit's worth of successes, i.e. about one per round trip); a
-// drop multiplies the limit by Backoff, at most once per round trip (drops
-// of requests that started before the last decrease are ignored: the
-// decrease already answered them).
+// aimd is NewAIMD's Algorithm. Drops of requests that started before the
+// last decrease are ignored: the decrease already answered them.
 type aimd struct {
 	cfg          AIMDConfig
 	limit        float64

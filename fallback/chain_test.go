@@ -102,7 +102,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 		t.Fatal(err)
 	}
 	conc := concurrency.PerKey(cshared, spillway.DimIP) // falls back by itself
-	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000)
+	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 10000, shedder.FleetSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}

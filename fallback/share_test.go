@@ -62,7 +62,7 @@ func newShareBed(t *testing.T, hs fallback.HealthSettings) *shareBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ceil.Close() })
-	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 100)
+	fleet, err := shedder.NewFleet(client, fmt.Sprintf("fleet-%p", client), 100, shedder.FleetSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // Critical work. The clock is frozen, so no tick moves the shed level.
 func fullForSheddable(t *testing.T) *shedder.Worker {
 	t.Helper()
-	w, err := shedder.NewWorker(5, shedder.WithClock(fixedClock))
+	w, err := shedder.NewWorker(5, shedder.WorkerSettings{Clock: fixedClock})
 	require.NoError(t, err)
 	d, done, err := w.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical, Cost: 4})
 	require.NoError(t, err)

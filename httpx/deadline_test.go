@@ -22,7 +22,7 @@ import (
 // ignored.
 func TestDeadlineHeader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := shedder.NewQueue(1, shedder.WithMaxWait(time.Second), shedder.WithName("db_pool"))
+		q, err := shedder.NewQueue(1, shedder.QueueSettings{MaxWait: time.Second, Name: "db_pool"})
 		require.NoError(t, err)
 		// Work holds the slot 100 ms.
 		_, done, _ := q.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical})

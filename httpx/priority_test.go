@@ -19,7 +19,7 @@ import (
 func fullForSheddable(t *testing.T) *shedder.Worker {
 	t.Helper()
 	now := time.Unix(1_800_000_000, 0)
-	w, err := shedder.NewWorker(5, shedder.WithClock(func() time.Time { return now }))
+	w, err := shedder.NewWorker(5, shedder.WorkerSettings{Clock: func() time.Time { return now }})
 	require.NoError(t, err)
 	req := &spillway.Request{Priority: spillway.Critical, Cost: 4}
 	d, done, err := w.Admit(context.Background(), req)

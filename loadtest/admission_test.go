@@ -14,8 +14,8 @@ import (
 // itself: every Admit in loadtest/ (a method, or a func given to
 // spillway.LimiterFunc) hands the request to a library block (it calls an
 // Admit, Allow or AllowN) and builds no Decision of its own, and nothing
-// implements concurrency.Algorithm (Update(concurrency.Sample)) or
-// a Pool's learner (Learn), or sizes a block from outside (SetSlots,
+// implements a Pool's learner (Learn; concurrency.Algorithm is sealed, so
+// the compiler keeps the harness from implementing one), or sizes a block from outside (SetSlots,
 // SetCap, SetCapacity, Raise, Overdue: the library's Pool and
 // CapacityWatcher do that; checked in chains/). The deliberately wrong configurations, "none"
 // and "naive" (buildNone, buildNaive), are exempt. CI runs this test
@@ -67,9 +67,6 @@ func buildFull() spillway.Limiter {
 		return spillway.Decision{}, spillway.Noop, nil
 	})
 }`,
-		"an Algorithm": `package x
-type alg struct{}
-func (a *alg) Update(s concurrency.Sample) {}`,
 		"a pool that sizes itself": `package x
 func (p *pool) resize() { _ = p.q.SetSlots(p.alg.Limit()) }`,
 		"a Learner": `package x
@@ -133,10 +130,6 @@ func admissionFindings(fset *token.FileSet, f *ast.File, sizing bool) []string {
 			case "Admit":
 				if why := decides(fd.Body); why != "" {
 					report(fd, "Admit "+why)
-				}
-			case "Update":
-				if paramOfType(fd.Type, "concurrency", "Sample") {
-					report(fd, "Update(concurrency.Sample): implements concurrency.Algorithm")
 				}
 			case "Learn":
 				if paramOfType(fd.Type, "spillway", "Outcome") {

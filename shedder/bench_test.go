@@ -12,7 +12,7 @@ import (
 )
 
 func BenchmarkWorkerAdmit(b *testing.B) {
-	w, err := shedder.NewWorker(1 << 30)
+	w, err := shedder.NewWorker(1<<30, shedder.WorkerSettings{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func BenchmarkWorkerAdmit(b *testing.B) {
 // Admit never touches Redis; Refresh is one script round trip.
 func BenchmarkFleet(b *testing.B) {
 	srv := redistest.Start(b)
-	f, err := shedder.NewFleet(srv.Client(b), "bench", 1<<30, shedder.WithoutAutoRefresh(), shedder.WithTimeout(time.Second))
+	f, err := shedder.NewFleet(srv.Client(b), "bench", 1<<30, shedder.FleetSettings{Timeout: time.Second}.With(shedder.Knobs{NoAutoRefresh: true}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func BenchmarkFleet(b *testing.B) {
 
 // Queue.Admit with a free slot (no wait) + done, beside Worker.Admit.
 func BenchmarkQueueAdmit(b *testing.B) {
-	q, err := shedder.NewQueue(1 << 30)
+	q, err := shedder.NewQueue(1<<30, shedder.QueueSettings{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func BenchmarkPoolAdmit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := shedder.NewPool(lim)
+	p, err := shedder.NewPool(lim, nil, shedder.QueueSettings{})
 	if err != nil {
 		b.Fatal(err)
 	}

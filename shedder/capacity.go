@@ -30,37 +30,18 @@ type Reading struct {
 
 // Gauge reports the dependency's latest Reading. A CapacityWatcher calls
 // it once per poll, from one goroutine at a time, with a context bounded
-// by its timeout.
-type Gauge interface {
-	Read(ctx context.Context) (Reading, error)
-}
-
-// GaugeFunc adapts a function to Gauge.
-type GaugeFunc func(ctx context.Context) (Reading, error)
-
-// Read calls f.
-func (f GaugeFunc) Read(ctx context.Context) (Reading, error) { return f(ctx) }
-
-// CapacityFunc adapts a function that reports only the dependency's
-// capacity (its healthy replicas times their connections, say) to a
-// Gauge: every call is a new reading, all of it busy, so it sizes the
-// fleet shedder and never raises a Pool's limit.
-func CapacityFunc(f func(ctx context.Context) (int64, error)) Gauge {
-	return GaugeFunc(func(ctx context.Context) (Reading, error) {
-		n, err := f(ctx)
-		if err != nil {
-			return Reading{}, err
-		}
-		return Reading{At: time.Now(), Busy: float64(n)}, nil
-	})
-}
+// by its timeout. A gauge that knows only the dependency's capacity (its
+// healthy replicas times their connections, say) returns
+// Reading{At: time.Now(), Busy: capacity}: every call a new reading, all of
+// it busy, so it sizes the fleet shedder and never raises a Pool's limit.
+type Gauge func(ctx context.Context) (Reading, error)
 
 // CapacityWatcher is the capacity input of the full chain: it polls a
 // Gauge of the shared dependency and, on every new reading (its At
 // moved), sets the fleet shedder's capacity to what the dependency
 // reports (Busy + Idle, rounded down, at least 1, at most the Fleet's
-// capacity when the watcher was made) and hands the reading to the Pool
-// (Pool.Observe), which takes its share of the idle capacity at once.
+// capacity when the watcher was made) and hands the reading to the Pool,
+// which takes its share of the idle capacity at once.
 //
 // Latency alone cannot tell a dependency that has room for one more call
 // from one that has none: below its capacity every call takes as long,
@@ -70,10 +51,8 @@ func CapacityFunc(f func(ctx context.Context) (int64, error)) Gauge {
 // was configured with.
 //
 // A reading that fails, is not new, or is not finite and non-negative
-// changes nothing: the Fleet keeps its last capacity. The options that
-// apply are WithInterval (the poll cadence, default 100ms) and
-// WithTimeout (the budget of one Read, default 50ms). Safe for
-// concurrent use.
+// changes nothing: the Fleet keeps its last capacity. Safe for concurrent
+// use.
 type CapacityWatcher struct {
 	g        Gauge
 	fleet    *Fleet
@@ -90,42 +69,39 @@ type CapacityWatcher struct {
 // NewCapacityWatcher returns a watcher that feeds g's readings to fleet
 // and pool; either may be nil, not both. The fleet's capacity when it is
 // made is the most the watcher ever sets.
-func NewCapacityWatcher(g Gauge, fleet *Fleet, pool *Pool, opts ...WatcherOption) (*CapacityWatcher, error) {
+func NewCapacityWatcher(g Gauge, fleet *Fleet, pool *Pool, s WatcherSettings) (*CapacityWatcher, error) {
 	if g == nil {
 		return nil, fmt.Errorf("shedder: capacity gauge is nil")
 	}
 	if fleet == nil && pool == nil {
 		return nil, fmt.Errorf("shedder: capacity watcher has neither a fleet nor a pool to feed")
 	}
-	o := defaultOptions("capacity")
-	for _, opt := range opts {
-		opt.watcher(&o)
+	interval, timeout := orDur(s.Interval, 100*time.Millisecond), orDur(s.Timeout, 50*time.Millisecond)
+	if interval <= 0 {
+		return nil, fmt.Errorf("shedder: capacity interval %v must be positive", interval)
 	}
-	if o.interval <= 0 {
-		return nil, fmt.Errorf("shedder: capacity interval %v must be positive", o.interval)
+	if timeout <= 0 {
+		return nil, fmt.Errorf("shedder: capacity timeout %v must be positive", timeout)
 	}
-	if o.timeout <= 0 {
-		return nil, fmt.Errorf("shedder: capacity timeout %v must be positive", o.timeout)
-	}
-	w := &CapacityWatcher{g: g, fleet: fleet, pool: pool, interval: o.interval, timeout: o.timeout}
+	w := &CapacityWatcher{g: g, fleet: fleet, pool: pool, interval: interval, timeout: timeout}
 	if fleet != nil {
-		w.max = fleet.Capacity()
+		w.max = fleet.capacity.Load()
 	}
 	return w, nil
 }
 
-// ErrBadReading is returned by Poll for a reading that is not finite and
+// errBadReading is returned by poll for a reading that is not finite and
 // non-negative.
-var ErrBadReading = errors.New("shedder: capacity reading must be finite and non-negative")
+var errBadReading = errors.New("shedder: capacity reading must be finite and non-negative")
 
-// Poll reads the gauge once and, when the reading is new, applies it. It
-// returns the gauge's error or ErrBadReading (wrapped); nothing changes
+// poll reads the gauge once and, when the reading is new, applies it. It
+// returns the gauge's error or errBadReading (wrapped); nothing changes
 // then.
-func (w *CapacityWatcher) Poll(ctx context.Context) error {
+func (w *CapacityWatcher) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
-	r, err := w.g.Read(ctx)
+	r, err := w.g(ctx)
 	cancel()
 	if err != nil {
 		w.errors.Add(1)
@@ -136,21 +112,21 @@ func (w *CapacityWatcher) Poll(ctx context.Context) error {
 	}
 	if !(r.Busy >= 0 && r.Idle >= 0 && r.Active >= 0) || math.IsInf(r.Busy+r.Idle+r.Active, 1) {
 		w.errors.Add(1)
-		return fmt.Errorf("%w: busy %v, idle %v, active %v", ErrBadReading, r.Busy, r.Idle, r.Active)
+		return fmt.Errorf("%w: busy %v, idle %v, active %v", errBadReading, r.Busy, r.Idle, r.Active)
 	}
 	w.last = r
 	if w.fleet != nil {
 		est := int64(math.Floor(min(r.Busy+r.Idle, MaxFleetCapacity) + 1e-6))
-		_ = w.fleet.SetCapacity(min(w.max, max(1, est))) // in range: never fails
+		_ = w.fleet.setCapacity(min(w.max, max(1, est))) // in range: never fails
 	}
 	if w.pool != nil {
-		w.pool.Observe(r)
+		w.pool.observe(r)
 	}
 	return nil
 }
 
-// Run polls every interval until ctx ends, then returns ctx.Err(). Poll
-// errors do not stop it; Errors counts them.
+// Run reads the gauge every interval until ctx ends, then returns
+// ctx.Err(). A failed or bad reading does not stop it; it changes nothing.
 func (w *CapacityWatcher) Run(ctx context.Context) error {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
@@ -160,17 +136,17 @@ func (w *CapacityWatcher) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 		}
-		_ = w.Poll(ctx)
+		_ = w.poll(ctx)
 	}
 }
 
-// Last returns the last reading applied (the zero Reading before the
-// first).
-func (w *CapacityWatcher) Last() Reading {
+// lastReading returns the last reading applied (the zero Reading before
+// the first).
+func (w *CapacityWatcher) lastReading() Reading {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.last
 }
 
-// Errors returns how many polls failed or read a bad reading.
-func (w *CapacityWatcher) Errors() int64 { return w.errors.Load() }
+// failures returns how many polls failed or read a bad reading.
+func (w *CapacityWatcher) failures() int64 { return w.errors.Load() }

@@ -15,21 +15,8 @@ import (
 	"time"
 )
 
-// CgroupCPU is a Source that reads this process's CPU utilization from its
-// cgroup, against the cgroup's CPU quota rather than the host's CPU count:
-// a container limited to 2 CPUs on a 64-core host is saturated at 2 cores
-// of usage, not at 64 (the bug of shedders that read host CPUs).
-//
-// It understands cgroup v2 (cpu.max and the usage_usec line of cpu.stat)
-// and cgroup v1 (cpu.cfs_quota_us / cpu.cfs_period_us and
-// cpuacct.usage). The quota is the smallest one on the path from the
-// process's cgroup up to the root of the hierarchy, since a parent's quota
-// caps its children; with no quota anywhere the limit is the number of
-// CPUs the process may run on (runtime.NumCPU). Quotas are re-read on every
-// reading, so a resized container is followed.
-//
-// A CgroupCPU is safe for concurrent use.
-type CgroupCPU struct {
+// cgroupCPU is the Source of NewCgroupCPU.
+type cgroupCPU struct {
 	cfg     cgroupConfig
 	version int
 	// v2: quota files are cpu.max from quotaDir up to quotaTop; usage is
@@ -44,28 +31,47 @@ type CgroupCPU struct {
 	last      float64
 }
 
-// ErrNoCgroup is returned by NewCgroupCPU when no cgroup CPU accounting is
+// errNoCgroup is returned by NewCgroupCPU when no cgroup CPU accounting is
 // found (not Linux, or no cgroup filesystem).
-var ErrNoCgroup = errors.New("shedder: no cgroup CPU accounting found")
+var errNoCgroup = errors.New("shedder: no cgroup CPU accounting found")
 
 // NewCgroupCPU finds this process's cgroup (from /proc/self/cgroup, under
-// /sys/fs/cgroup) and returns a Source reading its
-// CPU utilization. It returns an error wrapping ErrNoCgroup when there is
-// no cgroup CPU accounting to read.
-func NewCgroupCPU() (*CgroupCPU, error) {
-	return newCgroupCPU(cgroupConfig{root: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()})
+// /sys/fs/cgroup) and returns a Source (for WorkerSettings.Sources) that
+// reads its CPU utilization against the cgroup's CPU quota rather than the
+// host's CPU count: a container limited to 2 CPUs on a 64-core host is
+// saturated at 2 cores of usage, not at 64 (the bug of shedders that read
+// host CPUs). The first reading is 0; each later one is the CPU used since
+// the previous one over the time passed times the limit.
+//
+// It understands cgroup v2 (cpu.max and the usage_usec line of cpu.stat)
+// and cgroup v1 (cpu.cfs_quota_us / cpu.cfs_period_us and
+// cpuacct.usage). The quota is the smallest one on the path from the
+// process's cgroup up to the root of the hierarchy, since a parent's quota
+// caps its children; with no quota anywhere the limit is the number of
+// CPUs the process may run on (runtime.NumCPU). Quotas are re-read on every
+// reading, so a resized container is followed. The Source is safe for
+// concurrent use.
+//
+// It fails when there is no cgroup CPU accounting to read (not Linux, or
+// no cgroup filesystem): run the Worker without it then.
+func NewCgroupCPU() (Source, error) {
+	c, err := newCgroupCPU(cgroupConfig{root: "/sys/fs/cgroup", procFile: "/proc/self/cgroup", now: time.Now, hostCPUs: runtime.NumCPU()})
+	if err != nil {
+		return nil, err // not a nil *cgroupCPU in a non-nil Source
+	}
+	return c, nil
 }
 
 // newCgroupCPU is NewCgroupCPU reading cfg's files (tests point it at
 // fixture trees) with cfg's clock and host CPUs.
-func newCgroupCPU(cfg cgroupConfig) (*CgroupCPU, error) {
+func newCgroupCPU(cfg cgroupConfig) (*cgroupCPU, error) {
 	if cfg.now == nil {
 		return nil, fmt.Errorf("shedder: cgroup clock is nil")
 	}
 	if cfg.hostCPUs < 1 {
 		return nil, fmt.Errorf("shedder: cgroup host CPUs %d must be positive", cfg.hostCPUs)
 	}
-	c := &CgroupCPU{cfg: cfg}
+	c := &cgroupCPU{cfg: cfg}
 	paths, err := parseProcCgroup(cfg.procFile)
 	if err != nil {
 		return nil, err
@@ -80,23 +86,23 @@ func newCgroupCPU(cfg cgroupConfig) (*CgroupCPU, error) {
 		cpuMount := firstDir(cfg.root, "cpu", "cpu,cpuacct", "cpuacct,cpu")
 		acctMount := firstDir(cfg.root, "cpuacct", "cpu,cpuacct", "cpuacct,cpu")
 		if cpuMount == "" || acctMount == "" {
-			return nil, fmt.Errorf("%w under %s", ErrNoCgroup, cfg.root)
+			return nil, fmt.Errorf("%w under %s", errNoCgroup, cfg.root)
 		}
 		c.quotaDir, c.quotaTop = within(cpuMount, paths["cpu"]), cpuMount
 		c.usagePath = filepath.Join(within(acctMount, paths["cpuacct"]), "cpuacct.usage")
 	}
 	if _, err := c.readUsage(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoCgroup, err)
+		return nil, fmt.Errorf("%w: %w", errNoCgroup, err)
 	}
 	return c, nil
 }
 
 // Version returns the cgroup version read, 1 or 2.
-func (c *CgroupCPU) Version() int { return c.version }
+func (c *cgroupCPU) Version() int { return c.version }
 
 // Limit returns the CPU limit in cores: the tightest quota on the cgroup
 // path, or the host CPUs when none is set.
-func (c *CgroupCPU) Limit() (float64, error) {
+func (c *cgroupCPU) Limit() (float64, error) {
 	limit := math.Inf(1)
 	for dir := c.quotaDir; ; dir = filepath.Dir(dir) {
 		q, ok, err := c.readQuota(dir)
@@ -119,7 +125,7 @@ func (c *CgroupCPU) Limit() (float64, error) {
 // Utilization returns the CPU used since the previous call divided by the
 // limit over the same wall time: 1 means the quota is used up. The first
 // call only takes a baseline and returns 0.
-func (c *CgroupCPU) Utilization() (float64, error) {
+func (c *cgroupCPU) Utilization() (float64, error) {
 	usage, err := c.readUsage()
 	if err != nil {
 		return 0, err
@@ -150,7 +156,7 @@ func (c *CgroupCPU) Utilization() (float64, error) {
 
 // readQuota returns the quota of one cgroup directory in cores, and false
 // when it sets none.
-func (c *CgroupCPU) readQuota(dir string) (float64, bool, error) {
+func (c *cgroupCPU) readQuota(dir string) (float64, bool, error) {
 	if c.version == 2 {
 		b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
 		if errors.Is(err, os.ErrNotExist) {
@@ -204,7 +210,7 @@ func (c *CgroupCPU) readQuota(dir string) (float64, bool, error) {
 }
 
 // readUsage returns the cgroup's cumulative CPU time.
-func (c *CgroupCPU) readUsage() (time.Duration, error) {
+func (c *cgroupCPU) readUsage() (time.Duration, error) {
 	b, err := os.ReadFile(c.usagePath)
 	if err != nil {
 		return 0, fmt.Errorf("shedder: read cgroup usage: %w", err)
@@ -236,7 +242,7 @@ func (c *CgroupCPU) readUsage() (time.Duration, error) {
 func parseProcCgroup(file string) (map[string]string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoCgroup, err)
+		return nil, fmt.Errorf("%w: %w", errNoCgroup, err)
 	}
 	paths := make(map[string]string)
 	for _, line := range strings.Split(string(b), "\n") {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/shedder"
 )
 
@@ -44,7 +45,7 @@ func write(t *testing.T, path, content string) {
 	}
 }
 
-func newCgroup(t *testing.T, dir string, clk *fakeClock) *shedder.CgroupCPU {
+func newCgroup(t *testing.T, dir string, clk *testclock.Clock) *shedder.CgroupCPU {
 	t.Helper()
 	c, err := shedder.NewCgroupCPUWith(
 		shedder.WithRoot(filepath.Join(dir, "fs")),
@@ -189,7 +190,7 @@ func TestWorkerWithCgroupSource(t *testing.T) {
 	dir := copyFixture(t, "cgroupv2ns")
 	clk := newClock()
 	c := newCgroup(t, dir, clk)
-	w, err := shedder.NewWorker(100, shedder.WithClock(clk.Now), shedder.WithSource(c))
+	w, err := shedder.NewWorker(100, shedder.WorkerSettings{Clock: clk.Now, Sources: []shedder.Source{c}})
 	if err != nil {
 		t.Fatal(err)
 	}

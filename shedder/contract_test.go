@@ -28,7 +28,7 @@ func fill(t *testing.T, l spillway.Limiter) {
 
 func TestWorkerContract(t *testing.T) {
 	contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-		w, err := shedder.NewWorker(64)
+		w, err := shedder.NewWorker(64, shedder.WorkerSettings{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +38,7 @@ func TestWorkerContract(t *testing.T) {
 
 func TestQueueContract(t *testing.T) {
 	contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
-		q, err := shedder.NewQueue(64, shedder.WithMaxWait(time.Millisecond))
+		q, err := shedder.NewQueue(64, shedder.QueueSettings{MaxWait: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,8 +55,7 @@ func TestQueueContract(t *testing.T) {
 func TestFleetContract(t *testing.T) {
 	contracttest.Run(t, contracttest.Subject{Decides: true, New: func(t *testing.T) contracttest.Instance {
 		c, brk := contracttest.Redis(t)
-		f, err := shedder.NewFleet(c, "contract", 64, shedder.WithInterval(10*time.Millisecond),
-			shedder.WithTTL(5*time.Second), shedder.WithTimeout(time.Second), shedder.WithStaleAfter(2*time.Second))
+		f, err := shedder.NewFleet(c, "contract", 64, shedder.FleetSettings{Interval: 10 * time.Millisecond, TTL: 5 * time.Second, Timeout: time.Second}.With(shedder.Knobs{StaleAfter: 2 * time.Second}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ func (c deadlineOnly) Deadline() (time.Time, bool) { return c.at, true }
 // before any work; a request whose context already ended gets nothing.
 func TestQueueDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(2, WithMaxWait(time.Second), WithQueueDepth(10))
+		q, err := NewQueue(2, QueueSettings{MaxWait: time.Second, Depth: 10})
 		require.NoError(t, err)
 		bg := context.Background()
 		// Work holds its slot 100 ms on average.
@@ -82,7 +82,7 @@ func TestQueueDeadlines(t *testing.T) {
 		cancel()
 		d, _, _ = q.Admit(gone, preq(spillway.Critical, 1))
 		require.False(t, d.Allowed)
-		require.Equal(t, QueueStats{Admitted: 5, Waited: 1, Late: 4, Expired: 1, InFlight: 1}, q.Stats())
+		require.Equal(t, QueueStats{Admitted: 5, Waited: 1, Late: 4, Expired: 1, InFlight: 1, Slots: 2}, q.Stats())
 		held[1](spillway.Success)
 
 		// A waiter whose deadline passed by the time a slot frees is
@@ -109,7 +109,7 @@ func TestQueueDeadlines(t *testing.T) {
 // goes to the newest; otherwise to the oldest.
 func TestQueueAdaptiveLIFO(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(1, WithMaxWait(time.Second), WithQueueDepth(10), WithLIFO(50*time.Millisecond))
+		q, err := NewQueue(1, QueueSettings{MaxWait: time.Second, Depth: 10, LIFO: 50 * time.Millisecond})
 		require.NoError(t, err)
 		bg := context.Background()
 		held := fill(t, q, 1, spillway.Critical)
@@ -136,8 +136,8 @@ func TestQueueAdaptiveLIFO(t *testing.T) {
 		require.True(t, w2.returned() && w2.d.Allowed)
 		w2.done(spillway.Success)
 
-		_, err = NewQueue(1, WithLIFO(0))
-		require.EqualError(t, err, "shedder: LIFO threshold 0s must be positive")
+		_, err = NewQueue(1, QueueSettings{LIFO: -time.Millisecond})
+		require.EqualError(t, err, "shedder: LIFO threshold -1ms is negative")
 	})
 }
 
@@ -146,7 +146,7 @@ func TestQueueAdaptiveLIFO(t *testing.T) {
 // waited longer; before that a wait is bounded by the interval.
 func TestQueueSojourn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(1, WithMaxWait(time.Second), WithQueueDepth(10), WithSojourn(10*time.Millisecond, 100*time.Millisecond))
+		q, err := NewQueue(1, QueueSettings{MaxWait: time.Second, Depth: 10, SojournTarget: 10 * time.Millisecond, SojournInterval: 100 * time.Millisecond})
 		require.NoError(t, err)
 		bg := context.Background()
 		held := fill(t, q, 1, spillway.Critical)
@@ -174,11 +174,11 @@ func TestQueueSojourn(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		require.True(t, w4.returned() && !w4.d.Allowed)
-		require.Equal(t, QueueStats{Admitted: 3, Waited: 1, TimedOut: 2, Expired: 1, InFlight: 1}, q.Stats())
+		require.Equal(t, QueueStats{Admitted: 3, Waited: 1, TimedOut: 2, Expired: 1, InFlight: 1, Slots: 1}, q.Stats())
 		held[0](spillway.Success)
 
 		for _, c := range [][2]time.Duration{{0, time.Second}, {time.Second, time.Millisecond}, {-1, time.Second}} {
-			_, err = NewQueue(1, WithSojourn(c[0], c[1]))
+			_, err = NewQueue(1, QueueSettings{SojournTarget: c[0], SojournInterval: c[1]})
 			require.Error(t, err)
 		}
 	})

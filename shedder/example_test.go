@@ -16,7 +16,7 @@ func ExampleWorker() {
 	now := time.Unix(0, 0)
 	// A server with 4 workers; 20% of them (rounded down to 3 left for the
 	// rest) are kept for Critical work.
-	w, err := shedder.NewWorker(4, shedder.WithClock(func() time.Time { return now }))
+	w, err := shedder.NewWorker(4, shedder.WorkerSettings{Clock: func() time.Time { return now }})
 	if err != nil {
 		panic(err)
 	}
@@ -76,17 +76,17 @@ func ExampleHTTPClassifier_trustHeader() {
 // A database pool whose size is learned from the latency of its queries:
 // it starts at 2 slots, doubles while queries keep their latency and use
 // the slots (slow start), halves when one fails, and hands a freed slot to
-// the highest priority waiting. In a fleet, shedder.WithFleet caps it at
+// the highest priority waiting. In a fleet, NewPool's fleet caps it at
 // what the fleet shedder allows this server, and a CapacityWatcher feeds
 // it the database's utilization gauge.
 func ExamplePool() {
 	now := time.Unix(0, 0)
 	clock := func() time.Time { return now }
 	lim, _ := concurrency.NewLatencyLimit(concurrency.LatencyConfig{Initial: 2})
-	pool, err := shedder.NewPool(lim, shedder.WithName("db_pool"), shedder.WithClock(clock),
-		shedder.WithMaxWait(time.Second),                    // Critical work waits up to 1 s for a slot
-		shedder.WithPriorityWait(spillway.SheddablePlus, 0), // batch work never waits
-		shedder.WithPriorityWait(spillway.Sheddable, 0))
+	pool, err := shedder.NewPool(lim, nil, shedder.QueueSettings{Name: "db_pool", Clock: clock,
+		MaxWait: time.Second, // Critical work waits up to 1 s for a slot
+		PriorityWait: map[spillway.Priority]time.Duration{ // batch work never waits
+			spillway.SheddablePlus: 0, spillway.Sheddable: 0}})
 	if err != nil {
 		panic(err)
 	}

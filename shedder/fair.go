@@ -9,7 +9,7 @@ import (
 	"github.com/spillway-go/spillway"
 )
 
-// tenant is one active tenant of one priority in a Queue with WithTenant:
+// tenant is one active tenant of one priority in a Queue with Tenant:
 // the cost it has in flight and waiting.
 type tenant struct {
 	name              string
@@ -73,7 +73,7 @@ type shareEntry struct {
 }
 
 // tenantFor returns the state of tenant name at priority p, made when it
-// becomes active; nil without WithTenant. Called with q.mu held.
+// becomes active; nil without Tenant. Called with q.mu held.
 func (q *Queue) tenantFor(p spillway.Priority, name string) *tenant {
 	if q.o.tenantDim == "" {
 		return nil

@@ -27,7 +27,7 @@ func treq(tenant string) *spillway.Request {
 // are forgotten once idle.
 func TestQueueFairShares(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(4, WithMaxWait(time.Second), WithQueueDepth(20), WithTenant(spillway.DimUser))
+		q, err := NewQueue(4, QueueSettings{MaxWait: time.Second, Depth: 20, Tenant: spillway.DimUser})
 		require.NoError(t, err)
 		bg := context.Background()
 		_, done, _ := q.Admit(bg, treq("a"))
@@ -84,7 +84,7 @@ func TestQueueFairShares(t *testing.T) {
 		require.True(t, a3.returned())
 		require.Equal(t, spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "queue", Limit: 2,
 			RetryAfter: 200 * time.Millisecond}, a3.d) // 100 ms × 3 ÷ 1.5
-		require.Equal(t, QueueStats{Admitted: 8, Waited: 3, OverShare: 3, InFlight: 4}, q.Stats())
+		require.Equal(t, QueueStats{Admitted: 8, Waited: 3, OverShare: 3, InFlight: 4, Slots: 4}, q.Stats())
 		q.mu.Lock()
 		require.Len(t, q.tenants[spillway.Critical], 3)
 		q.mu.Unlock()
@@ -108,7 +108,7 @@ func TestQueueFairShares(t *testing.T) {
 // Weights and priorities: the capacity a priority shares is what higher
 // priorities hold no part of; weights divide it.
 func TestQueueFairShareWeights(t *testing.T) {
-	q, err := NewQueue(12, WithTenant(spillway.DimAPIKey), WithTenantWeights(map[string]float64{"gold": 3}))
+	q, err := NewQueue(12, QueueSettings{Tenant: spillway.DimAPIKey, TenantWeights: map[string]float64{"gold": 3}})
 	require.NoError(t, err)
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -126,7 +126,7 @@ func TestQueueFairShareWeights(t *testing.T) {
 	// A newcomer of weight 1 wanting 1: its demand fits the level.
 	require.InDelta(t, 1, q.fairShare(spillway.Critical, "new", 1), 1e-9)
 
-	for _, bad := range []QueueOption{WithTenant(""), WithTenantWeights(map[string]float64{"a": 0})} {
+	for _, bad := range []QueueSettings{{Tenant: "k", TenantWeights: map[string]float64{"a": 0}}, {Tenant: "k", TenantWeights: map[string]float64{"a": math.Inf(1)}}} {
 		_, err := NewQueue(1, bad)
 		require.Error(t, err)
 	}
@@ -138,7 +138,7 @@ func TestQueueFairShareWeights(t *testing.T) {
 // servedDecay), and a tenant that comes back takes its record back.
 func TestQueueTenantMemory(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(1, WithTenant(spillway.DimUser))
+		q, err := NewQueue(1, QueueSettings{Tenant: spillway.DimUser})
 		require.NoError(t, err)
 		q.mu.Lock()
 		defer q.mu.Unlock()

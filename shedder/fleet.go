@@ -25,7 +25,7 @@ import (
 // default 20%) is kept for Critical and CriticalPlus work, so Sheddable and
 // SheddablePlus work is shed once fleet usage passes the rest, Critical
 // work once it passes the whole capacity, and CriticalPlus work never (see
-// WithThresholds to change any of these).
+// FleetSettings.Thresholds to change any of these).
 //
 // Each server counts its own in-flight work per priority and, about every
 // interval (default 100ms), reports it to Redis and reads back the fleet's
@@ -45,7 +45,7 @@ import (
 // unit each (the rounding); with refreshes staggered by up to one
 // interval, by at most the headroom handed out in that interval besides,
 // which is nothing once usage has stood at the threshold for an interval.
-// WithReservations removes that staleness below the lowest threshold: each
+// FleetSettings.Reservations removes that staleness below the lowest threshold: each
 // server reserves its share of the headroom in Redis with its report and
 // uses no more than its reservation and what the others' reports and
 // reservations leave, so the grants never add up past it; what a server
@@ -55,7 +55,7 @@ import (
 // (default 2s), so nothing leaks.
 //
 // Pressure: a server that refused Critical or CriticalPlus work (in
-// Admit, or in a Pool of WithFleet whose slots the fleet's allowance
+// Admit, or in a Pool of this fleet whose slots the fleet's allowance
 // set) while it held less than its even share of the capacity (capacity
 // / live servers) says so with its next report; while another server's
 // last report says so, Admit sheds Sheddable and SheddablePlus work that
@@ -84,11 +84,13 @@ import (
 //
 // A Fleet is safe for concurrent use. Refreshes start from Admit when the
 // estimate is older than the interval (in a goroutine, so Admit never
-// waits), or from Run; call Close when the server stops so its in-flight
-// work stops counting at once.
+// waits); call Refresh before a server takes traffic (until its first
+// refresh it decides on its share alone), and Close when it stops so its
+// in-flight work stops counting at once. Its capacity follows a
+// CapacityWatcher's readings, when one feeds it.
 type Fleet struct {
 	client   redis.UniversalClient
-	capacity atomic.Int64                    // SetCapacity may change it at run time
+	capacity atomic.Int64                    // setCapacity may change it at run time
 	thresh   [spillway.NumPriorities]float64 // fractions of capacity
 	o        options
 	keys     []string
@@ -101,7 +103,7 @@ type Fleet struct {
 	lastTry    atomic.Int64 // UnixNano of the last refresh started
 	refreshing atomic.Bool
 	// refused is set when this server refused Critical (or CriticalPlus)
-	// work since its last report, by Admit or by a Pool of WithFleet:
+	// work since its last report, by Admit or by a Pool of this fleet:
 	// the report tells the fleet while this server is below its even
 	// share (see Fleet, pressure).
 	refused atomic.Bool
@@ -122,10 +124,11 @@ type Fleet struct {
 }
 
 // NewFleet returns the fleet shedder named name (every server of one fleet
-// uses the same name, capacity and options) on client. The name is its
-// Redis keys' and its decisions' (Decision.Limiter): WithName does not
-// apply to a Fleet, and NewFleet fails when it is given.
-func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ...FleetOption) (*Fleet, error) {
+// uses the same name, capacity and settings) on client. The name is its
+// Redis keys' and its decisions' (Decision.Limiter). It fails when client
+// is nil, name is empty, capacity is outside [1, MaxFleetCapacity] or a
+// setting is out of range.
+func NewFleet(client redis.UniversalClient, name string, capacity int64, s FleetSettings) (*Fleet, error) {
 	if client == nil {
 		return nil, fmt.Errorf("shedder: fleet redis client is nil")
 	}
@@ -135,13 +138,7 @@ func NewFleet(client redis.UniversalClient, name string, capacity int64, opts ..
 	if capacity <= 0 || capacity > MaxFleetCapacity {
 		return nil, fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
 	}
-	o := defaultOptions(name)
-	for _, opt := range opts {
-		opt.fleet(&o)
-	}
-	if o.name != name {
-		return nil, fmt.Errorf("shedder: fleet %q: WithName(%q) does not apply to a Fleet: NewFleet's name is its name", name, o.name)
-	}
+	o := fleetOptions(s, name)
 	if err := o.validateCommon(); err != nil {
 		return nil, err
 	}
@@ -192,9 +189,6 @@ func defaultServerID() string {
 	_, _ = rand.Read(b[:])
 	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(b[:])
 }
-
-// ServerID returns this server's id in the fleet.
-func (f *Fleet) ServerID() string { return f.o.serverID }
 
 // Admit decides r against the fleet's usage. It never returns an error and
 // never waits on Redis. A malformed (or nil) request is denied with
@@ -265,7 +259,7 @@ func (f *Fleet) evenShare(v *fleetView) int64 {
 }
 
 // noteRefused records that this server refused work of priority p (by
-// Admit, or by a Pool of WithFleet that found no slot for it): Critical
+// Admit, or by a Pool of this fleet that found no slot for it): Critical
 // and CriticalPlus refusals go with the next report.
 func (f *Fleet) noteRefused(p spillway.Priority) {
 	if p >= spillway.Critical && !f.refused.Load() {
@@ -309,19 +303,16 @@ func (f *Fleet) fullLimit(p spillway.Priority) int64 {
 	return f.threshold(p, float64(f.capacity.Load()))
 }
 
-// Capacity returns the fleet's capacity now.
-func (f *Fleet) Capacity() int64 { return f.capacity.Load() }
-
-// SetCapacity changes the fleet's capacity from now on: what the shared
+// setCapacity changes the fleet's capacity from now on: what the shared
 // resource can take has changed (it lost a replica, a neighbour took its
-// CPU, or it reports more room again). Decisions and Allowance use the new
+// CPU, or it reports more room again). Decisions and allowance use the new
 // capacity at once; the next refresh reserves headroom under it. Work
 // already admitted is not revoked: after a fall the fleet admits nothing
 // of a priority until its usage is under the new threshold. Every server
 // of a fleet should set the same capacity; while they differ, each
 // decides with its own. It returns an error, and changes nothing, for a
 // capacity outside [1, MaxFleetCapacity].
-func (f *Fleet) SetCapacity(capacity int64) error {
+func (f *Fleet) setCapacity(capacity int64) error {
 	if capacity <= 0 || capacity > MaxFleetCapacity {
 		return fmt.Errorf("shedder: fleet capacity %d must be in [1, %d] (MaxFleetCapacity)", capacity, MaxFleetCapacity)
 	}
@@ -346,24 +337,24 @@ func (f *Fleet) threshold(p spillway.Priority, capacity float64) int64 {
 }
 
 // Refresh reports this server's in-flight work to Redis and reads the
-// fleet's, within the time budget (WithTimeout). An error leaves the last
-// estimate in place until it goes stale.
+// fleet's, within the time budget (FleetSettings.Timeout). An error leaves
+// the last estimate in place until it goes stale (FleetStats.LastError
+// has it too).
 func (f *Fleet) Refresh(ctx context.Context) error {
 	return f.report(ctx, f.o.ttl)
 }
 
 // Close removes this server's report, so its in-flight work stops counting
 // now rather than after the TTL. Admit keeps working, degraded, until a
-// refresh reports again: Refresh, Run, or the refresh Admit starts by
-// itself.
+// refresh reports again: Refresh, or the refresh Admit starts by itself.
 func (f *Fleet) Close(ctx context.Context) error {
 	return f.report(ctx, 0)
 }
 
-// Run refreshes every interval until ctx is done, then removes this
+// run refreshes every interval until ctx is done, then removes this
 // server's report (Close) and returns ctx.Err(). Refresh errors do not stop
-// it; LastError reports the latest.
-func (f *Fleet) Run(ctx context.Context) error {
+// it; LastError reports the latest. (For tests without auto refresh.)
+func (f *Fleet) run(ctx context.Context) error {
 	t := time.NewTicker(f.o.interval)
 	defer t.Stop()
 	for {
@@ -481,7 +472,7 @@ type fleetView struct {
 	servers int64
 	byPrio  [spillway.NumPriorities]int64 // the fleet's in-flight cost per priority
 	round   float64                       // uniform in [0, 1): rounds this interval's grant
-	// With WithReservations: the other live servers' reservations and
+	// With Reservations: the other live servers' reservations and
 	// this server's own, made with this report.
 	others, reserved int64
 	// pressure: another server refused Critical work at its last report
@@ -516,7 +507,7 @@ func (f *Fleet) carry(now int64, sent [spillway.NumPriorities]int64) int64 {
 }
 
 // reserveTarget is the threshold up to which a server reserves headroom
-// (WithReservations): the lowest finite one, where Sheddable work is shed
+// (FleetSettings.Reservations): the lowest finite one, where Sheddable work is shed
 // by default; 0 if none is finite.
 func (f *Fleet) reserveTarget() int64 {
 	if p, ok := f.reservePriority(); ok {
@@ -539,7 +530,7 @@ func (f *Fleet) reservePriority() (spillway.Priority, bool) {
 // grant returns how far this server may grow its in-flight cost beyond
 // its last report before work whose limit is limit is shed.
 //
-// With WithReservations: its reservation, less what the fleet's reports
+// With Reservations: its reservation, less what the fleet's reports
 // and the other servers' reservations leave below the reservation's
 // threshold; above that threshold (the band kept for higher priorities)
 // its share of what the band has left, rounded at random once per refresh.
@@ -582,15 +573,15 @@ func (f *Fleet) fits(own, limit int64, degraded bool) bool {
 	return own-v.sent <= f.grant(v, limit)
 }
 
-// Allowance returns the in-flight cost this server may hold now, its
+// allowance returns the in-flight cost this server may hold now, its
 // work in flight included, before work of priority p is shed: its last
 // report plus its share of the headroom (see Fleet), or its share of the
-// threshold when degraded. A server's own pool can follow it (a
-// shedder.Queue's SetSlots, say), so that work waits for a slot of the
-// fleet's capacity rather than being turned away while a slot comes free.
+// threshold when degraded. A Pool follows it, so that work waits for a
+// slot of the fleet's capacity rather than being turned away while a slot
+// comes free.
 // For CriticalPlus, which is never shed by default, it is a very large
 // number.
-func (f *Fleet) Allowance(p spillway.Priority) int64 {
+func (f *Fleet) allowance(p spillway.Priority) int64 {
 	if p < 0 || int(p) >= spillway.NumPriorities {
 		return 0
 	}
@@ -632,6 +623,9 @@ func (f *Fleet) estimate(own int64, degraded bool) float64 {
 
 // FleetStats is a snapshot of a Fleet's view.
 type FleetStats struct {
+	// Capacity is the fleet's capacity now (NewFleet's, or the last a
+	// CapacityWatcher set).
+	Capacity int64
 	// Fleet is the fleet's in-flight cost per priority at the last
 	// successful refresh (this server's report included).
 	Fleet [spillway.NumPriorities]int64
@@ -639,7 +633,7 @@ type FleetStats struct {
 	Local [spillway.NumPriorities]int64
 	// Usage is the estimate Admit uses, rounded up: the fleet at the last
 	// refresh plus this server's change since divided by its share (with
-	// WithReservations: plus this server's change and the other servers'
+	// Reservations: plus this server's change and the other servers'
 	// reservations; only this server's own work when Degraded).
 	Usage int64
 	// Share is this server's share of the fleet at the last refresh (see
@@ -678,6 +672,7 @@ func (f *Fleet) Stats() FleetStats {
 		s.Pressure = v.pressure && !degraded
 	}
 	s.Servers = f.servers.Load()
+	s.Capacity = f.capacity.Load()
 	s.Degraded = degraded
 	return s
 }

@@ -12,17 +12,34 @@ import (
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/shedder"
 )
 
-func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *fakeClock, opts ...shedder.FleetOption) *shedder.Fleet {
+// newFleet is a Fleet "api" of capacity 100 with the settings of set (at
+// most one) and, where they leave them unset, server id id, clock clk, no
+// auto refresh, grants rounded down and a 2s timeout.
+func newFleet(t *testing.T, client redis.UniversalClient, id string, clk *testclock.Clock, set ...shedder.FleetSettings) *shedder.Fleet {
 	t.Helper()
-	opts = append([]shedder.FleetOption{
-		shedder.WithServerID(id), shedder.WithClock(clk.Now), shedder.WithoutAutoRefresh(),
-		shedder.WithRand(func() float64 { return 0 }), // grants rounded down
-		shedder.WithTimeout(2 * time.Second),          // a loaded CI box, not a budget under test
-	}, opts...)
-	f, err := shedder.NewFleet(client, "api", 100, opts...)
+	var s shedder.FleetSettings
+	if len(set) > 0 {
+		s = set[0]
+	}
+	if s.ServerID == "" {
+		s.ServerID = id
+	}
+	if s.Clock == nil {
+		s.Clock = clk.Now
+	}
+	if s.Timeout == 0 {
+		s.Timeout = 2 * time.Second // a loaded CI box, not a budget under test
+	}
+	k := s.Knobs()
+	k.NoAutoRefresh = true
+	if k.Rand == nil {
+		k.Rand = func() float64 { return 0 } // grants rounded down
+	}
+	f, err := shedder.NewFleet(client, "api", 100, s.With(k))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +256,7 @@ func TestFleetRoundsGrantsAtRandom(t *testing.T) {
 	client := srv.Client(t)
 	clk := newClock()
 	r := 0.0
-	rnd := shedder.WithRand(func() float64 { return r })
+	rnd := shedder.FleetSettings{}.With(shedder.Knobs{Rand: func() float64 { return r }})
 	fs := []*shedder.Fleet{newFleet(t, client, "a", clk, rnd), newFleet(t, client, "b", clk, rnd), newFleet(t, client, "c", clk, rnd)}
 	refresh(t, fs...)
 	for _, f := range fs {
@@ -284,7 +301,7 @@ func TestFleetDegraded(t *testing.T) {
 	srv := redistest.Start(t)
 	client := failFastClient(t, srv.Addr)
 	clk := newClock()
-	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
+	a := newFleet(t, client, "a", clk, shedder.FleetSettings{Timeout: 500 * time.Millisecond})
 	b := newFleet(t, client, "b", clk)
 	refresh(t, a, b, a) // a sees two servers
 	srv.Stop()
@@ -361,8 +378,8 @@ func TestFleetRejoinWaitsForTheFleet(t *testing.T) {
 	srv := redistest.Start(t)
 	client := failFastClient(t, srv.Addr)
 	clk := newClock()
-	a := newFleet(t, client, "a", clk, shedder.WithTimeout(500*time.Millisecond))
-	b := newFleet(t, client, "b", clk, shedder.WithTimeout(500*time.Millisecond))
+	a := newFleet(t, client, "a", clk, shedder.FleetSettings{Timeout: 500 * time.Millisecond})
+	b := newFleet(t, client, "b", clk, shedder.FleetSettings{Timeout: 500 * time.Millisecond})
 	refresh(t, a, b, a)
 	runFleet(t, b, []fleetStep{{spillway.Sheddable, 30, true, 0}})
 	refresh(t, b, a)
@@ -398,7 +415,7 @@ func TestFleetNeverConnected(t *testing.T) {
 	port, _ := redistest.FreePort()
 	client := failFastClient(t, "127.0.0.1:"+itoa(port))
 	clk := newClock()
-	f := newFleet(t, client, "a", clk, shedder.WithTimeout(200*time.Millisecond))
+	f := newFleet(t, client, "a", clk, shedder.FleetSettings{Timeout: 200 * time.Millisecond})
 	if err := f.Refresh(context.Background()); err == nil {
 		t.Fatal("refresh against nothing succeeded")
 	}
@@ -417,7 +434,7 @@ func TestFleetNeverConnected(t *testing.T) {
 func TestFleetAutoRefreshWithRedisTime(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	f, err := shedder.NewFleet(client, "api", 10, shedder.WithServerID("x"), shedder.WithTimeout(2*time.Second))
+	f, err := shedder.NewFleet(client, "api", 10, shedder.FleetSettings{ServerID: "x", Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,26 +473,26 @@ func TestNewFleetValidates(t *testing.T) {
 	cases := []struct {
 		name     string
 		capacity int64
-		opts     []shedder.FleetOption
+		set      shedder.FleetSettings
 		field    string
 	}{
-		{"", 10, nil, "name"},
-		{"x", 0, nil, "capacity"},
-		{"x", 10, []shedder.FleetOption{shedder.WithPrefix("a{")}, "prefix"},
-		{"x", 10, []shedder.FleetOption{shedder.WithTTL(50 * time.Millisecond)}, "ttl"},
-		{"x", 10, []shedder.FleetOption{shedder.WithInterval(0)}, "interval"},
-		{"x", 10, []shedder.FleetOption{shedder.WithThresholds(0.5, 0.4, 1, 1)}, "threshold"},
-		{"x", 10, []shedder.FleetOption{shedder.WithThresholds(0, 0.4, 1, 1)}, "threshold"},
-		{"x", 10, []shedder.FleetOption{shedder.WithReserve(1.5)}, "reserve"},
-		{"x", 10, []shedder.FleetOption{shedder.WithTimeout(0)}, "timeout"},
+		{"", 10, shedder.FleetSettings{}, "name"},
+		{"x", 0, shedder.FleetSettings{}, "capacity"},
+		{"x", 10, shedder.FleetSettings{Prefix: "a{"}, "prefix"},
+		{"x", 10, shedder.FleetSettings{TTL: 50 * time.Millisecond}, "ttl"},
+		{"x", 10, shedder.FleetSettings{Interval: -1}, "interval"},
+		{"x", 10, shedder.FleetSettings{Thresholds: [4]float64{0.5, 0.4, 1, 1}}, "threshold"},
+		{"x", 10, shedder.FleetSettings{Thresholds: [4]float64{-1, 0.4, 1, 1}}, "threshold"},
+		{"x", 10, shedder.FleetSettings{Reserve: 1.5}, "reserve"},
+		{"x", 10, shedder.FleetSettings{Timeout: -1}, "timeout"},
 	}
 	for _, c := range cases {
-		_, err := shedder.NewFleet(client, c.name, c.capacity, c.opts...)
+		_, err := shedder.NewFleet(client, c.name, c.capacity, c.set)
 		if err == nil || !strings.Contains(err.Error(), c.field) || !strings.HasPrefix(err.Error(), "shedder: ") {
 			t.Errorf("%q/%d: err %v, want one naming %q", c.name, c.capacity, err, c.field)
 		}
 	}
-	if _, err := shedder.NewFleet(nil, "x", 1); err == nil {
+	if _, err := shedder.NewFleet(nil, "x", 1, shedder.FleetSettings{}); err == nil {
 		t.Error("nil client accepted")
 	}
 }
@@ -483,13 +500,11 @@ func TestNewFleetValidates(t *testing.T) {
 // simFleet spreads requests at random over n servers of one fleet whose
 // capacity is simCapacity, and refreshes every server every 100ms of the
 // simulation.
-func simFleet(t *testing.T, client redis.UniversalClient, clk *fakeClock, name string, n int) (spillway.Limiter, func(step int)) {
+func simFleet(t *testing.T, client redis.UniversalClient, clk *testclock.Clock, name string, n int) (spillway.Limiter, func(step int)) {
 	t.Helper()
 	servers := make([]*shedder.Fleet, n)
 	for i := range servers {
-		f, err := shedder.NewFleet(client, name, simCapacity,
-			shedder.WithServerID(fmt.Sprint("s", i)), shedder.WithClock(clk.Now),
-			shedder.WithoutAutoRefresh(), shedder.WithTimeout(5*time.Second))
+		f, err := shedder.NewFleet(client, name, simCapacity, shedder.FleetSettings{ServerID: fmt.Sprint("s", i), Clock: clk.Now, Timeout: 5 * time.Second}.With(shedder.Knobs{NoAutoRefresh: true}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -577,7 +592,7 @@ func TestFleetGoodputTable(t *testing.T) {
 func TestFleetRun(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	f, err := shedder.NewFleet(client, "api", 10, shedder.WithServerID("r"), shedder.WithoutAutoRefresh(), shedder.WithTimeout(2*time.Second))
+	f, err := shedder.NewFleet(client, "api", 10, shedder.FleetSettings{ServerID: "r", Timeout: 2 * time.Second}.With(shedder.Knobs{NoAutoRefresh: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +634,7 @@ func TestFleetReservationsBoundStaleness(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	clk := newClock()
-	res := shedder.WithReservations()
+	res := shedder.FleetSettings{Reservations: true}
 	a, b, c := newFleet(t, client, "a", clk, res), newFleet(t, client, "b", clk, res), newFleet(t, client, "c", clk, res)
 	// a alone reserves all 80; b, joining, half (a's 80 leave it nothing
 	// to use); c a third. Their next reports bring each to a third of the
@@ -656,7 +671,7 @@ func TestFleetReservationsBoundStaleness(t *testing.T) {
 	// The same steps without reservations (another fleet on the same
 	// Redis): a's grant after its report is its share of the headroom
 	// its stale view shows, 25 on top of its 26.
-	plain := shedder.WithPrefix("plain:")
+	plain := shedder.FleetSettings{Prefix: "plain:"}
 	pa, pb, pc := newFleet(t, client, "a", clk, plain), newFleet(t, client, "b", clk, plain), newFleet(t, client, "c", clk, plain)
 	refresh(t, pa, pb, pc, pa, pb, pc, pa)
 	for _, f := range []*shedder.Fleet{pa, pb, pc} {
@@ -682,7 +697,7 @@ func TestFleetCarryCoversWorkDuringReport(t *testing.T) {
 	t.Cleanup(func() { p.Close() })
 	slow := failFastClient(t, p.Addr())
 	clk := newClock()
-	res := shedder.WithReservations()
+	res := shedder.FleetSettings{Reservations: true}
 	a, b := newFleet(t, slow, "a", clk, res), newFleet(t, srv.Client(t), "b", clk, res)
 	refresh(t, a, b, a, b, a, b)
 	if ga, gb := a.Allowance(spillway.Sheddable), b.Allowance(spillway.Sheddable); ga != 40 || gb != 40 {
@@ -731,7 +746,7 @@ func TestFleetSetCapacity(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	clk := newClock()
-	a := newFleet(t, client, "a", clk, shedder.WithReservations())
+	a := newFleet(t, client, "a", clk, shedder.FleetSettings{Reservations: true})
 	refresh(t, a, a)
 	dones := runFleet(t, a, []fleetStep{{spillway.Sheddable, 50, true, 0}})
 
@@ -796,8 +811,8 @@ func TestFleetPressureFromCriticalRefusal(t *testing.T) {
 	clk := newClock()
 	// capacity 100, every priority but CriticalPlus shed at 100; two
 	// servers: an even share of 50
-	a := newFleet(t, client, "a", clk, shedder.WithReserve(0))
-	b := newFleet(t, client, "b", clk, shedder.WithReserve(0))
+	a := newFleet(t, client, "a", clk, shedder.FleetSettings{Reserve: -1})
+	b := newFleet(t, client, "b", clk, shedder.FleetSettings{Reserve: -1})
 	refresh(t, a, b)
 	sheddable := runFleet(t, a, []fleetStep{{spillway.Sheddable, 30, true, 0}, {spillway.Sheddable, 30, true, 0}})
 	runFleet(t, b, []fleetStep{{spillway.Critical, 40, true, 0}})

@@ -45,7 +45,7 @@ func TestHostileWorker(t *testing.T) {
 	}{{spillway.Critical, 10}, {spillway.CriticalPlus, math.MaxInt64}} {
 		t.Run(c.p.String(), func(t *testing.T) {
 			hostiletest.Run(t, limiterSubject(c.cap, c.p, func() (spillway.Limiter, func() string) {
-				w, err := NewWorker(10, WithClock(fixedNow))
+				w, err := NewWorker(10, WorkerSettings{Clock: fixedNow})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -59,7 +59,7 @@ func TestHostileWorker(t *testing.T) {
 // units, whatever the costs.
 func TestHostileQueue(t *testing.T) {
 	hostiletest.Run(t, limiterSubject(10, spillway.Critical, func() (spillway.Limiter, func() string) {
-		q, err := NewQueue(10, WithClock(fixedNow))
+		q, err := NewQueue(10, QueueSettings{Clock: fixedNow})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func TestHostileFleet(t *testing.T) {
 		"redis":   redistest.Start(t).Client(t),
 		"cluster": redistest.StartCluster(t).Client(t),
 	}
-	if _, err := NewFleet(clients["redis"], "x", MaxFleetCapacity+1); err == nil {
+	if _, err := NewFleet(clients["redis"], "x", MaxFleetCapacity+1, FleetSettings{}); err == nil {
 		t.Fatal("NewFleet accepted a capacity above MaxFleetCapacity")
 	}
 	for name, client := range clients {
@@ -88,7 +88,7 @@ func TestHostileFleet(t *testing.T) {
 					if err := hostiletest.RedisDelete(ctx, client, "hostile:*"); err != nil {
 						t.Fatal(err)
 					}
-					f, err := NewFleet(client, "db", 100, WithClock(fixedNow), WithoutAutoRefresh(), WithPrefix("hostile:"), WithServerID("s1"), WithStaleAfter(time.Hour))
+					f, err := NewFleet(client, "db", 100, FleetSettings{Clock: fixedNow, Prefix: "hostile:", ServerID: "s1"}.With(Knobs{NoAutoRefresh: true, StaleAfter: time.Hour}))
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -17,22 +17,21 @@ import (
 // Pool is a server's pool of slots for work at a shared dependency (its
 // database connections, say) whose size a concurrency.LatencyLimit learns from the latency
 // and the outcome of the work it admits, capped by what the fleet shedder
-// allows this server (WithFleet), with a short wait in priority order in
+// allows this server (NewPool's fleet), with a short wait in priority order in
 // front of it: a Queue whose slots follow the learned limit. The Queue
 // decides who gets a slot (the highest priority waiting, a short wait),
 // the limit how many slots there are.
 //
 // Before each decision and after each piece of work ends, the Pool sets
 // the Queue's slots to the learned limit, capped by the fleet's allowance
-// for Critical work (with WithFleet), at least 1. The cap is also given
+// for Critical work (with a fleet), at least 1. The cap is also given
 // to the limit, so that it does not learn a limit the fleet
 // would not let it use, and so are the start times of the work in flight
-// and the last capacity reading (Observe, from a
-// CapacityWatcher): a reading that began after the last cut and shows
+// and the last capacity reading (from a CapacityWatcher): a reading that began after the last cut and shows
 // idle capacity raises the limit once by this server's share of the idle
-// capacity, rounded up (the Fleet's measured share; all of it without
-// WithFleet), never past what the fleet allows this server (the limit at
-// the reading plus the idle capacity, without WithFleet), and not while
+// capacity, rounded up (the Fleet's measured share; all of it without a
+// fleet), never past what the fleet allows this server (the limit at the
+// reading plus the idle capacity, without a fleet), and not while
 // the Fleet is degraded (its share is then a guess). A reading that
 // measures the work waiting at the dependency (Reading.Active) is given to
 // the limit too: with nothing waiting, slow work is the dependency's own
@@ -44,11 +43,9 @@ import (
 // of its own: a slow handler's time is not the dependency's latency).
 // Put the Pool only in front of work that uses the dependency.
 //
-// Decisions are the Queue's. The options that apply are WithName (default
-// "pool"), WithRetryAfter, WithMaxWait (default 100ms),
-// WithPriorityWait, WithQueueDepth (default 64), WithClock (the RTTs)
-// and WithFleet. A Pool is safe for concurrent use; Admit never returns
-// an error.
+// Decisions are the Queue's, configured by QueueSettings (Name "pool"
+// and Depth 64 by default; Clock times the RTTs too). A Pool is safe for
+// concurrent use; Admit never returns an error.
 type Pool struct {
 	q     *Queue
 	fleet *Fleet
@@ -60,9 +57,9 @@ type Pool struct {
 	starts   map[uint64]time.Time // start of each piece of work in flight
 	seq      uint64
 
-	reading atomic.Pointer[poolReading] // the last capacity reading (Observe)
+	reading atomic.Pointer[poolReading] // the last capacity reading (observe)
 	// fleetBound: at the last resize the fleet's allowance, not the
-	// learned limit, set the slots (WithFleet)
+	// learned limit, set the slots (with a fleet)
 	fleetBound atomic.Bool
 }
 
@@ -73,30 +70,30 @@ type poolReading struct {
 	to int64
 }
 
-// PoolStats are a Pool's counters and sizes.
+// PoolStats are a Pool's counters and sizes (QueueStats.Slots: the
+// slots now).
 type PoolStats struct {
 	QueueStats
-	Slots     int64 // the Queue's slots now
 	Limit     int   // the learned limit (before the cap)
-	Allowance int64 // what the fleet allows this server (WithFleet), else 0
+	Allowance int64 // what the fleet allows this server (with a fleet), else 0
 }
 
-// NewPool returns a Pool whose slots lim learns, starting at lim.Limit().
-func NewPool(lim *concurrency.LatencyLimit, opts ...PoolOption) (*Pool, error) {
+// NewPool returns a Pool whose slots lim learns, starting at its initial
+// limit, capped by what fleet allows this server for Critical work; fleet
+// may be nil (no cap). With a fleet, the Pool also takes this server's
+// share of the fleet (the Fleet's measured share) of the idle capacity a
+// reading reports. It fails when lim is nil or a setting is out of range.
+func NewPool(lim *concurrency.LatencyLimit, fleet *Fleet, s QueueSettings) (*Pool, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("shedder: pool learner is nil")
 	}
 	l := learn.Of(lim)
-	o := defaultOptions("pool")
-	o.depth = 64
-	for _, opt := range opts {
-		opt.pool(&o)
-	}
+	o := queueOptions(s, "pool", 64)
 	q, err := newQueue(int64(max(1, l.Limit())), o)
 	if err != nil {
 		return nil, err
 	}
-	return &Pool{q: q, fleet: o.fleet, now: o.now, l: l, starts: map[uint64]time.Time{}}, nil
+	return &Pool{q: q, fleet: fleet, now: o.now, l: l, starts: map[uint64]time.Time{}}, nil
 }
 
 // Admit decides r: it waits in the Queue up to its priority's maximum
@@ -137,9 +134,9 @@ func (p *Pool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisio
 	}), nil
 }
 
-// Observe gives the Pool a capacity reading of the dependency (a
+// observe gives the Pool a capacity reading of the dependency (a
 // CapacityWatcher calls it with every new reading).
-func (p *Pool) Observe(r Reading) {
+func (p *Pool) observe(r Reading) {
 	pr := &poolReading{r: r, to: math.MaxInt64}
 	if p.fleet == nil && r.Idle >= 1 && !math.IsInf(r.Idle, 1) {
 		p.mu.Lock()
@@ -154,7 +151,7 @@ func (p *Pool) Observe(r Reading) {
 func (p *Pool) resize() {
 	allowance := int64(math.MaxInt64)
 	if p.fleet != nil {
-		allowance = max(1, p.fleet.Allowance(spillway.Critical))
+		allowance = max(1, p.fleet.allowance(spillway.Critical))
 	}
 	now := p.now()
 	p.mu.Lock()
@@ -181,20 +178,17 @@ func (p *Pool) resize() {
 	limit := min(learned, allowance)
 	p.mu.Unlock()
 	p.fleetBound.Store(p.fleet != nil && allowance <= learned)
-	_ = p.q.SetSlots(max(1, limit))
+	_ = p.q.setSlots(max(1, limit))
 }
-
-// Slots returns the number of slots now.
-func (p *Pool) Slots() int64 { return p.q.Slots() }
 
 // Stats returns the Pool's counters and sizes.
 func (p *Pool) Stats() PoolStats {
-	s := PoolStats{QueueStats: p.q.Stats(), Slots: p.q.Slots()}
+	s := PoolStats{QueueStats: p.q.Stats()}
 	p.mu.Lock()
 	s.Limit = p.l.Limit()
 	p.mu.Unlock()
 	if p.fleet != nil {
-		s.Allowance = p.fleet.Allowance(spillway.Critical)
+		s.Allowance = p.fleet.allowance(spillway.Critical)
 	}
 	return s
 }

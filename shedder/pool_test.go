@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/shedder"
 )
 
@@ -26,9 +27,9 @@ func newLatency(t *testing.T, cfg concurrency.LatencyConfig) *concurrency.Latenc
 	return l
 }
 
-func newPool(t *testing.T, l *concurrency.LatencyLimit, opts ...shedder.PoolOption) *shedder.Pool {
+func newPool(t *testing.T, l *concurrency.LatencyLimit, fleet *shedder.Fleet, s shedder.QueueSettings) *shedder.Pool {
 	t.Helper()
-	p, err := shedder.NewPool(l, opts...)
+	p, err := shedder.NewPool(l, fleet, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,9 +62,7 @@ func finish(dones []spillway.Done, o spillway.Outcome) {
 // maximum wait; Ignored work teaches nothing, a failure halves the slots.
 func TestPoolLearnsAndQueues(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 2}),
-			shedder.WithName("db_pool"), shedder.WithMaxWait(300*time.Millisecond),
-			shedder.WithPriorityWait(spillway.SheddablePlus, 100*time.Millisecond))
+		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 2}), nil, shedder.QueueSettings{Name: "db_pool", MaxWait: 300 * time.Millisecond, PriorityWait: map[spillway.Priority]time.Duration{spillway.SheddablePlus: 100 * time.Millisecond}})
 		if p.Slots() != 2 {
 			t.Fatalf("slots %d, want the initial 2", p.Slots())
 		}
@@ -145,7 +144,7 @@ func TestPoolLearnsAndQueues(t *testing.T) {
 // Work in flight far past the baseline cuts the slots before it ends.
 func TestPoolOverdue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 8}))
+		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 8}), nil, shedder.QueueSettings{})
 		for i := 0; i < 12; i++ { // a baseline of 10 ms, under half the limit used: no growth
 			dones := admitN(t, p, 3, spillway.Critical)
 			time.Sleep(10 * time.Millisecond)
@@ -166,26 +165,24 @@ func TestPoolOverdue(t *testing.T) {
 
 func TestPoolValidation(t *testing.T) {
 	lim := newLatency(t, concurrency.LatencyConfig{})
-	if _, err := shedder.NewPool(nil); err == nil {
+	if _, err := shedder.NewPool(nil, nil, shedder.QueueSettings{}); err == nil {
 		t.Error("nil learner: no error")
 	}
-	for name, opt := range map[string]shedder.QueueOption{
-		"negative wait":          shedder.WithMaxWait(-time.Second),
-		"negative priority wait": shedder.WithPriorityWait(spillway.Critical, -1),
-		"priority out of range":  shedder.WithPriorityWait(spillway.Priority(7), time.Second),
-		"negative priority":      shedder.WithPriorityWait(spillway.Priority(-1), time.Second),
-		"negative depth":         shedder.WithQueueDepth(-1),
-		"negative retry after":   shedder.WithRetryAfter(-time.Second),
-		"nil clock":              shedder.WithClock(nil),
+	for name, set := range map[string]shedder.QueueSettings{
+		"negative priority wait": {PriorityWait: map[spillway.Priority]time.Duration{spillway.Critical: -1}},
+		"priority out of range":  {PriorityWait: map[spillway.Priority]time.Duration{7: time.Second}},
+		"negative priority":      {PriorityWait: map[spillway.Priority]time.Duration{-1: time.Second}},
+		"negative depth":         {Depth: -1},
+		"negative retry after":   {RetryAfter: -time.Second},
 	} {
-		if _, err := shedder.NewPool(lim, opt); err == nil {
+		if _, err := shedder.NewPool(lim, nil, set); err == nil {
 			t.Errorf("%s: no error", name)
 		}
-		if _, err := shedder.NewQueue(4, opt); err == nil && name != "nil clock" {
+		if _, err := shedder.NewQueue(4, set); err == nil {
 			t.Errorf("queue, %s: no error", name)
 		}
 	}
-	p := newPool(t, lim)
+	p := newPool(t, lim, nil, shedder.QueueSettings{})
 	if d, _, _ := p.Admit(context.Background(), nil); d.Allowed || d.Reason != spillway.ReasonInvalid || d.Limiter != "pool" {
 		t.Fatalf("nil request: %+v", d)
 	}
@@ -196,7 +193,7 @@ func TestPoolValidation(t *testing.T) {
 // decisions follow; a reading from before the cut does nothing.
 func TestPoolRaiseWithoutFleet(t *testing.T) {
 	clk := newClock()
-	p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 4}), shedder.WithClock(clk.Now))
+	p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 4}), nil, shedder.QueueSettings{Clock: clk.Now})
 	before := clk.Now()
 	clk.Advance(time.Second)
 	dones := admitN(t, p, 1, spillway.Critical)
@@ -227,7 +224,7 @@ func TestPoolRaiseWithoutFleet(t *testing.T) {
 func TestPoolQueuedReading(t *testing.T) {
 	clk := newClock()
 	l := newLatency(t, concurrency.LatencyConfig{Initial: 4})
-	p := newPool(t, l, shedder.WithClock(clk.Now))
+	p := newPool(t, l, nil, shedder.QueueSettings{Clock: clk.Now})
 	run := func(n int, rtt time.Duration) {
 		t.Helper()
 		for range n {
@@ -257,9 +254,9 @@ func TestPoolQueuedReading(t *testing.T) {
 	}
 
 	var reading atomic.Pointer[shedder.Reading]
-	w, err := shedder.NewCapacityWatcher(shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
+	w, err := shedder.NewCapacityWatcher(shedder.Gauge(func(context.Context) (shedder.Reading, error) {
 		return *reading.Load(), nil
-	}), nil, p)
+	}), nil, p, shedder.WatcherSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,11 +271,9 @@ func TestPoolQueuedReading(t *testing.T) {
 
 // poolFleets returns a maker of the pool tests' fleet servers: a fleet
 // "db" of 10 on client, refreshed only by hand, on clk, with no reserve.
-func poolFleets(t *testing.T, client redis.UniversalClient, clk *fakeClock) func(id string) *shedder.Fleet {
+func poolFleets(t *testing.T, client redis.UniversalClient, clk *testclock.Clock) func(id string) *shedder.Fleet {
 	return func(id string) *shedder.Fleet {
-		f, err := shedder.NewFleet(client, "db", 10, shedder.WithServerID(id), shedder.WithClock(clk.Now),
-			shedder.WithoutAutoRefresh(), shedder.WithRand(func() float64 { return 0 }), shedder.WithReserve(0),
-			shedder.WithTimeout(2*time.Second))
+		f, err := shedder.NewFleet(client, "db", 10, shedder.FleetSettings{ServerID: id, Clock: clk.Now, Reserve: -1, Timeout: 2 * time.Second}.With(shedder.Knobs{NoAutoRefresh: true, Rand: func() float64 { return 0 }}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +297,7 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 		t.Fatalf("a's allowance %d, want 5", got)
 	}
 	lim := newLatency(t, concurrency.LatencyConfig{Initial: 8})
-	p := newPool(t, lim, shedder.WithFleet(a), shedder.WithClock(clk.Now), shedder.WithMaxWait(0))
+	p := newPool(t, lim, a, shedder.QueueSettings{Clock: clk.Now, MaxWait: -1})
 	dones := admitN(t, p, 5, spillway.Critical)
 	d, _, _ := p.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical})
 	if d.Allowed || d.Reason != spillway.ReasonShed || d.Limit != 5 || d.Remaining != 0 {
@@ -317,11 +312,11 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 	// a's half of it 2.
 	var reading atomic.Pointer[shedder.Reading]
 	reads := 0
-	g := shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
+	g := shedder.Gauge(func(context.Context) (shedder.Reading, error) {
 		reads++
 		return *reading.Load(), nil
 	})
-	w, err := shedder.NewCapacityWatcher(g, a, p)
+	w, err := shedder.NewCapacityWatcher(g, a, p, shedder.WatcherSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,50 +386,32 @@ func TestPoolWithFleetAndCapacity(t *testing.T) {
 
 func TestCapacityWatcher(t *testing.T) {
 	lim := newLatency(t, concurrency.LatencyConfig{})
-	p := newPool(t, lim)
-	g := shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) { return shedder.Reading{}, nil })
-	if _, err := shedder.NewCapacityWatcher(nil, nil, p); err == nil {
+	p := newPool(t, lim, nil, shedder.QueueSettings{})
+	g := shedder.Gauge(func(context.Context) (shedder.Reading, error) { return shedder.Reading{}, nil })
+	if _, err := shedder.NewCapacityWatcher(nil, nil, p, shedder.WatcherSettings{}); err == nil {
 		t.Error("nil gauge: no error")
 	}
-	if _, err := shedder.NewCapacityWatcher(g, nil, nil); err == nil {
+	if _, err := shedder.NewCapacityWatcher(g, nil, nil, shedder.WatcherSettings{}); err == nil {
 		t.Error("nothing to feed: no error")
 	}
-	if _, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WithInterval(0)); err == nil {
-		t.Error("zero interval: no error")
+	if _, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WatcherSettings{Interval: -1}); err == nil {
+		t.Error("negative interval: no error")
 	}
-	if _, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WithTimeout(-1)); err == nil {
+	if _, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WatcherSettings{Timeout: -1}); err == nil {
 		t.Error("negative timeout: no error")
 	}
-	// CapacityFunc: every call a new reading, all busy; its error passes.
-	boom := errors.New("boom")
-	n, fail := int64(6), false
-	cf := shedder.CapacityFunc(func(context.Context) (int64, error) {
-		if fail {
-			return 0, boom
-		}
-		return n, nil
-	})
-	r, err := cf.Read(context.Background())
-	if err != nil || r.Busy != 6 || r.Idle != 0 || r.At.IsZero() {
-		t.Fatalf("CapacityFunc reading %+v, %v", r, err)
-	}
-	fail = true
-	if _, err := cf.Read(context.Background()); !errors.Is(err, boom) {
-		t.Fatalf("CapacityFunc error %v", err)
-	}
-
 	// Run polls every interval, each Read within the timeout, until the
 	// context ends.
 	synctest.Test(t, func(t *testing.T) {
 		var polls atomic.Int64
 		var deadline atomic.Int64
-		g := shedder.GaugeFunc(func(ctx context.Context) (shedder.Reading, error) {
+		g := shedder.Gauge(func(ctx context.Context) (shedder.Reading, error) {
 			polls.Add(1)
 			d, _ := ctx.Deadline()
 			deadline.Store(int64(time.Until(d)))
 			return shedder.Reading{At: time.Now(), Busy: 1, Idle: 2}, nil
 		})
-		w, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WithInterval(time.Second), shedder.WithTimeout(30*time.Millisecond))
+		w, err := shedder.NewCapacityWatcher(g, nil, p, shedder.WatcherSettings{Interval: time.Second, Timeout: 30 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,11 +435,11 @@ func TestCapacityWatcher(t *testing.T) {
 // the handler's time.
 func TestWorkerBeforePoolWhenWorkersSaturate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w, err := shedder.NewWorker(10, shedder.WithRand(func() float64 { return 0.99 }))
+		w, err := shedder.NewWorker(10, shedder.WorkerSettings{}.With(shedder.Knobs{Rand: func() float64 { return 0.99 }}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 4}))
+		p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 4}), nil, shedder.QueueSettings{})
 		chain := spillway.Chain(w, p)
 		ctx := context.Background()
 		admitted := map[spillway.Priority]int{}
@@ -520,7 +497,7 @@ func TestPoolFleetBoundRefusalIsReported(t *testing.T) {
 	held := runFleet(t, b, []fleetStep{{spillway.Sheddable, 8, true, 0}})
 	a := fleet("a")
 	refresh(t, b, a)
-	p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 8}), shedder.WithFleet(a), shedder.WithClock(clk.Now), shedder.WithMaxWait(0))
+	p := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 8}), a, shedder.QueueSettings{Clock: clk.Now, MaxWait: -1})
 	first := admitN(t, p, 1, spillway.Critical)
 	if d, _, _ := p.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Reason != spillway.ReasonShed {
 		t.Fatalf("second Critical request: %+v, want shed (one slot)", d)
@@ -539,7 +516,7 @@ func TestPoolFleetBoundRefusalIsReported(t *testing.T) {
 	if b.Stats().Pressure {
 		t.Fatal("b: pressure after a's report without a refusal")
 	}
-	q := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 2}), shedder.WithFleet(a), shedder.WithClock(clk.Now), shedder.WithMaxWait(0))
+	q := newPool(t, newLatency(t, concurrency.LatencyConfig{Initial: 2}), a, shedder.QueueSettings{Clock: clk.Now, MaxWait: -1})
 	two := admitN(t, q, 2, spillway.Critical)
 	if d, _, _ := q.Admit(context.Background(), &spillway.Request{Priority: spillway.Critical}); d.Allowed || d.Reason != spillway.ReasonShed || q.Stats().Allowance != 5 {
 		t.Fatalf("third Critical request: %+v (allowance %d), want shed at the learned 2 of an allowance of 5", d, q.Stats().Allowance)

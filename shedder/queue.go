@@ -45,9 +45,8 @@ import (
 // head of the queue is never overtaken by smaller requests behind it, so
 // a large request is not starved.
 //
-// The options that apply are WithName, WithRetryAfter, WithMaxWait,
-// WithPriorityWait and WithQueueDepth; the order of the queue takes the place of a reserve, so
-// WithReserve is ignored. A Queue is safe for concurrent use; Admit never
+// It is configured by QueueSettings; the order of the queue takes the
+// place of a reserve. A Queue is safe for concurrent use; Admit never
 // returns an error.
 type Queue struct {
 	slots int64
@@ -62,10 +61,10 @@ type Queue struct {
 	busy    time.Time     // the queue last went from no waiter to one
 	usedBy  [spillway.NumPriorities]int64
 
-	// WithTenant: the active tenants (work in flight or waiting) of each
+	// Tenant: the active tenants (work in flight or waiting) of each
 	// priority; an entry is removed when its tenant has neither.
 	tenants [spillway.NumPriorities]map[string]*tenant
-	// WithTenant: the records of service of tenants forgotten when idle
+	// Tenant: the records of service of tenants forgotten when idle
 	// (remember), and when each priority's were last pruned.
 	memory  [spillway.NumPriorities]map[string]servedRecord
 	pruned  [spillway.NumPriorities]time.Time
@@ -76,7 +75,7 @@ type Queue struct {
 
 type waiter struct {
 	cost     int64
-	t        *tenant       // WithTenant: its tenant; nil without
+	t        *tenant       // Tenant: its tenant; nil without
 	enq      time.Time     // when it joined the queue
 	deadline time.Time     // its context's deadline; zero: none
 	ready    chan struct{} // closed when granted or denied
@@ -101,23 +100,20 @@ type QueueStats struct {
 	// slot granted after it).
 	Expired int64
 	// OverShare are arrivals denied at once because their tenant held
-	// its fair share of its priority (WithTenant).
+	// its fair share of its priority (Tenant).
 	OverShare int64
 	InFlight  int64 // cost admitted and not yet done
 	Waiting   int   // waiters now
+	Slots     int64 // slots now
 }
 
-// NewQueue returns a Queue of slots units of cost.
-func NewQueue(slots int64, opts ...QueueOption) (*Queue, error) {
+// NewQueue returns a Queue of slots units of cost. It fails when slots is
+// not positive or a setting is out of range.
+func NewQueue(slots int64, s QueueSettings) (*Queue, error) {
 	if slots <= 0 {
 		return nil, fmt.Errorf("shedder: queue slots %d must be positive", slots)
 	}
-	o := defaultOptions("queue")
-	o.depth = int(min(slots, 1<<20))
-	for _, opt := range opts {
-		opt.queue(&o)
-	}
-	return newQueue(slots, o)
+	return newQueue(slots, queueOptions(s, "queue", int(min(slots, 1<<20))))
 }
 
 // newQueue validates the options of a Queue (or a Pool's) and returns it.
@@ -377,12 +373,12 @@ func (q *Queue) remove(p spillway.Priority, w *waiter) bool {
 	return true
 }
 
-// SetSlots changes the number of slots, for a pool whose size is learned
+// setSlots changes the number of slots, for a pool whose size is learned
 // at run time (from latency, or from the share of a fleet-wide limit this
 // server sees). More slots go to the waiters at once; with fewer, work in
 // flight finishes and nothing new is admitted until it is under the new
 // count. n must be positive.
-func (q *Queue) SetSlots(n int64) error {
+func (q *Queue) setSlots(n int64) error {
 	if n <= 0 {
 		return fmt.Errorf("shedder: queue slots %d must be positive", n)
 	}
@@ -390,20 +386,13 @@ func (q *Queue) SetSlots(n int64) error {
 	return nil
 }
 
-// Hold returns how long admitted work holds its slots, on average over
+// meanHold returns how long admitted work holds its slots, on average over
 // about the last 16 pieces (0 before any ended): the estimate behind a
 // request's expected wait.
-func (q *Queue) Hold() time.Duration {
+func (q *Queue) meanHold() time.Duration {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.hold
-}
-
-// Slots returns the number of slots.
-func (q *Queue) Slots() int64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.slots
 }
 
 // holdWeight is the weight of one piece of work in the mean hold time
@@ -413,10 +402,10 @@ const holdWeight = 1.0 / 16
 // release gives c slots back (held for held, when not negative: it
 // updates the mean hold time) and hands free slots to the waiters in
 // order: highest priority first, the longest waiting first among equals
-// (the newest under a standing queue with WithLIFO), stopping at the
+// (the newest under a standing queue with LIFO), stopping at the
 // first that does not fit. A waiter whose deadline passed or comes within
 // the mean hold time (its work would end after it), or whose
-// sojourn passed the target of WithSojourn under a standing queue, is
+// sojourn passed the target of SojournTarget under a standing queue, is
 // denied instead, before any work.
 func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, held time.Duration) {
 	q.mu.Lock()
@@ -492,7 +481,7 @@ func (q *Queue) release(c int64, p spillway.Priority, t *tenant, slots int64, he
 // Stats returns the Queue's counters.
 func (q *Queue) Stats() QueueStats {
 	q.mu.Lock()
-	inflight, nwait := q.used, q.nwait
+	inflight, nwait, slots := q.used, q.nwait, q.slots
 	q.mu.Unlock()
 	return QueueStats{
 		Admitted:  q.admitted.Load(),
@@ -505,6 +494,7 @@ func (q *Queue) Stats() QueueStats {
 		OverShare: q.overShared.Load(),
 		InFlight:  inflight,
 		Waiting:   nwait,
+		Slots:     slots,
 	}
 }
 

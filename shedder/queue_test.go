@@ -68,7 +68,7 @@ func fill(t *testing.T, q *Queue, n int, p spillway.Priority) []spillway.Done {
 }
 
 func TestQueueFreedSlotGoesToHighestPriority(t *testing.T) {
-	q, err := NewQueue(2, WithMaxWait(time.Hour), WithQueueDepth(10))
+	q, err := NewQueue(2, QueueSettings{MaxWait: time.Hour, Depth: 10})
 	require.NoError(t, err)
 	held := fill(t, q, 2, spillway.Sheddable)
 	ctx := context.Background()
@@ -91,7 +91,7 @@ func TestQueueFreedSlotGoesToHighestPriority(t *testing.T) {
 	require.True(t, shed.wait(t).Allowed)
 
 	st := q.Stats()
-	require.Equal(t, QueueStats{Admitted: 6, Waited: 4, InFlight: 2}, st)
+	require.Equal(t, QueueStats{Admitted: 6, Waited: 4, InFlight: 2, Slots: 2}, st)
 	read2.done(spillway.Success)
 	shed.done(spillway.Success)
 	shed.done(spillway.Success) // twice is harmless
@@ -99,7 +99,7 @@ func TestQueueFreedSlotGoesToHighestPriority(t *testing.T) {
 }
 
 func TestQueueFullDisplacesTheNewestLowestWaiter(t *testing.T) {
-	q, err := NewQueue(1, WithMaxWait(time.Hour), WithQueueDepth(2), WithRetryAfter(3*time.Second))
+	q, err := NewQueue(1, QueueSettings{MaxWait: time.Hour, Depth: 2, RetryAfter: 3 * time.Second})
 	require.NoError(t, err)
 	held := fill(t, q, 1, spillway.Critical)
 	ctx := context.Background()
@@ -136,7 +136,7 @@ func TestQueueFullDisplacesTheNewestLowestWaiter(t *testing.T) {
 }
 
 func TestQueueWaitRunsOut(t *testing.T) {
-	q, err := NewQueue(1, WithMaxWait(20*time.Millisecond))
+	q, err := NewQueue(1, QueueSettings{MaxWait: 20 * time.Millisecond})
 	require.NoError(t, err)
 	held := fill(t, q, 1, spillway.Sheddable)
 	start := time.Now()
@@ -148,7 +148,7 @@ func TestQueueWaitRunsOut(t *testing.T) {
 
 	// A context that ends first ends the wait too.
 	ctx, cancel := context.WithCancel(context.Background())
-	q2, err := NewQueue(1, WithMaxWait(time.Hour))
+	q2, err := NewQueue(1, QueueSettings{MaxWait: time.Hour})
 	require.NoError(t, err)
 	held2 := fill(t, q2, 1, spillway.Sheddable)
 	p := enqueue(t, q2, ctx, preq(spillway.Critical, 1))
@@ -170,7 +170,7 @@ func TestQueueWaitRunsOut(t *testing.T) {
 
 func TestQueueNoWaitAndNoOvertaking(t *testing.T) {
 	// WithMaxWait(0): a full pool denies at once.
-	q, err := NewQueue(1, WithMaxWait(0))
+	q, err := NewQueue(1, QueueSettings{MaxWait: -1})
 	require.NoError(t, err)
 	fill(t, q, 1, spillway.Sheddable)
 	d, _, _ := q.Admit(context.Background(), preq(spillway.CriticalPlus, 1))
@@ -180,7 +180,7 @@ func TestQueueNoWaitAndNoOvertaking(t *testing.T) {
 	// A waiting head of cost 2 is not overtaken by a cost-1 request of
 	// its own priority or lower, even with a slot free; a higher priority
 	// takes the free slot.
-	q, err = NewQueue(3, WithMaxWait(time.Hour))
+	q, err = NewQueue(3, QueueSettings{MaxWait: time.Hour})
 	require.NoError(t, err)
 	held := fill(t, q, 2, spillway.Sheddable)
 	big := enqueue(t, q, context.Background(), preq(spillway.SheddablePlus, 2))
@@ -196,7 +196,7 @@ func TestQueueNoWaitAndNoOvertaking(t *testing.T) {
 }
 
 func TestQueueRejectsBadInput(t *testing.T) {
-	q, err := NewQueue(4)
+	q, err := NewQueue(4, QueueSettings{})
 	require.NoError(t, err)
 	d, _, err := q.Admit(context.Background(), nil)
 	require.NoError(t, err)
@@ -207,15 +207,18 @@ func TestQueueRejectsBadInput(t *testing.T) {
 	require.Equal(t, spillway.ReasonInvalid, d.Reason)
 	for _, bad := range []struct {
 		slots int64
-		opts  []QueueOption
+		set   QueueSettings
 		want  string
 	}{
-		{0, nil, "slots 0"},
-		{1, []QueueOption{WithMaxWait(-time.Second)}, "max wait -1s"},
-		{1, []QueueOption{WithQueueDepth(-1)}, "depth -1"},
-		{1, []QueueOption{WithRetryAfter(-1)}, "retry after"},
+		{0, QueueSettings{}, "slots 0"},
+		{1, QueueSettings{PriorityWait: map[spillway.Priority]time.Duration{spillway.Critical: -time.Second}}, "-1s, negative"},
+		{1, QueueSettings{PriorityWait: map[spillway.Priority]time.Duration{7: time.Second}}, "priority wait of a priority outside"},
+		{1, QueueSettings{Depth: -1}, "depth -1"},
+		{1, QueueSettings{RetryAfter: -1}, "retry after"},
+		{1, QueueSettings{LIFO: -1}, "LIFO"},
+		{1, QueueSettings{SojournTarget: 2, SojournInterval: 1}, "sojourn"},
 	} {
-		_, err := NewQueue(bad.slots, bad.opts...)
+		_, err := NewQueue(bad.slots, bad.set)
 		require.ErrorContains(t, err, bad.want)
 	}
 }
@@ -224,7 +227,7 @@ func TestQueueRejectsBadInput(t *testing.T) {
 // costs against 10 slots: the work in flight never exceeds 10, every
 // admission is released, and the counters add up.
 func TestQueueNeverExceedsSlots(t *testing.T) {
-	q, err := NewQueue(10, WithMaxWait(5*time.Millisecond), WithQueueDepth(20))
+	q, err := NewQueue(10, QueueSettings{MaxWait: 5 * time.Millisecond, Depth: 20})
 	require.NoError(t, err)
 	var inflight, peak, allowed, denied atomic.Int64
 	var wg sync.WaitGroup
@@ -269,7 +272,7 @@ func TestQueueNeverExceedsSlots(t *testing.T) {
 // shrinks it without cutting work in flight: nothing new is admitted until
 // the work in flight is under the new count.
 func TestQueueSetSlots(t *testing.T) {
-	q, err := NewQueue(2, WithMaxWait(time.Hour), WithQueueDepth(10))
+	q, err := NewQueue(2, QueueSettings{MaxWait: time.Hour, Depth: 10})
 	require.NoError(t, err)
 	held := fill(t, q, 2, spillway.Sheddable)
 	ctx := context.Background()
@@ -291,7 +294,7 @@ func TestQueueSetSlots(t *testing.T) {
 	require.Error(t, q.SetSlots(0))
 	require.Equal(t, int64(1), q.Slots())
 	shed.done(spillway.Success)
-	require.Equal(t, QueueStats{Admitted: 4, Waited: 2, InFlight: 0}, q.Stats())
+	require.Equal(t, QueueStats{Admitted: 4, Waited: 2, InFlight: 0, Slots: 1}, q.Stats())
 }
 
 // budgetSeen records whether a chain's next block still had budget left.
@@ -304,7 +307,7 @@ func (b *budgetSeen) Admit(ctx context.Context, r *spillway.Request) (spillway.D
 }
 
 func TestQueueWaitDoesNotSpendTheBudget(t *testing.T) {
-	q, err := NewQueue(1, WithMaxWait(5*time.Second))
+	q, err := NewQueue(1, QueueSettings{MaxWait: 5 * time.Second})
 	require.NoError(t, err)
 	d, hold, err := q.Admit(context.Background(), preq(spillway.Sheddable, 1))
 	require.NoError(t, err)

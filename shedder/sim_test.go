@@ -14,12 +14,9 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 )
 
-// fakeClock is a settable clock, safe for concurrent use.
-type fakeClock = testclock.Clock
+func newClock() *testclock.Clock { return testclock.New(time.Unix(1_700_000_000, 0)) }
 
-func newClock() *fakeClock { return testclock.New(time.Unix(1_700_000_000, 0)) }
-
-// seeded returns a deterministic uniform source for WithRand.
+// seeded returns a deterministic uniform source for Knobs.Rand.
 func seeded(seed uint64) func() float64 {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	var mu sync.Mutex
@@ -60,7 +57,7 @@ func (r *simResult) goodput(p spillway.Priority) float64 {
 // Only steps from measureFrom on are counted in the result.
 // Arrivals are spread evenly (no randomness), interleaved across
 // priorities; every admitted request completes after simService steps.
-func simulate(t testing.TB, lim spillway.Limiter, clk *fakeClock, steps, measureFrom int, load func(step int) float64, observe func(step int)) simResult {
+func simulate(t testing.TB, lim spillway.Limiter, clk *testclock.Clock, steps, measureFrom int, load func(step int) float64, observe func(step int)) simResult {
 	t.Helper()
 	ctx := context.Background()
 	var (
@@ -126,9 +123,9 @@ func simulate(t testing.TB, lim spillway.Limiter, clk *fakeClock, steps, measure
 	return res
 }
 
-func newSimWorker(t testing.TB, clk *fakeClock) *shedder.Worker {
+func newSimWorker(t testing.TB, clk *testclock.Clock) *shedder.Worker {
 	t.Helper()
-	w, err := shedder.NewWorker(simCapacity, shedder.WithClock(clk.Now), shedder.WithRand(seeded(1)))
+	w, err := shedder.NewWorker(simCapacity, shedder.WorkerSettings{Clock: clk.Now}.With(shedder.Knobs{Rand: seeded(1)}))
 	if err != nil {
 		t.Fatal(err)
 	}

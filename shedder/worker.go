@@ -13,7 +13,7 @@ import (
 
 // Source reports a utilization reading: 0 is idle, 1 is saturated; values
 // above 1 mean overload. The Worker calls it once per tick, from one
-// goroutine at a time.
+// goroutine at a time (see WorkerSettings.Sources).
 type Source interface {
 	Utilization() (float64, error)
 }
@@ -86,15 +86,13 @@ type Worker struct {
 }
 
 // NewWorker returns a Worker for a server that can work on capacity units
-// of cost at once (its worker pool size, say).
-func NewWorker(capacity int64, opts ...WorkerOption) (*Worker, error) {
+// of cost at once (its worker pool size, say). It fails when capacity is
+// not positive or a setting is out of range.
+func NewWorker(capacity int64, s WorkerSettings) (*Worker, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("shedder: worker capacity %d must be positive", capacity)
 	}
-	o := defaultOptions("worker")
-	for _, opt := range opts {
-		opt.worker(&o)
-	}
+	o := workerOptions(s)
 	if err := o.validateWorker(); err != nil {
 		return nil, err
 	}
@@ -123,7 +121,7 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: w.o.name, Limit: w.caps[p]}, spillway.Noop, nil
 	}
 	addSat(&w.offered[p], c)
-	if q := w.ShedProbability(p); q > 0 && (q >= 1 || w.o.rand() < q) {
+	if q := shedProbability(w.shedLevel(), p); q > 0 && (q >= 1 || w.o.rand() < q) {
 		return w.deny(w.inflight.Load()), spillway.Noop, nil
 	}
 	// Compare before adding: c > cap − in flight never wraps, where
@@ -170,14 +168,29 @@ func (w *Worker) deny(inflight int64) spillway.Decision {
 	}
 }
 
-// Level returns the shed level L in [0, 4]; see Worker.
-func (w *Worker) Level() float64 { return math.Float64frombits(w.level.Load()) }
-
-// ShedProbability returns the probability that a request of priority p is
-// shed at the current level (before the hard cap).
-func (w *Worker) ShedProbability(p spillway.Priority) float64 {
-	return shedProbability(w.Level(), p)
+// WorkerStats is a snapshot of a Worker.
+type WorkerStats struct {
+	// Level is the shed level L in [0, 4] (see Worker): a request of
+	// priority p is shed with probability clamp(L − p, 0, 1), before the
+	// hard cap.
+	Level float64
+	// Utilization is the utilization measured at the last tick.
+	Utilization float64
+	// InFlight is the cost of the admitted work not yet done.
+	InFlight int64
+	// SourceErrors is how many source readings failed so far.
+	SourceErrors int64
 }
+
+// Stats returns a snapshot of the Worker.
+func (w *Worker) Stats() WorkerStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return WorkerStats{Level: w.shedLevel(), Utilization: w.lastUtil, InFlight: w.inflight.Load(), SourceErrors: w.srcErrors}
+}
+
+// shedLevel returns the shed level L.
+func (w *Worker) shedLevel() float64 { return math.Float64frombits(w.level.Load()) }
 
 func shedProbability(level float64, p spillway.Priority) float64 {
 	q := level - float64(p)
@@ -188,23 +201,6 @@ func shedProbability(level float64, p spillway.Priority) float64 {
 		return 1
 	}
 	return q
-}
-
-// InFlight returns the cost of the admitted work not yet done.
-func (w *Worker) InFlight() int64 { return w.inflight.Load() }
-
-// Utilization returns the utilization measured at the last tick.
-func (w *Worker) Utilization() float64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.lastUtil
-}
-
-// SourceErrors returns how many source readings failed so far.
-func (w *Worker) SourceErrors() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.srcErrors
 }
 
 func (w *Worker) maybeTick(now time.Time) {
@@ -245,7 +241,7 @@ func (w *Worker) tick(now time.Time) {
 		offered[p] = w.offered[p].Swap(0)
 	}
 	admitted := w.admitted.Swap(0)
-	L := w.Level()
+	L := w.shedLevel()
 	switch {
 	case u >= w.o.high:
 		L += w.o.stepUp
@@ -281,7 +277,7 @@ func (w *Worker) tick(now time.Time) {
 var (
 	_ spillway.Limiter = (*Worker)(nil)
 	_ spillway.Limiter = (*Fleet)(nil)
-	_ Source           = (*CgroupCPU)(nil)
+	_ Source           = (*cgroupCPU)(nil)
 )
 
 // addSat adds c ≥ 0 to a counter of offered or admitted cost, saturating

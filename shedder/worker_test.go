@@ -16,23 +16,21 @@ import (
 func TestNewWorkerValidates(t *testing.T) {
 	cases := []struct {
 		capacity int64
-		opts     []shedder.WorkerOption
+		set      shedder.WorkerSettings
 		field    string
 	}{
-		{0, nil, "capacity"},
-		{-1, nil, "capacity -1"},
-		{10, []shedder.WorkerOption{shedder.WithBand(0.9, 0.8)}, "band"},
-		{10, []shedder.WorkerOption{shedder.WithBand(0, 0.8)}, "band"},
-		{10, []shedder.WorkerOption{shedder.WithSteps(0, 0.1)}, "steps"},
-		{10, []shedder.WorkerOption{shedder.WithTick(0)}, "tick"},
-		{10, []shedder.WorkerOption{shedder.WithReserve(1)}, "reserve"},
-		{10, []shedder.WorkerOption{shedder.WithReserve(-0.1)}, "reserve"},
-		{10, []shedder.WorkerOption{shedder.WithSource(nil)}, "source"},
-		{10, []shedder.WorkerOption{shedder.WithRetryAfter(-time.Second)}, "retry after"},
-		{10, []shedder.WorkerOption{shedder.WithClock(nil)}, "clock"},
+		{0, shedder.WorkerSettings{}, "capacity"},
+		{-1, shedder.WorkerSettings{}, "capacity -1"},
+		{10, shedder.WorkerSettings{}.With(shedder.Knobs{Low: 0.9, High: 0.8}), "band"},
+		{10, shedder.WorkerSettings{}.With(shedder.Knobs{Low: 0, High: 0.8}), "band"},
+		{10, shedder.WorkerSettings{}.With(shedder.Knobs{StepUp: 0, StepDown: 0.1}), "steps"},
+		{10, shedder.WorkerSettings{}.With(shedder.Knobs{Tick: -1}), "tick"},
+		{10, shedder.WorkerSettings{Reserve: 1}, "reserve"},
+		{10, shedder.WorkerSettings{Sources: []shedder.Source{nil}}, "source"},
+		{10, shedder.WorkerSettings{RetryAfter: -time.Second}, "retry after"},
 	}
 	for _, c := range cases {
-		_, err := shedder.NewWorker(c.capacity, c.opts...)
+		_, err := shedder.NewWorker(c.capacity, c.set)
 		if err == nil || !strings.Contains(err.Error(), c.field) || !strings.HasPrefix(err.Error(), "shedder: ") {
 			t.Errorf("capacity %d: err %v, want one naming %q", c.capacity, err, c.field)
 		}
@@ -43,7 +41,7 @@ func TestNewWorkerValidates(t *testing.T) {
 // Critical the whole capacity, CriticalPlus is not capped.
 func TestWorkerHardCap(t *testing.T) {
 	clk := newClock()
-	w, err := shedder.NewWorker(10, shedder.WithClock(clk.Now), shedder.WithRetryAfter(2*time.Second))
+	w, err := shedder.NewWorker(10, shedder.WorkerSettings{Clock: clk.Now, RetryAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +107,7 @@ func TestWorkerLevelSteps(t *testing.T) {
 		}
 		return util, nil
 	})
-	w, err := shedder.NewWorker(100, shedder.WithClock(clk.Now), shedder.WithSource(src), shedder.WithRand(seeded(3)))
+	w, err := shedder.NewWorker(100, shedder.WorkerSettings{Clock: clk.Now, Sources: []shedder.Source{src}}.With(shedder.Knobs{Rand: seeded(3)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +165,7 @@ func criticalPlus() *spillway.Request { return &spillway.Request{Priority: spill
 // A request dearer than its priority's cap can never be admitted: it is
 // denied as such, with no RetryAfter, and leaves no trace.
 func TestWorkerCostExceedsLimit(t *testing.T) {
-	w, err := shedder.NewWorker(10)
+	w, err := shedder.NewWorker(10, shedder.WorkerSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +199,7 @@ func TestWorkerCostExceedsLimit(t *testing.T) {
 func TestWorkerTimeGoesBackwards(t *testing.T) {
 	clk := newClock()
 	util := 0.95
-	w, err := shedder.NewWorker(100, shedder.WithClock(clk.Now), shedder.WithSource(shedder.SourceFunc(func() (float64, error) { return util, nil })))
+	w, err := shedder.NewWorker(100, shedder.WorkerSettings{Clock: clk.Now, Sources: []shedder.Source{shedder.SourceFunc(func() (float64, error) { return util, nil })}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +226,7 @@ func TestWorkerTimeGoesBackwards(t *testing.T) {
 // A malformed or nil request is denied with ReasonInvalid by both
 // shedders, never a panic; nothing is counted in flight.
 func TestAdmitMalformedRequests(t *testing.T) {
-	w, err := shedder.NewWorker(10)
+	w, err := shedder.NewWorker(10, shedder.WorkerSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +234,7 @@ func TestAdmitMalformedRequests(t *testing.T) {
 	// needed for the validation path.
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { client.Close() })
-	f, err := shedder.NewFleet(client, "api", 10, shedder.WithoutAutoRefresh())
+	f, err := shedder.NewFleet(client, "api", 10, shedder.FleetSettings{}.With(shedder.Knobs{NoAutoRefresh: true}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,7 +139,7 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	// lowers it to what the gauge reports). Without Redis each server
 	// decides on its share of the fleet it last saw (a third).
 	fleet, err := shedder.NewFleet(rdb, "orders-db", int64(c.dbWorkers),
-		shedder.WithServerID(fmt.Sprintf("app-%d", id)), shedder.WithReservations())
+		shedder.FleetSettings{ServerID: fmt.Sprintf("app-%d", id), Reservations: true})
 	if err != nil {
 		return fail(err)
 	}
@@ -161,10 +161,12 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	if err != nil {
 		return fail(err)
 	}
-	pool, err := shedder.NewPool(lim, shedder.WithName("db_pool"), shedder.WithFleet(fleet),
-		shedder.WithMaxWait(300*time.Millisecond),
-		shedder.WithPriorityWait(spillway.SheddablePlus, 100*time.Millisecond),
-		shedder.WithPriorityWait(spillway.Sheddable, 100*time.Millisecond))
+	pool, err := shedder.NewPool(lim, fleet, shedder.QueueSettings{Name: "db_pool",
+		MaxWait: 300 * time.Millisecond,
+		PriorityWait: map[spillway.Priority]time.Duration{
+			spillway.SheddablePlus: 100 * time.Millisecond,
+			spillway.Sheddable:     100 * time.Millisecond,
+		}})
 	if err != nil {
 		return fail(err)
 	}
@@ -172,7 +174,7 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 
 	// The capacity input: the database's gauge sizes the fleet and the
 	// pool.
-	watcher, err := shedder.NewCapacityWatcher(shedder.GaugeFunc(db.Gauge), fleet, pool)
+	watcher, err := shedder.NewCapacityWatcher(db.Gauge, fleet, pool, shedder.WatcherSettings{})
 	if err != nil {
 		return fail(err)
 	}
@@ -346,11 +348,11 @@ func run(c config) (summary, error) {
 			a, r := total()
 			var slots []string
 			for _, s := range servers {
-				slots = append(slots, fmt.Sprint(s.pool.Slots()))
+				slots = append(slots, fmt.Sprint(s.pool.Stats().Slots))
 			}
 			fmt.Printf("window %d  admitted %4d  rejected %4d  database: %2d of %2d workers, %2d statements in flight; fleet capacity %2d, pool slots %s\n",
 				int(time.Since(start).Seconds()+0.5), a-lastA, r-lastR, db.capacity.Load(), c.dbWorkers, db.active.Load(),
-				servers[0].fleet.Capacity(), strings.Join(slots, " "))
+				servers[0].fleet.Stats().Capacity, strings.Join(slots, " "))
 			mu.Lock()
 			sum.perWindow = append(sum.perWindow, a-lastA)
 			mu.Unlock()
@@ -367,8 +369,8 @@ func run(c config) (summary, error) {
 	sum.degraded, sum.failed = degraded.Load(), failed.Load()
 	sum.peakConns, sum.refusedConns, sum.peakActive = db.peak.Load(), db.refused.Load(), db.peakActive.Load()
 	for _, s := range servers {
-		sum.slots = append(sum.slots, s.pool.Slots())
-		sum.capacities = append(sum.capacities, s.fleet.Capacity())
+		sum.slots = append(sum.slots, s.pool.Stats().Slots)
+		sum.capacities = append(sum.capacities, s.fleet.Stats().Capacity)
 	}
 	a, _ := total()
 	fmt.Printf("\nceiling %d/s (%s), %d servers × %d goroutines, database of %d workers\n", c.ceiling, mode, c.servers, c.workers, c.dbWorkers)

@@ -258,7 +258,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		closeAll()
 		return nil, "", nil, err
 	}
-	worker, err := shedder.NewWorker(workerCapacity, shedder.WithName("worker"))
+	worker, err := shedder.NewWorker(workerCapacity, shedder.WorkerSettings{Name: "worker"})
 	if err != nil {
 		return fail(err)
 	}
@@ -311,7 +311,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 	// While Redis is out the limiter decides by itself at this server's share.
 	conc := concurrency.PerKey(cshared, spillway.DimIP)
-	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-grpc", fleetCapacity, shedder.FleetSettings{Timeout: budget})
 	if err != nil {
 		return fail(err)
 	}

@@ -299,7 +299,7 @@ func (b *blocks) close() {
 
 func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, budget time.Duration, tel *demo.Telemetry) (*blocks, error) {
 	b := &blocks{degraded: func() bool { return false }}
-	worker, err := shedder.NewWorker(sz.worker, shedder.WithName("worker"))
+	worker, err := shedder.NewWorker(sz.worker, shedder.WorkerSettings{Name: "worker"})
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +368,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// Fleet shedder: degrades on its own (its share of the capacity) when
 	// Redis is out, so it needs no fallback wrapper.
-	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.WithTimeout(budget))
+	fleet, err := shedder.NewFleet(rdb, "demo-api", fleetCapacity, shedder.FleetSettings{Timeout: budget})
 	if err != nil {
 		b.close()
 		return nil, err

@@ -129,13 +129,13 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 		return err
 	}
 	// 3. Fleet usage: Sheddable work is shed first.
-	fleet, err := shedder.NewFleet(rdb, "fleet", fleetCapacity)
+	fleet, err := shedder.NewFleet(rdb, "fleet", fleetCapacity, shedder.FleetSettings{})
 	if err != nil {
 		return err
 	}
 	defer fleet.Close(context.Background())
 	// 4. This server's workers.
-	worker, err := shedder.NewWorker(workers, shedder.WithName("workers"))
+	worker, err := shedder.NewWorker(workers, shedder.WorkerSettings{Name: "workers"})
 	if err != nil {
 		return err
 	}

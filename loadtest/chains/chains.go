@@ -42,7 +42,7 @@ type Env struct {
 	// Options of the full chain that only the newer scenarios turn on
 	// (the others' full chain stays as it was measured): Tenant gives the
 	// pool fair shares between the values of this dimension
-	// (shedder.WithTenant); Deadlines makes the servers read the
+	// (shedder.QueueSettings.Tenant); Deadlines makes the servers read the
 	// clients' timeout into the context (httpx.Settings.DeadlineHeader), which
 	// the pool uses; StuckTimeout is the learned limit's Timeout
 	// (concurrency.LatencyConfig.Timeout).
@@ -239,7 +239,7 @@ const criticalWait = 300 * time.Millisecond
 
 // lifoAfter: where clients send their deadline (the deadlines feature),
 // the pool serves the newest waiter first once its oldest has waited this
-// long (shedder.WithLIFO): under a standing queue the oldest waiters have
+// long (QueueSettings.LIFO): under a standing queue the oldest waiters have
 // the least time left, and a slot given to one whose query then ends
 // after its client left is a slot lost.
 const lifoAfter = 50 * time.Millisecond
@@ -294,7 +294,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	if err != nil {
 		return fail(err)
 	}
-	cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5*time.Second, ReleaseTimeout: fallbackBudget})
+	cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5 * time.Second, ReleaseTimeout: fallbackBudget})
 	if err != nil {
 		return fail(err)
 	}
@@ -309,7 +309,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	// lost about 10% of the backend's throughput to idle slots and still
 	// denied 1–2% of Critical requests; see docs/loadtest.md.)
 	poolSize := int64(env.System.Capacity / env.Servers)
-	pool, err := shedder.NewQueue(poolSize, shedder.WithName("db_pool"), shedder.WithMaxWait(queueWait))
+	pool, err := shedder.NewQueue(poolSize, shedder.QueueSettings{Name: "db_pool", MaxWait: queueWait})
 	if err != nil {
 		return fail(err)
 	}
@@ -362,18 +362,19 @@ var BlockTitles = map[string]string{
 	"queue":       "wait in priority order for the learned limit",
 	"fleet":       "fleet usage shedder (Redis, by priority, sized by the database's gauge)",
 	"ceiling":     "global ceiling (fleet-wide rate, Redis)",
-	"fair":        "fair shares between tenants in the pool (shedder.WithTenant)",
-	"deadlines":   "clients' deadlines in the context (httpx.Settings.DeadlineHeader), adaptive LIFO in the pool (shedder.WithLIFO)",
+	"fair":        "fair shares between tenants in the pool (shedder.QueueSettings.Tenant)",
+	"deadlines":   "clients' deadlines in the context (httpx.Settings.DeadlineHeader), adaptive LIFO in the pool (shedder.QueueSettings.LIFO)",
 	"stuck":       "the learned limit's Timeout (latency that stays bad)",
 }
 
 // fleetReserve is the share of the fleet's capacity the fleet shedder
-// keeps for Critical and CriticalPlus work: none. The learned pool caps
+// keeps for Critical and CriticalPlus work: none (a negative
+// FleetSettings.Reserve; zero is the default 20%). The learned pool caps
 // itself at the Sheddable allowance, so a reserve of 3% (one slot of 30)
 // held every server's pool below the capacity in every overload phase;
 // the queue's priority order and criticalWait keep Critical work served
 // without it (100% in the runs in docs/loadtest.md).
-const fleetReserve = 0
+const fleetReserve = -1
 
 // fleetInterval is how often each server reports to the fleet shedder.
 const fleetInterval = 50 * time.Millisecond
@@ -456,7 +457,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		if err != nil {
 			return fail(err)
 		}
-		cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5*time.Second, ReleaseTimeout: fallbackBudget})
+		cshared, err := concurrency.New(cstore, perKeyConcurrency, concurrency.Settings{Name: "per_key_concurrency", TTL: 5 * time.Second, ReleaseTimeout: fallbackBudget})
 		if err != nil {
 			return fail(err)
 		}
@@ -467,7 +468,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		// here until it is answered, waiting for a database slot included,
 		// as a server thread does. Sheddable work goes first as they fill
 		// up; a fifth of them is kept for Critical work.
-		w, err := shedder.NewWorker(int64(env.Workers), shedder.WithName("worker"))
+		w, err := shedder.NewWorker(int64(env.Workers), shedder.WorkerSettings{Name: "worker"})
 		if err != nil {
 			return fail(err)
 		}
@@ -475,10 +476,10 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	}
 	var fleet *shedder.Fleet
 	if removed != "fleet" {
-		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity),
-			shedder.WithPrefix(env.Prefix), shedder.WithServerID("server-"+strconv.Itoa(server)),
-			shedder.WithReserve(fleetReserve), shedder.WithTimeout(100*time.Millisecond), shedder.WithInterval(fleetInterval),
-			shedder.WithReservations(), shedder.WithTTL(fleetTTL))
+		f, err := shedder.NewFleet(client, "db", int64(env.System.Capacity), shedder.FleetSettings{
+			Prefix: env.Prefix, ServerID: "server-" + strconv.Itoa(server),
+			Reserve: fleetReserve, Timeout: 100 * time.Millisecond, Interval: fleetInterval,
+			Reservations: true, TTL: fleetTTL})
 		if err != nil {
 			return fail(err)
 		}
@@ -518,19 +519,16 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 			add("pool", a)
 			learned = func() (int, int64) { l := a.Limit(); return l, int64(l) }
 		} else {
-			opts := []shedder.PoolOption{shedder.WithName("db_pool"), shedder.WithMaxWait(criticalWait),
-				shedder.WithPriorityWait(spillway.SheddablePlus, queueWait), shedder.WithPriorityWait(spillway.Sheddable, queueWait),
-				shedder.WithQueueDepth(64)}
+			set := shedder.QueueSettings{Name: "db_pool", MaxWait: criticalWait,
+				PriorityWait: map[spillway.Priority]time.Duration{spillway.SheddablePlus: queueWait, spillway.Sheddable: queueWait},
+				Depth:        64}
 			if env.Tenant != "" && removed != "fair" {
-				opts = append(opts, shedder.WithTenant(env.Tenant))
+				set.Tenant = env.Tenant
 			}
 			if env.Deadlines && removed != "deadlines" {
-				opts = append(opts, shedder.WithLIFO(lifoAfter))
+				set.LIFO = lifoAfter
 			}
-			if fleet != nil {
-				opts = append(opts, shedder.WithFleet(fleet))
-			}
-			p, err := shedder.NewPool(lim, opts...)
+			p, err := shedder.NewPool(lim, fleet, set)
 			if err != nil {
 				return fail(err)
 			}
@@ -541,7 +539,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 	}
 	if fleet != nil {
 		add("fleet", fleet)
-		w, err := shedder.NewCapacityWatcher(dbGauge(env), fleet, pool, shedder.WithInterval(capacityPoll))
+		w, err := shedder.NewCapacityWatcher(dbGauge(env), fleet, pool, shedder.WatcherSettings{Interval: capacityPoll})
 		if err != nil {
 			return fail(err)
 		}
@@ -605,7 +603,7 @@ const capacityPoll = 100 * time.Millisecond
 // so a learned limit finds the capacity only by passing it. The gauge
 // says where the capacity is without passing it.
 func dbGauge(env *Env) shedder.Gauge {
-	return shedder.GaugeFunc(func(context.Context) (shedder.Reading, error) {
+	return shedder.Gauge(func(context.Context) (shedder.Reading, error) {
 		g := env.DBGauge()
 		if env.Trace != nil && !g.To.IsZero() {
 			fmt.Fprintf(env.Trace, "gauge %s active %.1f busy %.1f idle %.1f\n", g.To.Format("15:04:05.000"), g.Active, g.Busy, g.Idle)
