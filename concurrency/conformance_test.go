@@ -14,7 +14,7 @@ func newFakeClock() *testclock.Clock {
 	return testclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 }
 
-type storeFactory func(t *testing.T, clock *testclock.Clock) Store
+type storeFactory func(t *testing.T, clk *testclock.Clock) Store
 
 func memoryFactory(t *testing.T, clock *testclock.Clock) Store {
 	return NewMemoryStore(MemorySettings{Clock: clock.Now})

@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/hostiletest"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // memStoreState is an image of every in-flight set of a memory store.
@@ -35,7 +36,7 @@ func memStoreState(s *MemoryStore) string {
 	return strings.Join(lines, "\n")
 }
 
-var hostileNow = func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) }
+var hostileNow = testclock.New(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)).Now
 
 // limiterSubject describes a Limiter of 10 units over the store mk makes,
 // admitted through PerKey (Request.Cost: 0 is 1); admissions are never

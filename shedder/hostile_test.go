@@ -12,9 +12,10 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/hostiletest"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
-var fixedNow = func() time.Time { return time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC) }
+var fixedNow = testclock.New(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)).Now
 
 // limiterSubject describes lim (made anew by mk) admitting requests of
 // priority p; admissions are never released, so their costs add up.
