@@ -133,6 +133,10 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s: New = %v, %v; want a concurrency: error naming %q", field, l, err, field)
 		}
 	}
+	// A fleet-wide cap is named by its settings: no default name.
+	if _, err := NewInFlight(redis.NewClient(&redis.Options{}), 10, Settings{}); err == nil || !strings.Contains(err.Error(), "name is empty") {
+		t.Errorf("NewInFlight without a name: err = %v, want one naming the name", err)
+	}
 	if _, err := NewRedisStore(nil, RedisSettings{}); err == nil || !strings.Contains(err.Error(), "client is nil") {
 		t.Errorf("NewRedisStore(nil, RedisSettings{}): err = %v, want one naming the client", err)
 	}

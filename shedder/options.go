@@ -46,7 +46,7 @@ type QueueSettings struct {
 	// the clients' timeout.
 	MaxWait time.Duration
 	// PriorityWait replaces MaxWait for the priorities it lists (0: no
-	// wait): Critical work, which waits only behind other Critical work,
+	// wait; a negative wait is an error): Critical work, which waits only behind other Critical work,
 	// can be given a longer wait than work that is shed first.
 	PriorityWait map[spillway.Priority]time.Duration
 	// Depth is how many requests may wait at once (0: the number of
