@@ -7,8 +7,7 @@
 // ceiling and the fleet shedder do so on their own; a rate-limit store goes
 // through NewStore, which wraps a ratelimit.Store (a RedisStore) and is
 // itself a ratelimit.Store, so ratelimit.Limiter and tiers use it
-// transparently (it finds the client's health by itself). NewLimiter
-// wraps a spillway.Limiter of your own whose backend may fail. They add:
+// transparently (it finds the client's health by itself). It adds:
 //
 //   - a time budget per call (default 50ms), the fallback's own deadline
 //     whatever the client's socket options: a slow or hung Redis costs at
@@ -20,8 +19,6 @@
 //     request waits on it; the health's own probe (a PING about once a
 //     second, off the request path) closes it again after Probes
 //     successes; the caller's own cancellation is not a failure;
-//   - after admission: while the breaker is open a Limiter's releases are
-//     queued (bounded) for when Redis is back, never sent;
 //   - a local share: while the breaker is open and on any failed call,
 //     decisions come from a local memory store with every policy scaled to
 //     this server's share of the fleet it last saw alive (1/N for the N
@@ -54,5 +51,5 @@
 //	if err != nil { return err }
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 //
-// Stores and Limiters are safe for concurrent use.
+// Stores and Healths are safe for concurrent use.
 package fallback
