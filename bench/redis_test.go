@@ -29,6 +29,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -283,9 +284,11 @@ func BenchmarkRedisDecisions(b *testing.B) {
 	fmt.Print(medians(all))
 	// A decision the fallback made locally (the budget ran out on a
 	// loaded machine) would flatter its figure: say how many there were.
-	fmt.Printf("spillway_fallback: %+v\n", fb.Stats())
+	degraded, overloaded := fallbackview.StoreDegraded(fb)
+	local := fmt.Sprintf("%d degraded (%d overloaded)", degraded, overloaded)
+	fmt.Printf("spillway_fallback: %s\n", local)
 	if *md != "" {
-		if err := genmd.Write(*md, benchCommand(), load, markdown(names, all, fb.Stats())); err != nil {
+		if err := genmd.Write(*md, benchCommand(), load, markdown(names, all, local)); err != nil {
 			b.Fatalf("-md: %v", err)
 		}
 	}
@@ -446,7 +449,7 @@ func table(names []string, res map[string]result) string {
 
 // markdown formats every round's table and the medians of the ratios as
 // the body of a generated file (-md).
-func markdown(names []string, all []map[string]result, fallbackStats any) string {
+func markdown(names []string, all []map[string]result, fallbackLocal string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d goroutines, %d keys, pool %d, limit %d/second per key", *goroutines, *numKeys, *pool, *limit)
 	if *rate > 0 {
@@ -485,7 +488,7 @@ func markdown(names []string, all []map[string]result, fallbackStats any) string
 		sb.WriteString("\nMedians of the ratios over the rounds:\n\n")
 		sb.WriteString(genmd.Table([]string{"ratio", "median", "by round"}, rows))
 	}
-	fmt.Fprintf(&sb, "\nspillway_fallback's local decisions: %+v\n", fallbackStats)
+	fmt.Fprintf(&sb, "\nspillway_fallback's local decisions: %s\n", fallbackLocal)
 	return sb.String()
 }
 

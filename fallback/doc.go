@@ -40,7 +40,7 @@
 //
 //	import "github.com/redis/go-redis/v9"
 //
-//	redis.SetLogger(fallback.NewRedisLogger(nil, 0)) // go-redis's own log: to slog, one line per pattern per 10 s
+//	fallback.SetRedisLogger(nil, 0) // go-redis's own log: to slog, one line per pattern per 10 s
 //	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	if _, err := fallback.NewHealth(client, fallback.HealthSettings{}); err != nil { // once, before the blocks
 //		return err

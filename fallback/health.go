@@ -247,7 +247,7 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	}
 	h := newHealth(s)
 	if _, dup := healths.LoadOrStore(client, h); dup {
-		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it (HealthOf) instead of creating a second", HealthOf(client).set.Name)
+		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it instead of creating a second", healthOf(client).set.Name)
 	}
 	h.attached = true
 	h.direct = direct
@@ -263,8 +263,8 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	return h, nil
 }
 
-// HealthOf returns the Health NewHealth attached to client, or nil.
-func HealthOf(client redis.UniversalClient) *Health {
+// healthOf returns the Health NewHealth attached to client, or nil.
+func healthOf(client redis.UniversalClient) *Health {
 	if client == nil {
 		return nil
 	}
@@ -314,9 +314,6 @@ func newHealth(s HealthSettings) *Health {
 	h.closed.Store(true)
 	return h
 }
-
-// Name returns HealthSettings.Name.
-func (h *Health) Name() string { return h.set.Name }
 
 // State returns the breaker's state.
 func (h *Health) State() State { return h.state() }

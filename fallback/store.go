@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -85,8 +86,8 @@ type storeStats struct {
 	calls, degraded, overloaded, cacheHits, reconciled atomic.Int64
 }
 
-// Stats counts what a Store did since it was created.
-type Stats struct {
+// counts is what a Store did since it was created.
+type counts struct {
 	Calls      int64 // Decide calls the inner store answered
 	Degraded   int64 // Decide calls answered locally (breaker open, call failed, or time spent in this process)
 	Overloaded int64 // of Degraded, those whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis
@@ -112,7 +113,7 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	}
 	client := clientOf(inner)
 	if s.Health == nil && client != nil && s.Failures == 0 && s.OpenTimeout == 0 && s.Probes == 0 && s.OnStateChange == nil {
-		s.Health = HealthOf(client) // the client's shared health, when it has one
+		s.Health = healthOf(client) // the client's shared health, when it has one
 	}
 	s, err := s.withDefaults()
 	if err != nil {
@@ -161,15 +162,8 @@ func (s *Store) sharePPM() uint64 {
 	return sharePPM(s.share.Share())
 }
 
-// State returns the breaker's state (its Health's, when shared).
-func (s *Store) State() State { return s.br.state() }
-
-// Health returns the breaker the Store uses: Settings.Health, or its own.
-func (s *Store) Health() *Health { return s.br }
-
-// Stats returns the counters.
-func (s *Store) Stats() Stats {
-	st := Stats{
+func (s *Store) counts() counts {
+	st := counts{
 		Calls:      s.stats.calls.Load(),
 		Degraded:   s.stats.degraded.Load(),
 		Overloaded: s.stats.overloaded.Load(),
@@ -532,17 +526,6 @@ func (s *Store) Flush(ctx context.Context) error {
 // reconcileBatch is the number of keys peeked in one call.
 const reconcileBatch = 64
 
-// Reconcile carries the recorded local consumption back to the inner
-// store now (see Store); the Store also runs it by itself after an outage.
-// It returns the error that stopped it; what it could not carry stays
-// recorded for the next pass.
-func (s *Store) Reconcile(ctx context.Context) error {
-	if s.ledger == nil {
-		return nil
-	}
-	return s.reconcile(ctx)
-}
-
 func (s *Store) reconcile(ctx context.Context) error {
 	charges := s.ledger.take(s.now())
 	ev := ReconcileEvent{Name: s.set.Name}
@@ -630,4 +613,18 @@ func (s *Store) carry(ctx context.Context, batch []charge, ev *ReconcileEvent) (
 		ev.Keys++
 	}
 	return n, nil
+}
+
+func init() {
+	fallbackview.HealthOf = func(client redis.UniversalClient) any {
+		if h := healthOf(client); h != nil {
+			return h
+		}
+		return nil
+	}
+	fallbackview.StoreHealth = func(store any) any { return store.(*Store).br }
+	fallbackview.StoreDegraded = func(store any) (int64, int64) {
+		c := store.(*Store).counts()
+		return c.Degraded, c.Overloaded
+	}
 }
