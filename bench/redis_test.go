@@ -112,7 +112,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 	}
 	allow := func(l *ratelimit.Limiter) decider {
 		return func(ctx context.Context, i int) (bool, error) {
-			d, err := l.Allow(ctx, entity(i))
+			d, err := l.Allow(ctx, entity(i), 1)
 			return d.Allowed, err
 		}
 	}
@@ -142,7 +142,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := tiers.New(cfg, store())
+		l, err := tiers.New(cfg, store(), tiers.Settings{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -567,7 +567,7 @@ func fill(b *testing.B, n int, allow func(i int) error) {
 
 // memWindow is the limiter of a window contender of
 // BenchmarkRedisMemoryPerKey: 100 per minute.
-func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter {
+func memWindow(b *testing.B, name string, s ratelimit.Store) (*ratelimit.Limiter, ratelimit.Policy) {
 	p := ratelimit.Policy{Limit: 100, Period: time.Minute}
 	switch name {
 	case "window_counter":
@@ -583,7 +583,7 @@ func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter 
 	if err != nil {
 		b.Fatal(err)
 	}
-	return l
+	return l, p
 }
 
 // usedMemory reads used_memory from INFO memory.
@@ -654,23 +654,22 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i), 1); return err }
 				case "window_counter", "window_buckets", "window_buckets_60", "window_log":
-					l := memWindow(b, name, mustRedisStore(c))
-					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+					l, _ := memWindow(b, name, mustRedisStore(c))
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i), 1); return err }
 				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
 					var now atomic.Int64
 					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
-					l := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
-					p := l.Policy()
+					l, p := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
 					steps, cost := int64(2), int64(50) // the counter: two windows
 					if p.Algorithm == ratelimit.SlidingWindowBuckets {
-						steps = p.EffectiveBuckets() + 1
+						steps = rateHooks.EffectiveBuckets(p) + 1
 						cost = p.Limit / steps
 					}
 					step := p.Period.Microseconds() / (steps - 1)
 					allow = func(i int) error {
-						d, err := l.AllowN(ctx, entity(i), cost)
+						d, err := l.Allow(ctx, entity(i), cost)
 						if err == nil && !d.Allowed {
 							err = fmt.Errorf("%s: %s denied at its limit: %+v", name, entity(i), d)
 						}

@@ -224,7 +224,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 
 	// Healthy: both decide by Redis.
 	for i := 0; ; i++ {
-		d1, err1 := lim.Allow(ctx, "k")
+		d1, err1 := lim.Allow(ctx, "k", 1)
 		d2, done, err2 := chain.Admit(ctx, genRequest("10.0.0.1"))
 		if err1 != nil || err2 != nil {
 			return fmt.Errorf("healthy: %v %v", err1, err2)
@@ -279,7 +279,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	// then its breaker is open.
 	for i := range 8 {
 		var d spillway.Decision
-		if err := m.run(fmt.Sprintf("Allow %d", i), func() { d, err = lim.Allow(ctx, "k") }); err != nil {
+		if err := m.run(fmt.Sprintf("Allow %d", i), func() { d, err = lim.Allow(ctx, "k", 1) }); err != nil {
 			return err
 		}
 		if err != nil || !d.Allowed || !d.Degraded {
@@ -368,7 +368,7 @@ func anyClientOutage(t *testing.T, srv *redistest.Server, kind clientKind, fault
 	ended = true
 	endedAt := time.Now()
 	for {
-		d1, err1 := lim.Allow(ctx, "k")
+		d1, err1 := lim.Allow(ctx, "k", 1)
 		d2, done, err2 := chain.Admit(ctx, genRequest("10.0.3.1"))
 		if err1 != nil || err2 != nil {
 			return fmt.Errorf("after the fault: %v %v", err1, err2)
@@ -420,7 +420,7 @@ func TestBudgetHoldsOnABareClusterClient(t *testing.T) {
 			return err
 		}
 		for i := 0; ; i++ {
-			d, err := lim.Allow(ctx, "k")
+			d, err := lim.Allow(ctx, "k", 1)
 			if err == nil && d.Allowed && !d.Degraded {
 				break
 			}
@@ -455,7 +455,7 @@ func TestBudgetHoldsOnABareClusterClient(t *testing.T) {
 		}()
 		for i := range 8 {
 			var d spillway.Decision
-			if err := m.run(fmt.Sprintf("Allow %d", i), func() { d, err = lim.Allow(ctx, "k") }); err != nil {
+			if err := m.run(fmt.Sprintf("Allow %d", i), func() { d, err = lim.Allow(ctx, "k", 1) }); err != nil {
 				return err
 			}
 			if err != nil || !d.Allowed || !d.Degraded {
@@ -477,7 +477,7 @@ func TestBudgetHoldsOnABareClusterClient(t *testing.T) {
 		resume()
 		endedAt := time.Now()
 		for {
-			d, err := lim.Allow(ctx, "k")
+			d, err := lim.Allow(ctx, "k", 1)
 			if err == nil && !d.Degraded {
 				break
 			}

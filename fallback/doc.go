@@ -32,7 +32,7 @@
 // locally until T, without a round trip) and reconcile (after an outage the
 // local consumption of the last Period is charged back to Redis, so an
 // outage is no free refill); see Store. Over a RedisStore it is also a
-// ratelimit.Reserver: reservations (reserve, then settle the actual cost)
+// reserver: reservations (reserve, then settle the actual cost)
 // are held by Redis, or by the local share while Redis cannot answer; see
 // Store.Reserve.
 //

@@ -368,7 +368,7 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 				return
 			default:
 			}
-			d, err := lim.Allow(context.Background(), "tenant")
+			d, err := lim.Allow(context.Background(), "tenant", 1)
 			if err != nil || !d.Allowed {
 				errs.Add(1)
 			}

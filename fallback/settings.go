@@ -282,7 +282,7 @@ func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
 	if q.Validate() != nil && p.Validate() == nil {
 		switch q.Algorithm {
 		case ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.LeakyBucket:
-			q.Burst = max(ratelimit.MaxSpanMicros/q.EmissionInterval(), 1)
+			q.Burst = max(ratelimit.MaxSpanMicros/rateHooks.EmissionInterval(q), 1)
 		}
 	}
 	return q

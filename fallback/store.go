@@ -99,14 +99,12 @@ type counts struct {
 // NewStore wraps inner. It returns an error naming the field when s is
 // invalid or inner is nil.
 //
-// When inner names the go-redis client it sends through (a RedisStore's
-// Client), NewStore makes that client honour context deadlines (as
-// NewHealth does) and, given no Health, probes it with a PING; calls to
-// an inner store that names none (other than a MemoryStore, which never
-// waits) run detached, so that the budget holds whatever the store does
-// (see MaxAbandoned). A store that takes a gate (SetGate(func() bool):
-// the Redis store's settles sent off the request path) is handed the
-// health's state: nothing is sent while it is not closed.
+// When inner is a RedisStore, NewStore makes its go-redis client honour
+// context deadlines (as NewHealth does) and, given no Health, probes it
+// with a PING; calls to another inner store (other than a MemoryStore,
+// which never waits) run detached, so that the budget holds whatever the store does
+// (see MaxAbandoned). A RedisStore's settles sent off the request path
+// are gated by the health: nothing is sent while it is not closed.
 func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if inner == nil {
 		return nil, errors.New("fallback: inner store is nil")
@@ -134,12 +132,9 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		st.direct = true // never waits
 	}
 	st.bounded, _ = inner.(boundedStore)
-	if g, ok := inner.(interface{ SetGate(gate func() bool) }); ok {
-		// The store's calls after admission (settles sent in the
-		// background) go out only while the health is closed.
-		br := st.br
-		g.SetGate(br.closed.Load)
-	}
+	// The store's calls after admission (a RedisStore's settles sent in
+	// the background) go out only while the health is closed.
+	rateHooks.SetGate(inner, st.br.closed.Load)
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: s.Clock, MaxKeys: 1 << 16})
@@ -176,14 +171,9 @@ func (s *Store) counts() counts {
 	return st
 }
 
-// clientOf returns the go-redis client of a store that says which it
-// sends its commands through (ratelimit.RedisStore), or nil.
-func clientOf(inner ratelimit.Store) redis.UniversalClient {
-	if c, ok := inner.(interface{ Client() redis.UniversalClient }); ok {
-		return c.Client()
-	}
-	return nil
-}
+// clientOf returns the go-redis client a store sends its commands
+// through (a ratelimit.RedisStore's), or nil.
+func clientOf(inner ratelimit.Store) redis.UniversalClient { return rateHooks.Client(inner) }
 
 func (s *Store) now() int64 { return s.set.Clock().UnixMicro() }
 
@@ -513,15 +503,10 @@ func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy
 }
 
 // Flush sends now what the inner store queued to send in the background
-// (the settles of holds, on a Redis store), when it is a flusher (has
-// Flush(ctx) error); otherwise it does nothing. tiers.Limiter.Flush calls
-// it at shutdown. It is not gated by the health: ctx bounds it.
-func (s *Store) Flush(ctx context.Context) error {
-	if f, ok := s.inner.(interface{ Flush(context.Context) error }); ok {
-		return f.Flush(ctx)
-	}
-	return nil
-}
+// (the settles of holds, on a RedisStore); otherwise it does nothing.
+// tiers.Limiter.Flush calls it at shutdown. It is not gated by the
+// health: ctx bounds it.
+func (s *Store) Flush(ctx context.Context) error { return rateHooks.Flush(ctx, s.inner) }
 
 // reconcileBatch is the number of keys peeked in one call.
 const reconcileBatch = 64

@@ -11,7 +11,7 @@
 //	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 //	if err != nil { return err }                // the policy is invalid
-//	d, err := lim.Allow(ctx, clientIP)
+//	d, err := lim.Allow(ctx, clientIP, 1)
 //	if err == nil && !d.Allowed {
 //		// answer 429 with Retry-After: d.RetryAfter
 //	}
@@ -53,8 +53,8 @@
 // A cost known only after the work (tokens generated, bytes streamed)
 // holds an estimate and settles the actual cost:
 //
-//	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like AllowN(2000)
-//	if err == nil && h.Allowed() {
+//	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like Allow(2000)
+//	if err == nil && h.allowed {
 //		n := generate()
 //		res, err := h.Settle(ctx, n) // a refund, or an extra charge into debt
 //	}
@@ -64,8 +64,7 @@
 // requests wait. A hold not settled within its TTL (Settings.HoldTTL) is released
 // by the store on the next touch of its key; a settle is applied at most
 // once per hold, also when retried after a timeout (SettleAlreadySettled).
-// Reserver.Reserve holds a batch all or nothing; Hold.SettleEach settles it
-// with one actual cost per item. See docs/ratelimit.md.
+// A store's Reserve holds a batch all or nothing. See docs/ratelimit.md.
 //
 // # Concurrency
 //

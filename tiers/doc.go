@@ -4,7 +4,7 @@
 // which identity dimensions key them (ip, user, api_key, endpoint or any
 // dimension the caller sets) and their rate ("1000/minute, burst 200"), with
 // an algorithm, a fail mode and a shadow flag per rule. Plans (free, pro,
-// enterprise) are named bucket sets; a plan resolver (WithPlanResolver)
+// enterprise) are named bucket sets; a plan resolver (Settings.PlanResolver)
 // maps an API key to its plan. For each request every rule that matches is decided in one
 // ratelimit.Store.Decide call, all or nothing, so on Redis the whole check
 // costs one round trip (per slot group, in parallel, on a Cluster).
@@ -34,13 +34,13 @@
 // "estimate: 250" holds the estimate when the request is admitted and
 // settles it to spillway.Usage's total when done runs, going into debt
 // when the work cost more (see Limiter.Admit). The store must hold
-// (ratelimit.Reserver: the memory, Redis and fallback stores do).
+// (reserver: the memory, Redis and fallback stores do).
 //
-// Configuration is by functional options, one type per constructor: New
-// takes Options, Limiter.Watch WatchOptions; one passed to the other does
-// not compile.
+// Configuration is by a settings struct per call, in the style of
+// package ratelimit: New takes Settings, Limiter.Watch WatchSettings; one
+// passed to the other does not compile. The zero value means the defaults.
 //
-// A Limiter is safe for concurrent use. Swap and Reload replace the config
+// A Limiter is safe for concurrent use. Swap replaces the config
 // atomically; unchanged rules keep their counters. Watch follows a config
 // file and reloads on change, keeping the last good config when a new one
 // is rejected. See docs/tiers.md for the config reference.
