@@ -39,7 +39,19 @@
 // that waits RetryAfter is never early. A denial has Reason
 // spillway.ReasonRateLimited, or spillway.ReasonCostExceedsLimit with
 // RetryAfter 0 when the cost exceeds Capacity and can never succeed.
-// Decision.Limiter is the limiter's scope.
+// Decision.Limiter is the limiter's scope. Schedule and Wait smooth the
+// bucket family: a request is admitted as Allow would admit it, and the
+// delay says when its turn comes.
+//
+// # Errors and outages
+//
+// A denial is a decision, never an error. Allow returns an error only for
+// a negative cost (wrapping ErrInvalidCost) or when the store failed; New
+// only for a nil store or an invalid policy (wrapping ErrInvalidPolicy,
+// naming the field). A RedisStore alone returns Redis's errors; behind
+// fallback.NewStore the decisions are made locally at this server's share
+// of the limit while Redis cannot answer (marked Degraded), or denied when
+// Settings.FailMode is spillway.FailClosed.
 //
 // # Batches
 //
