@@ -31,10 +31,14 @@
 // The Store adds a cache of denials (a key Redis denied until T is denied
 // locally until T, without a round trip) and reconcile (after an outage the
 // local consumption of the last Period is charged back to Redis, so an
-// outage is no free refill); see Store. Over a RedisStore it is also a
-// reserver: reservations (reserve, then settle the actual cost)
-// are held by Redis, or by the local share while Redis cannot answer; see
-// Store.Reserve.
+// outage is no free refill); see Store. Over a RedisStore it holds
+// reservations too (reserve, then settle the actual cost): by Redis, or
+// by the local share while Redis cannot answer; see Store.Reserve.
+//
+// Errors: a Store's Decide returns an error only for invalid input or a
+// caller that gave up (its context ended); Redis's errors and timeouts
+// become local decisions marked Degraded (Cause ErrOpen, ErrAbandoned or
+// the store's error in the DegradedEvent).
 //
 // Shortest use:
 //

@@ -411,7 +411,7 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // A "cost: response" rule charges what the work really cost. Its item
 // holds an estimate — Request.Cost when the caller sets one (httpx
 // Settings.Cost or EstimateHeader), else the rule's estimate — and the
-// batch is decided by one reserver.Reserve, all or nothing:
+// batch is decided by one Reserve of the store, all or nothing:
 // the other rules of the bucket family are held at their cost in the same
 // call (one round trip; one per Cluster slot group, in parallel); rules
 // of a window algorithm, which cannot hold, are decided by Decide right
