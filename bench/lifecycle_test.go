@@ -81,7 +81,7 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if limiters[i], err = tiers.New(cfg, store); err != nil {
+		if limiters[i], err = tiers.New(cfg, store, tiers.Settings{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -151,7 +151,7 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 			turn(v, g, 1000)
 		}
 	}
-	if err := store.Flush(ctx); err != nil {
+	if err := rateHooks.Flush(ctx, store); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -163,7 +163,7 @@ func BenchmarkRedisLifecycle(b *testing.B) {
 				}
 				cpu0 := serverCPU(b, c)
 				wall, dones := turn(v, g, *slice)
-				if err := store.Flush(ctx); err != nil {
+				if err := rateHooks.Flush(ctx, store); err != nil {
 					b.Fatal(err)
 				}
 				cpu := serverCPU(b, c) - cpu0

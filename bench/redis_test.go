@@ -29,6 +29,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -111,7 +112,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 	}
 	allow := func(l *ratelimit.Limiter) decider {
 		return func(ctx context.Context, i int) (bool, error) {
-			d, err := l.Allow(ctx, entity(i))
+			d, err := l.Allow(ctx, entity(i), 1)
 			return d.Allowed, err
 		}
 	}
@@ -141,7 +142,7 @@ func newContenders(b *testing.B, c *redis.Client) (map[string]decider, *fallback
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := tiers.New(cfg, store())
+		l, err := tiers.New(cfg, store(), tiers.Settings{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -283,9 +284,11 @@ func BenchmarkRedisDecisions(b *testing.B) {
 	fmt.Print(medians(all))
 	// A decision the fallback made locally (the budget ran out on a
 	// loaded machine) would flatter its figure: say how many there were.
-	fmt.Printf("spillway_fallback: %+v\n", fb.Stats())
+	degraded, overloaded := fallbackview.StoreDegraded(fb)
+	local := fmt.Sprintf("%d degraded (%d overloaded)", degraded, overloaded)
+	fmt.Printf("spillway_fallback: %s\n", local)
 	if *md != "" {
-		if err := genmd.Write(*md, benchCommand(), load, markdown(names, all, fb.Stats())); err != nil {
+		if err := genmd.Write(*md, benchCommand(), load, markdown(names, all, local)); err != nil {
 			b.Fatalf("-md: %v", err)
 		}
 	}
@@ -446,7 +449,7 @@ func table(names []string, res map[string]result) string {
 
 // markdown formats every round's table and the medians of the ratios as
 // the body of a generated file (-md).
-func markdown(names []string, all []map[string]result, fallbackStats any) string {
+func markdown(names []string, all []map[string]result, fallbackLocal string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d goroutines, %d keys, pool %d, limit %d/second per key", *goroutines, *numKeys, *pool, *limit)
 	if *rate > 0 {
@@ -485,7 +488,7 @@ func markdown(names []string, all []map[string]result, fallbackStats any) string
 		sb.WriteString("\nMedians of the ratios over the rounds:\n\n")
 		sb.WriteString(genmd.Table([]string{"ratio", "median", "by round"}, rows))
 	}
-	fmt.Fprintf(&sb, "\nspillway_fallback's local decisions: %+v\n", fallbackStats)
+	fmt.Fprintf(&sb, "\nspillway_fallback's local decisions: %s\n", fallbackLocal)
 	return sb.String()
 }
 
@@ -564,7 +567,7 @@ func fill(b *testing.B, n int, allow func(i int) error) {
 
 // memWindow is the limiter of a window contender of
 // BenchmarkRedisMemoryPerKey: 100 per minute.
-func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter {
+func memWindow(b *testing.B, name string, s ratelimit.Store) (*ratelimit.Limiter, ratelimit.Policy) {
 	p := ratelimit.Policy{Limit: 100, Period: time.Minute}
 	switch name {
 	case "window_counter":
@@ -580,7 +583,7 @@ func memWindow(b *testing.B, name string, s ratelimit.Store) *ratelimit.Limiter 
 	if err != nil {
 		b.Fatal(err)
 	}
-	return l
+	return l, p
 }
 
 // usedMemory reads used_memory from INFO memory.
@@ -651,23 +654,22 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i), 1); return err }
 				case "window_counter", "window_buckets", "window_buckets_60", "window_log":
-					l := memWindow(b, name, mustRedisStore(c))
-					allow = func(i int) error { _, err := l.Allow(ctx, entity(i)); return err }
+					l, _ := memWindow(b, name, mustRedisStore(c))
+					allow = func(i int) error { _, err := l.Allow(ctx, entity(i), 1); return err }
 				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
 					var now atomic.Int64
 					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
-					l := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
-					p := l.Policy()
+					l, p := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
 					steps, cost := int64(2), int64(50) // the counter: two windows
 					if p.Algorithm == ratelimit.SlidingWindowBuckets {
-						steps = p.EffectiveBuckets() + 1
+						steps = rateHooks.EffectiveBuckets(p) + 1
 						cost = p.Limit / steps
 					}
 					step := p.Period.Microseconds() / (steps - 1)
 					allow = func(i int) error {
-						d, err := l.AllowN(ctx, entity(i), cost)
+						d, err := l.Allow(ctx, entity(i), cost)
 						if err == nil && !d.Allowed {
 							err = fmt.Errorf("%s: %s denied at its limit: %+v", name, entity(i), d)
 						}

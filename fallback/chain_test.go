@@ -55,7 +55,7 @@ func (c *sentCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 // chainBed is the whole chain — tiers over a fallback.Store, a Redis
-// concurrency limit behind a fallback.Limiter, the fleet shedder and a
+// concurrency limit (it falls back by itself), the fleet shedder and a
 // global ceiling behind a Guard — on ONE client through a fault proxy,
 // sharing one Health.
 type chainBed struct {

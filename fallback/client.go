@@ -61,24 +61,22 @@ func setDur(d *time.Duration, v time.Duration) {
 	}
 }
 
-// TuneOptions sets o for use behind a fallback: ContextTimeoutEnabled (so
-// the Budget's deadline reaches the socket; this one is always set), and,
-// where still zero, the Client* timeouts and retries above, with no retry
-// backoff.
-func TuneOptions(o *redis.Options) {
-	tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
-		&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
-}
-
-// TuneFailoverOptions is TuneOptions for redis.NewFailoverClient (Sentinel).
-func TuneFailoverOptions(o *redis.FailoverOptions) {
-	tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
-		&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
-}
-
-// TuneUniversalOptions is TuneOptions for redis.NewUniversalClient, which
-// builds a single-node, Sentinel (MasterName set) or Cluster client.
-func TuneUniversalOptions(o *redis.UniversalOptions) {
-	tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
-		&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
+// TuneOptions sets o — the options of redis.NewClient, of
+// redis.NewFailoverClient (Sentinel) or of redis.NewUniversalClient (a
+// single-node, Sentinel or Cluster client) — for use behind a fallback:
+// ContextTimeoutEnabled (so the Budget's deadline reaches the socket; this
+// one is always set), and, where still zero, the Client* timeouts and
+// retries above, with no retry backoff.
+func TuneOptions[O redis.Options | redis.FailoverOptions | redis.UniversalOptions](o *O) {
+	switch o := any(o).(type) {
+	case *redis.Options:
+		tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
+			&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
+	case *redis.FailoverOptions:
+		tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
+			&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
+	case *redis.UniversalOptions:
+		tunable{&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout,
+			&o.MinRetryBackoff, &o.DialerRetryTimeout, &o.MaxRetries, &o.DialerRetries}.apply()
+	}
 }

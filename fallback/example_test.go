@@ -32,7 +32,7 @@ func ExampleNewStore() {
 		panic(err)
 	}
 	for i := 0; i < 3; i++ {
-		d, err := lim.Allow(context.Background(), "alice")
+		d, err := lim.Allow(context.Background(), "alice", 1)
 		fmt.Println(d.Allowed, d.Degraded, d.Limit, d.Remaining, err)
 	}
 	fmt.Println(store.State())
@@ -54,7 +54,7 @@ func ExampleStore_failClosed() {
 	if err != nil {
 		panic(err)
 	}
-	d, _ := lim.Allow(context.Background(), "alice")
+	d, _ := lim.Allow(context.Background(), "alice", 1)
 	fmt.Println(d.Allowed, d.Reason, d.Reason.IsShed(), d.RetryAfter)
 	// Output:
 	// false fail_closed true 1s

@@ -57,7 +57,7 @@ func newFailoverRun(t *testing.T, store ratelimit.Store, n int) *failoverRun {
 // decide makes one decision for entity i and records it.
 func (r *failoverRun) decide(i int) {
 	t0 := time.Now()
-	d, err := r.lim.Allow(context.Background(), r.entities[i])
+	d, err := r.lim.Allow(context.Background(), r.entities[i], 1)
 	took := time.Since(t0)
 	if err != nil {
 		r.errs.Add(1)

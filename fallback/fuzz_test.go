@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -91,7 +92,7 @@ type fuzzRun struct {
 	t     *testing.T
 	st    *fallback.Store
 	inner *faultyStore
-	clk   *fakeClock
+	clk   *testclock.Clock
 	share float64
 	ctx   context.Context
 
@@ -361,7 +362,7 @@ func (r *fuzzRun) localBound(p ratelimit.Policy) int64 {
 		P := q.Period.Microseconds()
 		return q.Limit * (r.hw/P - r.tmin/P + 1)
 	}
-	return q.Capacity() + span/q.EmissionInterval()
+	return q.Capacity() + span/rateHooks.EmissionInterval(q)
 }
 
 var validTransitions = map[string]bool{

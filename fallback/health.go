@@ -28,20 +28,15 @@ import (
 // and as many consecutive successes close it for all. No user request is
 // ever a probe, so none waits on a Redis the health has found hung. (A
 // Health with no probe — NewHealth(nil, …) without HealthSettings.Probe, or
-// the breaker of its own of a Store or Limiter given no Health that cannot
+// the breaker of its own of a Store given no Health that cannot
 // reach a client — lets up to Probes user calls through after OpenTimeout
 // instead.)
-//
-// While the health is not closed, a Limiter queues the releases (its inner
-// limiter's done) of requests it admitted before, up to
-// HealthSettings.MaxQueued per Health, and runs them once it closes; see
-// docs/fallback.md.
 //
 // Create one per client with NewHealth(client, …): it attaches itself to
 // the client (a go-redis hook), so every command sent through that client
 // is gated and counted, including those of blocks that know nothing about
 // it (shedder.Fleet's reports, globalceiling's sync, concurrency releases).
-// Pass it to every fallback Store and Limiter on that client in
+// Pass it to every fallback Store on that client in
 // Settings.Health so that their calls are counted once and their decisions
 // follow it. On a Cluster client each node has a breaker of its own (see
 // NewHealth).
@@ -93,8 +88,6 @@ type Health struct {
 	direct    bool
 	abandoned atomic.Int64 // detached calls still running past their caller's deadline
 
-	after afterQueue // post-admission calls queued while not closed
-
 	// share is the local share of the blocks on the client: the fleet
 	// shedder on it records the servers it saw, HealthSettings.Share
 	// overrides (see HealthSettings.Share).
@@ -142,12 +135,6 @@ type HealthSettings struct {
 	// ProbeTimeout bounds one probe (default 100ms).
 	ProbeTimeout time.Duration
 
-	// MaxQueued bounds the post-admission calls (a Limiter's releases)
-	// queued while the health is not closed, to run once it closes
-	// (default 4096; negative: none is queued, each is left to its TTL).
-	// A release that finds the queue full is left to its TTL.
-	MaxQueued int
-
 	// Share is the fraction of every fleet-wide limit this server enforces
 	// on its own while Redis cannot answer, for every block on the client
 	// (the rate limits of a Store, a concurrency limiter, the global
@@ -162,10 +149,7 @@ type HealthSettings struct {
 	Share float64
 }
 
-const (
-	defaultProbeTimeout = 100 * time.Millisecond
-	defaultMaxQueued    = 4096
-)
+const defaultProbeTimeout = 100 * time.Millisecond
 
 func (s HealthSettings) withDefaults() (HealthSettings, error) {
 	if s.Name == "" {
@@ -189,9 +173,6 @@ func (s HealthSettings) withDefaults() (HealthSettings, error) {
 	case s.ProbeTimeout == 0:
 		s.ProbeTimeout = defaultProbeTimeout
 	}
-	if s.MaxQueued == 0 {
-		s.MaxQueued = defaultMaxQueued
-	}
 	if math.IsNaN(s.Share) || s.Share < 0 || s.Share > 1 {
 		return s, fmt.Errorf("fallback: HealthSettings.Share %v must be in (0, 1]", s.Share)
 	}
@@ -210,17 +191,17 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // failure otherwise). A client gets one Health: a second call for the same
 // client returns an error; use HealthOf to find the first. A nil client
 // returns a Health attached to nothing, for stores that are not go-redis
-// clients: only the Stores and Limiters given it count their calls.
+// clients: only the Stores given it count their calls.
 //
 // NewHealth also makes the client honour context deadlines
 // (ContextTimeoutEnabled, on a *redis.Client, a failover client, a
 // *redis.ClusterClient and its nodes, a *redis.Ring and its shards), so
-// that every call's deadline — a Store's or Limiter's budget, a
+// that every call's deadline — a Store's budget, a
 // concurrency release's timeout — ends it whatever the client's dial, read
 // and write timeouts: a client built from bare redis.Options{Addr} needs
 // nothing else (TuneOptions only shortens the backstops). Call it before
 // the client carries traffic: it writes the client's options. A client of
-// another type (a wrapper) cannot be changed: the Stores and Limiters
+// another type (a wrapper) cannot be changed: the Stores
 // given this Health then run each call detached (on a goroutine of its
 // own, returning at the budget; see docs/fallback.md).
 //
@@ -228,7 +209,7 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // included) is a success — the server answered; a refused or reset
 // connection, a failed dial, or no reply while Redis had the command —
 // from the moment it was written, for at least half of the call's budget
-// (the longest budget of the Stores and Limiters given this Health, or the
+// (the longest budget of the Stores given this Health, or the
 // chain's when smaller; a caller's shorter deadline does not lower it) —
 // is a failure; a call whose caller canceled its context is
 // neither, and so is one that ran out of time in this process (waiting
@@ -266,7 +247,7 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	}
 	h := newHealth(s)
 	if _, dup := healths.LoadOrStore(client, h); dup {
-		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it (HealthOf) instead of creating a second", HealthOf(client).set.Name)
+		return nil, fmt.Errorf("fallback: NewHealth: the client already has a Health (%s); share it instead of creating a second", healthOf(client).set.Name)
 	}
 	h.attached = true
 	h.direct = direct
@@ -282,8 +263,8 @@ func NewHealth(client redis.UniversalClient, s HealthSettings) (*Health, error) 
 	return h, nil
 }
 
-// HealthOf returns the Health NewHealth attached to client, or nil.
-func HealthOf(client redis.UniversalClient) *Health {
+// healthOf returns the Health NewHealth attached to client, or nil.
+func healthOf(client redis.UniversalClient) *Health {
 	if client == nil {
 		return nil
 	}
@@ -295,7 +276,6 @@ func HealthOf(client redis.UniversalClient) *Health {
 
 func newHealth(s HealthSettings) *Health {
 	h := &Health{set: s, probe: s.Probe, share: share.Of(nil)}
-	h.after.max = s.MaxQueued
 	h.since.Store(time.Now().UnixNano())
 	k := s.Failures
 	st := gobreaker.Settings{
@@ -323,11 +303,8 @@ func newHealth(s HealthSettings) *Health {
 		}
 		h.closed.Store(to == gobreaker.StateClosed)
 		h.since.Store(now.UnixNano())
-		switch {
-		case to == gobreaker.StateOpen && h.probe != nil && h.probing.CompareAndSwap(false, true):
+		if to == gobreaker.StateOpen && h.probe != nil && h.probing.CompareAndSwap(false, true) {
 			go h.probeLoop()
-		case to == gobreaker.StateClosed:
-			h.after.drain(h)
 		}
 		if hookFn != nil {
 			hookFn(name, stateOf(from), stateOf(to))
@@ -337,9 +314,6 @@ func newHealth(s HealthSettings) *Health {
 	h.closed.Store(true)
 	return h
 }
-
-// Name returns HealthSettings.Name.
-func (h *Health) Name() string { return h.set.Name }
 
 // State returns the breaker's state.
 func (h *Health) State() State { return h.state() }
@@ -358,8 +332,6 @@ type HealthStats struct {
 	LastError           error     // the latest failure, nil before the first
 	Probes              int64     // probes the health sent (its own, off the request path)
 	ProbesOK            int64     // of which answered
-	Queued              int       // post-admission calls queued for when the health closes
-	QueueDropped        int64     // post-admission calls left to their TTL: the queue was full, or they failed after it closed
 	Abandoned           int64     // detached calls still running past their caller's deadline
 	// Shards, on a Cluster client, has one entry per node (Name is
 	// "name@address"): each node has a breaker of its own, and the
@@ -384,7 +356,6 @@ func (h *Health) Stats() HealthStats {
 		ProbesOK:            h.probeOK.Load(),
 		Abandoned:           h.abandoned.Load(),
 	}
-	st.Queued, st.QueueDropped = h.after.stats()
 	if b := h.lastErr.Load(); b != nil {
 		st.LastError = b.err
 	}
@@ -611,7 +582,7 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 	return err
 }
 
-// call runs f as one call of a wrapper (a Store or Limiter given this
+// call runs f as one call of a wrapper (a Store given this
 // Health), within own from now or the end of the request's budget
 // (spillway.BudgetDeadline), whichever is sooner: on the caller's
 // goroutine when direct (the client honours the deadline), else detached
@@ -779,7 +750,7 @@ func (k hook) DialHook(next redis.DialHook) redis.DialHook {
 
 // allowanceOf is what Redis's silence toward a call starting at start is
 // judged against: the time until ctx's deadline, or the longest budget of
-// the Stores and Limiters on h when longer (a caller giving up sooner does
+// the Stores on h when longer (a caller giving up sooner does
 // not prove Redis slow); 0 without a deadline.
 func (h *Health) allowanceOf(ctx context.Context, start time.Time) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
@@ -788,7 +759,7 @@ func (h *Health) allowanceOf(ctx context.Context, start time.Time) time.Duration
 	return 0
 }
 
-// noteBudget records a Store's or Limiter's budget (see allowanceOf).
+// noteBudget records a Store's budget (see allowanceOf).
 func (h *Health) noteBudget(b time.Duration) {
 	for {
 		old := h.budget.Load()

@@ -3,7 +3,6 @@ package fallback_test
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,21 +12,15 @@ import (
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-// fakeClock is a settable clock shared by the Redis store (its Clock), the
-// local share and the fallback, so decisions are exact.
-type fakeClock struct{ us atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.us.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro())
-	return c
+// newFakeClock returns a settable clock shared by the Redis store (its
+// Clock), the local share and the fallback, so decisions are exact.
+func newFakeClock() *testclock.Clock {
+	return testclock.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
-
-func (c *fakeClock) Now() time.Time          { return time.UnixMicro(c.us.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.us.Add(d.Microseconds()) }
 
 // bed is one redis-server behind a fault proxy, and a tuned client through
 // the proxy.
@@ -35,7 +28,7 @@ type bed struct {
 	srv    *redistest.Server
 	proxy  *faultproxy.Proxy
 	client *redis.Client
-	clock  *fakeClock
+	clock  *testclock.Clock
 }
 
 func newBed(t *testing.T) *bed {

@@ -11,29 +11,36 @@ import (
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-var _ ratelimit.Reserver = (*Store)(nil)
+// reserver is a store that can hold estimates (ratelimit.MemoryStore,
+// ratelimit.RedisStore, a Store).
+type reserver interface {
+	ratelimit.Store
+	Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error)
+}
 
-// rateHooks are ratelimit's checks shared with this package only.
-var rateHooks = ratecore.Get[ratelimit.Item, *ratelimit.Hold]()
+var _ reserver = (*Store)(nil)
+
+// rateHooks are ratelimit's functions shared with its siblings only.
+var rateHooks = ratecore.Get[ratelimit.Item, *ratelimit.Hold, ratelimit.Policy, ratelimit.SettleResult]()
 
 // CanReserve reports whether Reserve can hold: nil when the inner and the
-// local store are both ratelimit.Reservers, else an error wrapping
+// local store both have a Reserve method, else an error wrapping
 // ratelimit.ErrHoldUnsupported. tiers.New asks it, so that a config with
 // "cost: response" rules over a Store that cannot hold is refused when it
 // is built, not at every request.
 func (s *Store) CanReserve() error {
-	if _, ok := s.inner.(ratelimit.Reserver); !ok {
-		return fmt.Errorf("fallback: %w: inner store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.inner)
+	if _, ok := s.inner.(reserver); !ok {
+		return fmt.Errorf("fallback: %w: inner store %T has no Reserve method", ratelimit.ErrHoldUnsupported, s.inner)
 	}
-	if _, ok := s.local.(ratelimit.Reserver); !ok {
-		return fmt.Errorf("fallback: %w: local store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.local)
+	if _, ok := s.local.(reserver); !ok {
+		return fmt.Errorf("fallback: %w: local store %T has no Reserve method", ratelimit.ErrHoldUnsupported, s.local)
 	}
 	return nil
 }
 
-// Reserve implements ratelimit.Reserver (reserve, then settle the actual
+// Reserve holds estimates (reserve, then settle the actual
 // cost), with what Decide adds: the inner store holds, under the time
-// budget and the breaker, when it is a ratelimit.Reserver and answers;
+// budget and the breaker, when it is a reserver and answers;
 // when it cannot, the local share holds instead — the decisions marked
 // Degraded, a fail-closed item denying the reservation (nothing held) —
 // exactly as Decide decides locally.
@@ -45,16 +52,16 @@ func (s *Store) CanReserve() error {
 // TTL (the work is then not charged there). Reconcile carries back the
 // estimates of the holds made locally, as admitted, not their settled
 // costs. Bad input (what ratelimit's stores reject before touching state) is an error and never
-// counts against the breaker; an inner store that is not a Reserver makes
+// counts against the breaker; an inner store without a Reserve method makes
 // every Reserve fail with ratelimit.ErrHoldUnsupported.
 func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
-	inner, ok := s.inner.(ratelimit.Reserver)
+	inner, ok := s.inner.(reserver)
 	if !ok {
-		return nil, fmt.Errorf("fallback: %w: inner store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.inner)
+		return nil, fmt.Errorf("fallback: %w: inner store %T has no Reserve method", ratelimit.ErrHoldUnsupported, s.inner)
 	}
-	local, ok := s.local.(ratelimit.Reserver)
+	local, ok := s.local.(reserver)
 	if !ok {
-		return nil, fmt.Errorf("fallback: %w: local store %T is not a ratelimit.Reserver", ratelimit.ErrHoldUnsupported, s.local)
+		return nil, fmt.Errorf("fallback: %w: local store %T has no Reserve method", ratelimit.ErrHoldUnsupported, s.local)
 	}
 	if err := rateHooks.ValidateReserve(items, ttl); err != nil {
 		return nil, fmt.Errorf("fallback: %w", err)
@@ -91,7 +98,7 @@ func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Du
 // reserveDetached is inner.Reserve run detached (Health.detach), on a
 // copy of items. A hold made after its caller gave up is given back (settled
 // at 0) by the goroutine that made it.
-func (s *Store) reserveDetached(ctx context.Context, deadline time.Time, inner ratelimit.Reserver, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
+func (s *Store) reserveDetached(ctx context.Context, deadline time.Time, inner reserver, items []ratelimit.Item, ttl time.Duration) (*ratelimit.Hold, error) {
 	its := slices.Clone(items)
 	var h *ratelimit.Hold
 	err := s.br.detach(ctx, deadline, func(ctx context.Context) error {
@@ -99,7 +106,7 @@ func (s *Store) reserveDetached(ctx context.Context, deadline time.Time, inner r
 		h, err = inner.Reserve(ctx, its, ttl)
 		return err
 	}, func(err error) {
-		if err == nil && h.Allowed() {
+		if err == nil && rateHooks.Allowed(h) {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.set.Budget)
 			defer cancel()
 			_, _ = h.Settle(ctx, 0)
@@ -113,7 +120,7 @@ func (s *Store) reserveDetached(ctx context.Context, deadline time.Time, inner r
 
 // reserveLocal holds items on the local share, or denies them when one is
 // fail-closed, as decideLocal decides.
-func (s *Store) reserveLocal(ctx context.Context, local ratelimit.Reserver, items []ratelimit.Item, ttl time.Duration, cause error) (*ratelimit.Hold, error) {
+func (s *Store) reserveLocal(ctx context.Context, local reserver, items []ratelimit.Item, ttl time.Duration, cause error) (*ratelimit.Hold, error) {
 	s.stats.degraded.Add(1)
 	scaled := make([]ratelimit.Item, len(items))
 	closed := false
@@ -153,15 +160,15 @@ func (s *Store) reserveLocal(ctx context.Context, local ratelimit.Reserver, item
 		if err != nil {
 			return nil, fmt.Errorf("fallback: local store: %w", err)
 		}
-		if h.Allowed() && s.ledger != nil {
+		if rateHooks.Allowed(h) && s.ledger != nil {
 			now := s.now()
 			for i := range items {
 				s.ledger.record(itemKey{items[i].Scope, items[i].Key, items[i].Policy}, items[i].Cost, now)
 			}
 		}
 	}
-	ev := DegradedEvent{Name: s.set.Name, Scope: items[0].Scope, Allowed: h.Allowed(), Cause: cause}
-	out := h.Decisions()
+	ev := DegradedEvent{Name: s.set.Name, Scope: items[0].Scope, Allowed: rateHooks.Allowed(h), Cause: cause}
+	out := rateHooks.Decisions(h)
 	for i := range out {
 		d := &out[i]
 		d.Degraded = true

@@ -28,7 +28,7 @@ func TestReserveHoldsOnTheLocalShareWhileRedisIsDown(t *testing.T) {
 
 	// Redis up: Redis holds.
 	h, err := st.Reserve(ctx, item("alice", 10), time.Minute)
-	if err != nil || !h.Allowed() || h.Decision().Degraded || h.Decision().Remaining != 90 {
+	if err != nil || !rateHooks.Allowed(h) || h.Decision().Degraded || h.Decision().Remaining != 90 {
 		t.Fatalf("reserve with Redis up: %v %+v", err, h)
 	}
 	if r, err := h.Settle(ctx, 4); err != nil || r != ratelimit.SettleApplied {
@@ -38,14 +38,14 @@ func TestReserveHoldsOnTheLocalShareWhileRedisIsDown(t *testing.T) {
 		t.Fatalf("Redis after the settle: %+v, want 96 left", d)
 	}
 	onRedis, err := st.Reserve(ctx, item("carol", 7), time.Minute)
-	if err != nil || !onRedis.Allowed() || onRedis.Decision().Degraded {
+	if err != nil || !rateHooks.Allowed(onRedis) || onRedis.Decision().Degraded {
 		t.Fatalf("reserve on Redis: %v %+v", err, onRedis)
 	}
 
 	// Redis down: the local share (20 of 100) holds and settles.
 	b.setMode(t, faultproxy.Refuse)
 	h, err = st.Reserve(ctx, item("bob", 15), time.Minute)
-	if err != nil || !h.Allowed() || !h.Decision().Degraded || h.Decision().Remaining != 5 {
+	if err != nil || !rateHooks.Allowed(h) || !h.Decision().Degraded || h.Decision().Remaining != 5 {
 		t.Fatalf("reserve with Redis down: %v %+v", err, h.Decision())
 	}
 	if r, err := h.Settle(ctx, 3); err != nil || r != ratelimit.SettleApplied {
@@ -56,16 +56,16 @@ func TestReserveHoldsOnTheLocalShareWhileRedisIsDown(t *testing.T) {
 	}
 	// more than the share but not than the limit: not "never"
 	h, err = st.Reserve(ctx, item("dave", 30), time.Minute)
-	if d := h.Decision(); err != nil || h.Allowed() || d.Reason != spillway.ReasonRateLimited || d.RetryAfter != 2*time.Second || !d.Degraded {
+	if d := h.Decision(); err != nil || rateHooks.Allowed(h) || d.Reason != spillway.ReasonRateLimited || d.RetryAfter != 2*time.Second || !d.Degraded {
 		t.Fatalf("estimate above the share: %v %+v", err, d)
 	}
 	// a fail-closed item denies the reservation; nothing is held
 	closed := append(item("erin", 1), ratelimit.Item{Scope: "login", Key: "erin", Policy: hourly, Cost: 1, Fail: spillway.FailClosed})
 	h, err = st.Reserve(ctx, closed, time.Minute)
-	if err != nil || h.Allowed() || h.Decisions()[1].Reason != spillway.ReasonFailClosed || !h.Decisions()[0].Allowed || h.Decisions()[0].Remaining != 20 {
-		t.Fatalf("fail-closed reservation: %v %+v", err, h.Decisions())
+	if err != nil || rateHooks.Allowed(h) || rateHooks.Decisions(h)[1].Reason != spillway.ReasonFailClosed || !rateHooks.Decisions(h)[0].Allowed || rateHooks.Decisions(h)[0].Remaining != 20 {
+		t.Fatalf("fail-closed reservation: %v %+v", err, rateHooks.Decisions(h))
 	}
-	if _, err := h.Settle(ctx, 1); !errors.Is(err, ratelimit.ErrNotHeld) {
+	if _, err := h.Settle(ctx, 1); !errors.Is(err, rateHooks.ErrNotHeld) {
 		t.Fatalf("settle of a denied reservation: %v", err)
 	}
 	// the hold Redis made cannot settle while Redis is down…

@@ -32,7 +32,7 @@ func TestScaleIsExactIntegerArithmetic(t *testing.T) {
 	}
 }
 
-func TestScalePolicy(t *testing.T) {
+func TestScaleToShare(t *testing.T) {
 	for _, c := range []struct {
 		in, want ratelimit.Policy
 	}{
@@ -41,17 +41,17 @@ func TestScalePolicy(t *testing.T) {
 		{ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 10, Period: time.Minute, Burst: 10}, ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Minute, Burst: 2}},
 		{ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 2, Period: time.Second, Burst: 3}, ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 1, Period: time.Second, Burst: 1}},
 	} {
-		got := ScalePolicy(c.in, 0.2)
+		got := scaleToShare(c.in, 0.2)
 		if got != c.want {
-			t.Errorf("ScalePolicy(%v) = %v; want %v", c.in, got, c.want)
+			t.Errorf("scaleToShare(%v) = %v; want %v", c.in, got, c.want)
 		}
 		if err := got.Validate(); err != nil {
-			t.Errorf("ScalePolicy(%v) invalid: %v", c.in, err)
+			t.Errorf("scaleToShare(%v) invalid: %v", c.in, err)
 		}
 	}
 	p := ratelimit.Policy{Limit: 7, Period: time.Second}
-	if got := ScalePolicy(p, 0); got != p {
-		t.Errorf("ScalePolicy(share 0) = %v; want p unchanged", got)
+	if got := scaleToShare(p, 0); got != p {
+		t.Errorf("scaleToShare(share 0) = %v; want p unchanged", got)
 	}
 }
 
@@ -80,9 +80,6 @@ func TestSettingsValidation(t *testing.T) {
 	}
 	if _, err := NewStore(nil, Settings{}); err == nil || err.Error() != "fallback: inner store is nil" {
 		t.Fatalf("NewStore(nil) = %v; want fallback: inner store is nil", err)
-	}
-	if _, err := NewLimiter(nil, nil, Settings{}); err == nil || err.Error() != "fallback: inner limiter is nil" {
-		t.Fatalf("NewLimiter(nil) = %v; want fallback: inner limiter is nil", err)
 	}
 	if _, err := NewStore(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{Budget: -1}); err == nil || !strings.Contains(err.Error(), "budget") {
 		t.Fatalf("NewStore with a negative budget = %v; want an error naming the budget", err)

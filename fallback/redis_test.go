@@ -336,7 +336,7 @@ func TestCallerCancelIsNotAFailure(t *testing.T) {
 func TestSentinelFailoverUnderTraffic(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	opt := s.FailoverOptions()
-	fallback.TuneFailoverOptions(opt)
+	fallback.TuneOptions(opt)
 	client := redis.NewFailoverClient(opt)
 	t.Cleanup(func() { client.Close() })
 	st, err := fallback.NewStore(mustRedisStore(client), fallback.Settings{OpenTimeout: 200 * time.Millisecond})
@@ -368,7 +368,7 @@ func TestSentinelFailoverUnderTraffic(t *testing.T) {
 				return
 			default:
 			}
-			d, err := lim.Allow(context.Background(), "tenant")
+			d, err := lim.Allow(context.Background(), "tenant", 1)
 			if err != nil || !d.Allowed {
 				errs.Add(1)
 			}

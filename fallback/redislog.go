@@ -6,22 +6,20 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// RedisLogger passes go-redis's own log lines ("redis: connection pool:
+// redisLogger passes go-redis's own log lines ("redis: connection pool:
 // failed to dial after 5 attempts: …", one per failed dial and more) to a
 // *slog.Logger the program controls, at most one line per message pattern
 // per interval: during an outage go-redis would otherwise print a line
 // for every dial it tries. A line that follows suppressed ones carries
 // their number in the attribute "suppressed".
 //
-// go-redis has one logger per process; install it with
-//
-//	redis.SetLogger(fallback.NewRedisLogger(slog.Default(), 0))
-//
-// (spillway never calls redis.SetLogger itself). It is safe for
-// concurrent use.
-type RedisLogger struct {
+// go-redis has one logger per process; SetRedisLogger installs one. It is
+// safe for concurrent use.
+type redisLogger struct {
 	log   *slog.Logger
 	every time.Duration
 	mu    sync.Mutex
@@ -33,29 +31,38 @@ type logPattern struct {
 	suppressed int64
 }
 
-// DefaultRedisLogInterval is the interval of NewRedisLogger(l, 0): one
+// DefaultRedisLogInterval is the interval of SetRedisLogger(l, 0): one
 // line per message pattern every 10 s.
 const DefaultRedisLogInterval = 10 * time.Second
 
 // maxLogPatterns bounds the patterns remembered; go-redis has a few dozen.
 const maxLogPatterns = 256
 
-// NewRedisLogger returns a go-redis logger that writes to l (nil:
-// slog.Default()) at Warn level, at most one line per message pattern
-// (go-redis's format string) per every (0: DefaultRedisLogInterval; a
-// negative every passes every line).
-func NewRedisLogger(l *slog.Logger, every time.Duration) *RedisLogger {
+// SetRedisLogger makes go-redis's own log lines ("redis: connection pool:
+// failed to dial after 5 attempts: …", one per failed dial and more) go
+// to l (nil: slog.Default()) at Warn level, at most one line per message
+// pattern (go-redis's format string) per every (0:
+// DefaultRedisLogInterval; a negative every passes every line): during an
+// outage go-redis would otherwise print a line for every dial it tries. A
+// line that follows suppressed ones carries their number in the attribute
+// "suppressed". go-redis has one logger per process (redis.SetLogger);
+// call it once, before building clients. spillway never sets it by itself.
+func SetRedisLogger(l *slog.Logger, every time.Duration) {
+	redis.SetLogger(newRedisLogger(l, every))
+}
+
+func newRedisLogger(l *slog.Logger, every time.Duration) *redisLogger {
 	if l == nil {
 		l = slog.Default()
 	}
 	if every == 0 {
 		every = DefaultRedisLogInterval
 	}
-	return &RedisLogger{log: l, every: every, seen: make(map[string]*logPattern)}
+	return &redisLogger{log: l, every: every, seen: make(map[string]*logPattern)}
 }
 
 // Printf implements go-redis's logger interface (redis.SetLogger).
-func (r *RedisLogger) Printf(ctx context.Context, format string, v ...any) {
+func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	var suppressed int64
 	if r.every > 0 {
 		now := time.Now()

@@ -45,7 +45,7 @@ var ErrOpen = errors.New("fallback: circuit breaker open")
 // DegradedEvent describes one decision made without the shared store.
 type DegradedEvent struct {
 	Name    string          // Settings.Name
-	Scope   string          // the scope of the decision (the denied item's, else the first); the request's Endpoint for a Limiter
+	Scope   string          // the scope of the decision (the denied item's, else the first)
 	Allowed bool            // the outcome
 	Reason  spillway.Reason // why it was denied
 	Cause   error           // ErrOpen, or the store's error (a budget overrun wraps context.DeadlineExceeded)
@@ -60,7 +60,7 @@ type ReconcileEvent struct {
 	Err     error  // the failure that stopped the pass, if any
 }
 
-// Settings configures a Store or a Limiter. The zero value means the
+// Settings configures a Store. The zero value means the
 // documented defaults; negative durations and sizes are errors unless said
 // otherwise.
 type Settings struct {
@@ -82,7 +82,7 @@ type Settings struct {
 	// client, so that K failures seen by any of them stop all of them.
 	// With Health set, Failures, OpenTimeout, Probes and OnStateChange
 	// belong to its HealthSettings and must be left zero here. Nil gives
-	// this Store or Limiter a breaker of its own, built from those fields.
+	// this Store a breaker of its own, built from those fields.
 	Health *Health
 
 	// Failures is K: the breaker opens after K consecutive failures
@@ -113,21 +113,19 @@ type Settings struct {
 	// spillway.FailClosed the request is denied with
 	// spillway.ReasonFailClosed (a 503). A Store fails an item closed when
 	// the item's own mode (ratelimit.Item.Fail, set per rule by tiers or
-	// per limiter by ratelimit.Settings.FailMode) or this one says so; a
-	// Limiter, which sees no items, uses this one.
+	// per limiter by ratelimit.Settings.FailMode) or this one says so.
 	Fail spillway.FailMode
 
 	// DenyCacheSize bounds the local cache of denials (default 65536
-	// entries; negative disables it). Store only.
+	// entries; negative disables it).
 	DenyCacheSize int
 
 	// LedgerSize bounds the keys whose local consumption is remembered
-	// for reconcile (default 65536; negative disables reconcile). Store
-	// only.
+	// for reconcile (default 65536; negative disables reconcile).
 	LedgerSize int
 
 	// Local is the store that decides the local share (default a
-	// ratelimit.MemoryStore with Clock and 65536 keys). Store only.
+	// ratelimit.MemoryStore with Clock and 65536 keys).
 	Local ratelimit.Store
 
 	// Clock is the time source of the deny cache, the reconcile ledger and
@@ -255,11 +253,11 @@ func scale(n int64, ppm uint64) int64 {
 	return max(int64(q), 1)
 }
 
-// ScalePolicy returns p with its quota scaled to share (in (0, 1]): Limit
+// scaleToShare returns p with its quota scaled to share (in (0, 1]): Limit
 // and Burst (when set) rounded down, at least 1; Period and Algorithm
-// unchanged. It is the policy the local share enforces; use it to build a
-// local limiter for NewLimiter. A share outside (0, 1] is treated as 1.
-func ScalePolicy(p ratelimit.Policy, share float64) ratelimit.Policy {
+// unchanged. It is the policy the local share enforces. A share outside
+// (0, 1] is treated as 1.
+func scaleToShare(p ratelimit.Policy, share float64) ratelimit.Policy {
 	if math.IsNaN(share) || share <= 0 || share > 1 {
 		share = 1
 	}
@@ -284,7 +282,7 @@ func scalePolicy(p ratelimit.Policy, ppm uint64) ratelimit.Policy {
 	if q.Validate() != nil && p.Validate() == nil {
 		switch q.Algorithm {
 		case ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.LeakyBucket:
-			q.Burst = max(ratelimit.MaxSpanMicros/q.EmissionInterval(), 1)
+			q.Burst = max(ratelimit.MaxSpanMicros/rateHooks.EmissionInterval(q), 1)
 		}
 	}
 	return q

@@ -16,7 +16,7 @@ import (
 // primary's failure opens the breaker of that node only, so the slots it
 // serves are decided locally while every other slot is still decided by
 // Redis. Each node's client gets a shardHook (go-redis's OnNewNode), which
-// gates and counts that node's commands — the Stores' and Limiters' too —
+// gates and counts that node's commands — the Stores' too —
 // and dials its connections (wireConn). The Health of the client (parent)
 // then never opens by itself: its State sums up the nodes'.
 //
@@ -47,7 +47,6 @@ func (sh *shards) add(n *redis.Client) {
 	name := p.set.Name + "@" + addr
 	hs := p.set
 	hs.Name = name
-	hs.MaxQueued = -1
 	hs.Probe = func(ctx context.Context) error { return n.Ping(ctx).Err() }
 	hook := hs.OnStateChange
 	var child *Health
@@ -189,7 +188,7 @@ func (k shardHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // report counts the outcome on the node's breaker and, when it is a
-// failure, tells the call of a Store or Limiter that sent it.
+// failure, tells the call of a Store that sent it.
 func (k shardHook) report(ctx context.Context, done func(error), err error, start time.Time) {
 	failed := k.h.report(ctx, done, err, start, k.h.parent.allowanceOf(ctx, start)) && err != nil && !healthy(err) &&
 		!errors.Is(err, ErrOpen) && !errors.Is(ctx.Err(), context.Canceled)

@@ -85,7 +85,7 @@ func (b *shareBed) counts(t *testing.T) (rate, conc, ceil int) {
 	t.Helper()
 	ctx := context.Background()
 	for ; rate <= 100; rate++ {
-		d, err := b.rate.Allow(ctx, "192.0.2.7")
+		d, err := b.rate.Allow(ctx, "192.0.2.7", 1)
 		if err != nil || !d.Degraded {
 			t.Fatalf("rate %d: %+v %v; want a Degraded decision", rate, d, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -85,8 +86,8 @@ type storeStats struct {
 	calls, degraded, overloaded, cacheHits, reconciled atomic.Int64
 }
 
-// Stats counts what a Store did since it was created.
-type Stats struct {
+// counts is what a Store did since it was created.
+type counts struct {
 	Calls      int64 // Decide calls the inner store answered
 	Degraded   int64 // Decide calls answered locally (breaker open, call failed, or time spent in this process)
 	Overloaded int64 // of Degraded, those whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis
@@ -98,21 +99,19 @@ type Stats struct {
 // NewStore wraps inner. It returns an error naming the field when s is
 // invalid or inner is nil.
 //
-// When inner names the go-redis client it sends through (a RedisStore's
-// Client), NewStore makes that client honour context deadlines (as
-// NewHealth does) and, given no Health, probes it with a PING; calls to
-// an inner store that names none (other than a MemoryStore, which never
-// waits) run detached, so that the budget holds whatever the store does
-// (see MaxAbandoned). A store that takes a gate (SetGate(func() bool):
-// the Redis store's settles sent off the request path) is handed the
-// health's state: nothing is sent while it is not closed.
+// When inner is a RedisStore, NewStore makes its go-redis client honour
+// context deadlines (as NewHealth does) and, given no Health, probes it
+// with a PING; calls to another inner store (other than a MemoryStore,
+// which never waits) run detached, so that the budget holds whatever the store does
+// (see MaxAbandoned). A RedisStore's settles sent off the request path
+// are gated by the health: nothing is sent while it is not closed.
 func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 	if inner == nil {
 		return nil, errors.New("fallback: inner store is nil")
 	}
 	client := clientOf(inner)
 	if s.Health == nil && client != nil && s.Failures == 0 && s.OpenTimeout == 0 && s.Probes == 0 && s.OnStateChange == nil {
-		s.Health = HealthOf(client) // the client's shared health, when it has one
+		s.Health = healthOf(client) // the client's shared health, when it has one
 	}
 	s, err := s.withDefaults()
 	if err != nil {
@@ -133,12 +132,9 @@ func NewStore(inner ratelimit.Store, s Settings) (*Store, error) {
 		st.direct = true // never waits
 	}
 	st.bounded, _ = inner.(boundedStore)
-	if g, ok := inner.(interface{ SetGate(gate func() bool) }); ok {
-		// The store's calls after admission (settles sent in the
-		// background) go out only while the health is closed.
-		br := st.br
-		g.SetGate(br.closed.Load)
-	}
+	// The store's calls after admission (a RedisStore's settles sent in
+	// the background) go out only while the health is closed.
+	rateHooks.SetGate(inner, st.br.closed.Load)
 	st.local = s.Local
 	if st.local == nil {
 		st.local = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: s.Clock, MaxKeys: 1 << 16})
@@ -161,15 +157,8 @@ func (s *Store) sharePPM() uint64 {
 	return sharePPM(s.share.Share())
 }
 
-// State returns the breaker's state (its Health's, when shared).
-func (s *Store) State() State { return s.br.state() }
-
-// Health returns the breaker the Store uses: Settings.Health, or its own.
-func (s *Store) Health() *Health { return s.br }
-
-// Stats returns the counters.
-func (s *Store) Stats() Stats {
-	st := Stats{
+func (s *Store) counts() counts {
+	st := counts{
 		Calls:      s.stats.calls.Load(),
 		Degraded:   s.stats.degraded.Load(),
 		Overloaded: s.stats.overloaded.Load(),
@@ -182,14 +171,9 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// clientOf returns the go-redis client of a store that says which it
-// sends its commands through (ratelimit.RedisStore), or nil.
-func clientOf(inner ratelimit.Store) redis.UniversalClient {
-	if c, ok := inner.(interface{ Client() redis.UniversalClient }); ok {
-		return c.Client()
-	}
-	return nil
-}
+// clientOf returns the go-redis client a store sends its commands
+// through (a ratelimit.RedisStore's), or nil.
+func clientOf(inner ratelimit.Store) redis.UniversalClient { return rateHooks.Client(inner) }
 
 func (s *Store) now() int64 { return s.set.Clock().UnixMicro() }
 
@@ -519,29 +503,13 @@ func (s *Store) Reset(ctx context.Context, scope, key string, p ratelimit.Policy
 }
 
 // Flush sends now what the inner store queued to send in the background
-// (the settles of holds, on a Redis store), when it is a flusher (has
-// Flush(ctx) error); otherwise it does nothing. tiers.Limiter.Flush calls
-// it at shutdown. It is not gated by the health: ctx bounds it.
-func (s *Store) Flush(ctx context.Context) error {
-	if f, ok := s.inner.(interface{ Flush(context.Context) error }); ok {
-		return f.Flush(ctx)
-	}
-	return nil
-}
+// (the settles of holds, on a RedisStore); otherwise it does nothing.
+// tiers.Limiter.Flush calls it at shutdown. It is not gated by the
+// health: ctx bounds it.
+func (s *Store) Flush(ctx context.Context) error { return rateHooks.Flush(ctx, s.inner) }
 
 // reconcileBatch is the number of keys peeked in one call.
 const reconcileBatch = 64
-
-// Reconcile carries the recorded local consumption back to the inner
-// store now (see Store); the Store also runs it by itself after an outage.
-// It returns the error that stopped it; what it could not carry stays
-// recorded for the next pass.
-func (s *Store) Reconcile(ctx context.Context) error {
-	if s.ledger == nil {
-		return nil
-	}
-	return s.reconcile(ctx)
-}
 
 func (s *Store) reconcile(ctx context.Context) error {
 	charges := s.ledger.take(s.now())
@@ -630,4 +598,18 @@ func (s *Store) carry(ctx context.Context, batch []charge, ev *ReconcileEvent) (
 		ev.Keys++
 	}
 	return n, nil
+}
+
+func init() {
+	fallbackview.HealthOf = func(client redis.UniversalClient) any {
+		if h := healthOf(client); h != nil {
+			return h
+		}
+		return nil
+	}
+	fallbackview.StoreHealth = func(store any) any { return store.(*Store).br }
+	fallbackview.StoreDegraded = func(store any) (int64, int64) {
+		c := store.(*Store).counts()
+		return c.Degraded, c.Overloaded
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/tierstest"
+	"github.com/spillway-go/spillway/internal/tiersview"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
 )
@@ -109,14 +110,14 @@ limits:
 		return r
 	}
 	tokens := ratelimit.Policy{Limit: 600, Period: time.Minute}
-	ms, err := lim.Matches(ctx, gen(0))
+	ms, err := tiersview.Items(ctx, lim, gen(0))
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("matches %v %v", ms, err)
 	}
-	scope := ms[0].Item.Scope
+	scope := ms[0].Scope
 	redisLeft := func() int64 {
 		t.Helper()
-		return decide(t, b.directStore(t), scope, ms[0].Item.Key, tokens, 0).Remaining
+		return decide(t, b.directStore(t), scope, ms[0].Key, tokens, 0).Remaining
 	}
 
 	r := gen(0)
@@ -187,8 +188,8 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 	if err := st.CanReserve(); !errors.Is(err, ratelimit.ErrHoldUnsupported) {
 		t.Fatalf("CanReserve = %v", err)
 	}
-	_, err = tiers.New(cfg, st)
-	want := `tiers: limits.yaml:2: rule "tokens": cost: response needs a store that holds estimates (a ratelimit.Reserver); fallback: ratelimit: holds are not supported: inner store fallback_test.plainInner is not a ratelimit.Reserver`
+	_, err = tiers.New(cfg, st, tiers.Settings{})
+	want := `tiers: limits.yaml:2: rule "tokens": cost: response needs a store that holds estimates (one with a Reserve method); fallback: ratelimit: holds are not supported: inner store fallback_test.plainInner has no Reserve method`
 	if err == nil || err.Error() != want || !errors.Is(err, ratelimit.ErrHoldUnsupported) {
 		t.Fatalf("tiers.New = %v\nwant %s", err, want)
 	}
@@ -199,7 +200,7 @@ func TestTiersResponseCostOverStoreThatCannotHold(t *testing.T) {
 	if err := ok.CanReserve(); err != nil {
 		t.Fatalf("CanReserve over a memory store = %v", err)
 	}
-	if _, err := tiers.New(cfg, ok); err != nil {
+	if _, err := tiers.New(cfg, ok, tiers.Settings{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -115,7 +115,7 @@ func (e *dialFailure) Error() string { return e.err.Error() }
 func (e *dialFailure) Unwrap() error { return e.err }
 
 // wireHook is the dial part of a Health's hook alone: for a client whose
-// calls a Store or Limiter with a breaker of its own makes, so that the
+// calls a Store with a breaker of its own makes, so that the
 // breaker can tell a slow Redis from a late caller.
 type wireHook struct{ h *Health }
 

@@ -45,7 +45,7 @@ func (h *holdLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.
 		return spillway.Decision{}, nil, err
 	}
 	d := hold.Decision()
-	if !hold.Allowed() {
+	if !hold.Decision().Allowed {
 		return d, spillway.Noop, nil
 	}
 	avail := d.Remaining + est

@@ -72,7 +72,7 @@ func (h holdPerKey) Admit(ctx context.Context, r *spillway.Request) (spillway.De
 	if err != nil {
 		return spillway.Decision{}, nil, err
 	}
-	if !hold.Allowed() {
+	if !hold.Decision().Allowed {
 		return hold.Decision(), spillway.Noop, nil
 	}
 	u := r.Usage
@@ -126,13 +126,13 @@ func BenchmarkMiddlewareReserveSettle(b *testing.B) {
 		op   func(b *testing.B, i int)
 	}{
 		{"store/plain", func(b *testing.B, i int) {
-			if d, err := rl.AllowN(ctx, keys[i%len(keys)], 10); err != nil || !d.Allowed {
+			if d, err := rl.Allow(ctx, keys[i%len(keys)], 10); err != nil || !d.Allowed {
 				b.Fatal(d, err)
 			}
 		}},
 		{"store/reserve+settle", func(b *testing.B, i int) {
 			h, err := rl.Reserve(ctx, keys[i%len(keys)], 10)
-			if err != nil || !h.Allowed() {
+			if err != nil || !h.Decision().Allowed {
 				b.Fatal(h, err)
 			}
 			if res, err := h.Settle(ctx, 17); err != nil || res != ratelimit.SettleApplied {

@@ -12,7 +12,7 @@ package ratelimit
 //     epoch; a negative now (before the epoch) is treated as 0.
 //   - P = Period in µs, L = Limit, B = EffectiveBurst, n = cost (n ≥ 0; the
 //     callers reject negative costs before calling).
-//   - T = EmissionInterval() = ceil(P / L), τ = B·T ("tau", the bucket
+//   - T = emissionInterval() = ceil(P / L), τ = B·T ("tau", the bucket
 //     capacity expressed in time). Validate keeps B·T and P ≤ 2^52 and L·P ≤ 2^53, so the
 //     products stay exact in Lua's doubles; the functions still saturate
 //     instead of wrapping if a stored state belongs to another policy.
@@ -48,11 +48,11 @@ type limits struct {
 }
 
 func (p Policy) limits() limits {
-	T := p.EmissionInterval()
-	B := p.EffectiveBurst()
+	T := p.emissionInterval()
+	B := p.effectiveBurst()
 	l := limits{L: p.Limit, P: p.Period.Microseconds(), B: B, T: T, tau: satMul(B, T), capacity: p.Capacity()}
 	if p.Algorithm == SlidingWindowBuckets {
-		l.N = p.EffectiveBuckets()
+		l.N = p.effectiveBuckets()
 		l.W = max(l.P/l.N, 1)
 		l.interp = p.Mode == Interpolated
 	}

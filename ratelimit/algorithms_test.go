@@ -88,9 +88,9 @@ func maxReset(p Policy) int64 {
 	case SlidingWindowCounter:
 		return 2 * P
 	case SlidingWindowBuckets:
-		return P + P/p.EffectiveBuckets()
+		return P + P/p.effectiveBuckets()
 	}
-	return p.EffectiveBurst() * p.EmissionInterval()
+	return p.effectiveBurst() * p.emissionInterval()
 }
 
 type admitted struct{ t, n int64 }
@@ -104,7 +104,7 @@ func checkAlgorithm(t *testing.T, p Policy, seed uint64, steps int) {
 	}
 	r := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	P := p.Period.Microseconds()
-	T := p.EmissionInterval()
+	T := p.emissionInterval()
 	capacity := p.Capacity()
 	s := &sim{p: p}
 	now := int64(1_700_000_000_000_000) + r.Int64N(P)
@@ -219,7 +219,7 @@ func checkAlgorithm(t *testing.T, p Policy, seed uint64, steps int) {
 				fail("log %v: longer than the limit or unsorted", s.log)
 			}
 		default:
-			if s.tat-now > p.EffectiveBurst()*T {
+			if s.tat-now > p.effectiveBurst()*T {
 				fail("TAT %d is more than τ ahead of %d", s.tat, now)
 			}
 		}
@@ -295,7 +295,7 @@ func checkAdmitted(t *testing.T, p Policy, hist []admitted) {
 			}
 		}
 	default:
-		B, T := p.EffectiveBurst(), p.EmissionInterval()
+		B, T := p.effectiveBurst(), p.emissionInterval()
 		for i := range hist {
 			var sum int64
 			for j := i; j < len(hist); j++ {
@@ -325,7 +325,7 @@ func randomTestPolicy(algo uint8, limit uint8, periodUS uint32, burst uint8) Pol
 		if burst&0x80 != 0 {
 			p.Mode = Conservative
 		}
-		N = p.EffectiveBuckets()
+		N = p.effectiveBuckets()
 		p.Period = time.Duration(max((P+N-1)/N*N, N)) * time.Microsecond
 	}
 	return p

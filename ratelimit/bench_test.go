@@ -39,7 +39,7 @@ func BenchmarkOneKey(b *testing.B) {
 			b.ReportAllocs()
 			m := startCPU(b, rusageThread)
 			for i := 0; i < b.N; i++ {
-				if _, err := l.AllowN(ctx, "key", 1); err != nil {
+				if _, err := l.Allow(ctx, "key", 1); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -85,7 +85,7 @@ func BenchmarkOneKeyFixedClock(b *testing.B) {
 		b.ReportAllocs()
 		m := startCPU(b, rusageThread)
 		for i := 0; i < b.N; i++ {
-			l.AllowN(ctx, "key", 0)
+			l.Allow(ctx, "key", 0)
 		}
 		m.stop(b)
 	})
@@ -168,7 +168,7 @@ func Benchmark10kKeys(b *testing.B) {
 			i := seq.Add(7919) * 104729
 			for pb.Next() {
 				i++
-				if _, err := l.Allow(ctx, keys[i%benchKeys]); err != nil {
+				if _, err := l.Allow(ctx, keys[i%benchKeys], 1); err != nil {
 					b.Error(err)
 					return
 				}
@@ -230,12 +230,12 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 					b.Fatal(err)
 				}
 				for _, k := range keys {
-					l.Allow(ctx, k)
+					l.Allow(ctx, k, 1)
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				if st.Len() != n {
-					b.Fatalf("Len = %d", st.Len())
+				if st.keyCount() != n {
+					b.Fatalf("Len = %d", st.keyCount())
 				}
 				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/key")
 				runtime.KeepAlive(st)

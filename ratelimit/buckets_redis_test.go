@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // TestSlidingWindowBucketsState pins the exact state both stores keep for
@@ -18,7 +19,7 @@ import (
 func TestSlidingWindowBucketsState(t *testing.T) {
 	_, c := redisServer(t)
 	ctx := context.Background()
-	clk := newFakeClock(rt0) // rt0 is a whole second: sub-windows start on it
+	clk := testclock.New(rt0) // rt0 is a whole second: sub-windows start on it
 	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	mem := NewMemoryStore(MemorySettings{Clock: clk.Now})
 	p := Policy{Algorithm: SlidingWindowBuckets, Limit: 4, Period: time.Second, Buckets: 4, Mode: Conservative} // W = 250ms
@@ -115,7 +116,7 @@ func TestSlidingWindowBucketsBatches(t *testing.T) {
 			if !decide(Item{Scope: "c", Key: "a", Policy: cons, Cost: 2}, Item{Scope: "i", Key: "a", Policy: interp, Cost: 1}) {
 				t.Fatal("first batch denied")
 			}
-			clock.Set(ms(100))
+			clock.Set(confT0.Add(ms(100)))
 			// denied by its last item: nothing charged, new keys included
 			if decide(Item{Scope: "c", Key: "a", Policy: cons, Cost: 1}, Item{Scope: "i", Key: "a", Policy: interp, Cost: 2},
 				Item{Scope: "c", Key: "new", Policy: cons, Cost: 1}, Item{Scope: "i", Key: "a", Policy: interp, Cost: 4}) {
@@ -165,7 +166,7 @@ func TestSlidingWindowBucketsCluster(t *testing.T) {
 	}
 	t.Run("refund", func(t *testing.T) {
 		c := cl.Client(t)
-		clk := newFakeClock(rt0)
+		clk := testclock.New(rt0)
 		s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: "swb-refund:"})
 		m := NewMemoryStore(MemorySettings{Clock: clk.Now})
 		p := Policy{Algorithm: SlidingWindowBuckets, Limit: 5, Period: time.Minute, Buckets: 6, Mode: Conservative}
@@ -218,7 +219,7 @@ func TestSlidingWindowBucketsWidths(t *testing.T) {
 	srv, c := redisServer(t)
 	c.AddHook(&freezeHook{raw: srv.Client(t)}) // the periods are µs: keep the keys
 	ctx := context.Background()
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	// (Validate's L ≤ P and L·P ≤ 2^53 keep L below 2^27: 7 bytes are
 	// never used)

@@ -189,7 +189,7 @@ func TestSlidingWindowBucketsConservativeNeverOverAdmits(t *testing.T) {
 			for _, a := range q {
 				inWindow += a.n
 			}
-			d, err := lim.AllowN(ctx, keys[s], n)
+			d, err := lim.Allow(ctx, keys[s], n)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,11 +16,11 @@ package ratelimit
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // storeFactory makes a fresh, empty store whose clock is now.
@@ -40,26 +40,8 @@ var storeFactories = []storeFactory{
 // so the windows of every test policy start at confT0.
 var confT0 = time.Unix(1_700_000_000, 0)
 
-// confClock is a settable clock, safe for concurrent use.
-type confClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newConfClock() *confClock { return &confClock{t: confT0} }
-
-func (c *confClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Set sets the clock to confT0 + d.
-func (c *confClock) Set(d time.Duration) {
-	c.mu.Lock()
-	c.t = confT0.Add(d)
-	c.mu.Unlock()
-}
+// newConfClock returns a settable clock at confT0.
+func newConfClock() *testclock.Clock { return testclock.New(confT0) }
 
 type stepOp uint8
 
@@ -237,9 +219,9 @@ var deciders = []struct {
 		if err != nil {
 			return spillway.Decision{}, err
 		}
-		d, err := l.AllowN(ctx, key, n)
-		if err == nil && d.Window != p.Window() {
-			return d, fmt.Errorf("Window %v, want the policy's %v", d.Window, p.Window())
+		d, err := l.Allow(ctx, key, n)
+		if err == nil && d.Window != p.window() {
+			return d, fmt.Errorf("Window %v, want the policy's %v", d.Window, p.window())
 		}
 		d.Window = 0 // the tables hold what every store decides; Window is the Limiter's
 		return d, err
@@ -262,13 +244,13 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func runSteps(t *testing.T, st Store, clock *confClock, p Policy,
+func runSteps(t *testing.T, st Store, clock *testclock.Clock, p Policy,
 	decide func(context.Context, Store, string, string, Policy, int64) (spillway.Decision, error), steps []step) {
 	t.Helper()
 	ctx := context.Background()
 	const scope, key = "conf", "k"
 	for i, s := range steps {
-		clock.Set(s.at)
+		clock.Set(confT0.Add(s.at))
 		if s.op == opReset {
 			if err := st.Reset(ctx, scope, key, p); err != nil {
 				t.Fatalf("step %d: Reset: %v", i, err)

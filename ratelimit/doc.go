@@ -11,7 +11,7 @@
 //	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
 //	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 100, Period: time.Second}, ratelimit.Settings{})
 //	if err != nil { return err }                // the policy is invalid
-//	d, err := lim.Allow(ctx, clientIP)
+//	d, err := lim.Allow(ctx, clientIP, 1)
 //	if err == nil && !d.Allowed {
 //		// answer 429 with Retry-After: d.RetryAfter
 //	}
@@ -39,7 +39,19 @@
 // that waits RetryAfter is never early. A denial has Reason
 // spillway.ReasonRateLimited, or spillway.ReasonCostExceedsLimit with
 // RetryAfter 0 when the cost exceeds Capacity and can never succeed.
-// Decision.Limiter is the limiter's scope.
+// Decision.Limiter is the limiter's scope. Schedule and Wait smooth the
+// bucket family: a request is admitted as Allow would admit it, and the
+// delay says when its turn comes.
+//
+// # Errors and outages
+//
+// A denial is a decision, never an error. Allow returns an error only for
+// a negative cost (wrapping ErrInvalidCost) or when the store failed; New
+// only for a nil store or an invalid policy (wrapping ErrInvalidPolicy,
+// naming the field). A RedisStore alone returns Redis's errors; behind
+// fallback.NewStore the decisions are made locally at this server's share
+// of the limit while Redis cannot answer (marked Degraded), or denied when
+// Settings.FailMode is spillway.FailClosed.
 //
 // # Batches
 //
@@ -53,8 +65,8 @@
 // A cost known only after the work (tokens generated, bytes streamed)
 // holds an estimate and settles the actual cost:
 //
-//	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like AllowN(2000)
-//	if err == nil && h.Allowed() {
+//	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like Allow(2000)
+//	if err == nil && h.allowed {
 //		n := generate()
 //		res, err := h.Settle(ctx, n) // a refund, or an extra charge into debt
 //	}
@@ -64,8 +76,7 @@
 // requests wait. A hold not settled within its TTL (Settings.HoldTTL) is released
 // by the store on the next touch of its key; a settle is applied at most
 // once per hold, also when retried after a timeout (SettleAlreadySettled).
-// Reserver.Reserve holds a batch all or nothing; Hold.SettleEach settles it
-// with one actual cost per item. See docs/ratelimit.md.
+// A store's Reserve holds a batch all or nothing. See docs/ratelimit.md.
 //
 // # Concurrency
 //

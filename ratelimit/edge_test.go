@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // TestStoresAgreeAtTheEdge reproduces an edge-of-range bug. The
@@ -37,7 +38,7 @@ func TestStoresAgreeAtTheEdge(t *testing.T) {
 				continue
 			}
 		}
-		clk := newFakeClock(rt0)
+		clk := testclock.New(rt0)
 		mem := NewMemoryStore(MemorySettings{Clock: clk.Now})
 		red := mustRedisStore(rdb, RedisSettings{Clock: clk.Now, Prefix: "edge:"})
 		fw := Policy{Algorithm: FixedWindow, Limit: 5, Period: time.Second}

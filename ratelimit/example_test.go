@@ -19,7 +19,7 @@ func Example() {
 		panic(err)
 	}
 	for i := 0; i < 4; i++ {
-		d, err := lim.Allow(context.Background(), "203.0.113.7")
+		d, err := lim.Allow(context.Background(), "203.0.113.7", 1)
 		if err != nil {
 			panic(err)
 		}
@@ -32,20 +32,20 @@ func Example() {
 	// allowed=false remaining=0 retry_after=334ms
 }
 
-func ExampleLimiter_AllowN() {
+func ExampleLimiter_Allow() {
 	now := start
 	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }})
 	lim, _ := ratelimit.New(store, ratelimit.Policy{Algorithm: ratelimit.GCRA, Limit: 10, Period: time.Second, Burst: 5}, ratelimit.Settings{})
 	ctx := context.Background()
 
-	d, _ := lim.AllowN(ctx, "user-42", 4) // cost 4 of a burst of 5
+	d, _ := lim.Allow(ctx, "user-42", 4) // cost 4 of a burst of 5
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	d, _ = lim.AllowN(ctx, "user-42", 0) // cost 0 peeks
+	d, _ = lim.Allow(ctx, "user-42", 0) // cost 0 peeks
 	fmt.Println(d.Allowed, d.Remaining)
-	d, _ = lim.AllowN(ctx, "user-42", 6) // above the burst: can never succeed
+	d, _ = lim.Allow(ctx, "user-42", 6) // above the burst: can never succeed
 	fmt.Println(d.Allowed, d.Reason, d.RetryAfter)
 	now = now.Add(250 * time.Millisecond) // 2.5 tokens come back
-	d, _ = lim.AllowN(ctx, "user-42", 3)
+	d, _ = lim.Allow(ctx, "user-42", 3)
 	fmt.Println(d.Allowed, d.Remaining)
 	// Output:
 	// true 1 400ms
@@ -59,8 +59,8 @@ func ExampleLimiter_Schedule() {
 	// leaving one every 100ms, instead of being admitted at once.
 	lim, _ := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return start }}), ratelimit.Policy{Algorithm: ratelimit.LeakyBucket, Limit: 10, Period: time.Second, Burst: 3}, ratelimit.Settings{})
 	for i := 0; i < 4; i++ {
-		r, _ := lim.Schedule(context.Background(), "worker")
-		fmt.Printf("allowed=%v delay=%v retry_after=%v\n", r.Allowed, r.Delay, r.RetryAfter)
+		d, delay, _ := lim.Schedule(context.Background(), "worker", 1)
+		fmt.Printf("allowed=%v delay=%v retry_after=%v\n", d.Allowed, delay, d.RetryAfter)
 	}
 	// Output:
 	// allowed=true delay=0s retry_after=0s
@@ -121,17 +121,17 @@ func ExampleLimiter_Reserve() {
 	ctx := context.Background()
 
 	h, _ := lim.Reserve(ctx, "key-42", 500) // the request may generate up to 500 tokens
-	fmt.Println(h.Allowed(), h.Decision().Remaining)
+	fmt.Println(h.Decision().Allowed, h.Decision().Remaining)
 	r, _ := h.Settle(ctx, 120) // it generated 120: 380 come back
 	fmt.Println(r, h.Decision().Remaining)
-	d, _ := lim.AllowN(ctx, "key-42", 0)
+	d, _ := lim.Allow(ctx, "key-42", 0)
 	fmt.Println(d.Remaining)
 
 	// Generating more than estimated puts the key into debt (up to one
 	// burst): the next requests wait until it is repaid.
 	h, _ = lim.Reserve(ctx, "key-42", 100)
 	r, _ = h.Settle(ctx, 1500)
-	d, _ = lim.AllowN(ctx, "key-42", 1)
+	d, _ = lim.Allow(ctx, "key-42", 1)
 	fmt.Println(r, d.Allowed, d.RetryAfter)
 
 	// Settling twice changes nothing.

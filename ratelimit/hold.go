@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/ratecore"
 )
@@ -33,7 +35,7 @@ import (
 //     legitimately puts TAT up to 2τ ahead of now), its wait is in [0, 2τ],
 //     and Remaining is max(0, τ − wait)/T. An unmarked key decides exactly
 //     as before holds existed.
-//   - Reserve(e) decides like AllowN(e) (all or nothing over the batch) and,
+//   - Reserve(e) decides like Allow(e) (all or nothing over the batch) and,
 //     when allowed, records the hold (id, e, expiry now + ttl) on the key,
 //     even for e = 0.
 //   - Every touch of a marked key (a decision, a reserve, a settle) first
@@ -68,16 +70,16 @@ const maxHoldSpan = 1 << 51
 
 // ErrHoldUnsupported is returned by Reserve for a policy whose algorithm
 // cannot hold (the windows; see the package doc) and for a store that
-// does not implement Reserver.
+// has no Reserve method.
 var ErrHoldUnsupported = errors.New("ratelimit: holds are not supported")
 
-// ErrNotHeld is returned by Settle on a hold whose reservation was denied:
+// errNotHeld is returned by Settle on a hold whose reservation was denied:
 // nothing was held, so there is nothing to settle.
-var ErrNotHeld = errors.New("ratelimit: nothing held: the reservation was denied")
+var errNotHeld = errors.New("ratelimit: nothing held: the reservation was denied")
 
-// Reserver is a Store that can hold estimates. *MemoryStore and
-// *RedisStore implement it, with the same semantics.
-type Reserver interface {
+// reserver is a Store that can hold estimates. *MemoryStore and
+// *RedisStore are, with the same semantics.
+type reserver interface {
 	Store
 	// Reserve decides items all or nothing, as Decide does, each with its
 	// Cost as the estimate; when the batch is allowed, each item's
@@ -102,11 +104,11 @@ type holdSettler interface {
 	settleAsync(h *Hold, actual []int64, then func([]SettleResult, error))
 }
 
-// ErrNotSent is wrapped by the error a settle handed to a store's
-// background path (Hold.SettleAsync) reports when the store did not send
+// errNotSent is wrapped by the error a settle handed to a store's
+// background path (Hold.settleAsync) reports when the store did not send
 // it: the queue was full, the store was closed, or Redis could not be
 // reached before the hold's TTL. The hold is then left to its TTL.
-var ErrNotSent = errors.New("ratelimit: settle not sent; the hold is left to its TTL")
+var errNotSent = errors.New("ratelimit: settle not sent; the hold is left to its TTL")
 
 // SettleResult says what a Settle did.
 type SettleResult uint8
@@ -156,11 +158,9 @@ type Hold struct {
 	results []SettleResult
 }
 
-// Allowed reports whether the reservation was admitted (and so holds).
-func (h *Hold) Allowed() bool { return h.allowed }
-
-// Decision returns the decision of the first item (the only one of a
-// Limiter's hold): what AllowN of the estimate would have said.
+// Decision returns the decision of the reservation (of its first item, on
+// a store's batch): what Allow of the estimate would have said. When it
+// is not Allowed nothing is held.
 func (h *Hold) Decision() spillway.Decision {
 	if len(h.dec) == 0 {
 		return spillway.Decision{Allowed: h.allowed}
@@ -168,44 +168,32 @@ func (h *Hold) Decision() spillway.Decision {
 	return h.dec[0]
 }
 
-// Decisions returns one decision per item, in the order of the items. The
-// slice belongs to the Hold; a store that wraps another may adjust its
-// decisions before handing the Hold on (marking them Degraded, say).
-func (h *Hold) Decisions() []spillway.Decision { return h.dec }
-
-// ID returns the hold's id, unique per store, under which the store
-// records it (empty when denied).
-func (h *Hold) ID() string { return h.id }
-
-// TTL returns how long the hold lives unsettled.
-func (h *Hold) TTL() time.Duration { return h.ttl }
-
-// Estimates appends each item's estimate to dst and returns it.
-func (h *Hold) Estimates(dst []int64) []int64 {
+// estimates appends each item's estimate to dst and returns it.
+func (h *Hold) estimates(dst []int64) []int64 {
 	for i := range h.items {
 		dst = append(dst, h.items[i].Cost)
 	}
 	return dst
 }
 
-// Settle replaces the hold of every item by actual (see SettleEach).
+// Settle replaces the hold of every item by actual (see settleEach).
 func (h *Hold) Settle(ctx context.Context, actual int64) (SettleResult, error) {
 	if !h.allowed {
-		return 0, ErrNotHeld
+		return 0, errNotHeld
 	}
 	var buf [batchStack]int64
 	a := buf[:0]
 	for range h.items {
 		a = append(a, actual)
 	}
-	res, err := h.SettleEach(ctx, a)
+	res, err := h.settleEach(ctx, a)
 	if err != nil {
 		return 0, err
 	}
 	return worst(res), nil
 }
 
-// SettleEach replaces the hold of item i by actual[i] (len(actual) must be
+// settleEach replaces the hold of item i by actual[i] (len(actual) must be
 // the number of items) in one round trip per Cluster slot group: a refund
 // when actual[i] is below the estimate, an extra charge when above, which
 // may put the key into debt (up to one Burst: see the package doc) so that
@@ -218,9 +206,9 @@ func (h *Hold) Settle(ctx context.Context, actual int64) (SettleResult, error) {
 // an error wrapping ErrInvalidCost and changes nothing; an actual above
 // estimate + 2·Burst charges as much as estimate + 2·Burst (the debt is
 // bounded anyway).
-func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, error) {
+func (h *Hold) settleEach(ctx context.Context, actual []int64) ([]SettleResult, error) {
 	if !h.allowed {
-		return nil, ErrNotHeld
+		return nil, errNotHeld
 	}
 	if len(actual) != len(h.items) {
 		return nil, fmt.Errorf("ratelimit: settle: %d actual costs for %d items", len(actual), len(h.items))
@@ -248,24 +236,24 @@ func (h *Hold) SettleEach(ctx context.Context, actual []int64) ([]SettleResult, 
 	return res, nil
 }
 
-// SettleAsync is SettleEach handed to the store's background path: it
+// settleAsync is settleEach handed to the store's background path: it
 // returns at once, and then, when given, is called once with what
-// SettleEach would have returned (on the store's own goroutine: keep it
+// settleEach would have returned (on the store's own goroutine: keep it
 // quick). The memory store settles at once, before returning, and calls
 // then before returning too. A RedisStore queues the settle and sends it
 // with the next of its calls or after at most two milliseconds, many settles
 // in one script call per Cluster slot; see docs/ratelimit.md for the
 // bound of its queue, Close, and what happens while Redis cannot be
 // reached (the settle is left to the hold's TTL and then gets an error
-// wrapping ErrNotSent). The error returned is only that of bad input
-// (ErrNotHeld, a length that is not the number of items, a negative
-// cost), which calls nothing. A Hold settles once: a SettleAsync after a
-// settle, or a settle after SettleAsync, changes nothing and reports
+// wrapping errNotSent). The error returned is only that of bad input
+// (errNotHeld, a length that is not the number of items, a negative
+// cost), which calls nothing. A Hold settles once: a settleAsync after a
+// settle, or a settle after settleAsync, changes nothing and reports
 // SettleAlreadySettled for every item whose first settle is still on its
 // way or was applied.
-func (h *Hold) SettleAsync(actual []int64, then func([]SettleResult, error)) error {
+func (h *Hold) settleAsync(actual []int64, then func([]SettleResult, error)) error {
 	if !h.allowed {
-		return ErrNotHeld
+		return errNotHeld
 	}
 	if len(actual) != len(h.items) {
 		return fmt.Errorf("ratelimit: settle: %d actual costs for %d items", len(actual), len(h.items))
@@ -295,7 +283,7 @@ func (h *Hold) SettleAsync(actual []int64, then func([]SettleResult, error)) err
 		if err == nil {
 			h.results = res
 		} else {
-			h.settled = false // a synchronous retry may try again (safe: see SettleEach)
+			h.settled = false // a synchronous retry may try again (safe: see settleEach)
 		}
 		h.mu.Unlock()
 		then(res, err)
@@ -338,22 +326,23 @@ func worst(res []SettleResult) SettleResult {
 // whatever the state (the estimate is at most Burst ≤ 2^51, so the cap
 // is at most 3·2^51 < 2^53: exact in a script).
 func settleCost(it *Item, actual int64) int64 {
-	return min(actual, it.Cost+2*it.Policy.EffectiveBurst())
+	return min(actual, it.Cost+2*it.Policy.effectiveBurst())
 }
 
 // Reserve holds estimate units of key until the returned Hold is settled
 // with the actual cost (Hold.Settle) or its TTL passes (Settings.HoldTTL). The
-// reservation is decided like AllowN(ctx, key, estimate): the Hold's
-// Decision is what AllowN would say, and when it is not Allowed nothing is
+// reservation is decided like Allow(ctx, key, estimate): the Hold's
+// Decision is what Allow would say, and when it is not Allowed nothing is
 // held (estimate above Capacity is denied with
 // spillway.ReasonCostExceedsLimit). Estimate 0 holds nothing but lets
 // Settle charge the actual cost afterwards. A negative estimate is an
 // error wrapping ErrInvalidCost; the windows, and a store that is not a
-// Reserver, return an error wrapping ErrHoldUnsupported.
+// store without a Reserve method, return an error wrapping
+// ErrHoldUnsupported.
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hold, error) {
-	r, ok := l.store.(Reserver)
+	r, ok := l.store.(reserver)
 	if !ok {
-		return nil, fmt.Errorf("%w: store %T does not implement ratelimit.Reserver", ErrHoldUnsupported, l.store)
+		return nil, fmt.Errorf("%w: store %T has no Reserve method", ErrHoldUnsupported, l.store)
 	}
 	items := []Item{{Scope: l.scope, Key: key, Policy: l.policy, Cost: estimate, Fail: l.fail}}
 	h, err := r.Reserve(ctx, items, l.holdTTL)
@@ -367,10 +356,55 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hol
 }
 
 func init() {
-	ratecore.Register(ratecore.Hooks[Item, *Hold]{ValidateReserve: validateReserve, DeniedHold: deniedHold})
+	ratecore.Register(ratecore.Hooks[Item, *Hold, Policy, SettleResult]{
+		ValidateReserve: validateReserve,
+		DeniedHold:      deniedHold,
+		ErrNotHeld:      errNotHeld,
+		ErrNotSent:      errNotSent,
+		Allowed:         func(h *Hold) bool { return h.allowed },
+		Decisions:       func(h *Hold) []spillway.Decision { return h.dec },
+		SettleEach: func(ctx context.Context, h *Hold, actual []int64) ([]SettleResult, error) {
+			return h.settleEach(ctx, actual)
+		},
+		SettleAsync: func(h *Hold, actual []int64, then func([]SettleResult, error)) error {
+			return h.settleAsync(actual, then)
+		},
+		EffectiveBurst:   Policy.effectiveBurst,
+		EmissionInterval: Policy.emissionInterval,
+		EffectiveBuckets: Policy.effectiveBuckets,
+		Window:           Policy.window,
+		Client: func(store any) redis.UniversalClient {
+			if s, ok := store.(*RedisStore); ok {
+				return s.client
+			}
+			return nil
+		},
+		SetGate: func(store any, gate func() bool) bool {
+			s, ok := store.(*RedisStore)
+			if ok {
+				s.setGate(gate)
+			}
+			return ok
+		},
+		Flush: func(ctx context.Context, store any) error {
+			switch s := store.(type) {
+			case *RedisStore:
+				return s.flushSettles(ctx)
+			case interface{ Flush(context.Context) error }: // a wrapping store (fallback.Store)
+				return s.Flush(ctx)
+			}
+			return nil
+		},
+		Len: func(store any) int {
+			if s, ok := store.(*MemoryStore); ok {
+				return s.keyCount()
+			}
+			return -1
+		},
+	})
 }
 
-// validateReserve reports what is wrong with a Reserver.Reserve of items
+// validateReserve reports what is wrong with a Reserve of items
 // for ttl, as the stores do before touching any state: the errors of
 // Policy.Validate and of a negative cost, ErrHoldUnsupported for an
 // algorithm that cannot hold, ErrInvalidPolicy for Burst·T above 2^51 µs,
@@ -386,7 +420,7 @@ func validateReserve(items []Item, ttl time.Duration) error {
 // deniedHold returns a Hold that holds nothing, with these decisions (at
 // least one not allowed): what a store that wraps another returns when it
 // denies a reservation itself (a fail-closed rule while the backend is
-// down, say). Its Settle returns ErrNotHeld.
+// down, say). Its Settle returns errNotHeld.
 func deniedHold(decisions []spillway.Decision) *Hold {
 	return &Hold{dec: decisions}
 }
@@ -416,8 +450,8 @@ func validateHold(items []Item) error {
 		default:
 			return wrapf(fmt.Errorf("%w: %s keeps no holds (only token_bucket, gcra and leaky_bucket do)", ErrHoldUnsupported, it.Policy.Algorithm), "item %d", i)
 		}
-		if p := it.Policy; p.EffectiveBurst() > maxHoldSpan/p.EmissionInterval() {
-			return wrapf(fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval()), "item %d", i)
+		if p := it.Policy; p.effectiveBurst() > maxHoldSpan/p.emissionInterval() {
+			return wrapf(fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", ErrInvalidPolicy, p.effectiveBurst(), p.emissionInterval()), "item %d", i)
 		}
 	}
 	return nil

@@ -71,7 +71,7 @@ func BenchmarkRedisHold(b *testing.B) {
 		hold := func(k string) {
 			set(k)
 			h, err := s.Reserve(ctx, items, time.Minute)
-			if err != nil || !h.Allowed() {
+			if err != nil || !h.allowed {
 				b.Fatal(h, err)
 			}
 			if r, err := h.Settle(ctx, 2); err != nil || r != SettleApplied {

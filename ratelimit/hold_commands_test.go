@@ -65,7 +65,7 @@ func TestRedisHoldCommandCount(t *testing.T) {
 	reserve := func(key string) *Hold {
 		t.Helper()
 		h, err := s.Reserve(ctx, []Item{{Scope: "a", Key: key, Policy: p, Cost: 10}}, time.Minute)
-		if err != nil || !h.Allowed() {
+		if err != nil || !h.allowed {
 			t.Fatal(h, err)
 		}
 		return h

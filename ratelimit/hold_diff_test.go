@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // holdDebug logs every operation of holdDifferential.
@@ -51,7 +52,7 @@ func TestRedisStoreHoldDifferential(t *testing.T) {
 // touch), and bursts span up to 3s, so releases and refunds matter.
 func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps int) {
 	r := rand.New(rand.NewPCG(seed, 15))
-	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
+	clk := testclock.New(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("hdiff%d:", seed)
 	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
 	ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
@@ -105,11 +106,11 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 	for step := 0; step < steps; step++ {
 		switch x := r.IntN(20); {
 		case x < 10:
-			clk.Add(time.Duration(r.Int64N(int64(40 * time.Millisecond))))
+			clk.Advance(time.Duration(r.Int64N(int64(40 * time.Millisecond))))
 		case x < 11:
-			clk.Add(time.Duration(r.Int64N(int64(2 * time.Second))))
+			clk.Advance(time.Duration(r.Int64N(int64(2 * time.Second))))
 		case x < 12:
-			clk.Add(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
+			clk.Advance(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
 		}
 		at := clk.Now().Sub(rt0)
 		switch op := r.IntN(20); {
@@ -122,16 +123,16 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 				t.Fatalf("step %d: reserve %+v: redis %v, memory %v", step, items, errR, errM)
 			}
 			reserves++
-			if hR.Allowed() != hM.Allowed() {
-				t.Fatalf("step %d at %v: reserve %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, items, hR.Allowed(), hM.Allowed(), hR.Decisions(), hM.Decisions())
+			if hR.allowed != hM.allowed {
+				t.Fatalf("step %d at %v: reserve %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, items, hR.allowed, hM.allowed, hR.dec, hM.dec)
 			}
 			for i := range items {
-				if hR.Decisions()[i] != hM.Decisions()[i] {
-					t.Fatalf("step %d at %v: reserve item %d (%+v):\n redis  %+v\n memory %+v", step, at, i, items[i], hR.Decisions()[i], hM.Decisions()[i])
+				if hR.dec[i] != hM.dec[i] {
+					t.Fatalf("step %d at %v: reserve item %d (%+v):\n redis  %+v\n memory %+v", step, at, i, items[i], hR.dec[i], hM.dec[i])
 				}
 			}
-			logf("step %d at %v: reserve %+v ttl %v -> %v %+v (memory %v) id %s", step, at, items, ttl, hR.Allowed(), hR.Decisions(), hM.Allowed(), hR.ID())
-			if hR.Allowed() {
+			logf("step %d at %v: reserve %+v ttl %v -> %v %+v (memory %v) id %s", step, at, items, ttl, hR.allowed, hR.dec, hM.allowed, hR.id)
+			if hR.allowed {
 				allowed++
 				held = append(held, pair{hR, hM})
 			}
@@ -156,17 +157,17 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 			}
 			var resR []SettleResult
 			var errR error
-			resM, errM := p.m.SettleEach(ctx, actual)
+			resM, errM := p.m.settleEach(ctx, actual)
 			if r.IntN(3) == 0 {
 				// off the request path: on a single server the settle
 				// rides on the next reservation (run first), on a
 				// Cluster it is flushed before it
 				ch := make(chan settleResult, 1)
-				if err := p.r.SettleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
+				if err := p.r.settleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
 					t.Fatal(err)
 				}
 				if rs.sharded != oneServer {
-					if err := rs.Flush(ctx); err != nil {
+					if err := rs.flushSettles(ctx); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -177,21 +178,21 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 				if errRR != nil || errRM != nil {
 					t.Fatalf("step %d: reserve after an async settle %+v: redis %v, memory %v", step, items, errRR, errRM)
 				}
-				if hR.Allowed() != hM.Allowed() || fmt.Sprint(hR.Decisions()) != fmt.Sprint(hM.Decisions()) {
-					t.Fatalf("step %d at %v: reserve after an async settle %+v:\n redis  %v %+v\n memory %v %+v", step, at, items, hR.Allowed(), hR.Decisions(), hM.Allowed(), hM.Decisions())
+				if hR.allowed != hM.allowed || fmt.Sprint(hR.dec) != fmt.Sprint(hM.dec) {
+					t.Fatalf("step %d at %v: reserve after an async settle %+v:\n redis  %v %+v\n memory %v %+v", step, at, items, hR.allowed, hR.dec, hM.allowed, hM.dec)
 				}
-				if hR.Allowed() {
+				if hR.allowed {
 					held = append(held, pair{hR, hM})
 				}
 				sr := <-ch
 				resR, errR = sr.res, sr.err
 			} else {
-				resR, errR = p.r.SettleEach(ctx, actual)
+				resR, errR = p.r.settleEach(ctx, actual)
 			}
 			if errR != nil || errM != nil {
 				t.Fatalf("step %d: settle: redis %v, memory %v", step, errR, errM)
 			}
-			logf("step %d at %v: settle %s %+v with %v -> redis %v memory %v", step, at, p.r.ID(), p.r.items, actual, resR, resM)
+			logf("step %d at %v: settle %s %+v with %v -> redis %v memory %v", step, at, p.r.id, p.r.items, actual, resR, resM)
 			for i := range resR {
 				if resR[i] != resM[i] {
 					t.Fatalf("step %d at %v: settle item %d (%+v) with %d: redis %v, memory %v", step, at, i, p.r.items[i], actual[i], resR[i], resM[i])
@@ -241,23 +242,23 @@ func holdDifferential(t *testing.T, c redis.UniversalClient, seed uint64, steps 
 					t.Fatal(err)
 				}
 				reserves++
-				logf("step %d at %v: coalesced reserve %d %+v ttl %v -> %v %+v (memory %v) id %s", step, at, b, items, ttl, hR.Allowed(), hR.Decisions(), hM.Allowed(), hR.ID())
-				if hR.Allowed() != hM.Allowed() {
-					t.Fatalf("step %d at %v: coalesced reserve %d %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, b, items, hR.Allowed(), hM.Allowed(), hR.Decisions(), hM.Decisions())
+				logf("step %d at %v: coalesced reserve %d %+v ttl %v -> %v %+v (memory %v) id %s", step, at, b, items, ttl, hR.allowed, hR.dec, hM.allowed, hR.id)
+				if hR.allowed != hM.allowed {
+					t.Fatalf("step %d at %v: coalesced reserve %d %+v allowed: redis %v, memory %v\n redis  %+v\n memory %+v", step, at, b, items, hR.allowed, hM.allowed, hR.dec, hM.dec)
 				}
 				for i := range items {
-					if hR.Decisions()[i] != hM.Decisions()[i] {
-						t.Fatalf("step %d at %v: coalesced reserve %d item %d (%+v):\n redis  %+v\n memory %+v", step, at, b, i, items[i], hR.Decisions()[i], hM.Decisions()[i])
+					if hR.dec[i] != hM.dec[i] {
+						t.Fatalf("step %d at %v: coalesced reserve %d item %d (%+v):\n redis  %+v\n memory %+v", step, at, b, i, items[i], hR.dec[i], hM.dec[i])
 					}
 				}
-				if hR.Allowed() {
+				if hR.allowed {
 					allowed++
 					held = append(held, pair{hR, hM})
 				}
 			}
 		case op < 13 && len(held) > 0: // dropped: the process died
 			j := r.IntN(len(held))
-			logf("step %d: drop %s", step, held[j].r.ID())
+			logf("step %d: drop %s", step, held[j].r.id)
 			held = append(held[:j], held[j+1:]...)
 		case op < 14:
 			it := randomItems()[0]

@@ -55,7 +55,7 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 		}
 		for _, k := range keys {
 			h := mustReserve(t, l, k, 80)
-			if !h.Allowed() || h.Decision().Remaining != 20 {
+			if !h.allowed || h.Decision().Remaining != 20 {
 				t.Fatalf("%s: reserve 80 on %s: %+v", st.name, k, h.Decision())
 			}
 			r.expired[k] = h
@@ -65,7 +65,7 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.other = mustReserve(t, lt, "settle", 10)
-		if !r.other.Allowed() || r.other.Decision().Remaining != 10 {
+		if !r.other.allowed || r.other.Decision().Remaining != 10 {
 			t.Fatalf("%s: reserve 10 on settle: %+v", st.name, r.other.Decision())
 		}
 		runs[i] = r
@@ -80,12 +80,12 @@ func TestHoldExpiresUnsettled(t *testing.T) {
 				t.Errorf("%s: %s: allowed %v remaining %d, want %v %d (%+v)", st.name, what, d.Allowed, d.Remaining, allowed, remaining, d)
 			}
 		}
-		d, err := r.l.AllowN(ctx, "decision", 100)
+		d, err := r.l.Allow(ctx, "decision", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
 		see("AllowN(100) after the hold of 80 expired", d, true, 0)
-		d, err = r.l.AllowN(ctx, "peek", 0)
+		d, err = r.l.Allow(ctx, "peek", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/lua"
 )
 
@@ -80,14 +81,14 @@ func redisState(ctx context.Context, c redis.UniversalClient, prefix string, it 
 // TestRedisStoreHoldCluster.
 func TestHoldConcurrentInvariant(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
-		clk := newFakeClock(rt0)
+		clk := testclock.New(rt0)
 		s := NewMemoryStore(MemorySettings{Clock: clk.Now})
-		holdInvariant(t, []Reserver{s}, clk, func(it *Item) (keyState, error) { return memKeyState(s, it), nil })
+		holdInvariant(t, []reserver{s}, clk, func(it *Item) (keyState, error) { return memKeyState(s, it), nil })
 	})
 	t.Run("redis", func(t *testing.T) {
 		srv, c := redisServer(t)
-		clk := newFakeClock(rt0)
-		var stores []Reserver
+		clk := testclock.New(rt0)
+		var stores []reserver
 		for range 4 {
 			stores = append(stores, mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now}))
 		}
@@ -104,7 +105,7 @@ func holdInvariantItems() (Item, Item) {
 		Item{Scope: "user", Key: "u42", Policy: Policy{Limit: 600, Period: time.Hour}}
 }
 
-func holdInvariant(t *testing.T, stores []Reserver, clk *fakeClock, state func(*Item) (keyState, error)) {
+func holdInvariant(t *testing.T, stores []reserver, clk *testclock.Clock, state func(*Item) (keyState, error)) {
 	base := [2]Item{}
 	base[0], base[1] = holdInvariantItems()
 	now := clk.Now().UnixMicro()
@@ -180,7 +181,7 @@ func holdInvariant(t *testing.T, stores []Reserver, clk *fakeClock, state func(*
 					errs <- err
 					return
 				}
-				if !h.Allowed() {
+				if !h.allowed {
 					mu.Lock()
 					denied++
 					mu.Unlock()
@@ -192,7 +193,7 @@ func holdInvariant(t *testing.T, stores []Reserver, clk *fakeClock, state func(*
 				if r.IntN(8) == 0 {
 					actual[r.IntN(2)] = est + r.Int64N(est+1)
 				}
-				res, err := h.SettleEach(ctx, actual)
+				res, err := h.settleEach(ctx, actual)
 				if err != nil {
 					errs <- err
 					return
@@ -233,14 +234,14 @@ func holdInvariant(t *testing.T, stores []Reserver, clk *fakeClock, state func(*
 // passed: the next decision, made by another process, releases them.
 func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	p := Policy{Limit: 100, Period: time.Hour} // T = 36s: nothing refills in the test
 	ctx := context.Background()
 
 	dead := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	l := mustLimiter(t, mustRedisStore(dead, RedisSettings{Clock: clk.Now}), p, Settings{Scope: "gen", HoldTTL: 30 * time.Second})
 	for _, est := range []int64{40, 30} {
-		if h := mustReserve(t, l, "key", est); !h.Allowed() {
+		if h := mustReserve(t, l, "key", est); !h.allowed {
 			t.Fatalf("reserve %d: %+v", est, h.Decision())
 		}
 	}
@@ -255,11 +256,11 @@ func TestRedisStoreHoldDroppedByDeadProcess(t *testing.T) {
 
 	alive := mustLimiter(t, mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now}), p, Settings{Scope: "gen"})
 	wantDecision(t, "held by the dead", peek(t, alive, "key"), true, 10, 90*36*time.Second, 0)
-	clk.Add(30*time.Second - time.Microsecond)
+	clk.Advance(30*time.Second - time.Microsecond)
 	if d := peek(t, alive, "key"); d.Remaining != 10 {
 		t.Fatalf("just before the TTL: %+v", d)
 	}
-	clk.Add(time.Microsecond)
+	clk.Advance(time.Microsecond)
 	wantDecision(t, "after the TTL", peek(t, alive, "key"), true, 100, 0, 0)
 	if v, _ := srv.Client(t).Get(ctx, "spillway:gen;{key}").Result(); strings.Contains(v, "h") {
 		t.Fatalf("after the TTL the key = %q: the holds are still there", v)
@@ -285,7 +286,7 @@ func TestRedisStoreSettleRetriedAfterTimeout(t *testing.T) {
 	t.Cleanup(func() { px.Close() })
 	c := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	l := mustLimiter(t, mustRedisStore(c, RedisSettings{Clock: clk.Now}), Policy{Limit: 100, Period: time.Hour}, Settings{Scope: "retry"})
 	ctx := context.Background()
 	// loaded beforehand: a first EVALSHA answered NOSCRIPT after the
@@ -328,8 +329,8 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	ctx := context.Background()
 	t.Run("invariant", func(t *testing.T) {
-		clk := newFakeClock(rt0)
-		var stores []Reserver
+		clk := testclock.New(rt0)
+		var stores []reserver
 		for range 4 {
 			stores = append(stores, mustRedisStore(cl.Client(t), RedisSettings{Clock: clk.Now}))
 		}
@@ -357,7 +358,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 	})
 	t.Run("cancel", func(t *testing.T) {
 		c := cl.Client(t)
-		clk := newFakeClock(rt0)
+		clk := testclock.New(rt0)
 		s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: "cancel:"})
 		p := Policy{Limit: 10, Period: time.Hour}
 		room := Item{Scope: "ip", Key: "198.51.100.7", Policy: p, Cost: 3}
@@ -367,25 +368,25 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 		}
 		// room: one settled hold (so its key exists, unmarked) and one live
 		h, err := s.Reserve(ctx, []Item{room}, time.Hour)
-		if err != nil || !h.Allowed() {
+		if err != nil || !h.allowed {
 			t.Fatal(h, err)
 		}
 		if _, err := h.Settle(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
 		live, err := s.Reserve(ctx, []Item{room}, time.Hour)
-		if err != nil || !live.Allowed() {
+		if err != nil || !live.allowed {
 			t.Fatal(live, err)
 		}
-		if h, err := s.Reserve(ctx, []Item{full}, time.Hour); err != nil || !h.Allowed() {
+		if h, err := s.Reserve(ctx, []Item{full}, time.Hour); err != nil || !h.allowed {
 			t.Fatal(h, err)
 		}
 		k := redisKey("cancel:", &room)
 		before, _ := c.Get(ctx, k).Result()
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 		h, err = s.Reserve(ctx, []Item{room, full}, time.Hour)
-		if err != nil || h.Allowed() || !h.Decisions()[0].Allowed || h.Decisions()[1].Allowed {
-			t.Fatalf("cross-slot reserve with one group full: %v %+v", err, h.Decisions())
+		if err != nil || h.allowed || !h.dec[0].Allowed || h.dec[1].Allowed {
+			t.Fatalf("cross-slot reserve with one group full: %v %+v", err, h.dec)
 		}
 		after, _ := c.Get(ctx, k).Result()
 		// "<tat>h<first end>:<last end>,<hold>…": the last end may stay
@@ -395,7 +396,7 @@ func TestRedisStoreHoldCluster(t *testing.T) {
 		if head(after) != head(before) || holds(after) != holds(before) || holds(before) == "" {
 			t.Fatalf("after the cancel %s = %q, want %q (but the last end)", k, after, before)
 		}
-		if _, err := h.Settle(ctx, 1); !errors.Is(err, ErrNotHeld) {
+		if _, err := h.Settle(ctx, 1); !errors.Is(err, errNotHeld) {
 			t.Fatalf("settle of the denied hold: %v", err)
 		}
 	})

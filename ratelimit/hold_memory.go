@@ -132,7 +132,8 @@ func (sh *shard) applyHeld(o *outcome, e *entry, k *lookup, p *limits, n, now in
 	}
 }
 
-// Reserve implements Reserver. The batch is decided under the locks of
+// Reserve decides items all or nothing and holds their estimates (see
+// Limiter.Reserve). The batch is decided under the locks of
 // its shards as Decide does; the holds are recorded only when every item
 // had room. The context is not consulted.
 func (s *MemoryStore) Reserve(ctx context.Context, items []Item, ttl time.Duration) (*Hold, error) {

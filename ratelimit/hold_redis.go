@@ -25,9 +25,10 @@ import (
 // reservations queued while a call is in flight go out as one hold script
 // call per slot (each reservation one group, all or nothing) in the
 // pipeline of the decisions queued with them, and the settles of
-// Hold.SettleAsync join that pipeline too (redis_settle.go).
+// Hold.settleAsync join that pipeline too (redis_settle.go).
 
-// Reserve implements Reserver: one hold script per Cluster slot group
+// Reserve decides items all or nothing and holds their estimates (see
+// Limiter.Reserve): one hold script per Cluster slot group
 // (Ring shard), the groups in parallel; when one group denies or fails
 // after another held, the held groups are cancelled by the settle script,
 // which restores each TAT exactly when nothing else charged the key in
@@ -125,8 +126,8 @@ func holdArgs(now string, ws []*waiter) []any {
 		h := w.hold
 		for i := range h.items {
 			it := &h.items[i]
-			T := it.Policy.EmissionInterval()
-			args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[i])
+			T := it.Policy.emissionInterval()
+			args = append(args, T, it.Policy.effectiveBurst()*T, it.scriptCost(), h.members[i])
 		}
 	}
 	return args
@@ -264,8 +265,8 @@ func (s *RedisStore) runHold(ctx context.Context, h *Hold, ttlUS int64, g *group
 	}
 	for j := range g.items {
 		it := &g.items[j]
-		T := it.Policy.EmissionInterval()
-		args = append(args, T, it.Policy.EffectiveBurst()*T, it.scriptCost(), h.members[g.index(j)])
+		T := it.Policy.emissionInterval()
+		args = append(args, T, it.Policy.effectiveBurst()*T, it.scriptCost(), h.members[g.index(j)])
 	}
 	var res any
 	var err error
@@ -309,7 +310,7 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 		return nil
 	}
 	if !s.open() {
-		return fmt.Errorf("ratelimit: redis: settle: %w: %w", ErrNotSent, errGateClosed)
+		return fmt.Errorf("ratelimit: redis: settle: %w: %w", errNotSent, errGateClosed)
 	}
 	var groups []*group
 	var whole [1]*group
@@ -339,11 +340,11 @@ func (s *RedisStore) settle(ctx context.Context, h *Hold, actual []int64, res []
 // TAT, the TAT it wrote and its mark; actual is then ignored).
 func (h *Hold) settleArgs(args []any, i int, cancel bool, actual int64, old [3]int64) []any {
 	it := &h.items[i]
-	T := it.Policy.EmissionInterval()
+	T := it.Policy.emissionInterval()
 	if cancel {
-		return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, h.members[i], old[0], old[1], old[2])
+		return append(args, T, it.Policy.effectiveBurst()*T, it.Cost, h.members[i], old[0], old[1], old[2])
 	}
-	return append(args, T, it.Policy.EffectiveBurst()*T, it.Cost, settleCost(it, actual), h.members[i], h.exps[i])
+	return append(args, T, it.Policy.effectiveBurst()*T, it.Cost, settleCost(it, actual), h.members[i], h.exps[i])
 }
 
 // runSettle runs lua/ratelimit_settle.lua for g, writing each item's

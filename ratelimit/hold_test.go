@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // holdFactories lists the Reservers the hold suite runs against: a fresh,
@@ -19,13 +20,13 @@ var holdFactories = []storeFactory{
 	}},
 }
 
-func forEachReserver(t *testing.T, f func(t *testing.T, s Reserver, clock *confClock)) {
+func forEachReserver(t *testing.T, f func(t *testing.T, s reserver, clock *testclock.Clock)) {
 	for _, fac := range holdFactories {
 		t.Run(fac.name, func(t *testing.T) {
 			clock := newConfClock()
-			s, ok := fac.new(t, clock.Now).(Reserver)
+			s, ok := fac.new(t, clock.Now).(reserver)
 			if !ok {
-				t.Fatalf("%s store is not a Reserver", fac.name)
+				t.Fatalf("%s store is not a reserver", fac.name)
 			}
 			f(t, s, clock)
 		})
@@ -35,7 +36,7 @@ func forEachReserver(t *testing.T, f func(t *testing.T, s Reserver, clock *confC
 // peek returns the decision of a cost-0 AllowN on key.
 func peek(t *testing.T, l *Limiter, key string) spillway.Decision {
 	t.Helper()
-	d, err := l.AllowN(context.Background(), key, 0)
+	d, err := l.Allow(context.Background(), key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,21 +69,21 @@ func mustSettle(t *testing.T, h *Hold, actual int64, want SettleResult) {
 }
 
 // TestHoldSteps pins the arithmetic of reserve, settle (refund, extra
-// charge, debt and its bound) on every Reserver.
+// charge, debt and its bound) on every reserver.
 func TestHoldSteps(t *testing.T) {
-	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+	forEachReserver(t, func(t *testing.T, s reserver, clock *testclock.Clock) {
 		ctx := context.Background()
 		// T = 100ms, τ = 500ms
 		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, Settings{Scope: "steps", HoldTTL: 2 * time.Second})
 		h := mustReserve(t, l, "k", 3)
 		wantDecision(t, "reserve 3", h.Decision(), true, 2, ms(300), 0)
-		if h.Decision().Window != l.Policy().Window() || h.Decision().Limit != 5 || h.ID() == "" || h.TTL() != 2*time.Second {
-			t.Fatalf("hold %+v id %q ttl %v", h.Decision(), h.ID(), h.TTL())
+		if h.Decision().Window != l.policy.window() || h.Decision().Limit != 5 || h.id == "" || h.ttl != 2*time.Second {
+			t.Fatalf("hold %+v id %q ttl %v", h.Decision(), h.id, h.ttl)
 		}
 		mustSettle(t, h, 1, SettleApplied) // refund 2
 		wantDecision(t, "after refund", peek(t, l, "k"), true, 4, ms(100), 0)
 		mustSettle(t, h, 1, SettleAlreadySettled)
-		if _, err := h.SettleEach(ctx, []int64{1, 2}); err == nil {
+		if _, err := h.settleEach(ctx, []int64{1, 2}); err == nil {
 			t.Fatal("SettleEach with 2 costs for 1 item: no error")
 		}
 
@@ -91,10 +92,10 @@ func TestHoldSteps(t *testing.T) {
 		wantDecision(t, "reserve 4", h.Decision(), true, 0, ms(500), 0)
 		mustSettle(t, h, 9, SettleApplied)
 		wantDecision(t, "in debt", peek(t, l, "k"), true, 0, ms(1000), 0)
-		d, _ := l.Allow(ctx, "k")
+		d, _ := l.Allow(ctx, "k", 1)
 		wantDecision(t, "allow in debt", d, false, 0, ms(1000), ms(600))
-		clock.Set(ms(600))
-		d, _ = l.Allow(ctx, "k")
+		clock.Set(confT0.Add(ms(600)))
+		d, _ = l.Allow(ctx, "k", 1)
 		wantDecision(t, "allow after the debt", d, true, 0, ms(500), 0)
 
 		// the debt is bounded at one Burst: TAT ≤ now + 2τ
@@ -102,13 +103,13 @@ func TestHoldSteps(t *testing.T) {
 		wantDecision(t, "reserve 0", h.Decision(), true, 0, ms(500), 0)
 		mustSettle(t, h, math.MaxInt64, SettleApplied)
 		wantDecision(t, "debt bound", peek(t, l, "k"), true, 0, ms(1000), 0)
-		d, _ = l.AllowN(ctx, "k", 5)
+		d, _ = l.Allow(ctx, "k", 5)
 		wantDecision(t, "allow 5 at the bound", d, false, 0, ms(1000), ms(1000))
 
 		// denied and exceeding reservations hold nothing
 		h = mustReserve(t, l, "k", 1)
 		wantDecision(t, "reserve in debt", h.Decision(), false, 0, ms(1000), ms(600))
-		if _, err := h.Settle(ctx, 1); !errors.Is(err, ErrNotHeld) {
+		if _, err := h.Settle(ctx, 1); !errors.Is(err, errNotHeld) {
 			t.Fatalf("settle of a denied hold: %v", err)
 		}
 		h = mustReserve(t, l, "k", 6)
@@ -126,7 +127,7 @@ func TestHoldSteps(t *testing.T) {
 // still TAT − 2τ. (The Redis hold script rewrote the key, which dropped
 // the mark: the clamp became TAT − τ and the bucket looked τ emptier.)
 func TestHoldFixedZeroKeepsMark(t *testing.T) {
-	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+	forEachReserver(t, func(t *testing.T, s reserver, clock *testclock.Clock) {
 		ctx := context.Background()
 		// T = 100ms, τ = 500ms
 		l := mustLimiter(t, s, Policy{Limit: 10, Period: time.Second, Burst: 5}, Settings{Scope: "fz", HoldTTL: 2 * time.Second})
@@ -134,17 +135,17 @@ func TestHoldFixedZeroKeepsMark(t *testing.T) {
 			h := mustReserve(t, l, key, 0)
 			mustSettle(t, h, 9, SettleApplied) // a debt: TAT = 900ms, marked
 		}
-		clock.Set(ms(500)) // TAT − now = 400ms ≤ τ: the debt is paid, the mark stays
-		h, err := s.Reserve(ctx, []Item{{Scope: "fz", Key: "fixed", Policy: l.Policy(), Cost: 0, Fixed: true}}, time.Second)
-		if err != nil || !h.Allowed() {
+		clock.Set(confT0.Add(ms(500))) // TAT − now = 400ms ≤ τ: the debt is paid, the mark stays
+		h, err := s.Reserve(ctx, []Item{{Scope: "fz", Key: "fixed", Policy: l.policy, Cost: 0, Fixed: true}}, time.Second)
+		if err != nil || !h.allowed {
 			t.Fatalf("fixed reserve of 0: %v %v", h, err)
 		}
 		wantDecision(t, "fixed 0", h.Decision(), true, 1, ms(400), 0)
 		wantDecision(t, "plain 0", peek(t, l, "plain"), true, 1, ms(400), 0)
-		clock.Set(0) // backwards: the clamp is TAT − 2τ = 0 on both keys
+		clock.Set(confT0.Add(0)) // backwards: the clamp is TAT − 2τ = 0 on both keys
 		for _, key := range []string{"fixed", "plain"} {
 			wantDecision(t, key+" peek after the step back", peek(t, l, key), true, 0, ms(900), 0)
-			d, err := l.Allow(ctx, key)
+			d, err := l.Allow(ctx, key, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,16 +158,16 @@ func TestHoldFixedZeroKeepsMark(t *testing.T) {
 // next touch of its key (a plain decision included), and settling it then
 // reports SettleExpired and charges nothing.
 func TestHoldExpires(t *testing.T) {
-	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+	forEachReserver(t, func(t *testing.T, s reserver, clock *testclock.Clock) {
 		// T = 1s, τ = 10s: a charge drains far slower than the hold expires
 		l := mustLimiter(t, s, Policy{Limit: 10, Period: 10 * time.Second}, Settings{Scope: "exp", HoldTTL: 2 * time.Second})
 		h := mustReserve(t, l, "k", 6)
 		wantDecision(t, "reserve 6", h.Decision(), true, 4, ms(6000), 0)
 		kept := mustReserve(t, l, "k", 1) // settled in time: not released
-		clock.Set(ms(1999))
+		clock.Set(confT0.Add(ms(1999)))
 		wantDecision(t, "before the TTL", peek(t, l, "k"), true, 4, ms(5001), 0)
 		mustSettle(t, kept, 1, SettleApplied)
-		clock.Set(ms(2000))
+		clock.Set(confT0.Add(ms(2000)))
 		// 6 given back: TAT = 7s − 6s = 1s < now: full but for the settled 1
 		wantDecision(t, "at the TTL", peek(t, l, "k"), true, 10, 0, 0)
 		mustSettle(t, h, 3, SettleExpired)
@@ -185,7 +186,7 @@ func TestHoldExpires(t *testing.T) {
 		if err := l.Reset(context.Background(), "r"); err != nil {
 			t.Fatal(err)
 		}
-		clock.Set(ms(4000)) // the hold's end: its settle reports expired
+		clock.Set(confT0.Add(ms(4000))) // the hold's end: its settle reports expired
 		mustSettle(t, h, 5, SettleExpired)
 		wantDecision(t, "after reset and the end", peek(t, l, "r"), true, 10, 0, 0)
 	})
@@ -193,7 +194,7 @@ func TestHoldExpires(t *testing.T) {
 
 // TestHoldBatch: a batch reserves all or nothing and settles per item.
 func TestHoldBatch(t *testing.T) {
-	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+	forEachReserver(t, func(t *testing.T, s reserver, clock *testclock.Clock) {
 		ctx := context.Background()
 		a := Policy{Limit: 10, Period: time.Second, Burst: 5} // T = 100ms
 		b := Policy{Limit: 2, Period: time.Second}            // T = 500ms, τ = 1s
@@ -201,17 +202,17 @@ func TestHoldBatch(t *testing.T) {
 			return []Item{{Scope: "a", Key: "u", Policy: a, Cost: n}, {Scope: "b", Key: "u", Policy: b, Cost: n}}
 		}
 		h, err := s.Reserve(ctx, items(3), time.Second)
-		if err != nil || h.Allowed() {
+		if err != nil || h.allowed {
 			t.Fatalf("3 > b's burst: %v %v", h, err)
 		}
-		if d := h.Decisions(); !d[0].Allowed || d[1].Reason != spillway.ReasonCostExceedsLimit {
+		if d := h.dec; !d[0].Allowed || d[1].Reason != spillway.ReasonCostExceedsLimit {
 			t.Fatalf("decisions %+v", d)
 		}
 		h, err = s.Reserve(ctx, items(2), time.Second)
-		if err != nil || !h.Allowed() {
+		if err != nil || !h.allowed {
 			t.Fatalf("reserve 2: %v %v", h, err)
 		}
-		res, err := h.SettleEach(ctx, []int64{1, 4})
+		res, err := h.settleEach(ctx, []int64{1, 4})
 		if err != nil || res[0] != SettleApplied || res[1] != SettleApplied {
 			t.Fatalf("settle: %v %v", res, err)
 		}
@@ -221,10 +222,10 @@ func TestHoldBatch(t *testing.T) {
 		}
 		wantDecision(t, "a after refund", out[0], true, 4, ms(100), 0)
 		wantDecision(t, "b in debt", out[1], true, 0, ms(2000), 0)
-		if got := h.Estimates(nil); len(got) != 2 || got[0] != 2 || got[1] != 2 {
+		if got := h.estimates(nil); len(got) != 2 || got[0] != 2 || got[1] != 2 {
 			t.Fatalf("estimates %v", got)
 		}
-		res, _ = h.SettleEach(ctx, []int64{0, 0})
+		res, _ = h.settleEach(ctx, []int64{0, 0})
 		if res[0] != SettleAlreadySettled || res[1] != SettleAlreadySettled {
 			t.Fatalf("second settle: %v", res)
 		}
@@ -234,7 +235,7 @@ func TestHoldBatch(t *testing.T) {
 // TestHoldBadInput: hostile estimates, actual costs, TTLs and algorithms
 // give clear errors or a denial, and change nothing.
 func TestHoldBadInput(t *testing.T) {
-	forEachReserver(t, func(t *testing.T, s Reserver, clock *confClock) {
+	forEachReserver(t, func(t *testing.T, s reserver, clock *testclock.Clock) {
 		ctx := context.Background()
 		p := Policy{Limit: 10, Period: time.Second, Burst: 5}
 		l := mustLimiter(t, s, p, Settings{Scope: "bad"})

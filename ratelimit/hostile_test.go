@@ -93,7 +93,7 @@ func storeSubject(mk func() Store, state func(Store) (string, error), p Policy, 
 // warmOf is a first charge whose state outlives the test on Redis's own
 // clock (which runs the keys' TTLs): at least an hour's worth of units.
 func warmOf(p Policy) int64 {
-	return max(1, min(p.Capacity()/2, time.Hour.Microseconds()/p.EmissionInterval()))
+	return max(1, min(p.Capacity()/2, time.Hour.Microseconds()/p.emissionInterval()))
 }
 
 var hostileT0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
@@ -199,11 +199,11 @@ func reserveSubject(mk func() Store, state func(Store) (string, error), p Policy
 				ok, err := st.Decide(ctx, items, out)
 				return ok, out, err
 			}
-			h, err := st.(Reserver).Reserve(ctx, items, time.Hour)
+			h, err := st.(reserver).Reserve(ctx, items, time.Hour)
 			if err != nil {
 				return false, nil, err
 			}
-			return h.Allowed(), h.Decisions(), nil
+			return h.allowed, h.dec, nil
 		},
 		State: func(context.Context) (string, error) { return state(st) },
 		Reset: func(context.Context) error { st = mk(); return nil },
@@ -225,7 +225,7 @@ func limiterSubject(mk func() Store, state func(Store) (string, error), p Policy
 		Warm:     warmOf(p),
 		Batch:    1,
 		Decide: func(ctx context.Context, costs []int64) (bool, []spillway.Decision, error) {
-			d, err := l.AllowN(ctx, "k", costs[0])
+			d, err := l.Allow(ctx, "k", costs[0])
 			return d.Allowed, []spillway.Decision{d}, err
 		},
 		State: func(context.Context) (string, error) { return state(l.store) },

@@ -13,10 +13,6 @@ import (
 // ErrInvalidCost is wrapped by the errors about a negative cost.
 var ErrInvalidCost = errors.New("ratelimit: invalid cost")
 
-// ErrNoSmoothing is returned by Schedule and Wait for a policy whose
-// algorithm has no smoothing delay (the windows).
-var ErrNoSmoothing = errors.New("ratelimit: algorithm has no smoothing delay")
-
 // Limiter applies one Policy to many keys over a Store. Create it with New.
 // It is safe for concurrent use.
 type Limiter struct {
@@ -28,14 +24,14 @@ type Limiter struct {
 	name    string // the Limiter of its decisions: the scope, or the policy's String() by default
 	hash    uint64 // the scope's hash in mem
 	fail    spillway.FailMode
-	window  time.Duration // policy.Window(), the Window of every decision
+	window  time.Duration // policy.window(), the Window of every decision
 	holdTTL time.Duration // Settings.HoldTTL: 0 means DefaultHoldTTL
 }
 
-// DefaultScope returns the scope of a Limiter of policy p made without
+// defaultScope returns the scope of a Limiter of policy p made without
 // Settings.Scope: the first 36 bits of the SHA-256 of p.String(), as 6
 // base64url characters (e.g. "QmCX23" for "token_bucket 100/1s burst 50").
-func DefaultScope(p Policy) string { return keys.Digest(p.String()) }
+func defaultScope(p Policy) string { return keys.Digest(p.String()) }
 
 // New returns a limiter applying p over store, configured by set (the
 // zero Settings: the defaults). It returns an error when
@@ -48,7 +44,7 @@ func New(store Store, p Policy, set Settings) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: DefaultScope(p), window: p.Window()}
+	l := &Limiter{store: store, policy: p, lim: p.limits(), scope: defaultScope(p), window: p.window()}
 	if m, ok := store.(*MemoryStore); ok {
 		l.mem = m
 	}
@@ -73,30 +69,18 @@ func New(store Store, p Policy, set Settings) (*Limiter, error) {
 	return l, nil
 }
 
-// FailMode returns the limiter's fail mode (see Settings.FailMode).
-func (l *Limiter) FailMode() spillway.FailMode { return l.fail }
-
-// Policy returns the limiter's policy.
-func (l *Limiter) Policy() Policy { return l.policy }
-
-// Scope returns the limiter's scope (see Settings.Scope).
-func (l *Limiter) Scope() string { return l.scope }
-
-// Allow is shorthand for AllowN(ctx, key, 1).
-func (l *Limiter) Allow(ctx context.Context, key string) (spillway.Decision, error) {
-	return l.AllowN(ctx, key, 1)
-}
-
-// AllowN decides whether key may spend n now and charges it if so. n = 0
+// Allow decides whether key may spend n now and charges it if so. n = 0
 // peeks (always allowed, charges nothing, reports Remaining); n above the
 // policy's Capacity is denied with spillway.ReasonCostExceedsLimit and
 // RetryAfter 0; a negative n is an error wrapping ErrInvalidCost. A denial
 // is not an error: err != nil only when the store failed.
 //
 // Durations in the decision are rounded up to whole milliseconds; Limit is
-// the policy's Capacity; Window is Policy.Window; Limiter is the scope
+// the policy's Capacity; Window the time the policy takes to grant its
+// Capacity from empty (Period for the windows, Capacity emission intervals
+// for the bucket family: 12s for 1000/minute burst 200); Limiter is the scope
 // (Settings.Scope), or the policy's String() when none was given.
-func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
+func (l *Limiter) Allow(ctx context.Context, key string, n int64) (d spillway.Decision, err error) {
 	if n < 0 {
 		return spillway.Decision{}, fmt.Errorf("%w: n = %d is negative", ErrInvalidCost, n)
 	}
@@ -122,72 +106,52 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// Slot is the outcome of Schedule: the decision, and when allowed,
-// how long to wait before doing the work.
-type Slot struct {
-	spillway.Decision
-	// Delay is how long the caller should wait before acting so that
-	// admitted requests leave evenly spaced, one every Period/Limit: the
-	// time until this request's turn in a leaky bucket used as a queue of
-	// Burst places. 0 when the bucket was empty or the request was denied.
-	Delay time.Duration
-}
-
-// Schedule is shorthand for ScheduleN(ctx, key, 1).
-func (l *Limiter) Schedule(ctx context.Context, key string) (Slot, error) {
-	return l.ScheduleN(ctx, key, 1)
-}
-
-// ScheduleN is the smoothing form of a leaky bucket (it works for
-// TokenBucket and GCRA too, whose math is the same; the windows return
-// ErrNoSmoothing). Instead of admitting at once whatever fits in the
-// bucket, it treats the bucket as a queue of Burst places drained at
-// Limit/Period: the request is admitted (and charged) exactly when AllowN
-// would admit it — the queue has room — and Delay says when its turn
-// comes. A caller that waits Delay before acting emits at most one
-// request per Period/Limit, bursts included. A denied request gets Delay
-// 0 and the usual RetryAfter.
+// Schedule is the smoothing form of a leaky bucket (it works for
+// TokenBucket and GCRA too, whose math is the same; for the windows it
+// returns an error wrapping ErrInvalidPolicy: they have no smoothing
+// delay). Instead of admitting at once whatever fits in the bucket, it
+// treats the bucket as a queue of Burst places drained at Limit/Period:
+// the request is admitted (and charged) exactly when Allow would admit it
+// — the queue has room — and delay says when its turn comes. A caller
+// that waits delay before acting emits at most one request per
+// Period/Limit, bursts included. A denied request gets delay 0 and the
+// usual RetryAfter.
 //
-// Delay is the time until the request's slot, computed as ResetAfter −
-// n·T (T = Policy.EmissionInterval) from the millisecond-rounded ResetAfter (so every store
+// delay is the time until the request's slot, computed as ResetAfter −
+// n·(Period/Limit) from the millisecond-rounded ResetAfter (so every store
 // gives the same figure): never shorter than the exact delay, less than a
 // millisecond longer.
-func (l *Limiter) ScheduleN(ctx context.Context, key string, n int64) (Slot, error) {
+func (l *Limiter) Schedule(ctx context.Context, key string, n int64) (d spillway.Decision, delay time.Duration, err error) {
 	switch l.policy.Algorithm {
 	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
-		return Slot{}, fmt.Errorf("%w: %s", ErrNoSmoothing, l.policy.Algorithm)
+		return spillway.Decision{}, 0, fmt.Errorf("%w: %s has no smoothing delay", ErrInvalidPolicy, l.policy.Algorithm)
 	}
-	d, err := l.AllowN(ctx, key, n)
+	d, err = l.Allow(ctx, key, n)
 	if err != nil || !d.Allowed {
-		return Slot{Decision: d}, err
+		return d, 0, err
 	}
-	delay := d.ResetAfter - time.Duration(n*l.policy.EmissionInterval())*time.Microsecond
-	return Slot{Decision: d, Delay: max(delay, 0)}, nil
+	delay = d.ResetAfter - time.Duration(n*l.policy.emissionInterval())*time.Microsecond
+	return d, max(delay, 0), nil
 }
 
-// Wait is shorthand for WaitN(ctx, key, 1).
-func (l *Limiter) Wait(ctx context.Context, key string) (spillway.Decision, error) {
-	return l.WaitN(ctx, key, 1)
-}
-
-// WaitN schedules n (see ScheduleN) and, when admitted, sleeps the Delay
+// Wait schedules n (see Schedule) and, when admitted, sleeps the delay
 // before returning. A denied request returns at once with the denial (its
 // RetryAfter says when the queue will have room) and a nil error. When ctx
-// ends during the sleep, WaitN returns the decision and an error wrapping
+// ends during the sleep, Wait returns the decision and an error wrapping
 // ctx.Err(); the slot stays charged (a shared store cannot take it
 // back without a race).
-func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (spillway.Decision, error) {
-	r, err := l.ScheduleN(ctx, key, n)
-	if err != nil || !r.Allowed || r.Delay <= 0 {
-		return r.Decision, err
+func (l *Limiter) Wait(ctx context.Context, key string, n int64) (spillway.Decision, error) {
+	d, delay, err := l.Schedule(ctx, key, n)
+	if err != nil || !d.Allowed || delay <= 0 {
+		return d, err
 	}
-	t := time.NewTimer(r.Delay)
+	t := time.NewTimer(delay)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return r.Decision, nil
+		return d, nil
 	case <-ctx.Done():
-		return r.Decision, fmt.Errorf("ratelimit: %s: wait: %w", l.name, ctx.Err())
+		return d, fmt.Errorf("ratelimit: %s: wait: %w", l.name, ctx.Err())
 	}
 }
 

@@ -51,10 +51,10 @@ func TestNewValidates(t *testing.T) {
 func TestLimiterDefaults(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Second, Burst: 50}
 	l := mustLimiter(t, NewMemoryStore(MemorySettings{}), p)
-	if l.Scope() != "QmCX23" || l.Scope() != DefaultScope(p) || l.Policy() != p {
-		t.Fatalf("scope %q policy %v", l.Scope(), l.Policy())
+	if l.scope != "QmCX23" || l.scope != defaultScope(p) || l.policy != p {
+		t.Fatalf("scope %q policy %v", l.scope, l.policy)
 	}
-	d, err := l.Allow(context.Background(), "k")
+	d, err := l.Allow(context.Background(), "k", 1)
 	// The key's scope is the digest; the decision names the policy.
 	if err != nil || d.Limiter != "token_bucket 100/1s burst 50" || d.Limit != 50 || d.Remaining != 49 {
 		t.Fatalf("%+v %v", d, err)
@@ -65,7 +65,7 @@ func TestLimiterDefaults(t *testing.T) {
 		t.Fatalf("by dimension: %+v %v", d, err)
 	}
 	named := mustLimiter(t, NewMemoryStore(MemorySettings{}), p, Settings{Scope: "login"})
-	if d, _ := named.Allow(context.Background(), "k"); d.Limiter != "login" {
+	if d, _ := named.Allow(context.Background(), "k", 1); d.Limiter != "login" {
 		t.Fatalf("Limiter %q, want login", d.Limiter)
 	}
 	if d, _, _ := PerKey(named, spillway.DimIP).Admit(context.Background(), r); d.Limiter != "login:ip" {
@@ -75,13 +75,13 @@ func TestLimiterDefaults(t *testing.T) {
 
 func TestAllowNNegative(t *testing.T) {
 	l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Limit: 1, Period: time.Second})
-	_, err := l.AllowN(context.Background(), "k", -3)
+	_, err := l.Allow(context.Background(), "k", -3)
 	if !errors.Is(err, ErrInvalidCost) || !strings.Contains(err.Error(), "n = -3 is negative") {
 		t.Fatalf("err = %v", err)
 	}
 	// The generic path (a store that is not a *MemoryStore) too.
 	g := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{})}, Policy{Limit: 1, Period: time.Second})
-	if _, err := g.AllowN(context.Background(), "k", -1); !errors.Is(err, ErrInvalidCost) {
+	if _, err := g.Allow(context.Background(), "k", -1); !errors.Is(err, ErrInvalidCost) {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -106,9 +106,9 @@ func TestLimiterGenericPathMatchesFastPath(t *testing.T) {
 	slow := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{Clock: clock.Now})}, p)
 	ctx := context.Background()
 	for i, n := range []int64{1, 0, 2, 1, 4} {
-		clock.Set(time.Duration(i) * ms(90))
-		a, err1 := fast.AllowN(ctx, "k", n)
-		b, err2 := slow.AllowN(ctx, "k", n)
+		clock.Set(confT0.Add(time.Duration(i) * ms(90)))
+		a, err1 := fast.Allow(ctx, "k", n)
+		b, err2 := slow.Allow(ctx, "k", n)
 		if a != b || err1 != nil || err2 != nil {
 			t.Fatalf("step %d: fast %+v %v, generic %+v %v", i, a, err1, b, err2)
 		}
@@ -118,7 +118,7 @@ func TestLimiterGenericPathMatchesFastPath(t *testing.T) {
 func TestLimiterStoreErrors(t *testing.T) {
 	l := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{Scope: "s"})
 	ctx := context.Background()
-	if _, err := l.Allow(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: backend down" {
+	if _, err := l.Allow(ctx, "k", 1); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: backend down" {
 		t.Fatalf("Allow: %v", err)
 	}
 	if err := l.Reset(ctx, "k"); !errors.Is(err, errBackend) || err.Error() != "ratelimit: s: reset: backend down" {
@@ -130,8 +130,8 @@ func TestLimiterStoreErrors(t *testing.T) {
 		t.Fatalf("Admit: %+v %v", d, err)
 	}
 	closed := mustLimiter(t, failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{Scope: "login", FailMode: spillway.FailClosed})
-	if closed.FailMode() != spillway.FailClosed {
-		t.Fatalf("FailMode() = %v", closed.FailMode())
+	if closed.fail != spillway.FailClosed {
+		t.Fatalf("FailMode() = %v", closed.fail)
 	}
 	_, _, err = PerKey(closed, spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
 	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
@@ -164,12 +164,12 @@ func TestErrorsSayRatelimitOnce(t *testing.T) {
 	// A store whose errors are ratelimit's own validation errors.
 	wl := mustLimiter(t, wrappedStore{NewMemoryStore(MemorySettings{})}, p, Settings{Scope: "w"})
 	wl.policy.Limit = 0 // as if the store rejected the policy
-	_, err := wl.Allow(ctx, "k")
+	_, err := wl.Allow(ctx, "k", 1)
 	if err == nil || err.Error() != "ratelimit: w: item 0: invalid policy: limit 0 must be positive" || !errors.Is(err, ErrInvalidPolicy) {
 		t.Fatalf("invalid item through a limiter: %v", err)
 	}
 	cl := mustLimiter(t, mustRedisStore(closed), p, Settings{Scope: "s"})
-	if _, err := cl.Allow(ctx, "k"); err == nil || err.Error() != "ratelimit: s: redis: token bucket script: redis: client is closed" || !errors.Is(err, redis.ErrClosed) {
+	if _, err := cl.Allow(ctx, "k", 1); err == nil || err.Error() != "ratelimit: s: redis: token bucket script: redis: client is closed" || !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("Allow over a closed client: %v", err)
 	}
 	for _, st := range []Store{NewMemoryStore(MemorySettings{}), mustRedisStore(closed)} {
@@ -262,37 +262,37 @@ func TestSchedule(t *testing.T) {
 	clock := newConfClock()
 	p := Policy{Algorithm: LeakyBucket, Limit: 10, Period: time.Second, Burst: 3} // one per 100ms, queue of 3
 	for _, st := range []Store{NewMemoryStore(MemorySettings{Clock: clock.Now}), wrappedStore{NewMemoryStore(MemorySettings{Clock: clock.Now})}} {
-		clock.Set(0)
+		clock.Set(confT0.Add(0))
 		l := mustLimiter(t, st, p)
 		ctx := context.Background()
 		for i, want := range []time.Duration{0, ms(100), ms(200)} {
-			r, err := l.Schedule(ctx, "k")
-			if err != nil || !r.Allowed || r.Delay != want {
-				t.Fatalf("slot %d: %+v %v, want delay %v", i, r, err, want)
+			d, delay, err := l.Schedule(ctx, "k", 1)
+			if err != nil || !d.Allowed || delay != want {
+				t.Fatalf("slot %d: %+v %v %v, want delay %v", i, d, delay, err, want)
 			}
 		}
-		r, err := l.Schedule(ctx, "k")
-		if err != nil || r.Allowed || r.Delay != 0 || r.RetryAfter != ms(100) {
-			t.Fatalf("full queue: %+v %v", r, err)
+		d, delay, err := l.Schedule(ctx, "k", 1)
+		if err != nil || d.Allowed || delay != 0 || d.RetryAfter != ms(100) {
+			t.Fatalf("full queue: %+v %v %v", d, delay, err)
 		}
 		// 250ms later the first two have left: the next slot is at 300ms.
-		clock.Set(ms(250))
-		if r, _ := l.ScheduleN(ctx, "k", 1); !r.Allowed || r.Delay != ms(50) {
-			t.Fatalf("after 250ms: %+v", r)
+		clock.Set(confT0.Add(ms(250)))
+		if d, delay, _ := l.Schedule(ctx, "k", 1); !d.Allowed || delay != ms(50) {
+			t.Fatalf("after 250ms: %+v %v", d, delay)
 		}
 		// Sub-millisecond slots: the delay is never early, < 1ms late.
-		clock.Set(ms(1000))
+		clock.Set(confT0.Add(ms(1000)))
 		l3 := mustLimiter(t, st, Policy{Algorithm: LeakyBucket, Limit: 3, Period: time.Second}, Settings{Scope: "thirds"})
-		l3.Schedule(ctx, "k")
-		if r, _ := l3.Schedule(ctx, "k"); r.Delay != 333666*time.Microsecond { // exact 333334µs
-			t.Fatalf("thirds: %+v", r)
+		l3.Schedule(ctx, "k", 1)
+		if d, delay, _ := l3.Schedule(ctx, "k", 1); delay != 333666*time.Microsecond { // exact 333334µs
+			t.Fatalf("thirds: %+v %v", d, delay)
 		}
 	}
 	w := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Algorithm: SlidingWindowLog, Limit: 1, Period: time.Second})
-	if _, err := w.Schedule(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
+	if _, _, err := w.Schedule(context.Background(), "k", 1); !errors.Is(err, ErrInvalidPolicy) || err.Error() != "ratelimit: invalid policy: sliding_window_log has no smoothing delay" {
 		t.Fatalf("window Schedule: %v", err)
 	}
-	if _, err := w.Wait(context.Background(), "k"); !errors.Is(err, ErrNoSmoothing) {
+	if _, err := w.Wait(context.Background(), "k", 1); !errors.Is(err, ErrInvalidPolicy) {
 		t.Fatalf("window Wait: %v", err)
 	}
 }
@@ -305,7 +305,7 @@ func TestWaitSmoothsABurst(t *testing.T) {
 		start := time.Now()
 		var at []time.Duration
 		for i := 0; i < 5; i++ {
-			d, err := l.Wait(ctx, "k")
+			d, err := l.Wait(ctx, "k", 1)
 			if err != nil || !d.Allowed {
 				t.Fatalf("wait %d: %+v %v", i, d, err)
 			}
@@ -320,17 +320,17 @@ func TestWaitSmoothsABurst(t *testing.T) {
 		}
 		// Cancellation during the sleep: the error wraps ctx.Err().
 		for i := 0; i < 4; i++ {
-			l.Schedule(ctx, "j")
+			l.Schedule(ctx, "j", 1)
 		}
 		cctx, cancel := context.WithTimeout(ctx, ms(50))
 		defer cancel()
-		d, err := l.Wait(cctx, "j") // slot at 400ms
+		d, err := l.Wait(cctx, "j", 1) // slot at 400ms
 		if !errors.Is(err, context.DeadlineExceeded) || !d.Allowed {
 			t.Fatalf("cancelled wait: %+v %v", d, err)
 		}
 		// A full queue returns the denial at once.
 		before := time.Now()
-		d, err = l.Wait(ctx, "j")
+		d, err = l.Wait(ctx, "j", 1)
 		if err != nil || d.Allowed || time.Since(before) != 0 {
 			t.Fatalf("full queue: %+v %v after %v", d, err, time.Since(before))
 		}

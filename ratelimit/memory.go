@@ -597,8 +597,8 @@ func (s *MemoryStore) Reset(ctx context.Context, scope, key string, p Policy) er
 	return nil
 }
 
-// Len returns the number of keys the store holds.
-func (s *MemoryStore) Len() int {
+// keyCount returns the number of keys the store holds.
+func (s *MemoryStore) keyCount() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

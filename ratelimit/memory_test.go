@@ -24,7 +24,7 @@ func mustLimiter(t testing.TB, st Store, p Policy, set ...Settings) *Limiter {
 
 func remainingOf(t testing.TB, l *Limiter, key string) int64 {
 	t.Helper()
-	d, err := l.AllowN(context.Background(), key, 0)
+	d, err := l.Allow(context.Background(), key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,9 +40,9 @@ func TestFixedWindowBoundaryBurst(t *testing.T) {
 	l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: FixedWindow, Limit: N, Period: time.Second})
 	admitted := 0
 	for _, at := range []time.Duration{ms(999), ms(1000)} {
-		clock.Set(at)
+		clock.Set(confT0.Add(at))
 		for i := 0; i < 2*N; i++ {
-			if d, _ := l.Allow(context.Background(), "k"); d.Allowed {
+			if d, _ := l.Allow(context.Background(), "k", 1); d.Allowed {
 				admitted++
 			}
 		}
@@ -67,9 +67,9 @@ func TestSlidingWindowCounterBoundaryBounded(t *testing.T) {
 	l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: SlidingWindowCounter, Limit: N, Period: time.Second})
 	admitted := 0
 	for _, at := range []time.Duration{ms(999), ms(1000)} {
-		clock.Set(at)
+		clock.Set(confT0.Add(at))
 		for i := 0; i < 2*N; i++ {
-			if d, _ := l.Allow(ctx, "k"); d.Allowed {
+			if d, _ := l.Allow(ctx, "k", 1); d.Allowed {
 				admitted++
 			}
 		}
@@ -89,12 +89,12 @@ func TestSlidingWindowCounterBoundaryBounded(t *testing.T) {
 		l := mustLimiter(t, NewMemoryStore(MemorySettings{Clock: clock.Now}), Policy{Algorithm: a, Limit: N, Period: time.Second})
 		var times []time.Duration
 		for at := ms(999); at < ms(6000); at += time.Millisecond {
-			clock.Set(at)
-			peek, _ := l.AllowN(ctx, "greedy", 0)
+			clock.Set(confT0.Add(at))
+			peek, _ := l.Allow(ctx, "greedy", 0)
 			if peek.Remaining == 0 {
 				continue
 			}
-			if d, _ := l.AllowN(ctx, "greedy", peek.Remaining); !d.Allowed {
+			if d, _ := l.Allow(ctx, "greedy", peek.Remaining); !d.Allowed {
 				t.Fatalf("%v: denied the Remaining %d a peek reported", a, peek.Remaining)
 			}
 			for range peek.Remaining {
@@ -132,22 +132,22 @@ func TestMemoryStoreEvictsFullStateFirst(t *testing.T) {
 		key  string
 		cost int64 // full again after cost × 100ms
 	}{{"a", 1}, {"b", 5}, {"c", 3}, {"d", 4}} {
-		if d, _ := l.AllowN(ctx, c.key, c.cost); !d.Allowed {
+		if d, _ := l.Allow(ctx, c.key, c.cost); !d.Allowed {
 			t.Fatalf("%s denied", c.key)
 		}
 	}
 	// Peeks and denials never create keys.
 	for i := 0; i < 10; i++ {
-		l.AllowN(ctx, fmt.Sprint("peek", i), 0)
-		l.AllowN(ctx, fmt.Sprint("big", i), 11)
+		l.Allow(ctx, fmt.Sprint("peek", i), 0)
+		l.Allow(ctx, fmt.Sprint("big", i), 11)
 	}
-	if n := st.Len(); n != 4 {
+	if n := st.keyCount(); n != 4 {
 		t.Fatalf("Len = %d, want 4", n)
 	}
 	// At 150ms, a is full again: it goes first.
-	clock.Set(ms(150))
-	l.AllowN(ctx, "e", 4) // full at 550ms
-	if n := st.Len(); n != 4 {
+	clock.Set(confT0.Add(ms(150)))
+	l.Allow(ctx, "e", 4) // full at 550ms
+	if n := st.keyCount(); n != 4 {
 		t.Fatalf("Len = %d after an insert at the cap, want 4", n)
 	}
 	for key, want := range map[string]int64{"b": 6, "c": 8, "d": 7, "e": 6} {
@@ -156,7 +156,7 @@ func TestMemoryStoreEvictsFullStateFirst(t *testing.T) {
 		}
 	}
 	// No state is full now: the one full soonest (c, at 300ms) goes.
-	l.AllowN(ctx, "f", 1)
+	l.Allow(ctx, "f", 1)
 	if got := remainingOf(t, l, "c"); got != 10 {
 		t.Fatalf("c remaining %d, want 10 (evicted: forgotten)", got)
 	}
@@ -165,14 +165,14 @@ func TestMemoryStoreEvictsFullStateFirst(t *testing.T) {
 			t.Fatalf("%s remaining %d, want %d (kept)", key, got, want)
 		}
 	}
-	if n := st.Len(); n != 4 {
+	if n := st.keyCount(); n != 4 {
 		t.Fatalf("Len = %d, want 4", n)
 	}
 	// Many distinct keys never grow the store past its cap.
 	for i := 0; i < 1000; i++ {
-		l.Allow(ctx, fmt.Sprint("attacker", i))
+		l.Allow(ctx, fmt.Sprint("attacker", i), 1)
 	}
-	if n := st.Len(); n != 4 {
+	if n := st.keyCount(); n != 4 {
 		t.Fatalf("Len = %d after 1000 keys, want 4", n)
 	}
 }
@@ -181,18 +181,18 @@ func TestMemoryStoreCapSpreadOverShards(t *testing.T) {
 	st := NewMemoryStore(MemorySettings{MaxKeys: 100, Shards: 8})
 	l := mustLimiter(t, st, Policy{Limit: 1, Period: time.Hour})
 	for i := 0; i < 5000; i++ {
-		l.Allow(context.Background(), fmt.Sprint(i))
+		l.Allow(context.Background(), fmt.Sprint(i), 1)
 	}
-	if n := st.Len(); n != 100 {
+	if n := st.keyCount(); n != 100 {
 		t.Fatalf("Len = %d, want exactly the cap 100", n)
 	}
 	// A cap below the shard count lowers the shard count.
 	small := NewMemoryStore(MemorySettings{MaxKeys: 3, Shards: 64})
 	ls := mustLimiter(t, small, Policy{Limit: 1, Period: time.Hour})
 	for i := 0; i < 50; i++ {
-		ls.Allow(context.Background(), fmt.Sprint(i))
+		ls.Allow(context.Background(), fmt.Sprint(i), 1)
 	}
-	if n := small.Len(); n != 3 {
+	if n := small.keyCount(); n != 3 {
 		t.Fatalf("Len = %d, want 3", n)
 	}
 }
@@ -204,11 +204,11 @@ func TestMemoryStoreLongKeysAreBounded(t *testing.T) {
 	long := strings.Repeat("x", 10_000)
 	other := long[:9_999] + "y"
 	for i, want := range []bool{true, true, false} {
-		if d, _ := l.Allow(ctx, long); d.Allowed != want {
+		if d, _ := l.Allow(ctx, long, 1); d.Allowed != want {
 			t.Fatalf("call %d on a long key: allowed %v, want %v", i, d.Allowed, want)
 		}
 	}
-	if d, _ := l.Allow(ctx, other); !d.Allowed {
+	if d, _ := l.Allow(ctx, other, 1); !d.Allowed {
 		t.Fatal("a different long key shares state")
 	}
 	// The stored entry holds a digest, not the 10 KB key.
@@ -227,7 +227,7 @@ func TestMemoryStoreLongKeysAreBounded(t *testing.T) {
 	}
 	// A key of exactly keys.MaxPart bytes is kept as is.
 	exact := strings.Repeat("z", 64)
-	l.Allow(ctx, exact)
+	l.Allow(ctx, exact, 1)
 	found := false
 	for i := range st.shards {
 		for _, e := range st.shards[i].m {
@@ -247,13 +247,13 @@ func TestMemoryStoreScopesAndLayoutsAreSeparate(t *testing.T) {
 	b := mustLimiter(t, st, p, Settings{Scope: "b"})
 	fw := mustLimiter(t, st, Policy{Algorithm: FixedWindow, Limit: 1, Period: time.Hour}, Settings{Scope: "a"})
 	for _, l := range []*Limiter{a, b, fw} {
-		if d, _ := l.Allow(ctx, "k"); !d.Allowed {
-			t.Fatalf("%s/%v: first request denied: state leaked between scopes or layouts", l.Scope(), l.Policy().Algorithm)
+		if d, _ := l.Allow(ctx, "k", 1); !d.Allowed {
+			t.Fatalf("%s/%v: first request denied: state leaked between scopes or layouts", l.scope, l.policy.Algorithm)
 		}
 	}
 	// GCRA and TokenBucket share the bucket layout of the same scope.
 	g := mustLimiter(t, st, Policy{Algorithm: GCRA, Limit: 1, Period: time.Hour}, Settings{Scope: "a"})
-	if d, _ := g.Allow(ctx, "k"); d.Allowed {
+	if d, _ := g.Allow(ctx, "k", 1); d.Allowed {
 		t.Fatal("GCRA under scope a does not see the token bucket's charge")
 	}
 }
@@ -291,7 +291,7 @@ func TestMemoryStoreConcurrent(t *testing.T) {
 					single.Add(1)
 				}
 				if i%50 == 0 {
-					st.Len()
+					st.keyCount()
 				}
 			}
 		}()
@@ -328,8 +328,8 @@ func TestMemoryStoreAllocations(t *testing.T) {
 	ctx := context.Background()
 	for _, a := range []Algorithm{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindowCounter, SlidingWindowLog} {
 		l := mustLimiter(t, NewMemoryStore(MemorySettings{}), Policy{Algorithm: a, Limit: 1000, Period: time.Millisecond})
-		l.Allow(ctx, "warm")
-		if n := testing.AllocsPerRun(1000, func() { l.Allow(ctx, "warm") }); n != 0 {
+		l.Allow(ctx, "warm", 1)
+		if n := testing.AllocsPerRun(1000, func() { l.Allow(ctx, "warm", 1) }); n != 0 {
 			t.Errorf("%v: %v allocations per Allow, want 0", a, n)
 		}
 	}

@@ -14,8 +14,7 @@ type Settings struct {
 	// Scope names the limiter: the scope under which its keys live in the
 	// store (two limiters with different scopes keep separate state for
 	// the same key) and the Limiter field of its decisions. "" is the
-	// default: a 6-character digest of the policy's String() (see
-	// DefaultScope), so that a default key in Redis is only a few bytes
+	// default: a 6-character digest of the policy's String(), so that a default key in Redis is only a few bytes
 	// longer than the user's key, and two limiters with the same policy on
 	// the same store share state unless named; the decisions of an
 	// unnamed limiter carry the policy's String() ("token_bucket 100/1s
@@ -89,7 +88,7 @@ type RedisSettings struct {
 	// the others'.
 	Coalescing int
 	// SettleQueue bounds the queue of settles on their way to Redis
-	// (Hold.SettleAsync), in items (≤ 0: DefaultSettleQueue). A queued
+	// (the settles tiers hands off the request path), in items (≤ 0: DefaultSettleQueue). A queued
 	// item costs about 200 bytes besides its Hold, which the queue keeps
 	// alive: 16384 items, about 3 MiB.
 	SettleQueue int

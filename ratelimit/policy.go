@@ -80,18 +80,20 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// AlgorithmNames lists the names ParseAlgorithm accepts, comma-separated,
+// AlgorithmNames lists the names UnmarshalText accepts, comma-separated,
 // for error messages.
 const AlgorithmNames = "token_bucket, gcra, fixed_window, sliding_window_log, sliding_window_counter, leaky_bucket, sliding_window_buckets"
 
-// ParseAlgorithm parses the name returned by String.
-func ParseAlgorithm(s string) (Algorithm, error) {
+// UnmarshalText sets a to the algorithm named text, the name String
+// returns (encoding.TextUnmarshaler: flags, JSON and YAML decode it).
+func (a *Algorithm) UnmarshalText(text []byte) error {
 	for i, n := range algorithmNames {
-		if n == s {
-			return Algorithm(i), nil
+		if n == string(text) {
+			*a = Algorithm(i)
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("ratelimit: unknown algorithm %q (want one of %s)", s, AlgorithmNames)
+	return fmt.Errorf("ratelimit: unknown algorithm %q (want one of %s)", text, AlgorithmNames)
 }
 
 // Policy is a rate: Limit requests per Period, with a Burst capacity for the
@@ -139,16 +141,6 @@ func (m WindowMode) String() string {
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
-// ParseWindowMode parses the name returned by String.
-func ParseWindowMode(s string) (WindowMode, error) {
-	for i, n := range modeNames {
-		if n == s {
-			return WindowMode(i), nil
-		}
-	}
-	return 0, fmt.Errorf("ratelimit: unknown window mode %q (want interpolated or conservative)", s)
-}
-
 // DefaultBuckets is SlidingWindowBuckets' number of sub-windows when
 // Policy.Buckets is 0.
 const DefaultBuckets = 10
@@ -157,8 +149,8 @@ const DefaultBuckets = 10
 // state is Buckets+1 counts.
 const MaxBuckets = 1000
 
-// EffectiveBuckets returns Buckets, or DefaultBuckets when it is 0.
-func (p Policy) EffectiveBuckets() int64 {
+// effectiveBuckets returns Buckets, or DefaultBuckets when it is 0.
+func (p Policy) effectiveBuckets() int64 {
 	if p.Buckets == 0 {
 		return DefaultBuckets
 	}
@@ -221,7 +213,7 @@ func (p Policy) Validate() error {
 		if p.Buckets < 0 || p.Buckets > MaxBuckets {
 			return fmt.Errorf("%w: buckets %d must be in [1, %d] (0: the default %d)", ErrInvalidPolicy, p.Buckets, MaxBuckets, DefaultBuckets)
 		}
-		if N := p.EffectiveBuckets(); periodUS%N != 0 {
+		if N := p.effectiveBuckets(); periodUS%N != 0 {
 			return fmt.Errorf("%w: period %v is not a whole multiple of %d buckets (in µs)", ErrInvalidPolicy, p.Period, N)
 		}
 	}
@@ -234,15 +226,15 @@ func (p Policy) Validate() error {
 			return fmt.Errorf("%w: limit %d × period %v exceeds 2^53 µs", ErrInvalidPolicy, p.Limit, p.Period)
 		}
 	default:
-		if p.EffectiveBurst() > MaxSpanMicros/p.EmissionInterval() {
-			return fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^52 µs (MaxSpanMicros)", ErrInvalidPolicy, p.EffectiveBurst(), p.EmissionInterval())
+		if p.effectiveBurst() > MaxSpanMicros/p.emissionInterval() {
+			return fmt.Errorf("%w: burst %d × interval %dµs exceeds 2^52 µs (MaxSpanMicros)", ErrInvalidPolicy, p.effectiveBurst(), p.emissionInterval())
 		}
 	}
 	return nil
 }
 
-// EffectiveBurst returns Burst, or Limit when Burst is 0.
-func (p Policy) EffectiveBurst() int64 {
+// effectiveBurst returns Burst, or Limit when Burst is 0.
+func (p Policy) effectiveBurst() int64 {
 	if p.Burst == 0 {
 		return p.Limit
 	}
@@ -257,11 +249,11 @@ func (p Policy) Capacity() int64 {
 	case FixedWindow, SlidingWindowLog, SlidingWindowCounter, SlidingWindowBuckets:
 		return p.Limit
 	}
-	return p.EffectiveBurst()
+	return p.effectiveBurst()
 }
 
-// EmissionInterval is T = ceil(Period/Limit) in microseconds.
-func (p Policy) EmissionInterval() int64 {
+// emissionInterval is T = ceil(Period/Limit) in microseconds.
+func (p Policy) emissionInterval() int64 {
 	periodUS := p.Period.Microseconds()
 	return (periodUS + p.Limit - 1) / p.Limit
 }
@@ -274,7 +266,7 @@ func (p Policy) String() string {
 		s += fmt.Sprintf(" burst %d", p.Burst)
 	}
 	if p.Algorithm == SlidingWindowBuckets {
-		s += fmt.Sprintf(" buckets %d %s", p.EffectiveBuckets(), p.Mode)
+		s += fmt.Sprintf(" buckets %d %s", p.effectiveBuckets(), p.Mode)
 	}
 	return s
 }

@@ -61,7 +61,7 @@ type RedisStore struct {
 	co      *coalescer // nil: coalescing off
 	nodeCo  sync.Map   // on a Cluster: primary's *redis.Client -> its *coalescer (see coalescerFor)
 	sq      *settleQueue
-	gate    atomic.Pointer[func() bool] // SetGate; nil: always call
+	gate    atomic.Pointer[func() bool] // setGate; nil: always call
 
 	settleLoaded atomic.Bool // the settle script was loaded (redis_settle.go: run)
 }
@@ -115,9 +115,6 @@ func NewRedisStore(client redis.UniversalClient, set RedisSettings) (*RedisStore
 	s.idBase = base64.RawURLEncoding.EncodeToString(b[:]) + "."
 	return s, nil
 }
-
-// Client returns the client the store sends its commands through.
-func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 
 // bucketSep separates the scope from the entity's hash tag in the bucket
 // family's keys: ';' since the compact encoding of a TAT (lua/
@@ -239,8 +236,8 @@ func (s *RedisStore) decide(ctx context.Context, items []Item, out []spillway.De
 // follows from it as in bucketDecide.
 func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.Decision) (bool, error) {
 	p := it.Policy
-	T := p.EmissionInterval()
-	tau := p.EffectiveBurst() * T
+	T := p.emissionInterval()
+	tau := p.effectiveBurst() * T
 	key := redisKey(s.prefix, it)
 	res, err := s.run(ctx, lua.Script("ratelimit_token_bucket"), []string{key}, s.nowArg(), T, tau, it.scriptCost()).Result()
 	if err != nil {
@@ -259,8 +256,8 @@ func (s *RedisStore) decideBucket(ctx context.Context, it *Item, out *spillway.D
 // how far its bucket was from full (in [0, tau]), as bucketDecide does.
 func bucketOutcome(it *Item, wait int64) outcome {
 	p := it.Policy
-	T := p.EmissionInterval()
-	B := p.EffectiveBurst()
+	T := p.emissionInterval()
+	B := p.effectiveBurst()
 	lim := limits{B: B, T: T, tau: B * T}
 	o := waitOutcome(wait, &lim, it.Cost)
 	o.delay = 0
@@ -437,8 +434,8 @@ func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 		if fixed {
 			pt = [2]int64{p.Limit, p.Period.Microseconds()}
 		} else {
-			T := p.EmissionInterval()
-			pt = [2]int64{T, p.EffectiveBurst() * T}
+			T := p.emissionInterval()
+			pt = [2]int64{T, p.effectiveBurst() * T}
 		}
 		j := 0
 		if last > 0 && b.pol[last-1] == pt {
@@ -509,7 +506,7 @@ func bucketsReply(res any, n int, tats bool) ([]int64, error) {
 func bucketsDecisions(items []Item, waits []int64, first int, out []spillway.Decision) (bool, error) {
 	for i := range items {
 		it := &items[i]
-		if tau := it.Policy.EffectiveBurst() * it.Policy.EmissionInterval(); waits[i] < 0 || waits[i] > 2*tau { // 2τ: a key in debt
+		if tau := it.Policy.effectiveBurst() * it.Policy.emissionInterval(); waits[i] < 0 || waits[i] > 2*tau { // 2τ: a key in debt
 			return false, fmt.Errorf("ratelimit: redis: buckets script: unexpected reply value %d = %d, want an integer in [0, %d]", first+i, waits[i], 2*tau)
 		}
 	}
@@ -580,7 +577,7 @@ func (s *RedisStore) runBatch(ctx context.Context, items []Item, out []spillway.
 			if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
 				// the bucketed window's state before the charge, for a
 				// refund, in the uid's place (see refundArgs)
-				n := int(p.EffectiveBuckets()) + 1
+				n := int(p.effectiveBuckets()) + 1
 				g.uids[i] = formatBuckets(g.old[i][0], counts[:n], p.Limit)
 				counts = counts[n:]
 			}
@@ -597,7 +594,7 @@ func windowCounts(items []Item) int {
 	n := 0
 	for i := range items {
 		if p := &items[i].Policy; p.Algorithm == SlidingWindowBuckets {
-			n += int(p.EffectiveBuckets()) + 1
+			n += int(p.effectiveBuckets()) + 1
 		}
 	}
 	return n
@@ -688,10 +685,10 @@ func (s *RedisStore) batchArgs(args []any, items []Item, uids []string) []any {
 			if uids != nil {
 				uid = "1"
 			}
-			args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBuckets(), mode, it.scriptCost(), uid)
+			args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.effectiveBuckets(), mode, it.scriptCost(), uid)
 			continue
 		}
-		args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.EffectiveBurst(), p.EmissionInterval(), it.scriptCost(), uid)
+		args = append(args, p.Algorithm.String(), p.Limit, p.Period.Microseconds(), p.effectiveBurst(), p.emissionInterval(), it.scriptCost(), uid)
 	}
 	return args
 }

@@ -169,7 +169,7 @@ func refundArgs(args []any, it *Item, uid string, old [3]int64, now int64) []any
 	case SlidingWindowBuckets:
 		return append(args, bucketsRefundArgs(it, uid, now)...)
 	}
-	return append(args, p.Algorithm.String(), p.EmissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
+	return append(args, p.Algorithm.String(), p.emissionInterval(), it.Cost, uid, old[0], old[1], old[2], wrote[0], wrote[1], wrote[2])
 }
 
 // bucketsRefundArgs is the refund script's ARGV for a bucketed window's
@@ -187,7 +187,7 @@ func bucketsRefundArgs(it *Item, old string, now int64) []any {
 		shiftBuckets(c, k-h)
 	}
 	c[0] += it.Cost
-	return []any{p.Algorithm.String(), p.EmissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
+	return []any{p.Algorithm.String(), p.emissionInterval(), it.Cost, old, k, lim.N, lim.L, formatBuckets(k, c, lim.L), 0, 0}
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // TestRedisStoreCluster runs against a real 3-primary/3-replica Cluster:
@@ -64,7 +65,7 @@ func TestRedisStoreCluster(t *testing.T) {
 	for a := Algorithm(0); a < numAlgorithms; a++ {
 		t.Run("refund/"+a.String(), func(t *testing.T) {
 			c := cl.Client(t)
-			clk := newFakeClock(rt0)
+			clk := testclock.New(rt0)
 			prefix := "refund-" + a.String() + ":"
 			s := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
 			p := Policy{Algorithm: a, Limit: 5, Period: time.Minute}
@@ -77,7 +78,7 @@ func TestRedisStoreCluster(t *testing.T) {
 			if ok, err := s.Decide(ctx, []Item{{Scope: "p", Key: "a", Policy: p, Cost: 1}}, out); err != nil || !ok {
 				t.Fatal(ok, err)
 			}
-			clk.Add(time.Millisecond)
+			clk.Advance(time.Millisecond)
 			batch := []Item{
 				{Scope: "p", Key: "a", Policy: p, Cost: 2},
 				{Scope: "p", Key: "b", Policy: p, Cost: 3},
@@ -134,7 +135,7 @@ func TestRedisStoreCluster(t *testing.T) {
 	for a := Algorithm(0); a < numAlgorithms; a++ {
 		t.Run("refund-restores-state/"+a.String(), func(t *testing.T) {
 			c := cl.Client(t)
-			clk := newFakeClock(rt0) // rt0 starts a minute: a window boundary
+			clk := testclock.New(rt0) // rt0 starts a minute: a window boundary
 			prefix := "refund-state-" + a.String() + ":"
 			rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
 			ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
@@ -160,7 +161,7 @@ func TestRedisStoreCluster(t *testing.T) {
 				}
 			}
 			step("charge a", []Item{a1}, true) // bucket: TAT rt0+12s; windows: 1 in the first minute
-			clk.Add(70 * time.Second)          // a is full again, in the next window
+			clk.Advance(70 * time.Second)      // a is full again, in the next window
 			step("denied batch", []Item{a1, z}, false)
 			if !outR[0].Allowed {
 				t.Fatalf("a was not charged on its slot: %+v", outR[0])
@@ -175,7 +176,7 @@ func TestRedisStoreCluster(t *testing.T) {
 			// still counts (3 left after this one; without the state, 4).
 			// The log's entry left the window at the denied batch, which
 			// trimmed it on both stores.
-			clk.Add(-63 * time.Second)
+			clk.Advance(-63 * time.Second)
 			step("clock gone back", []Item{a1}, true)
 			want := int64(3)
 			if a == SlidingWindowLog {

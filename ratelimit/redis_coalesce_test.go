@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/lua"
 )
 
@@ -134,7 +135,7 @@ func TestRedisStoreCoalescedAsSequential(t *testing.T) {
 			loadScripts(t, c)
 			hook := newGateHook(2) // call 1 pre-drains y, call 2 is the one in flight
 			c.AddHook(hook)
-			clk := newFakeClock(rt0)
+			clk := testclock.New(rt0)
 			rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Coalescing: 1})
 			ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
 			// 3 per 1000 s: nothing refills during the test
@@ -228,7 +229,7 @@ func TestRedisStoreCoalescedCancel(t *testing.T) {
 	loadScripts(t, c)
 	hook := newGateHook(1, 2)
 	c.AddHook(hook)
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Coalescing: 1})
 	p := Policy{Limit: 3, Period: 1000 * time.Second, Burst: 3}
 	it := func(key string, n int64) Item { return Item{Scope: "s", Key: key, Policy: p, Cost: n} }

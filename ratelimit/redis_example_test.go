@@ -23,7 +23,7 @@ func ExampleNewRedisStore() {
 	if err != nil {
 		panic(err) // the policy is invalid
 	}
-	d, err := lim.Allow(context.Background(), "203.0.113.7")
+	d, err := lim.Allow(context.Background(), "203.0.113.7", 1)
 	switch {
 	case err != nil:
 		fmt.Println("redis failed:", err) // fail open or closed: see package fallback

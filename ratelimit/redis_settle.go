@@ -16,10 +16,10 @@ import (
 	"github.com/spillway-go/spillway/lua"
 )
 
-// Settles off the request path (Hold.SettleAsync on a RedisStore).
+// Settles off the request path (Hold.settleAsync on a RedisStore).
 //
 // A settle decides nothing a client sees, so it need not make the request
-// wait for a round trip. SettleAsync puts it in the store's queue and
+// wait for a round trip. settleAsync puts it in the store's queue and
 // returns; the store sends what is queued in one settle script call per
 // Cluster slot (one in all on a single server), in one pipeline:
 //
@@ -55,13 +55,13 @@ const (
 	settleRetry       = 100 * time.Millisecond // the pause after a failed flush
 )
 
-// SetGate installs gate, asked before each call after admission (a nil
+// setGate installs gate, asked before each call after admission (a nil
 // gate always calls; fallback.Store installs its breaker). While gate
 // returns false, the store's background path sends no settle (they wait in the queue while their
 // holds live, else are left to their TTL) and a synchronous Settle
-// returns an error wrapping ErrNotSent at once. gate must be quick and
+// returns an error wrapping errNotSent at once. gate must be quick and
 // safe for concurrent use.
-func (s *RedisStore) SetGate(gate func() bool) {
+func (s *RedisStore) setGate(gate func() bool) {
 	if gate == nil {
 		s.gate.Store(nil)
 		return
@@ -96,7 +96,7 @@ type flight struct {
 	done chan struct{} // closed once answered or put back
 }
 
-// settleQueue is a RedisStore's queue of settles. SettleAsync pushes onto
+// settleQueue is a RedisStore's queue of settles. settleAsync pushes onto
 // a lock-free stack (in), so that a done never waits on a lock that a
 // descheduled goroutine holds; the senders move it, in order, to q under
 // mu.
@@ -153,14 +153,14 @@ func (s *RedisStore) settleAsync(h *Hold, actual []int64, then func([]SettleResu
 	}
 	q := s.sq
 	if q.closed.Load() {
-		then(nil, fmt.Errorf("ratelimit: redis: store closed: %w", ErrNotSent))
+		then(nil, fmt.Errorf("ratelimit: redis: store closed: %w", errNotSent))
 		return
 	}
 	n := int64(len(h.items))
 	after := q.items.Add(n)
 	if after > q.max {
 		q.items.Add(-n)
-		then(nil, fmt.Errorf("ratelimit: redis: %d settle items queued, the bound: %w", q.max, ErrNotSent))
+		then(nil, fmt.Errorf("ratelimit: redis: %d settle items queued, the bound: %w", q.max, errNotSent))
 		return
 	}
 	a := &asyncSettle{h: h, actual: actual, res: res, then: then} // res: the fixed items answered
@@ -369,7 +369,7 @@ func (q *settleQueue) requeue(batch []*asyncSettle, err error) {
 	q.q = append(back, q.q...)
 	q.mu.Unlock()
 	for _, a := range dropped {
-		a.then(nil, fmt.Errorf("%w: %w", ErrNotSent, err))
+		a.then(nil, fmt.Errorf("%w: %w", errNotSent, err))
 	}
 }
 
@@ -508,7 +508,7 @@ func (s *RedisStore) settleLoop(exited chan struct{}) {
 }
 
 // errGateClosed is the cause of a settle not sent because the store's
-// gate (SetGate) refused the call.
+// gate (setGate) refused the call.
 var errGateClosed = errors.New("ratelimit: redis: the store's gate refused the call (breaker open)")
 
 // settleCall is one settle script call of a flush: the items of one slot
@@ -645,11 +645,11 @@ func (a *asyncSettle) answered() bool {
 	return true
 }
 
-// Flush sends the settles queued so far (Hold.SettleAsync) at once and
+// flushSettles sends the settles queued so far (Hold.settleAsync) at once and
 // waits until none is queued or on its way, or ctx ends (then it returns
 // ctx.Err()). A settle its call could not send is put back while its hold
-// lives, so Flush returns only once that settle was answered or dropped.
-func (s *RedisStore) Flush(ctx context.Context) error {
+// lives, so it returns only once that settle was answered or dropped.
+func (s *RedisStore) flushSettles(ctx context.Context) error {
 	q := s.sq
 	for {
 		q.mu.Lock()
@@ -670,10 +670,10 @@ func (s *RedisStore) Flush(ctx context.Context) error {
 	}
 }
 
-// Close sends the settles still queued (Hold.SettleAsync) and waits until
-// they are answered or ctx ends; what is still queued then is left to its
-// holds' TTL (their then gets an error wrapping ErrNotSent). After Close,
-// SettleAsync no longer queues (its then gets ErrNotSent); decisions,
+// Close sends the settles still queued off the request path (by tiers'
+// `cost: response` rules) and waits until they are answered or ctx ends;
+// what is still queued then is left to its holds' TTL. After Close, such
+// settles are no longer queued (left to their TTL); decisions,
 // reservations and synchronous settles still work: Close does not close
 // the client, which belongs to the caller. It returns ctx.Err() when ctx
 // ended first.
@@ -709,7 +709,7 @@ func (s *RedisStore) Close(ctx context.Context) error {
 	}
 	q.mu.Unlock()
 	for _, a := range left {
-		a.then(nil, fmt.Errorf("ratelimit: redis: store closed before the settle was sent: %w", ErrNotSent))
+		a.then(nil, fmt.Errorf("ratelimit: redis: store closed before the settle was sent: %w", errNotSent))
 	}
 	return ctx.Err()
 }

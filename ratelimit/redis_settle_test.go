@@ -25,7 +25,7 @@ type settleResult struct {
 func settleAsync(t *testing.T, h *Hold, actual ...int64) <-chan settleResult {
 	t.Helper()
 	ch := make(chan settleResult, 1)
-	if err := h.SettleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
+	if err := h.settleAsync(actual, func(res []SettleResult, err error) { ch <- settleResult{res, err} }); err != nil {
 		t.Fatalf("SettleAsync: %v", err)
 	}
 	return ch
@@ -54,20 +54,20 @@ func TestRedisSettleAsync(t *testing.T) {
 			}()
 			items := []Item{{Scope: "a", Key: "k1", Policy: p, Cost: 30}, {Scope: "a", Key: "k2", Policy: p, Cost: 20}, {Scope: "b", Key: "k1", Policy: p, Cost: 10}}
 			h, err := s.Reserve(ctx, items, time.Minute)
-			if err != nil || !h.Allowed() {
+			if err != nil || !h.allowed {
 				t.Fatal(h, err)
 			}
-			if err := h.SettleAsync([]int64{1}, nil); err == nil {
+			if err := h.settleAsync([]int64{1}, nil); err == nil {
 				t.Fatal("SettleAsync of 1 cost for 3 items: no error")
 			}
-			if err := h.SettleAsync([]int64{1, -1, 1}, nil); !errors.Is(err, ErrInvalidCost) {
+			if err := h.settleAsync([]int64{1, -1, 1}, nil); !errors.Is(err, ErrInvalidCost) {
 				t.Fatalf("SettleAsync of a negative cost: %v", err)
 			}
 			r := <-settleAsync(t, h, 5, 20, 40)
 			if r.err != nil || fmt.Sprint(r.res) != "[applied applied applied]" {
 				t.Fatalf("async settle: %v %v", r.res, r.err)
 			}
-			if res, err := h.SettleEach(ctx, []int64{0, 0, 0}); err != nil || fmt.Sprint(res) != "[already_settled already_settled already_settled]" {
+			if res, err := h.settleEach(ctx, []int64{0, 0, 0}); err != nil || fmt.Sprint(res) != "[already_settled already_settled already_settled]" {
 				t.Fatalf("settle after the async one: %v %v", res, err)
 			}
 			if r := <-settleAsync(t, h, 0, 0, 0); r.err != nil || fmt.Sprint(r.res) != "[already_settled already_settled already_settled]" {
@@ -94,14 +94,14 @@ func TestRedisSettleAsync(t *testing.T) {
 					key := fmt.Sprint("g", g)
 					for range 20 {
 						h, err := s.Reserve(ctx, []Item{{Scope: "c", Key: key, Policy: p, Cost: 3}}, time.Minute)
-						if err != nil || !h.Allowed() {
+						if err != nil || !h.allowed {
 							bad.Add(1)
 							return
 						}
 						if _, err := s.Decide(ctx, []Item{{Scope: "d", Key: key, Policy: p, Cost: 1}}, make([]spillway.Decision, 1)); err != nil {
 							bad.Add(1)
 						}
-						if err := h.SettleAsync([]int64{1}, func(res []SettleResult, err error) {
+						if err := h.settleAsync([]int64{1}, func(res []SettleResult, err error) {
 							if err != nil || res[0] != SettleApplied {
 								bad.Add(1)
 							}
@@ -112,7 +112,7 @@ func TestRedisSettleAsync(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if err := s.Flush(ctx); err != nil {
+			if err := s.flushSettles(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if bad.Load() != 0 {
@@ -129,9 +129,9 @@ func TestRedisSettleAsync(t *testing.T) {
 }
 
 // TestRedisSettleGate: while the store's gate is closed nothing is sent:
-// a synchronous settle returns ErrNotSent at once, async settles wait in
+// a synchronous settle returns errNotSent at once, async settles wait in
 // the queue, and land once the gate opens; past the queue's bound they
-// are refused with ErrNotSent; Close at a deadline drops what is left.
+// are refused with errNotSent; Close at a deadline drops what is left.
 func TestRedisSettleGate(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -141,23 +141,23 @@ func TestRedisSettleGate(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Hour}
 	s := mustRedisStore(c, RedisSettings{Prefix: "gate:", SettleQueue: 2})
 	var open atomic.Bool
-	s.SetGate(open.Load)
+	s.setGate(open.Load)
 	it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 10}}
 	var hs []*Hold
 	for range 4 {
 		h, err := s.Reserve(ctx, it, time.Minute) // the gate is for calls after admission only
-		if err != nil || !h.Allowed() {
+		if err != nil || !h.allowed {
 			t.Fatal(h, err)
 		}
 		hs = append(hs, h)
 	}
 	before := hook.n.Load()
-	if _, err := hs[0].Settle(ctx, 0); !errors.Is(err, ErrNotSent) {
-		t.Fatalf("synchronous settle with the gate closed: %v, want ErrNotSent", err)
+	if _, err := hs[0].Settle(ctx, 0); !errors.Is(err, errNotSent) {
+		t.Fatalf("synchronous settle with the gate closed: %v, want errNotSent", err)
 	}
 	a1, a2 := settleAsync(t, hs[1], 0), settleAsync(t, hs[2], 0)
-	if r := <-settleAsync(t, hs[3], 0); !errors.Is(r.err, ErrNotSent) {
-		t.Fatalf("third settle on a queue of 2: %v, want ErrNotSent", r.err)
+	if r := <-settleAsync(t, hs[3], 0); !errors.Is(r.err, errNotSent) {
+		t.Fatalf("third settle on a queue of 2: %v, want errNotSent", r.err)
 	}
 	time.Sleep(3 * settleRetry)
 	if n := hook.n.Load() - before; n != 0 {
@@ -181,11 +181,11 @@ func TestRedisSettleGate(t *testing.T) {
 	}
 
 	// Close at a deadline while the gate is closed: the queued settle is
-	// dropped with ErrNotSent, and later ones are refused.
+	// dropped with errNotSent, and later ones are refused.
 	open.Store(false)
 	it[0].Cost = 10
 	h, err := s.Reserve(ctx, it, time.Minute)
-	if err != nil || !h.Allowed() {
+	if err != nil || !h.allowed {
 		t.Fatal(h, err)
 	}
 	ch := settleAsync(t, h, 0)
@@ -194,10 +194,10 @@ func TestRedisSettleGate(t *testing.T) {
 	if err := s.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close with the gate closed: %v", err)
 	}
-	if r := <-ch; !errors.Is(r.err, ErrNotSent) {
+	if r := <-ch; !errors.Is(r.err, errNotSent) {
 		t.Fatalf("settle left at Close: %v", r)
 	}
-	if r := <-settleAsync(t, hs[0], 0); !errors.Is(r.err, ErrNotSent) {
+	if r := <-settleAsync(t, hs[0], 0); !errors.Is(r.err, errNotSent) {
 		t.Fatalf("settle after Close: %v", r)
 	}
 }
@@ -215,16 +215,16 @@ func TestRedisSettleRidesOnNextCall(t *testing.T) {
 	p := Policy{Limit: 100, Period: time.Hour}
 	it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 50}}
 	h, err := s.Reserve(ctx, it, time.Minute)
-	if err != nil || !h.Allowed() {
+	if err != nil || !h.allowed {
 		t.Fatal(h, err)
 	}
 	answered := make(chan settleResult, 1)
-	if err := h.SettleAsync([]int64{10}, func(res []SettleResult, err error) { answered <- settleResult{res, err} }); err != nil {
+	if err := h.settleAsync([]int64{10}, func(res []SettleResult, err error) { answered <- settleResult{res, err} }); err != nil {
 		t.Fatal(err)
 	}
 	before := hook.n.Load()
 	h2, err := s.Reserve(ctx, it, time.Minute) // carries the settle: 100 − 10 − 50
-	if err != nil || !h2.Allowed() || h2.Decision().Remaining != 40 {
+	if err != nil || !h2.allowed || h2.Decision().Remaining != 40 {
 		t.Fatalf("reserve after the settle: %+v %v, want 40 left", h2.Decision(), err)
 	}
 	if r := <-answered; r.err != nil || r.res[0] != SettleApplied {
@@ -245,10 +245,10 @@ func TestRedisSettleRidesOnNextCall(t *testing.T) {
 	for i, c := range []struct{ actual, want int64 }{{40, 48}, {0, 47}} {
 		want := c.want
 		h3, err := s.Reserve(ctx, it, time.Minute)
-		if err != nil || !h3.Allowed() {
+		if err != nil || !h3.allowed {
 			t.Fatal(h3, err)
 		}
-		if err := h2.SettleAsync([]int64{c.actual}, nil); err != nil {
+		if err := h2.settleAsync([]int64{c.actual}, nil); err != nil {
 			t.Fatal(err)
 		}
 		h2 = h3
@@ -278,7 +278,7 @@ func TestRedisSettleInFlightOrdersNextCall(t *testing.T) {
 			q.running.Store(true) // no background goroutine: the test is the sender
 			it := []Item{{Scope: "a", Key: "k", Policy: p, Cost: 50}}
 			h, err := s.Reserve(ctx, it, time.Minute)
-			if err != nil || !h.Allowed() || h.Decision().Remaining != 50 {
+			if err != nil || !h.allowed || h.Decision().Remaining != 50 {
 				t.Fatal(h, err)
 			}
 			answered := settleAsync(t, h, 10)

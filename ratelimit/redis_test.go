@@ -14,16 +14,9 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/lua"
 )
-
-// fakeClock is a settable clock for the stores' Clock.
-type fakeClock struct{ us atomic.Int64 }
-
-func (c *fakeClock) Now() time.Time       { return time.UnixMicro(c.us.Load()) }
-func (c *fakeClock) Add(d time.Duration)  { c.us.Add(d.Microseconds()) }
-func (c *fakeClock) Set(t time.Time)      { c.us.Store(t.UnixMicro()) }
-func newFakeClock(t time.Time) *fakeClock { c := &fakeClock{}; c.Set(t); return c }
 
 // redisServer starts one redis-server for the test and returns a client.
 func redisServer(t testing.TB) (*redistest.Server, *redis.Client) {
@@ -36,7 +29,7 @@ var rt0 = time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
 
 func TestRedisStoreTokenBucketSteps(t *testing.T) {
 	_, c := redisServer(t)
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	s := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	// T = 100s, tau = 300s: Redis expires keys in real time, and no TTL
 	// may end during the test, however loaded the machine
@@ -77,7 +70,7 @@ func TestRedisStoreTokenBucketSteps(t *testing.T) {
 
 func TestRedisStoreBatchAllOrNothing(t *testing.T) {
 	_, c := redisServer(t)
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	s := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	ctx := context.Background()
 	tb := Policy{Limit: 5, Period: time.Second}
@@ -167,7 +160,7 @@ func randomPolicy(r *rand.Rand) Policy {
 	case SlidingWindowBuckets:
 		p.Buckets = []int64{0, 1, 2, 3, 4, 7, 10}[r.IntN(7)]
 		p.Mode = WindowMode(r.IntN(2))
-		N := p.EffectiveBuckets()
+		N := p.effectiveBuckets()
 		us := (p.Period.Microseconds() + N - 1) / N * N // a multiple of N, ≥ limit
 		p.Period = time.Duration(us) * time.Microsecond
 	}
@@ -188,7 +181,7 @@ var debugKey = ""
 func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed uint64, steps int, fam family) {
 	buckets := fam != anyFamily
 	r := rand.New(rand.NewPCG(seed, 99))
-	clk := newFakeClock(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
+	clk := testclock.New(rt0.Add(time.Duration(r.Int64N(int64(time.Hour)))))
 	prefix := fmt.Sprintf("diff%d:", seed)
 	rs := mustRedisStore(c, RedisSettings{Clock: clk.Now, Prefix: prefix})
 	ms := NewMemoryStore(MemorySettings{Clock: clk.Now})
@@ -214,13 +207,13 @@ func differential(t *testing.T, c redis.UniversalClient, hook *freezeHook, seed 
 	for step := 0; step < steps; step++ {
 		switch x := r.IntN(20); {
 		case x < 12:
-			clk.Add(time.Duration(r.Int64N(int64(300 * time.Millisecond))))
+			clk.Advance(time.Duration(r.Int64N(int64(300 * time.Millisecond))))
 		case x < 14:
-			clk.Add(time.Duration(r.Int64N(int64(3 * time.Second))))
+			clk.Advance(time.Duration(r.Int64N(int64(3 * time.Second))))
 		case x < 15:
-			clk.Add(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
+			clk.Advance(-time.Duration(r.Int64N(int64(500 * time.Millisecond)))) // backwards
 		case x < 16:
-			clk.Add(time.Duration(r.Int64N(1000)) * time.Microsecond)
+			clk.Advance(time.Duration(r.Int64N(1000)) * time.Microsecond)
 		}
 		round := make([][]Item, 1)
 		if r.IntN(3) == 0 {
@@ -468,7 +461,7 @@ func TestRedisStoreContention(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			const burst = 100
 			p := Policy{Algorithm: alg, Limit: burst, Period: time.Hour} // no meaningful refill during the test
-			clk := newFakeClock(rt0)                                     // frozen: no refill at all
+			clk := testclock.New(rt0)                                    // frozen: no refill at all
 			var stores [4]*RedisStore
 			for i := range stores {
 				stores[i] = mustRedisStore(srv.Client(t), RedisSettings{Clock: clk.Now})
@@ -624,7 +617,7 @@ func TestRedisStoreReset(t *testing.T) {
 // microsecond each get their own member (never the timestamp alone).
 func TestRedisStoreLogMembersUnique(t *testing.T) {
 	_, c := redisServer(t)
-	clk := newFakeClock(rt0)
+	clk := testclock.New(rt0)
 	s1 := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	s2 := mustRedisStore(c, RedisSettings{Clock: clk.Now})
 	p := Policy{Algorithm: SlidingWindowLog, Limit: 3000, Period: time.Minute}

@@ -24,7 +24,7 @@ type Item struct {
 	Policy Policy
 	Cost   int64             // 0 peeks: allowed, charges nothing
 	Fail   spillway.FailMode // what the limit wants when the store is unavailable
-	// Fixed, in a Reserver.Reserve, charges Cost at admission, as Decide
+	// Fixed, in a store's Reserve, charges Cost at admission, as Decide
 	// would, with the batch's other items (all or nothing), and holds
 	// nothing for it: the hold's settle leaves it as it is and reports
 	// SettleApplied (a cancel of a Cluster batch that another slot

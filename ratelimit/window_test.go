@@ -19,7 +19,7 @@ func TestPolicyWindow(t *testing.T) {
 		{Policy{Algorithm: SlidingWindowCounter, Limit: 10, Period: time.Minute}, time.Minute},
 		{Policy{Algorithm: TokenBucket, Limit: 0, Period: time.Minute}, 0}, // invalid
 	} {
-		if got := c.p.Window(); got != c.want {
+		if got := c.p.window(); got != c.want {
 			t.Errorf("%v: Window %v, want %v", c.p, got, c.want)
 		}
 	}

@@ -558,7 +558,7 @@ func (l *loader) rateLimit(r *Rule, n *yaml.Node, first bool) error {
 		}
 		alg := ratelimit.FixedWindow
 		if a := f["algorithm"]; a != nil {
-			if alg, err = ratelimit.ParseAlgorithm(a.Value); err != nil {
+			if err = alg.UnmarshalText([]byte(a.Value)); err != nil {
 				return l.errf(a, "algorithm: %s", strings.TrimPrefix(err.Error(), "ratelimit: "))
 			}
 		}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -59,7 +60,7 @@ func Logger(s Settings, w io.Writer) *slog.Logger {
 // NewRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
 // REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH, REDIS_POOL_SIZE and
 // REDIS_TLS* describe, tuned so that a call's budget holds
-// (fallback.Tune…Options).
+// (fallback.TuneOptions).
 func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	user, pass := "", s.RedisAuth
 	if u, p, ok := strings.Cut(s.RedisAuth, ":"); ok {
@@ -96,7 +97,7 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		return redis.NewClient(o), nil
 	case "cluster":
 		o := &redis.UniversalOptions{Addrs: urls, Username: user, Password: pass, PoolSize: s.RedisPoolSize, IsClusterMode: true}
-		fallback.TuneUniversalOptions(o)
+		fallback.TuneOptions(o)
 		if tc != nil {
 			o.Dialer = tlsDialer(tc, o.DialTimeout)
 		}
@@ -107,7 +108,7 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 		}
 		o := &redis.FailoverOptions{MasterName: urls[0], SentinelAddrs: urls[1:], Username: user, Password: pass,
 			SentinelPassword: s.RedisSentinelAuth, PoolSize: s.RedisPoolSize}
-		fallback.TuneFailoverOptions(o)
+		fallback.TuneOptions(o)
 		if tc != nil {
 			o.Dialer = tlsDialer(tc, o.DialTimeout)
 		}
@@ -125,7 +126,7 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 	if s.CacheKeyPrefix != "" {
 		prefix = s.CacheKeyPrefix
 	}
-	h := fallback.HealthOf(client)
+	h, _ := fallbackview.HealthOf(client).(*fallback.Health)
 	if h == nil {
 		var err error
 		if h, err = fallback.NewHealth(client, fallback.HealthSettings{Name: "redis"}); err != nil {
@@ -181,7 +182,7 @@ type Server struct {
 func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, error) {
 	stats := NewStats()
 	if fs, ok := store.(*fallback.Store); ok {
-		h := fs.Health()
+		h := fallbackview.StoreHealth(fs).(*fallback.Health)
 		stats.health = func() (string, int64, int64) {
 			st := h.Stats()
 			return h.State().String(), st.Opened, st.Failures
@@ -197,8 +198,8 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 			return m
 		}
 		stats.local = func() (int64, int64) {
-			st := fs.Stats()
-			return st.Overloaded, st.Degraded - st.Overloaded
+			degraded, overloaded := fallbackview.StoreDegraded(fs)
+			return overloaded, degraded - overloaded
 		}
 	}
 	stats.millis = s.ResponseTimeMillis
@@ -441,7 +442,7 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 		log.Warn("rls: " + n)
 	}
 	// go-redis's own lines in the same format, one per pattern per 10s
-	redis.SetLogger(fallback.NewRedisLogger(log, 0))
+	fallback.SetRedisLogger(log, 0)
 	client, err := NewRedisClient(s)
 	if err != nil {
 		return err

@@ -676,7 +676,7 @@ func appendIETF(policy, state []byte, r *Rule, hits int64, ds []spillway.Decisio
 		policy = append(policy, ";q="...)
 		policy = strconv.AppendInt(policy, q, 10)
 		policy = append(policy, ";w="...)
-		policy = strconv.AppendInt(policy, ceilSeconds(lim.Policy.Window()), 10)
+		policy = strconv.AppendInt(policy, ceilSeconds(rateHooks.Window(lim.Policy)), 10)
 		remaining := int64(0)
 		if d.Allowed {
 			remaining = max(d.Remaining, 0)

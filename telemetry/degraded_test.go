@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/globalceiling"
 	"github.com/spillway-go/spillway/telemetry"
 	"github.com/stretchr/testify/require"
@@ -30,27 +29,16 @@ func decisionCounts(t *testing.T, m metricdata.Metrics) map[string]int64 {
 	return out
 }
 
-// Every local decision shows as degraded in the decisions metric,
-// whichever way Instrument wraps the chain: inside a fallback.Limiter it
-// saw the store's error (and counted outcome="error"); now it counts the
-// local decision that replaced the error. (The Redis blocks decide locally
-// by themselves, so an Instrument around them sees their Degraded
-// decisions directly.) Without a fallback the error stays an error.
-func TestLocalDecisionsCountAsDegraded(t *testing.T) {
+// A store's error is counted as an error, not as a decision: the blocks
+// of the library that fall back mark their local decisions Degraded
+// themselves, so an Instrument around them sees those directly.
+func TestStoreErrorCountsAsError(t *testing.T) {
 	_, tp, reader, mp := setup()
 	opts := []telemetry.Option{telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp), telemetry.WithClock(stepClock())}
 	ctx := context.Background()
 	req := func() *spillway.Request { return &spillway.Request{Priority: spillway.Critical} }
 
-	// Instrument inside a fallback.Limiter without a local limiter: the
-	// request is admitted, degraded.
-	fl, err := fallback.NewLimiter(telemetry.Instrument(storeDown, "wrapped", opts...), nil, fallback.Settings{Name: "db_fallback"})
-	require.NoError(t, err)
-	d, _, err := fl.Admit(ctx, req())
-	require.NoError(t, err)
-	require.True(t, d.Allowed && d.Degraded)
-
-	// A Guard without a fallback fails closed: an error, for both.
+	// A Guard around a failing limiter fails closed: an error.
 	g3, err := globalceiling.NewGuard(telemetry.Instrument(storeDown, "unguarded", opts...))
 	require.NoError(t, err)
 	_, _, err = g3.Admit(ctx, req())
@@ -58,7 +46,6 @@ func TestLocalDecisionsCountAsDegraded(t *testing.T) {
 
 	got := decisionCounts(t, collect(t, reader)[telemetry.MetricDecisions])
 	require.Equal(t, map[string]int64{
-		"wrapped allowed true none":  1,
 		"unguarded error false none": 1,
 	}, got)
 }

@@ -16,7 +16,7 @@
 // (spillway.breaker.state), read at every collection. HoldMetrics counts
 // the holds of limits charged on the actual cost (spillway.holds.*:
 // outstanding, settles by result, units settled, expired) for tiers to
-// feed (tiers.WithHoldObserver).
+// feed (tiers.Settings.HoldObserver).
 //
 // The shortest use:
 //

@@ -35,7 +35,7 @@ var settleResults = [...]string{SettleApplied, SettleAlreadySettled, SettleExpir
 // implements tiers.HoldObserver:
 //
 //	hm := telemetry.NewHoldMetrics("api", nil)
-//	lim, err := tiers.New(cfg, store, tiers.WithHoldObserver(hm))
+//	lim, err := tiers.New(cfg, store, tiers.Settings{HoldObserver: hm})
 //
 // Metrics, each with the attributes spillway.limiter (the name given
 // here) and spillway.rule (the rule's id: a config has few; limiter keys

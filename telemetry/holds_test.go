@@ -57,7 +57,7 @@ limits:
     bucket: 1000/minute
 `))
 	require.NoError(t, err)
-	lim, err := tiers.New(cfg, store, tiers.WithHoldObserver(hm), tiers.WithHoldTTL(10*time.Second))
+	lim, err := tiers.New(cfg, store, tiers.Settings{HoldObserver: hm, HoldTTL: 10 * time.Second})
 	require.NoError(t, err)
 	admit := func() (*spillway.Request, spillway.Done) {
 		r := &spillway.Request{Endpoint: "/gen", Priority: spillway.Critical, Usage: new(spillway.Usage)}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
-	"github.com/spillway-go/spillway/internal/degrade"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -133,12 +132,6 @@ type instrumented struct {
 // Instrument wraps l so that every decision is traced and counted under
 // name (bounded: a limiter or chain name, never a key). Instrument errors
 // from the meter go to otel.Handle and leave that instrument a no-op.
-//
-// Every local decision counts as degraded, wherever Instrument sits: when
-// l's error is replaced by a local decision further out (l is the chain a
-// globalceiling.Guard with a fallback, or a fallback.Limiter, guards), the
-// local decision is what is counted, degraded, allowed or denied — not
-// the error.
 func Instrument(l spillway.Limiter, name string, opts ...Option) spillway.Limiter {
 	c := newConfig(opts)
 	meter := c.mp.Meter(ScopeName)
@@ -188,20 +181,6 @@ func (in *instrumented) Admit(ctx context.Context, r *spillway.Request) (spillwa
 	}
 	start := in.now()
 	d, done, err := in.next.Admit(ctx, r)
-	if err != nil {
-		// Inside a fallback (a Guard's local limiter, fallback.Limiter)
-		// the error is not the answer: record the local decision that
-		// replaces it, degraded, once the fallback has made it.
-		cause := err
-		if degrade.Defer(ctx, func(ld spillway.Decision, lerr error) {
-			if lerr == nil {
-				ld.Degraded = true
-			}
-			in.record(ctx, span, r, ld, lerr, cause, in.now().Sub(start))
-		}) {
-			return d, done, err
-		}
-	}
 	in.record(ctx, span, r, d, err, err, in.now().Sub(start))
 	return d, done, err
 }

@@ -207,7 +207,7 @@ func BenchmarkRedisResponseInterleaved(b *testing.B) {
 			}
 			k, _ := r.Get(spillway.DimAPIKey)
 			h, err := tokens.Reserve(ctx, k, 250)
-			if err != nil || !h.Allowed() {
+			if err != nil || !h.Decision().Allowed {
 				b.Fatalf("%v", err)
 			}
 			if _, err := h.Settle(ctx, 200); err != nil {

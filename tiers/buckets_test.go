@@ -36,8 +36,8 @@ func TestSlidingWindowBucketsRule(t *testing.T) {
 		t.Fatalf("rule 1 (defaults): %+v", r1)
 	}
 	clk := newClock()
-	clk.advance(time.Second) // 1_700_000_001 s: a sub-window starts
-	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
+	clk.Advance(time.Second) // 1_700_000_001 s: a sub-window starts
+	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now}), Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestSlidingWindowBucketsRule(t *testing.T) {
 			t.Fatalf("denied: %+v, want RetryAfter 63s", d)
 		}
 	}
-	clk.advance(63*time.Second - time.Microsecond)
+	clk.Advance(63*time.Second - time.Microsecond)
 	if d, done, err := l.Admit(ctx, login); err != nil || !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("after RetryAfter: %+v %v", d, err)
 	} else {

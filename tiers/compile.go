@@ -57,7 +57,7 @@ func scopeOf(id string, p ratelimit.Policy) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%d/%d/%d", p.Algorithm, p.Limit, int64(p.Period), p.Burst)
 	if p.Algorithm == ratelimit.SlidingWindowBuckets {
-		fmt.Fprintf(h, "/%d", p.EffectiveBuckets()) // the mode reads the same counts
+		fmt.Fprintf(h, "/%d", rateHooks.EffectiveBuckets(p)) // the mode reads the same counts
 	}
 	return fmt.Sprintf("%s@%012x", id, h.Sum64()>>16)
 }
@@ -200,14 +200,14 @@ func compile(c *Config) (*compiled, error) {
 		if hasBucket {
 			cr.policy = r.policy(r.Bucket)
 			if err := cr.policy.Validate(); err != nil {
-				return nil, c.errAt(r.Line, where(fmt.Sprintf("bucket %q", r.Bucket)), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
+				return nil, c.errAt(r.Line, where(fmt.Sprintf("bucket %q", r.Bucket.text())), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 			}
 			cr.scope = scopeOf(cr.id, cr.policy)
 			if cr.response {
 				if msg, span := checkEstimate(cr.policy, r.Estimate); msg != "" {
 					field := ""
 					if span {
-						field = fmt.Sprintf("bucket %q", r.Bucket)
+						field = fmt.Sprintf("bucket %q", r.Bucket.text())
 					}
 					return nil, c.errAt(r.Line, where(field), "%s", msg)
 				}
@@ -232,11 +232,11 @@ func compile(c *Config) (*compiled, error) {
 				}
 				p := r.policy(b)
 				if err := p.Validate(); err != nil {
-					return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
+					return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b.text()), "%s", strings.TrimPrefix(err.Error(), "ratelimit: invalid policy: "))
 				}
 				if cr.response {
 					if msg, _ := checkEstimate(p, r.Estimate); msg != "" {
-						return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b), "%s (the estimate of the rule at line %d)", msg, r.Line)
+						return nil, c.errAt(pl.Line, fmt.Sprintf("plan %q: %s %q", name, r.Plan, b.text()), "%s (the estimate of the rule at line %d)", msg, r.Line)
 					}
 				}
 				cr.perPlan[name] = planned{policy: p, scope: scopeOf(cr.id, p)}
@@ -282,7 +282,7 @@ func compile(c *Config) (*compiled, error) {
 }
 
 // holds reports whether algorithm a can hold an estimate (the bucket
-// family: see ratelimit.Reserver).
+// family: see reserver).
 func holds(a ratelimit.Algorithm) bool {
 	return a == ratelimit.TokenBucket || a == ratelimit.GCRA || a == ratelimit.LeakyBucket
 }
@@ -298,8 +298,8 @@ func checkEstimate(p ratelimit.Policy, est int64) (msg string, span bool) {
 	switch {
 	case est < 1:
 		return fmt.Sprintf("estimate %d must be at least 1 (holding nothing, a request would be admitted even while its key is in debt)", est), false
-	case p.EffectiveBurst() > maxHoldSpan/p.EmissionInterval():
-		return fmt.Sprintf("burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", p.EffectiveBurst(), p.EmissionInterval()), true
+	case rateHooks.EffectiveBurst(p) > maxHoldSpan/rateHooks.EmissionInterval(p):
+		return fmt.Sprintf("burst %d × interval %dµs exceeds 2^51 µs, the bound for holds", rateHooks.EffectiveBurst(p), rateHooks.EmissionInterval(p)), true
 	case est > p.Capacity():
 		return fmt.Sprintf("estimate %d is above the burst %d: no request could ever be admitted", est, p.Capacity()), false
 	}

@@ -22,19 +22,19 @@ type Bucket struct {
 }
 
 // Policy returns the ratelimit policy of b under algorithm a.
-func (b Bucket) Policy(a ratelimit.Algorithm) ratelimit.Policy {
+func (b Bucket) policy(a ratelimit.Algorithm) ratelimit.Policy {
 	return ratelimit.Policy{Algorithm: a, Limit: b.Limit, Period: b.Period, Burst: b.Burst}
 }
 
 // policy returns the ratelimit policy of the rule at rate b.
 func (r *Rule) policy(b Bucket) ratelimit.Policy {
-	p := b.Policy(r.Algorithm)
+	p := b.policy(r.Algorithm)
 	p.Buckets, p.Mode = r.Buckets, r.Mode
 	return p
 }
 
-// String formats b the way parseBucket reads it ("1000/minute, burst 200").
-func (b Bucket) String() string {
+// text formats b the way parseBucket reads it ("1000/minute, burst 200").
+func (b Bucket) text() string {
 	if b.Unlimited {
 		return "unlimited"
 	}
@@ -218,7 +218,7 @@ type Rule struct {
 	// (Request.Usage): the rule holds an estimate at admission and done
 	// settles it to the actual cost (see Limiter.Admit). CostResponse
 	// needs an algorithm of the bucket family and a store that holds
-	// (ratelimit.Reserver).
+	// (reserver).
 	Cost CostSource
 	// Estimate is what a CostResponse rule holds at admission when the
 	// request brings no estimate of its own (Request.Cost 0): at least 1
@@ -240,17 +240,6 @@ const (
 	// after it runs: "cost: response".
 	CostResponse
 )
-
-// String returns "request" or "response", as written in a config.
-func (c CostSource) String() string {
-	switch c {
-	case CostRequest:
-		return "request"
-	case CostResponse:
-		return "response"
-	}
-	return fmt.Sprintf("cost_source(%d)", uint8(c))
-}
 
 // Config is a parsed tiers configuration. Build one with Parse, ParseFile or
 // by hand; New and Swap validate it.

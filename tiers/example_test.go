@@ -24,7 +24,7 @@ limits:
 		fmt.Println(err)
 		return
 	}
-	lim, err := tiers.New(cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+	lim, err := tiers.New(cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), tiers.Settings{})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -61,7 +61,7 @@ func ExampleParse_error() {
 	// tiers: limits.yaml:7: bucket "10/minit": unknown unit "minit"
 }
 
-func ExampleWithPlanResolver() {
+func ExampleSettings_planResolver() {
 	cfg, err := tiers.Parse("limits.yaml", []byte(`
 plans:
   free:       {api: 1/minute}
@@ -80,7 +80,7 @@ limits:
 	}
 	plans := map[string]string{"k-pro": "pro", "k-ent": "enterprise"}
 	resolve := func(_ context.Context, key string) (string, error) { return plans[key], nil }
-	lim, _ := tiers.New(cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), tiers.WithPlanResolver(resolve))
+	lim, _ := tiers.New(cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), tiers.Settings{PlanResolver: resolve})
 	for _, key := range []string{"k-free", "k-free", "k-pro", "k-ent"} {
 		r := &spillway.Request{Endpoint: "/api/items", Priority: spillway.Critical}
 		r.Set("api_key", key)

@@ -13,29 +13,8 @@ import (
 // Rules whose cost comes from the response ("cost: response"): the
 // request's cost is known only while or after the work runs (tokens a
 // model generated, bytes streamed), so Admit holds an estimate on the
-// rule's key (ratelimit.Reserver) and done settles it to the actual cost
+// rule's key (reserver) and done settles it to the actual cost
 // (spillway.Usage). See Limiter.Admit for the whole contract.
-
-// WithHoldTTL sets how long the hold of a "cost: response" rule lives
-// unsettled before the store releases it by itself (default
-// ratelimit.DefaultHoldTTL, a minute; 1ms to ratelimit.MaxHoldTTL). Make
-// it longer than the longest request: a hold released before done runs
-// is not charged at all (only what the steps charged stays).
-func WithHoldTTL(ttl time.Duration) Option { return func(l *Limiter) { l.holdTTL = ttl } }
-
-// WithSettleTimeout bounds each store call made after admission on the
-// request's behalf: a charge when the work reports a step, the recharge
-// of a request's cost whose hold expired before done (default
-// spillway.DefaultBudget, 50 ms). They run detached from the request's
-// context and budget. The settle of done is not one of them: done hands
-// it to the store's background path (ratelimit.Hold.SettleAsync) and
-// returns; a RedisStore sends it under its own deadline and leaves a hold
-// it could not settle to the TTL.
-func WithSettleTimeout(d time.Duration) Option { return func(l *Limiter) { l.settleTimeout = d } }
-
-// WithHoldObserver sets the observer of the holds of "cost: response"
-// rules (telemetry.HoldMetrics is one).
-func WithHoldObserver(o HoldObserver) Option { return func(l *Limiter) { l.observer = o } }
 
 // HoldObserver is told about the holds of "cost: response" rules, one
 // call per rule: Held when a request's estimate is held for it, Settled
@@ -119,7 +98,7 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 	var hi, wi []int // indices of the held items and of the window items
 	response := false
 	for i := range items {
-		if p := items[i].Policy; holds(p.Algorithm) && (rules[i].response || p.EffectiveBurst() <= maxHoldSpan/p.EmissionInterval()) {
+		if p := items[i].Policy; holds(p.Algorithm) && (rules[i].response || rateHooks.EffectiveBurst(p) <= maxHoldSpan/rateHooks.EmissionInterval(p)) {
 			hi = append(hi, i)
 		} else {
 			wi = append(wi, i)
@@ -145,10 +124,10 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 		return false, nil, err
 	}
 	for j, i := range hi {
-		out[i] = rh.Decisions()[j]
+		out[i] = rateHooks.Decisions(rh)[j]
 	}
 	if len(wi) == 0 {
-		if !rh.Allowed() {
+		if !rateHooks.Allowed(rh) {
 			return false, nil, nil
 		}
 		return true, &hold{h: rh, items: held, idx: hi}, nil
@@ -156,14 +135,14 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 	win := make([]ratelimit.Item, len(wi))
 	for j, i := range wi {
 		win[j] = items[i]
-		if !rh.Allowed() {
+		if !rateHooks.Allowed(rh) {
 			win[j].Cost = 0 // peek: what the window rules have left
 		}
 	}
 	wout := make([]spillway.Decision, len(wi))
 	ok, err := l.store.Decide(ctx, win, wout)
 	if err != nil {
-		if rh.Allowed() {
+		if rateHooks.Allowed(rh) {
 			l.cancel(rh)
 			return false, nil, err
 		}
@@ -177,7 +156,7 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 	for j, i := range wi {
 		out[i] = wout[j]
 	}
-	if !rh.Allowed() {
+	if !rateHooks.Allowed(rh) {
 		return false, nil, nil
 	}
 	if !ok {
@@ -193,7 +172,7 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 // released at its TTL.
 func (l *Limiter) cancel(h *ratelimit.Hold) {
 	l.settling.Add(1)
-	if err := h.SettleAsync(make([]int64, len(h.Decisions())), func([]ratelimit.SettleResult, error) { l.settling.Done() }); err != nil {
+	if err := rateHooks.SettleAsync(h, make([]int64, len(rateHooks.Decisions(h))), func([]ratelimit.SettleResult, error) { l.settling.Done() }); err != nil {
 		l.settling.Done()
 	}
 }
@@ -319,8 +298,8 @@ func (hs *held) charge(total int64) error {
 // says the overrun needs beyond the burst, plus est's own time.
 func refusal(it *ratelimit.Item, d spillway.Decision, est int64) spillway.Decision {
 	p := it.Policy
-	T := time.Duration(p.EmissionInterval()) * time.Microsecond
-	burst := p.EffectiveBurst()
+	T := time.Duration(rateHooks.EmissionInterval(p)) * time.Microsecond
+	burst := rateHooks.EffectiveBurst(p)
 	tau := time.Duration(burst) * T // ≤ 2^51 µs: no overflow in ns
 	// wait + overrun·T − τ: what the debt will be beyond a full burst.
 	excess := d.RetryAfter
@@ -337,7 +316,7 @@ func refusal(it *ratelimit.Item, d spillway.Decision, est int64) spillway.Decisi
 		ResetAfter: excess + tau,
 		RetryAfter: excess + time.Duration(est)*T,
 		Degraded:   d.Degraded,
-		Window:     p.Window(),
+		Window:     rateHooks.Window(p),
 	}
 }
 
@@ -372,11 +351,11 @@ func (hs *held) done(o spillway.Outcome) {
 		actual = append(actual, a)
 	}
 	// The settle leaves the request path: the store sends it in the
-	// background (ratelimit.Hold.SettleAsync) and then reports. steps no
+	// background (the hold's settle off the request path) and then reports. steps no
 	// longer touch extra (settled is set), so then may read it.
 	charged = append([]int64(nil), charged...)
 	hs.l.settling.Add(1)
-	err := hs.h.SettleAsync(actual, func(res []ratelimit.SettleResult, err error) { hs.settled2(res, err, charged) })
+	err := rateHooks.SettleAsync(hs.h, actual, func(res []ratelimit.SettleResult, err error) { hs.settled2(res, err, charged) })
 	if err != nil { // bad input cannot happen here (Admit built the hold); the TTL releases it
 		hs.settled2(nil, err, charged)
 	}
@@ -436,18 +415,16 @@ func (hs *held) rechargeExpired(res []ratelimit.SettleResult) {
 
 // Flush waits until the settles of the requests whose done has run so
 // far were answered by the store (or given up: see
-// ratelimit.Hold.SettleAsync), and what followed them (see
-// WithHoldObserver) is done, or ctx ends (it then returns ctx.Err()). done
-// hands a settle to the store's background path and returns; a store with
-// a Flush(context.Context) error method (ratelimit.RedisStore) is flushed
+// the store's background path), and what followed them (see
+// Settings.HoldObserver) is done, or ctx ends (it then returns ctx.Err()). done
+// hands a settle to the store's background path and returns; the store
+// (a ratelimit.RedisStore, or a fallback.Store over one) is flushed
 // first, so that nothing waits for its linger. Call it before reading a
 // key's state right after a request, or at shutdown (then close the
 // store: ratelimit.RedisStore.Close).
 func (l *Limiter) Flush(ctx context.Context) error {
-	if f, ok := l.store.(interface{ Flush(context.Context) error }); ok {
-		if err := f.Flush(ctx); err != nil {
-			return fmt.Errorf("tiers: flush: %w", err)
-		}
+	if err := rateHooks.Flush(ctx, l.store); err != nil {
+		return fmt.Errorf("tiers: flush: %w", err)
 	}
 	idle := make(chan struct{})
 	go func() { l.settling.Wait(); l.recharges.Wait(); close(idle) }()

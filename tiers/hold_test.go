@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -63,7 +64,7 @@ func (o *obsLog) take() []string {
 // holdStore is a store under test, on a fake clock.
 type holdStore struct {
 	name string
-	new  func(t *testing.T, clk *fakeClock) ratelimit.Store
+	new  func(t *testing.T, clk *testclock.Clock) ratelimit.Store
 }
 
 // holdStores are the memory store and a real redis-server (the client's
@@ -71,15 +72,15 @@ type holdStore struct {
 func holdStores(t *testing.T) []holdStore {
 	srv := redistest.Start(t)
 	return []holdStore{
-		{"memory", func(t *testing.T, clk *fakeClock) ratelimit.Store {
-			return ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+		{"memory", func(t *testing.T, clk *testclock.Clock) ratelimit.Store {
+			return ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 		}},
-		{"redis", func(t *testing.T, clk *fakeClock) ratelimit.Store {
+		{"redis", func(t *testing.T, clk *testclock.Clock) ratelimit.Store {
 			c := srv.Client(t)
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			return mustRedisStore(c, ratelimit.RedisSettings{Clock: clk.now})
+			return mustRedisStore(c, ratelimit.RedisSettings{Clock: clk.Now})
 		}},
 	}
 }
@@ -140,7 +141,7 @@ func TestResponseCost(t *testing.T) {
 			clk := newClock()
 			store := s.new(t, clk)
 			obs := &obsLog{}
-			l := mustLimiter(t, tokensConfig, store, WithHoldObserver(obs))
+			l := mustLimiter(t, tokensConfig, store, Settings{HoldObserver: obs})
 			const key = "k1"
 
 			// 100 held: 500 left; the response used 30: 570.
@@ -219,11 +220,11 @@ func TestResponseCost(t *testing.T) {
 			if want := (spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "tokens", Limit: 600, ResetAfter: 830 * tok, RetryAfter: 330 * tok, Window: time.Minute}); d != want {
 				t.Fatalf("in debt:\n got %+v\nwant %+v", d, want)
 			}
-			clk.advance(330*tok - time.Millisecond)
+			clk.Advance(330*tok - time.Millisecond)
 			if d, _, _ := l.Admit(context.Background(), metered(key)); d.Allowed || d.RetryAfter != time.Millisecond {
 				t.Fatalf("1ms before the debt is paid: %+v", d)
 			}
-			clk.advance(time.Millisecond)
+			clk.Advance(time.Millisecond)
 			admitOK(t, l, metered(key), allowed("tokens", 600, 0, 600*tok))(spillway.Success)
 			flushT(t, l)
 			if got, want := obs.take(), []string{"held tokens 50", "settled tokens 300 applied", "held tokens 100", "settled tokens 100 applied"}; !slices.Equal(got, want) {
@@ -244,7 +245,7 @@ func TestResponseCostSteps(t *testing.T) {
 			clk := newClock()
 			store := s.new(t, clk)
 			obs := &obsLog{}
-			l := mustLimiter(t, tokensConfig, store, WithHoldObserver(obs))
+			l := mustLimiter(t, tokensConfig, store, Settings{HoldObserver: obs})
 			const key = "k2"
 			r := metered(key)
 			done := admitOK(t, l, r, allowed("tokens", 600, 500, 100*tok))
@@ -363,7 +364,7 @@ func TestResponseCostHostile(t *testing.T) {
 			clk := newClock()
 			store := s.new(t, clk)
 			obs := &obsLog{}
-			l := mustLimiter(t, tokensConfig, store, WithHoldObserver(obs))
+			l := mustLimiter(t, tokensConfig, store, Settings{HoldObserver: obs})
 
 			// An estimate no bucket can hold: denied, nothing charged.
 			r := metered("h1")
@@ -403,7 +404,7 @@ func TestResponseCostHostile(t *testing.T) {
 			if d.Allowed || d.RetryAfter != 700*tok || d.ResetAfter != 1200*tok {
 				t.Fatalf("after MaxInt64: %+v (want the debt at its bound, one burst)", d)
 			}
-			clk.advance(700 * tok)
+			clk.Advance(700 * tok)
 			admitOK(t, l, metered("h2"), allowed("tokens", 600, 0, 600*tok))(spillway.Success)
 			flushT(t, l)
 			if got := obs.take(); len(got) != 4 || got[1] != fmt.Sprintf("settled tokens %d applied", int64(math.MaxInt64)) {
@@ -423,13 +424,13 @@ func TestResponseCostSettleAfterTTL(t *testing.T) {
 			clk := newClock()
 			store := s.new(t, clk)
 			obs := &obsLog{}
-			l := mustLimiter(t, tokensConfig, store, WithHoldObserver(obs), WithHoldTTL(10*time.Second))
+			l := mustLimiter(t, tokensConfig, store, Settings{HoldObserver: obs, HoldTTL: 10 * time.Second})
 			r := metered("t1")
 			done := admitOK(t, l, r, allowed("tokens", 600, 500, 100*tok))
 			if err := r.Usage.Add(150); err != nil { // 50 over: charged now
 				t.Fatal(err)
 			}
-			clk.advance(10 * time.Second) // 100 tokens and the calls token refill
+			clk.Advance(10 * time.Second) // 100 tokens and the calls token refill
 			// The store released both holds at their TTL: the bucket is
 			// full again; the step charges its 20 all the same.
 			if err := r.Usage.Add(20); err != nil {
@@ -487,7 +488,7 @@ limits:
 			}
 			left(map[string]int64{"tokens": 5800, "daily": 0})
 			// The hold denies: the window rule is peeked, not charged.
-			clk.advance(6400 * time.Second)
+			clk.Advance(6400 * time.Second)
 			r := metered("w1")
 			r.Cost = 6001
 			d, _, err = l.Admit(context.Background(), r)
@@ -525,9 +526,9 @@ limits:
 			store := s.new(t, clk)
 			obs := &obsLog{}
 			var shadowed []string
-			l := mustLimiter(t, yml, store, WithHoldObserver(obs), WithShadow(func(_ context.Context, _ *spillway.Request, d spillway.Decision) {
+			l := mustLimiter(t, yml, store, Settings{HoldObserver: obs, Shadow: func(_ context.Context, _ *spillway.Request, d spillway.Decision) {
 				shadowed = append(shadowed, fmt.Sprintf("%s %v %d", d.Limiter, d.Allowed, d.Remaining))
-			}))
+			}})
 			r := metered("s1")
 			done := admitOK(t, l, r, allowed("tokens", 600, 500, 100*tok))
 			if err := r.Usage.Add(200); err != nil { // dark has 50 left: never refuses
@@ -551,7 +552,7 @@ limits:
 			if got, want := obs.take(), []string{"held tokens 100", "held dark 100", "settled tokens 200 applied", "settled dark 200 applied", "held tokens 100", "settled tokens 10 applied"}; !slices.Equal(got, want) {
 				t.Fatalf("observer: %q, want %q", got, want)
 			}
-			if st := l.Stats()["dark"]; st.ShadowDenied != 1 || st.Matched != 2 {
+			if st := l.stats()["dark"]; st.ShadowDenied != 1 || st.Matched != 2 {
 				t.Fatalf("dark stats %+v", st)
 			}
 		})
@@ -568,8 +569,8 @@ func TestResponseCostNeedsReserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = New(cfg, plainStore{ratelimit.NewMemoryStore(ratelimit.MemorySettings{})})
-	want := `tiers: limits.yaml:3: rule "tokens": cost: response needs a store that holds estimates (a ratelimit.Reserver); tiers.plainStore is not one`
+	_, err = New(cfg, plainStore{ratelimit.NewMemoryStore(ratelimit.MemorySettings{})}, Settings{})
+	want := `tiers: limits.yaml:3: rule "tokens": cost: response needs a store that holds estimates (one with a Reserve method); tiers.plainStore is not one`
 	if err == nil || err.Error() != want || !errors.Is(err, ratelimit.ErrHoldUnsupported) || !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("New = %v, want %s", err, want)
 	}
@@ -577,45 +578,42 @@ func TestResponseCostNeedsReserver(t *testing.T) {
 	if err := l.Swap(cfg); err == nil || err.Error() != want {
 		t.Fatalf("Swap = %v, want %s", err, want)
 	}
-	if l.Config() == cfg {
+	if l.config() == cfg {
 		t.Fatal("the rejected config is in use")
 	}
-	for _, o := range []Option{WithHoldTTL(0), WithHoldTTL(ratelimit.MaxHoldTTL + 1), WithSettleTimeout(0)} {
+	for _, o := range []Settings{{HoldTTL: -1}, {HoldTTL: ratelimit.MaxHoldTTL + 1}, {SettleTimeout: -1}} {
 		if _, err := New(cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), o); err == nil {
 			t.Fatal("a bad hold option was accepted")
 		}
 	}
 	// Built in Go, the same checks.
 	bad := &Config{Rules: []Rule{{ID: "w", By: []string{"ip"}, Bucket: Bucket{Limit: 10, Period: time.Minute}, Algorithm: ratelimit.FixedWindow, Cost: CostResponse, Estimate: 1}}}
-	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || !errors.Is(err, ratelimit.ErrHoldUnsupported) || !strings.Contains(err.Error(), `rule "w": cost: response: fixed_window keeps no holds`) {
+	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{}); err == nil || !errors.Is(err, ratelimit.ErrHoldUnsupported) || !strings.Contains(err.Error(), `rule "w": cost: response: fixed_window keeps no holds`) {
 		t.Fatalf("window rule built in Go: %v", err)
 	}
 	bad.Rules[0].Algorithm, bad.Rules[0].Estimate = ratelimit.GCRA, 0
-	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || err.Error() != `tiers: rule "w": estimate 0 must be at least 1 (holding nothing, a request would be admitted even while its key is in debt)` {
+	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{}); err == nil || err.Error() != `tiers: rule "w": estimate 0 must be at least 1 (holding nothing, a request would be admitted even while its key is in debt)` {
 		t.Fatalf("estimate 0 built in Go: %v", err)
 	}
 	bad.Rules[0].Estimate = 11
-	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || err.Error() != `tiers: rule "w": estimate 11 is above the burst 10: no request could ever be admitted` {
+	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{}); err == nil || err.Error() != `tiers: rule "w": estimate 11 is above the burst 10: no request could ever be admitted` {
 		t.Fatalf("estimate 11 built in Go: %v", err)
 	}
 	bad.Rules[0].Cost = CostRequest
-	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || err.Error() != `tiers: rule "w": estimate: only a rule with cost: response holds an estimate` {
+	if _, err := New(bad, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{}); err == nil || err.Error() != `tiers: rule "w": estimate: only a rule with cost: response holds an estimate` {
 		t.Fatalf("estimate without cost: response: %v", err)
 	}
 }
 
-// Matches says which rules charge the response and what they hold.
+// matches says which rules charge the response and what they hold.
 func TestMatchesResponse(t *testing.T) {
 	l := mustLimiter(t, tokensConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
-	ms, err := l.Matches(context.Background(), metered("m"))
+	ms, err := l.matches(context.Background(), metered("m"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ms) != 2 || ms[0].Cost != CostResponse || ms[0].Item.Cost != 100 || ms[1].Cost != CostRequest || ms[1].Item.Cost != 1 {
 		t.Fatalf("matches %+v", ms)
-	}
-	if CostRequest.String() != "request" || CostResponse.String() != "response" || CostSource(7).String() != "cost_source(7)" {
-		t.Fatal("CostSource.String")
 	}
 }
 

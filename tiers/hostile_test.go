@@ -67,7 +67,7 @@ func hostileTiers(t *testing.T, yml string, redisClients map[string]redis.Univer
 		var l *Limiter
 		reset := func(context.Context) error {
 			var err error
-			l, err = New(cfg, mk())
+			l, err = New(cfg, mk(), Settings{})
 			return err
 		}
 		return hostiletest.Subject{

@@ -14,7 +14,7 @@ import (
 
 // DimPlan is the request dimension that names the caller's plan directly
 // (set it when authentication already knows the plan); without it the
-// plan resolver (WithPlanResolver) is asked, then Config.DefaultPlan
+// plan resolver (Settings.PlanResolver) is asked, then Config.DefaultPlan
 // applies.
 const DimPlan = "plan"
 
@@ -22,40 +22,58 @@ const DimPlan = "plan"
 // (from DimPlan or the plan resolver) is not in the config.
 var ErrUnknownPlan = errors.New("tiers: unknown plan")
 
-// Option configures a Limiter.
-type Option func(*Limiter)
+// Settings configures New. The zero value means the defaults; a negative
+// duration or an out-of-range prefix is an error.
+type Settings struct {
+	// Name is the Limiter of decisions no rule made (no rule matched, or
+	// the request was malformed). Default "tiers".
+	Name string
 
-// WithPlanResolver sets the hook that maps an API key (the request's
-// "api_key" dimension) to the name of its plan. "" means the config's
-// default plan. It runs at most once per Admit, and only when a rule with
-// a plan matched.
-func WithPlanResolver(f func(ctx context.Context, apiKey string) (plan string, err error)) Option {
-	return func(l *Limiter) { l.resolver = f }
+	// PlanResolver maps an API key (the request's "api_key" dimension) to
+	// the name of its plan. "" means the config's default plan. It runs
+	// at most once per Admit, and only when a rule with a plan matched.
+	// Nil: the plan is the request's DimPlan dimension, else the default.
+	PlanResolver func(ctx context.Context, apiKey string) (plan string, err error)
+
+	// Shadow receives every shadow rule's decision: d.Allowed is false
+	// when the rule would have denied the request; d.Limiter is the
+	// rule's id.
+	Shadow func(ctx context.Context, r *spillway.Request, d spillway.Decision)
+
+	// IPv6Prefix keys the "ip" dimension of IPv6 clients by their /bits
+	// prefix (64 is the usual choice: one subscriber gets a /64). 0 (the
+	// default) or 128 keeps whole addresses. IPv4 addresses are
+	// unchanged; every IP is normalized either way.
+	IPv6Prefix int
+
+	// HoldTTL is how long the hold of a "cost: response" rule lives
+	// unsettled before the store releases it by itself (default
+	// ratelimit.DefaultHoldTTL, a minute; 1ms to ratelimit.MaxHoldTTL).
+	// Make it longer than the longest request: a hold released before
+	// done runs is not charged at all (only what the steps charged stays).
+	HoldTTL time.Duration
+
+	// SettleTimeout bounds each store call made after admission on the
+	// request's behalf: a charge when the work reports a step, the
+	// recharge of a request's cost whose hold expired before done
+	// (default spillway.DefaultBudget, 50 ms). They run detached from the
+	// request's context and budget. The settle of done is not one of
+	// them: done hands it to the store's background path and returns; a
+	// RedisStore sends it under its own deadline and leaves a hold it
+	// could not settle to the TTL.
+	SettleTimeout time.Duration
+
+	// HoldObserver is told about the holds of "cost: response" rules
+	// (telemetry.HoldMetrics is one).
+	HoldObserver HoldObserver
 }
-
-// WithShadow sets the hook that receives every shadow rule's decision:
-// d.Allowed is false when the rule would have denied the request;
-// d.Limiter is the rule's id.
-func WithShadow(f func(ctx context.Context, r *spillway.Request, d spillway.Decision)) Option {
-	return func(l *Limiter) { l.shadowFn = f }
-}
-
-// WithIPv6Prefix keys the "ip" dimension of IPv6 clients by their /bits
-// prefix (64 is the usual choice: one subscriber gets a /64). 0 (the
-// default) or 128 keeps whole addresses. IPv4 addresses are unchanged;
-// every IP is normalized either way.
-func WithIPv6Prefix(bits int) Option { return func(l *Limiter) { l.v6bits = bits } }
-
-// WithName sets the Limiter of decisions no rule made (no rule matched, or
-// the request was malformed). Default "tiers".
-func WithName(name string) Option { return func(l *Limiter) { l.name = name } }
 
 // Limiter admits requests against every rule of a config that matches them,
 // in one Store.Decide call. It is safe for concurrent use; Swap replaces the
 // config atomically while requests run.
 type Limiter struct {
 	store    ratelimit.Store
-	reserver ratelimit.Reserver // store, when it holds; nil otherwise
+	reserver reserver // store, when it holds; nil otherwise
 	cur      atomic.Pointer[compiled]
 	resolver func(ctx context.Context, apiKey string) (string, error)
 	shadowFn func(ctx context.Context, r *spillway.Request, d spillway.Decision)
@@ -73,17 +91,24 @@ var _ spillway.Limiter = (*Limiter)(nil)
 
 // New validates cfg and returns a Limiter over store. Do not modify cfg
 // afterwards.
-func New(cfg *Config, store ratelimit.Store, opts ...Option) (*Limiter, error) {
+func New(cfg *Config, store ratelimit.Store, s Settings) (*Limiter, error) {
 	if store == nil {
 		return nil, errors.New("tiers: nil store")
 	}
-	l := &Limiter{store: store, name: "tiers", holdTTL: ratelimit.DefaultHoldTTL, settleTimeout: spillway.DefaultBudget}
-	l.reserver, _ = store.(ratelimit.Reserver)
+	l := &Limiter{store: store, name: "tiers", holdTTL: ratelimit.DefaultHoldTTL, settleTimeout: spillway.DefaultBudget,
+		resolver: s.PlanResolver, shadowFn: s.Shadow, v6bits: s.IPv6Prefix, observer: s.HoldObserver}
+	l.reserver, _ = store.(reserver)
 	if c, ok := store.(interface{ CanReserve() error }); ok && c.CanReserve() != nil {
 		l.reserver = nil // a wrapper over stores that cannot hold (fallback.Store.CanReserve)
 	}
-	for _, o := range opts {
-		o(l)
+	if s.Name != "" {
+		l.name = s.Name
+	}
+	if s.HoldTTL != 0 {
+		l.holdTTL = s.HoldTTL
+	}
+	if s.SettleTimeout != 0 {
+		l.settleTimeout = s.SettleTimeout
 	}
 	if l.v6bits < 0 || l.v6bits > 128 {
 		return nil, fmt.Errorf("tiers: IPv6 prefix /%d out of range 0..128", l.v6bits)
@@ -122,14 +147,14 @@ func (l *Limiter) compile(cfg *Config) (*compiled, error) {
 	if r := c.response; r != nil && l.reserver == nil {
 		field := fmt.Sprintf("rule %q", r.id)
 		return nil, &ConfigError{File: cfg.File, Line: r.line, Field: field, Err: ratelimit.ErrHoldUnsupported,
-			Msg: fmt.Sprintf("cost: response needs a store that holds estimates (a ratelimit.Reserver); %s", cannotHold(l.store))}
+			Msg: fmt.Sprintf("cost: response needs a store that holds estimates (one with a Reserve method); %s", cannotHold(l.store))}
 	}
 	return c, nil
 }
 
 // Swap validates cfg and makes it the config of every later Admit. A rule
 // whose id and policy are unchanged keeps its store scope, so its counters
-// (and its Stats) carry over; a new or changed rule starts with full
+// carry over; a new or changed rule starts with full
 // buckets. On error the old config stays.
 func (l *Limiter) Swap(cfg *Config) error {
 	c, err := l.compile(cfg)
@@ -146,8 +171,8 @@ func (l *Limiter) Swap(cfg *Config) error {
 	return nil
 }
 
-// Reload parses data (name is used in error messages) and swaps it in.
-func (l *Limiter) Reload(name string, data []byte) error {
+// reload parses data (name is used in error messages) and swaps it in.
+func (l *Limiter) reload(name string, data []byte) error {
 	c, err := parse(name, data)
 	if err != nil {
 		return err
@@ -156,11 +181,11 @@ func (l *Limiter) Reload(name string, data []byte) error {
 }
 
 // Config returns the config in use.
-func (l *Limiter) Config() *Config { return l.cur.Load().cfg }
+func (l *Limiter) config() *Config { return l.cur.Load().cfg }
 
-// RuleStats counts what one rule did since it was loaded (a Swap that keeps
+// ruleCounts counts what one rule did since it was loaded (a Swap that keeps
 // the rule keeps its counts).
-type RuleStats struct {
+type ruleCounts struct {
 	Matched      uint64 // requests the rule applied to
 	Denied       uint64 // denials the rule was named in (enforced rules)
 	ShadowDenied uint64 // requests a shadow rule would have denied
@@ -168,12 +193,12 @@ type RuleStats struct {
 
 type ruleStats struct{ matched, denied, shadowDenied atomic.Uint64 }
 
-// Stats returns the counts of every rule of the config in use, by id.
-func (l *Limiter) Stats() map[string]RuleStats {
+// stats returns the counts of every rule of the config in use, by id.
+func (l *Limiter) stats() map[string]ruleCounts {
 	c := l.cur.Load()
-	m := make(map[string]RuleStats, len(c.rules))
+	m := make(map[string]ruleCounts, len(c.rules))
 	for _, r := range c.rules {
-		m[r.id] = RuleStats{Matched: r.stats.matched.Load(), Denied: r.stats.denied.Load(), ShadowDenied: r.stats.shadowDenied.Load()}
+		m[r.id] = ruleCounts{Matched: r.stats.matched.Load(), Denied: r.stats.denied.Load(), ShadowDenied: r.stats.shadowDenied.Load()}
 	}
 	return m
 }
@@ -218,9 +243,9 @@ func (sc *scratch) release() {
 	scratchPool.Put(sc)
 }
 
-// Match is one rule that applies to a request, with the store item Admit
+// ruleMatch is one rule that applies to a request, with the store item Admit
 // decides for it.
-type Match struct {
+type ruleMatch struct {
 	Rule   string            // the rule's id
 	Shadow bool              // the rule is a shadow rule
 	Fail   spillway.FailMode // the rule's fail mode (FailOpen for a shadow rule), also in Item.Fail
@@ -228,13 +253,13 @@ type Match struct {
 	Item   ratelimit.Item    // what Admit passes to the store for it
 }
 
-// Matches returns the rules that apply to r and their store items, in
+// matches returns the rules that apply to r and their store items, in
 // config order, without deciding anything: for debugging, for peeks
 // (decide the items with Cost 0) and for fallbacks that evaluate the same
 // items elsewhere.
-func (l *Limiter) Matches(ctx context.Context, r *spillway.Request) ([]Match, error) {
+func (l *Limiter) matches(ctx context.Context, r *spillway.Request) ([]ruleMatch, error) {
 	if r == nil {
-		return nil, fmt.Errorf("tiers: Matches: %w: request is nil", spillway.ErrInvalidRequest)
+		return nil, fmt.Errorf("tiers: matches: %w: request is nil", spillway.ErrInvalidRequest)
 	}
 	c := l.cur.Load()
 	var (
@@ -245,9 +270,9 @@ func (l *Limiter) Matches(ctx context.Context, r *spillway.Request) ([]Match, er
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Match, len(it))
+	out := make([]ruleMatch, len(it))
 	for i := range it {
-		out[i] = Match{Rule: rs[i].id, Shadow: rs[i].shadow, Fail: rs[i].fail, Item: it[i]}
+		out[i] = ruleMatch{Rule: rs[i].id, Shadow: rs[i].shadow, Fail: rs[i].fail, Item: it[i]}
 		if rs[i].response {
 			out[i].Cost = CostResponse
 		}
@@ -362,7 +387,7 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // id): the one whose cost can never fit, else the one with the longest
 // RetryAfter. An allowed decision is the most restrictive of the enforced
 // rules (the lowest Remaining). With no enforced rule matching, the request
-// is allowed with Limit 0 and Limiter = the WithName name.
+// is allowed with Limit 0 and Limiter = the Settings.Name name.
 //
 // Shadow rules ride in the same call. When the batch is allowed, they are
 // charged like the others. When only shadow rules denied, the enforced
@@ -386,7 +411,7 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // A "cost: response" rule charges what the work really cost. Its item
 // holds an estimate — Request.Cost when the caller sets one (httpx
 // Settings.Cost or EstimateHeader), else the rule's estimate — and the
-// batch is decided by one ratelimit.Reserver.Reserve, all or nothing:
+// batch is decided by one Reserve of the store, all or nothing:
 // the other rules of the bucket family are held at their cost in the same
 // call (one round trip; one per Cluster slot group, in parallel); rules
 // of a window algorithm, which cannot hold, are decided by Decide right
@@ -404,11 +429,11 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // overrun, and when an enforced response rule has no room for it, Add
 // returns a *SpentError (the work should stop; what it reported is still
 // settled, as debt). A hold that done does not settle within the hold TTL
-// (WithHoldTTL) is released by the store: the work is then charged only
+// (Settings.HoldTTL) is released by the store: the work is then charged only
 // what its steps charged (the request rules were charged at admission;
 // one held with it, in a request with window rules, is charged again).
 // Settles and steps run detached from ctx, each bounded by
-// WithSettleTimeout. WithHoldObserver sees every hold and settle.
+// Settings.SettleTimeout. Settings.HoldObserver sees every hold and settle.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if !r.Valid() {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
@@ -469,7 +494,7 @@ func (l *Limiter) answer(items []ratelimit.Item, rules []*crule, out []spillway.
 	for i := range out {
 		res.Degraded = res.Degraded || out[i].Degraded
 		if &out[i] == d {
-			res.Window = items[i].Policy.Window()
+			res.Window = rateHooks.Window(items[i].Policy)
 			if !allowed {
 				rules[i].stats.denied.Add(1)
 			}

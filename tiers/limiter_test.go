@@ -10,31 +10,24 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/keys"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
-// fakeClock is a settable clock for the memory store.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// newClock returns a settable clock for the memory store.
+func newClock() *testclock.Clock { return testclock.New(time.Unix(1_700_000_000, 0)) }
 
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func mustLimiter(t testing.TB, yml string, store ratelimit.Store, opts ...Option) *Limiter {
+func mustLimiter(t testing.TB, yml string, store ratelimit.Store, s ...Settings) *Limiter {
 	t.Helper()
 	c, err := Parse("limits.yaml", []byte(yml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(c, store, opts...)
+	var set Settings
+	if len(s) > 0 {
+		set = s[0]
+	}
+	l, err := New(c, store, set)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +87,7 @@ func peek(t *testing.T, l *Limiter, store ratelimit.Store, r *spillway.Request) 
 	if err := l.Flush(context.Background()); err != nil { // the settles of done, sent in the background
 		t.Fatal(err)
 	}
-	ms, err := l.Matches(context.Background(), r)
+	ms, err := l.matches(context.Background(), r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +123,7 @@ limits:
 
 func TestAdmitMultiRule(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	l := mustLimiter(t, loginConfig, store)
 	login := func() *spillway.Request { return req("POST", "/api/v1/login", "ip", "10.0.0.1", "user", "ann") }
 	const ipRule, userRule = "POST /api/v1/login:ip", "/api/v1/login:user"
@@ -155,19 +148,19 @@ func TestAdmitMultiRule(t *testing.T) {
 		{req("GET", "/api/v1/login", "ip", "10.0.0.1"), spillway.Decision{Allowed: true, Limiter: "tiers"}},
 		{req("GET", "/api/v1/login", "ip", "10.0.0.1", "api_key", "k1"), spillway.Decision{Allowed: true, Limiter: "/api/v1/*:api_key", Limit: 50, Remaining: 49, ResetAfter: 10 * time.Millisecond}},
 	})
-	clk.advance(20 * time.Second)
+	clk.Advance(20 * time.Second)
 	run(t, l, []step{
 		{req("POST", "/api/v1/login", "ip", "10.0.0.1", "user", "cat"), spillway.Decision{Allowed: true, Limiter: ipRule, Limit: 3, Remaining: 0, ResetAfter: time.Minute}},
 	})
-	st := l.Stats()
-	if st[ipRule] != (RuleStats{Matched: 6, Denied: 1}) || st[userRule] != (RuleStats{Matched: 6, Denied: 1}) {
+	st := l.stats()
+	if st[ipRule] != (ruleCounts{Matched: 6, Denied: 1}) || st[userRule] != (ruleCounts{Matched: 6, Denied: 1}) {
 		t.Fatalf("stats = %+v", st)
 	}
 }
 
 func TestAdmitDenialChoice(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	l := mustLimiter(t, `
 limits:
   - id: slow
@@ -206,7 +199,7 @@ limits:
 }
 
 func TestAdmitInvalidAndEmpty(t *testing.T) {
-	l := mustLimiter(t, "limits: []\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithName("api-tiers"))
+	l := mustLimiter(t, "limits: []\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{Name: "api-tiers"})
 	r := req("GET", "/", "ip", "a")
 	r.Cost = -1
 	run(t, l, []step{
@@ -217,7 +210,7 @@ func TestAdmitInvalidAndEmpty(t *testing.T) {
 
 func TestShadow(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	var (
 		mu   sync.Mutex
 		seen []spillway.Decision
@@ -236,7 +229,7 @@ limits:
     by: ip
     bucket: 2/minute
     shadow: true
-`, store, WithShadow(hook))
+`, store, Settings{Shadow: hook})
 	r := func() *spillway.Request { return req("GET", "/", "ip", "10.0.0.9") }
 	var steps []step
 	for i := int64(0); i < 5; i++ {
@@ -263,13 +256,13 @@ limits:
 	if got := peek(t, l, store, r()); got["real"] != 0 || got["dark"] != 0 {
 		t.Fatalf("peek = %v", got)
 	}
-	if st := l.Stats(); st["dark"] != (RuleStats{Matched: 6, ShadowDenied: 4}) || st["real"] != (RuleStats{Matched: 6, Denied: 1}) {
+	if st := l.stats(); st["dark"] != (ruleCounts{Matched: 6, ShadowDenied: 4}) || st["real"] != (ruleCounts{Matched: 6, Denied: 1}) {
 		t.Fatalf("stats = %+v", st)
 	}
 
 	// After a minute the shadow bucket is full again but the real one has
 	// had only its refill: a shadow rule charged only when it allowed.
-	clk.advance(time.Minute)
+	clk.Advance(time.Minute)
 	if got := peek(t, l, store, r()); got["real"] != 5 || got["dark"] != 2 {
 		t.Fatalf("peek after a minute = %v", got)
 	}
@@ -280,7 +273,7 @@ limits:
 		{r(), spillway.Decision{Allowed: true, Limiter: "tiers"}},
 		{r(), spillway.Decision{Allowed: true, Limiter: "tiers"}},
 	})
-	if st := l2.Stats(); st["dark"] != (RuleStats{Matched: 2, ShadowDenied: 1}) {
+	if st := l2.stats(); st["dark"] != (ruleCounts{Matched: 2, ShadowDenied: 1}) {
 		t.Fatalf("shadow-only stats = %+v", st)
 	}
 }
@@ -303,7 +296,7 @@ limits:
 
 func TestPlans(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	plans := map[string]string{"kp": "pro", "ke": "enterprise", "kx": "platinum"}
 	calls := 0
 	resolver := func(_ context.Context, key string) (string, error) {
@@ -313,7 +306,7 @@ func TestPlans(t *testing.T) {
 		}
 		return plans[key], nil
 	}
-	l := mustLimiter(t, plansConfig, store, WithPlanResolver(resolver))
+	l := mustLimiter(t, plansConfig, store, Settings{PlanResolver: resolver})
 	k := func(key string) *spillway.Request { return req("GET", "/api/things", "api_key", key) }
 	run(t, l, []step{
 		{k("kf"), spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
@@ -339,13 +332,13 @@ func TestPlans(t *testing.T) {
 	run(t, l, []step{{req("GET", "/health", "api_key", "broken"), spillway.Decision{Allowed: true, Limiter: "tiers"}}})
 
 	// Without a resolver every key is on the default plan.
-	l2 := mustLimiter(t, plansConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
+	l2 := mustLimiter(t, plansConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now}))
 	run(t, l2, []step{{k("kp"), spillway.Decision{Allowed: true, Limiter: "api", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}}})
 }
 
 func TestSwapCarriesOver(t *testing.T) {
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	l := mustLimiter(t, `
 limits:
   - id: keep
@@ -367,7 +360,7 @@ limits:
 	if got := peek(t, l, store, r()); got["keep"] != 6 || got["change"] != 6 || got["gone"] != 6 {
 		t.Fatalf("before swap: %v", got)
 	}
-	err := l.Reload("limits.yaml", []byte(`
+	err := l.reload("limits.yaml", []byte(`
 limits:
   - id: keep
     by: ip
@@ -387,16 +380,16 @@ limits:
 	if got := peek(t, l, store, r()); got["keep"] != 6 || got["change"] != 20 || got["new"] != 5 || len(got) != 3 {
 		t.Fatalf("after swap: %v", got)
 	}
-	st := l.Stats()
+	st := l.stats()
 	if st["keep"].Matched != 4 || st["change"].Matched != 0 || st["new"].Matched != 0 {
 		t.Fatalf("stats after swap: %+v", st)
 	}
 	// A bad config leaves the old one in place.
-	err = l.Reload("limits.yaml", []byte("limits:\n  - by: ip\n    bucket: 10/minit\n"))
+	err = l.reload("limits.yaml", []byte("limits:\n  - by: ip\n    bucket: 10/minit\n"))
 	if err == nil || err.Error() != `tiers: limits.yaml:3: bucket "10/minit": unknown unit "minit"` {
 		t.Fatalf("bad reload: %v", err)
 	}
-	if got := l.Config().Rules[1].Bucket; got != (Bucket{Limit: 20, Period: time.Minute}) {
+	if got := l.config().Rules[1].Bucket; got != (Bucket{Limit: 20, Period: time.Minute}) {
 		t.Fatalf("config after failed reload: %+v", got)
 	}
 }
@@ -433,7 +426,7 @@ func TestSwapConcurrent(t *testing.T) {
 		if i%2 == 0 {
 			cfg = b
 		}
-		if err := l.Reload("x.yaml", []byte(cfg)); err != nil {
+		if err := l.reload("x.yaml", []byte(cfg)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -502,14 +495,14 @@ func TestIPv6Grouping(t *testing.T) {
 	cfg := "limits:\n  - id: ip\n    by: ip\n    bucket: 2/minute\n"
 	r := func(ip string) *spillway.Request { return req("GET", "/", "ip", ip) }
 	clk := newClock()
-	grouped := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}), WithIPv6Prefix(64))
+	grouped := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now}), Settings{IPv6Prefix: 64})
 	run(t, grouped, []step{
 		{r("2001:db8::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 		{r("2001:db8::2"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 0, ResetAfter: time.Minute}},
 		{r("2001:db8::ffff:3"), spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "ip", Limit: 2, ResetAfter: time.Minute, RetryAfter: 30 * time.Second}},
 		{r("2001:db8:0:1::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 	})
-	whole := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
+	whole := mustLimiter(t, cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now}))
 	run(t, whole, []step{
 		{r("2001:db8::1"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
 		{r("2001:db8::2"), spillway.Decision{Allowed: true, Limiter: "ip", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
@@ -548,8 +541,8 @@ limits:
 	// Two multi-dimension requests whose naive joins collide.
 	a := req("GET", "/", "user", "u,tenant=t", "tenant", "s")
 	b := req("GET", "/", "user", "u", "tenant", "t,tenant=s")
-	ma, _ := l.Matches(ctx, a)
-	mb, _ := l.Matches(ctx, b)
+	ma, _ := l.matches(ctx, a)
+	mb, _ := l.matches(ctx, b)
 	if ma[1].Item.Key == mb[1].Item.Key {
 		t.Fatalf("entities collide: %q", ma[1].Item.Key)
 	}
@@ -560,7 +553,7 @@ limits:
 	// Every item of one request about one user shares a hash tag; the tag
 	// of a brace-laden value is escaped.
 	r := req("GET", "/other", "user", "{slot}", "ip", "10.0.0.1")
-	ms, err := l.Matches(ctx, r)
+	ms, err := l.matches(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,12 +571,12 @@ limits:
 
 	// A huge value is hashed to a bounded key.
 	long := strings.Repeat("a", 10_000)
-	ms, _ = l.Matches(ctx, req("GET", "/", "user", long))
+	ms, _ = l.matches(ctx, req("GET", "/", "user", long))
 	k := keys.Key("spillway:", ms[0].Item.Scope, ms[0].Item.Key)
 	if len(k) > 120 {
 		t.Fatalf("key of a 10 kB value is %d bytes", len(k))
 	}
-	ms2, _ := l.Matches(ctx, req("GET", "/", "user", long+"b"))
+	ms2, _ := l.matches(ctx, req("GET", "/", "user", long+"b"))
 	if keys.Key("spillway:", ms2[0].Item.Scope, ms2[0].Item.Key) == k {
 		t.Fatal("two long values share a key")
 	}
@@ -676,9 +669,9 @@ limits:
     bucket: 100/minute
 `
 	clk := newClock()
-	mem := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	mem := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	probe := mustLimiter(t, cfg, mem)
-	ms, err := probe.Matches(context.Background(), req("GET", "/", "ip", "a", "user", "u", "api_key", "k"))
+	ms, err := probe.matches(context.Background(), req("GET", "/", "ip", "a", "user", "u", "api_key", "k"))
 	if err != nil || len(ms) != 3 {
 		t.Fatalf("matches %+v %v", ms, err)
 	}
@@ -717,7 +710,7 @@ func TestManyRules(t *testing.T) {
 		r.Set(dim, "v")
 	}
 	clk := newClock()
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	l := mustLimiter(t, b.String(), store)
 	run(t, l, []step{
 		{r, spillway.Decision{Allowed: true, Limiter: "rdl", Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}},
@@ -733,12 +726,12 @@ func TestManyRules(t *testing.T) {
 // A nil request is malformed like a negative cost: Admit denies it with
 // ReasonInvalid and Matches returns an error, never a panic.
 func TestNilRequest(t *testing.T) {
-	l := mustLimiter(t, "limits:\n  - id: ip\n    by: ip\n    bucket: 1/second\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithName("api-tiers"))
+	l := mustLimiter(t, "limits:\n  - id: ip\n    by: ip\n    bucket: 1/second\n", ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{Name: "api-tiers"})
 	d, done, err := l.Admit(context.Background(), nil)
 	if want := (spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "api-tiers"}); d != want || err != nil || done == nil {
 		t.Fatalf("Admit(nil) = %+v, %v; want %+v", d, err, want)
 	}
-	if ms, err := l.Matches(context.Background(), nil); !errors.Is(err, spillway.ErrInvalidRequest) || ms != nil {
+	if ms, err := l.matches(context.Background(), nil); !errors.Is(err, spillway.ErrInvalidRequest) || ms != nil {
 		t.Fatalf("Matches(nil) = %v, %v; want an error wrapping ErrInvalidRequest", ms, err)
 	}
 }

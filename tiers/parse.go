@@ -328,8 +328,8 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			if err != nil {
 				return err
 			}
-			a, err := ratelimit.ParseAlgorithm(s)
-			if err != nil {
+			var a ratelimit.Algorithm
+			if err := a.UnmarshalText([]byte(s)); err != nil {
 				return p.errf(v, fmt.Sprintf("algorithm %q", s), "unknown (want one of %s)", ratelimit.AlgorithmNames)
 			}
 			r.Algorithm, algoNode = a, v
@@ -350,11 +350,14 @@ func (p *parser) rule(n *yaml.Node) (Rule, error) {
 			if err != nil {
 				return err
 			}
-			m, err := ratelimit.ParseWindowMode(s)
-			if err != nil {
+			switch s {
+			case ratelimit.Interpolated.String():
+				r.Mode = ratelimit.Interpolated
+			case ratelimit.Conservative.String():
+				r.Mode = ratelimit.Conservative
+			default:
 				return p.errf(v, fmt.Sprintf("mode %q", s), "want interpolated (the default) or conservative")
 			}
-			r.Mode = m
 			if winNode == nil || v.Line > winNode.Line {
 				winNode = v
 			}

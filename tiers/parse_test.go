@@ -266,7 +266,7 @@ func TestParseFull(t *testing.T) {
 			t.Errorf("rule %d:\n got %+v\nwant %+v", i, c.Rules[i], want[i])
 		}
 	}
-	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+	l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,9 +380,9 @@ func TestParseBucket(t *testing.T) {
 			continue
 		}
 		// String round-trips.
-		back, err := parseBucket(got.String())
+		back, err := parseBucket(got.text())
 		if err != nil || back != got {
-			t.Errorf("parseBucket(%q.String() = %q) = %+v, %v", tc.in, got.String(), back, err)
+			t.Errorf("parseBucket(%q.String() = %q) = %+v, %v", tc.in, got.text(), back, err)
 		}
 	}
 }
@@ -404,18 +404,18 @@ func TestConfigInGo(t *testing.T) {
 		{&Config{File: "a.yaml", Rules: []Rule{{By: []string{"ip"}, Plan: "api"}}}, `tiers: a.yaml: rule 1: plan "api": no plans: section defines it`},
 		{&Config{DefaultPlan: "x", Rules: []Rule{}}, `tiers: default_plan "x": no such plan (have none)`},
 	} {
-		_, err := New(tc.cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+		_, err := New(tc.cfg, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{})
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("New(%+v)\n got: %v\nwant: %s", tc.cfg, err, tc.want)
 		}
 	}
-	if _, err := New(&Config{}, nil); err == nil || err.Error() != "tiers: nil store" {
+	if _, err := New(&Config{}, nil, Settings{}); err == nil || err.Error() != "tiers: nil store" {
 		t.Errorf("New with nil store: %v; want tiers: nil store", err)
 	}
-	if _, err := New(nil, ratelimit.NewMemoryStore(ratelimit.MemorySettings{})); err == nil || err.Error() != "tiers: nil config" {
+	if _, err := New(nil, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{}); err == nil || err.Error() != "tiers: nil config" {
 		t.Errorf("New with nil config: %v; want tiers: nil config", err)
 	}
-	if _, err := New(&Config{}, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), WithIPv6Prefix(129)); err == nil {
+	if _, err := New(&Config{}, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{IPv6Prefix: 129}); err == nil {
 		t.Error("New with /129 succeeded")
 	}
 }
@@ -446,11 +446,11 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
+		l, err := New(c, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), Settings{})
 		if err != nil {
 			t.Fatalf("parsed config does not compile: %v", err)
 		}
-		if err := l.Reload("fuzz.yaml", data); err != nil {
+		if err := l.reload("fuzz.yaml", data); err != nil {
 			t.Fatalf("reload: %v", err)
 		}
 	})

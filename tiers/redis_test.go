@@ -86,8 +86,8 @@ func randomRequest(rng *rand.Rand) *spillway.Request {
 func TestRedisMatchesMemory(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := newClock()
-	mem := mustLimiter(t, diffConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now}))
-	red := mustLimiter(t, diffConfig, mustRedisStore(srv.Client(t), ratelimit.RedisSettings{Clock: clk.now}))
+	mem := mustLimiter(t, diffConfig, ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now}))
+	red := mustLimiter(t, diffConfig, mustRedisStore(srv.Client(t), ratelimit.RedisSettings{Clock: clk.Now}))
 	rng := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	denied := 0
@@ -107,17 +107,17 @@ func TestRedisMatchesMemory(t *testing.T) {
 		if !dm.Allowed {
 			denied++
 		}
-		clk.advance(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		clk.Advance(time.Duration(rng.IntN(1500)) * time.Millisecond)
 	}
 	if denied < 50 || denied > 550 {
 		t.Fatalf("%d of 600 denied: the sequence does not exercise both outcomes", denied)
 	}
-	if !mapsEqual(mem.Stats(), red.Stats()) {
-		t.Fatalf("stats differ:\nmemory %v\nredis  %v", mem.Stats(), red.Stats())
+	if !mapsEqual(mem.stats(), red.stats()) {
+		t.Fatalf("stats differ:\nmemory %v\nredis  %v", mem.stats(), red.stats())
 	}
 }
 
-func mapsEqual(a, b map[string]RuleStats) bool {
+func mapsEqual(a, b map[string]ruleCounts) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -153,7 +153,7 @@ limits:
 // cluster itself (CLUSTER KEYSLOT).
 func slotsOf(t *testing.T, c *redistest.Cluster, l *Limiter, r *spillway.Request) map[string]int {
 	t.Helper()
-	ms, err := l.Matches(context.Background(), r)
+	ms, err := l.matches(context.Background(), r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	cc := c.Client(t)
 	clk := newClock()
-	store := mustRedisStore(cc, ratelimit.RedisSettings{Clock: clk.now})
+	store := mustRedisStore(cc, ratelimit.RedisSettings{Clock: clk.Now})
 	l := mustLimiter(t, clusterConfig, store)
 	ctx := context.Background()
 
@@ -370,7 +370,7 @@ limits:
 func TestClusterFailoverPartialCoverage(t *testing.T) {
 	c := redistest.StartCluster(t, "--cluster-require-full-coverage", "no")
 	clk := newClock()
-	store := mustRedisStore(c.Client(t), ratelimit.RedisSettings{Clock: clk.now})
+	store := mustRedisStore(c.Client(t), ratelimit.RedisSettings{Clock: clk.Now})
 	l := mustLimiter(t, clusterConfig, store)
 	failover(t, c, l, store, true)
 }

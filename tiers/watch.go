@@ -13,7 +13,7 @@ import (
 )
 
 // DefaultWatchInterval is how often Limiter.Watch looks at its file unless
-// WithWatchInterval says otherwise.
+// WatchSettings.Interval says otherwise.
 const DefaultWatchInterval = time.Second
 
 // racyWindow is how long after a file's mtime a watcher keeps reading it
@@ -22,26 +22,23 @@ const DefaultWatchInterval = time.Second
 // the stat unchanged, so only the content hash can tell.
 const racyWindow = 2 * time.Second
 
-// WatchOption configures Limiter.Watch.
-type WatchOption func(*watcher)
+// WatchSettings configures Limiter.Watch. The zero value means the
+// defaults.
+type WatchSettings struct {
+	// Interval is how often the file is checked (default
+	// DefaultWatchInterval); negative is an error.
+	Interval time.Duration
 
-// WithWatchInterval sets how often the file is checked (default
-// DefaultWatchInterval). It must be positive.
-func WithWatchInterval(d time.Duration) WatchOption { return func(w *watcher) { w.interval = d } }
+	// OnReloadError receives a failed check: the parse error of a
+	// rejected file (a *ConfigError naming the file and the line) or the
+	// error reading it (wrapping fs.ErrNotExist when the file is gone).
+	// It is called once per failure, not on every tick: again only when
+	// the error changes. Nil logs with slog.Default at level Error.
+	OnReloadError func(error)
 
-// WithReloadErrorHandler sets the func that receives a failed check: the
-// parse error of a rejected file (a *ConfigError naming the file and the
-// line) or the error reading it (wrapping fs.ErrNotExist when the file is
-// gone). It is called once per failure, not on every tick: again only when
-// the error changes. The default logs with slog.Default at level Error.
-func WithReloadErrorHandler(f func(error)) WatchOption {
-	return func(w *watcher) { w.onError = f }
-}
-
-// WithReloadHandler sets the func called after a new config is swapped
-// in, with that config.
-func WithReloadHandler(f func(*Config)) WatchOption {
-	return func(w *watcher) { w.onReload = f }
+	// OnReload is called after a new config is swapped in, with that
+	// config.
+	OnReload func(*Config)
 }
 
 // watcher follows a config file for Limiter.Watch (see there).
@@ -60,13 +57,13 @@ type watcher struct {
 	good    [sha256.Size]byte
 	applied *Config // the config swapped in for good; nil before the first
 	bad     [sha256.Size]byte
-	badErr  error // Reload's error for bad, nil when none was rejected
+	badErr  error // reload's error for bad, nil when none was rejected
 	lastErr error // the error of the last check, for reporting changes only
 }
 
 // newWatcher returns a watcher of the config file at path for l. It does
 // not look at the file yet: Check and Run do.
-func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) {
+func newWatcher(l *Limiter, path string, s WatchSettings) (*watcher, error) {
 	if l == nil {
 		return nil, errors.New("tiers: watch: nil limiter")
 	}
@@ -78,9 +75,11 @@ func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) 
 		path:     path,
 		name:     filepath.Base(path),
 		interval: DefaultWatchInterval,
+		onError:  s.OnReloadError,
+		onReload: s.OnReload,
 	}
-	for _, o := range opts {
-		o(w)
+	if s.Interval != 0 {
+		w.interval = s.Interval
 	}
 	if w.interval <= 0 {
 		return nil, fmt.Errorf("tiers: watch interval %v must be positive", w.interval)
@@ -95,10 +94,10 @@ func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) 
 
 // Watch follows the config file at path and reloads l when its content
 // changes, until ctx is done; it returns ctx.Err(), or at once an error
-// for an empty path or a non-positive WithWatchInterval.
+// for an empty path or a negative WatchSettings.Interval.
 //
 //	go lim.Watch(ctx, "/etc/myapp/limits.yaml",
-//		tiers.WithReloadErrorHandler(func(err error) { log.Print(err) }))
+//		tiers.WatchSettings{OnReloadError: func(err error) { log.Print(err) }})
 //
 // It polls (portable, and sees a file replaced by rename or by a
 // Kubernetes ConfigMap symlink swap as well as one edited in place): each
@@ -107,12 +106,12 @@ func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) 
 // could hide in the mtime granularity; the content's SHA-256 then decides
 // whether anything changed.
 //
-// A changed file goes through Limiter.Reload: a valid one is swapped in
+// A changed file is parsed and goes through Limiter.Swap: a valid one is swapped in
 // atomically, and rules whose id and policy are unchanged keep their
 // counters and Stats. A file that does not parse, or that cannot be read
 // (deleted, unreadable), changes nothing: the Limiter keeps enforcing the
 // last good config with its counters, and the error is reported to the
-// WithReloadErrorHandler func. The same bad content is not parsed or
+// WatchSettings.OnReloadError func. The same bad content is not parsed or
 // reported again; the next change is.
 //
 // The first check applies the file as it is, whatever config the Limiter
@@ -129,8 +128,8 @@ func newWatcher(l *Limiter, path string, opts ...WatchOption) (*watcher, error) 
 //
 // Limitation of polling: a rewrite that keeps the file's size and restores
 // its old mtime is not seen.
-func (l *Limiter) Watch(ctx context.Context, path string, opts ...WatchOption) error {
-	w, err := newWatcher(l, path, opts...)
+func (l *Limiter) Watch(ctx context.Context, path string, s WatchSettings) error {
+	w, err := newWatcher(l, path, s)
 	if err != nil {
 		return err
 	}
@@ -170,7 +169,7 @@ func (w *watcher) Check() (reloaded bool, err error) {
 	}
 	w.lastErr = err
 	if reloaded && w.onReload != nil {
-		w.onReload(w.l.Config())
+		w.onReload(w.l.config())
 	}
 	return reloaded, err
 }
@@ -183,7 +182,7 @@ func (w *watcher) check() (bool, error) {
 	if !fi.Mode().IsRegular() {
 		return false, fmt.Errorf("tiers: watch: %s is not a regular file", w.path)
 	}
-	inUse := w.applied != nil && w.l.Config() == w.applied // else someone else swapped
+	inUse := w.applied != nil && w.l.config() == w.applied // else someone else swapped
 	if inUse && sameStat(w.seen, fi) && w.readAt.Sub(fi.ModTime()) > racyWindow {
 		return false, w.cur
 	}
@@ -204,11 +203,11 @@ func (w *watcher) check() (bool, error) {
 		w.cur = w.badErr
 		return false, w.badErr
 	}
-	if err := w.l.Reload(w.name, data); err != nil {
+	if err := w.l.reload(w.name, data); err != nil {
 		w.bad, w.badErr, w.cur = sum, err, err
 		return false, err
 	}
-	w.good, w.applied, w.cur = sum, w.l.Config(), nil
+	w.good, w.applied, w.cur = sum, w.l.config(), nil
 	w.badErr = nil
 	return true, nil
 }

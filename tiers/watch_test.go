@@ -64,10 +64,10 @@ type reports struct {
 	reloads []*Config
 }
 
-func (r *reports) opts() []WatchOption {
-	return []WatchOption{
-		WithReloadErrorHandler(func(err error) { r.mu.Lock(); r.errs = append(r.errs, err); r.mu.Unlock() }),
-		WithReloadHandler(func(c *Config) { r.mu.Lock(); r.reloads = append(r.reloads, c); r.mu.Unlock() }),
+func (r *reports) opts() WatchSettings {
+	return WatchSettings{
+		OnReloadError: func(err error) { r.mu.Lock(); r.errs = append(r.errs, err); r.mu.Unlock() },
+		OnReload:      func(c *Config) { r.mu.Lock(); r.reloads = append(r.reloads, c); r.mu.Unlock() },
 	}
 }
 
@@ -136,9 +136,9 @@ func TestWatchCheck(t *testing.T) {
 			clk := newClock()
 			var store ratelimit.Store
 			if backend == "memory" {
-				store = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.now})
+				store = ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 			} else {
-				store = mustRedisStore(redistest.Start(t).Client(t), ratelimit.RedisSettings{Clock: clk.now})
+				store = mustRedisStore(redistest.Start(t).Client(t), ratelimit.RedisSettings{Clock: clk.Now})
 			}
 			testWatchCheck(t, store)
 		})
@@ -152,12 +152,12 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(cfg, store)
+	l, err := New(cfg, store, Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var rep reports
-	w, err := newWatcher(l, path, rep.opts()...)
+	w, err := newWatcher(l, path, rep.opts())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 	// (new rate) starts full, search appears.
 	writeFile(t, path, watchV2)
 	checkWant(t, w, "v2", true, "")
-	v2 := l.Config()
+	v2 := l.config()
 	if len(v2.Rules) != 3 {
 		t.Fatalf("after v2: %d rules, want 3", len(v2.Rules))
 	}
@@ -187,7 +187,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 		{"/api/x", outcome{true, "api", 2, 1}},
 		{"/search", outcome{true, "search", 1, 0}},
 	})
-	if st := l.Stats(); st["login"].Matched != 4 || st["login"].Denied != 1 || st["api"].Matched != 1 {
+	if st := l.stats(); st["login"].Matched != 4 || st["login"].Denied != 1 || st["api"].Matched != 1 {
 		t.Fatalf("stats after v2: %+v; want login matched 4, denied 1, api matched 1", st)
 	}
 
@@ -202,7 +202,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 	if !errors.As(rep.errs[0], &ce) || ce.Line != 9 || ce.File != "limits.yaml" {
 		t.Fatalf("reported error %v: want a *ConfigError for limits.yaml line 9", rep.errs[0])
 	}
-	if l.Config() != v2 {
+	if l.config() != v2 {
 		t.Fatal("the bad file replaced the config")
 	}
 	admitSteps(t, l, "after bad", []admitStep{
@@ -225,7 +225,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 	if errs, _ := rep.counts(); errs != 2 {
 		t.Fatalf("after deletion: %d errors reported, want 2", errs)
 	}
-	if l.Config() != v2 {
+	if l.config() != v2 {
 		t.Fatal("the deletion replaced the config")
 	}
 	admitSteps(t, l, "deleted", []admitStep{{"/login", outcome{false, "login", 3, 0}}})
@@ -233,7 +233,7 @@ func testWatchCheck(t *testing.T, store ratelimit.Store) {
 	// Restored as v2 (what is in use): nothing to reload.
 	writeFile(t, path, watchV2)
 	checkWant(t, w, "restored", false, "")
-	if l.Config() != v2 {
+	if l.config() != v2 {
 		t.Fatal("restoring the same content swapped the config")
 	}
 
@@ -268,7 +268,7 @@ func TestWatchSkipsUnchangedStat(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
-	w, err := newWatcher(l, path, WithReloadErrorHandler(func(error) {}))
+	w, err := newWatcher(l, path, WatchSettings{OnReloadError: func(error) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,17 +302,17 @@ func TestWatchAfterForeignSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
-	w, err := newWatcher(l, path, WithReloadErrorHandler(func(error) {}))
+	w, err := newWatcher(l, path, WatchSettings{OnReloadError: func(error) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkWant(t, w, "first", true, "")
 	checkWant(t, w, "unchanged", false, "")
-	if err := l.Reload("other.yaml", []byte(watchV2)); err != nil {
+	if err := l.reload("other.yaml", []byte(watchV2)); err != nil {
 		t.Fatal(err)
 	}
 	checkWant(t, w, "after a foreign reload", true, "")
-	if n := len(l.Config().Rules); n != 2 {
+	if n := len(l.config().Rules); n != 2 {
 		t.Fatalf("%d rules after the check, want the file's 2", n)
 	}
 	checkWant(t, w, "unchanged again", false, "")
@@ -323,21 +323,20 @@ func TestNewWatcherErrors(t *testing.T) {
 	for _, c := range []struct {
 		l    *Limiter
 		path string
-		opts []WatchOption
+		opts WatchSettings
 		want string
 	}{
-		{nil, "x.yaml", nil, "tiers: watch: nil limiter"},
-		{l, "", nil, "tiers: watch: empty path"},
-		{l, "x.yaml", []WatchOption{WithWatchInterval(0)}, "tiers: watch interval 0s must be positive"},
-		{l, "x.yaml", []WatchOption{WithWatchInterval(-time.Second)}, "tiers: watch interval -1s must be positive"},
+		{nil, "x.yaml", WatchSettings{}, "tiers: watch: nil limiter"},
+		{l, "", WatchSettings{}, "tiers: watch: empty path"},
+		{l, "x.yaml", WatchSettings{Interval: -time.Second}, "tiers: watch interval -1s must be positive"},
 	} {
-		_, err := newWatcher(c.l, c.path, c.opts...)
+		_, err := newWatcher(c.l, c.path, c.opts)
 		if err == nil || err.Error() != c.want {
 			t.Errorf("newWatcher(%q): %v; want %q", c.path, err, c.want)
 		}
 	}
 	dir := t.TempDir()
-	w, err := newWatcher(l, dir, WithReloadErrorHandler(func(error) {}))
+	w, err := newWatcher(l, dir, WatchSettings{OnReloadError: func(error) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +352,9 @@ func TestWatchRunTicks(t *testing.T) {
 		writeFile(t, path, watchV1)
 		l := mustLimiter(t, watchV1, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}))
 		var rep reports
-		w, err := newWatcher(l, path, append(rep.opts(), WithWatchInterval(10*time.Second))...)
+		ws := rep.opts()
+		ws.Interval = 10 * time.Second
+		w, err := newWatcher(l, path, ws)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,8 +373,8 @@ func TestWatchRunTicks(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if _, reloads := rep.counts(); reloads != 2 || len(l.Config().Rules) != 3 {
-			t.Fatalf("after the first tick: %d reloads, %d rules; want 2 and 3", reloads, len(l.Config().Rules))
+		if _, reloads := rep.counts(); reloads != 2 || len(l.config().Rules) != 3 {
+			t.Fatalf("after the first tick: %d reloads, %d rules; want 2 and 3", reloads, len(l.config().Rules))
 		}
 		writeFile(t, path, watchBad)
 		time.Sleep(10 * time.Second)
@@ -388,8 +389,8 @@ func TestWatchRunTicks(t *testing.T) {
 		writeFile(t, path, watchV1)
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if errs, reloads := rep.counts(); errs != 1 || reloads != 2 || len(l.Config().Rules) != 3 {
-			t.Fatalf("after cancel: %d errors, %d reloads, %d rules; want 1, 2, 3", errs, reloads, len(l.Config().Rules))
+		if errs, reloads := rep.counts(); errs != 1 || reloads != 2 || len(l.config().Rules) != 3 {
+			t.Fatalf("after cancel: %d errors, %d reloads, %d rules; want 1, 2, 3", errs, reloads, len(l.config().Rules))
 		}
 	})
 }
@@ -405,8 +406,7 @@ func TestWatchRealLoop(t *testing.T) {
 	errs := make(chan error, 16)
 	ran := make(chan error, 1)
 	go func() {
-		ran <- l.Watch(ctx, path, WithWatchInterval(20*time.Millisecond),
-			WithReloadErrorHandler(func(err error) { errs <- err }))
+		ran <- l.Watch(ctx, path, WatchSettings{Interval: 20 * time.Millisecond, OnReloadError: func(err error) { errs <- err }})
 	}()
 	// Replace the file atomically, as a deploy should: an in-place write
 	// can be read half-written (rejected and reported, then applied whole
@@ -416,7 +416,7 @@ func TestWatchRealLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(l.Config().Rules) != 3 {
+	for len(l.config().Rules) != 3 {
 		if time.Now().After(deadline) {
 			t.Fatal("the change was not applied within 10s")
 		}

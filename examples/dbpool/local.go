@@ -25,7 +25,7 @@ func newMemoryShare(perSecond int64) (spillway.Limiter, error) {
 
 // Admit decides on the memory store's own clock.
 func (m memoryShare) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	d, err := m.lim.AllowN(ctx, "db", r.EffectiveCost())
+	d, err := m.lim.Allow(ctx, "db", r.EffectiveCost())
 	if err != nil {
 		return spillway.Decision{}, spillway.Noop, err
 	}

@@ -264,7 +264,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	}
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel.MeterProvider)))
+		rate, err := tiers.New(cfg, store, tiers.Settings{Name: "tiers", HoldObserver: telemetry.NewHoldMetrics("grpc", tel.MeterProvider)})
 		if err != nil {
 			return fail(err)
 		}
@@ -297,7 +297,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	if err != nil {
 		return fail(err)
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("grpc", tel.MeterProvider)))
+	rate, err := tiers.New(cfg, rateStore, tiers.Settings{Name: "tiers", HoldObserver: telemetry.NewHoldMetrics("grpc", tel.MeterProvider)})
 	if err != nil {
 		return fail(err)
 	}

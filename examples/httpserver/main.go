@@ -306,7 +306,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	if redisAddr == "" {
 		store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{})
-		rate, err := tiers.New(cfg, store, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel.MeterProvider)))
+		rate, err := tiers.New(cfg, store, tiers.Settings{Name: "tiers", HoldObserver: telemetry.NewHoldMetrics("api", tel.MeterProvider)})
 		if err != nil {
 			return nil, err
 		}
@@ -346,7 +346,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		b.close()
 		return nil, err
 	}
-	rate, err := tiers.New(cfg, rateStore, tiers.WithName("tiers"), tiers.WithHoldObserver(telemetry.NewHoldMetrics("api", tel.MeterProvider)))
+	rate, err := tiers.New(cfg, rateStore, tiers.Settings{Name: "tiers", HoldObserver: telemetry.NewHoldMetrics("api", tel.MeterProvider)})
 	if err != nil {
 		b.close()
 		return nil, err

@@ -58,15 +58,16 @@ func run() error {
 	}
 
 	// A cost above what a policy can ever admit is an explicit denial.
-	lim, err := ratelimit.New(store, ratelimit.Policy{Limit: 10, Period: time.Second}, ratelimit.Settings{})
+	p := ratelimit.Policy{Limit: 10, Period: time.Second}
+	lim, err := ratelimit.New(store, p, ratelimit.Settings{})
 	if err != nil {
 		return err
 	}
-	d, err := lim.AllowN(ctx, "client-1", 11)
+	d, err := lim.Allow(ctx, "client-1", 11)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("== cost 11 against %s: allowed=%v reason=%s retry_after=%v\n\n", lim.Policy(), d.Allowed, d.Reason, d.RetryAfter)
+	fmt.Printf("== cost 11 against %s: allowed=%v reason=%s retry_after=%v\n\n", p, d.Allowed, d.Reason, d.RetryAfter)
 
 	// An invalid policy is an error that names the field.
 	if _, err := ratelimit.New(store, ratelimit.Policy{Limit: 0, Period: time.Second}, ratelimit.Settings{}); err != nil {
@@ -98,7 +99,7 @@ func run() error {
 }
 
 func show(ctx context.Context, lim *ratelimit.Limiter, at time.Duration) {
-	d, err := lim.Allow(ctx, "client-1")
+	d, err := lim.Allow(ctx, "client-1", 1)
 	if err != nil {
 		fmt.Printf("t=%-6v error: %v\n", at, err)
 		return

@@ -115,7 +115,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 	if err != nil {
 		return err
 	}
-	rate, err := tiers.New(cfg, store, tiers.WithName("rate"))
+	rate, err := tiers.New(cfg, store, tiers.Settings{Name: "rate"})
 	if err != nil {
 		return err
 	}

@@ -30,3 +30,10 @@ func (c *Clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
 }
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}

@@ -16,7 +16,7 @@ func Limiter(t testing.TB, yml string, store ratelimit.Store) *tiers.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := tiers.New(cfg, store)
+	lim, err := tiers.New(cfg, store, tiers.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

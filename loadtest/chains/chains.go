@@ -86,7 +86,7 @@ func rateTiers(store ratelimit.Store) (spillway.Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tiers.New(cfg, store)
+	return tiers.New(cfg, store, tiers.Settings{})
 }
 
 // Names are the configurations a scenario compares, in order.
@@ -139,7 +139,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		return ServerChain{}, err
 	}
 	ceiling := spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		d, err := global.Allow(ctx, "db")
+		d, err := global.Allow(ctx, "db", 1)
 		if err == nil && !d.Allowed {
 			d.Reason = spillway.ReasonCeiling
 		}

@@ -155,9 +155,9 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 		now = e.at
 		k1 := keys[e.src]
 		perSource[e.src]++
-		dc, _ := swc.Allow(ctx, k1)
-		dl, _ := swl.Allow(ctx, k1)
-		df, _ := fw.Allow(ctx, k1)
+		dc, _ := swc.Allow(ctx, k1, 1)
+		dl, _ := swl.Allow(ctx, k1, 1)
+		df, _ := fw.Allow(ctx, k1, 1)
 		if dc.Allowed != dl.Allowed {
 			r.WrongDecisions++
 			if dc.Allowed {
@@ -198,7 +198,7 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 	r.OvershootFixedWindow = float64(oFW.max) / lim
 	r.OvershootSlidingCount = float64(oSWC.max) / lim
 	r.OvershootSlidingLog = float64(oSWL.max) / lim
-	r.DistinctKeysAtEnd = store.Len()
+	r.DistinctKeysAtEnd = rateHooks.Len(store)
 	slices.Sort(perSource)
 	var top int64
 	for _, c := range perSource[len(perSource)-max(1, sources/100):] {
@@ -217,7 +217,7 @@ func runAccuracy(p Params, prog *Progress) *ScenarioResult {
 		for _, at := range []int64{base - 1000, base + 1000} {
 			now = at
 			for j := int64(0); j < accuracyLimit; j++ {
-				if d, _ := l.Allow(ctx, "boundary-demo"); d.Allowed {
+				if d, _ := l.Allow(ctx, "boundary-demo", 1); d.Allowed {
 					n++
 				}
 			}
@@ -422,9 +422,9 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 	for _, e := range ev {
 		now = e.at
 		k := keys[e.src]
-		dl, _ := exact.Allow(ctx, k)
+		dl, _ := exact.Allow(ctx, k, 1)
 		for _, t := range ts {
-			d, _ := t.l.Allow(ctx, k)
+			d, _ := t.l.Allow(ctx, k, 1)
 			if d.Allowed != dl.Allowed {
 				t.differ++
 				if d.Allowed {
@@ -450,7 +450,7 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 				q = append(q, e.at)
 			}
 			t.admitted[e.src] = q
-			ds, _ := t.shadow.AllowN(ctx, k, 0)
+			ds, _ := t.shadow.Allow(ctx, k, 0)
 			if fit := shadowLimit-ds.Remaining+1 <= limit; fit != dl.Allowed {
 				t.step++
 				if fit {
@@ -458,7 +458,7 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 				}
 			}
 			if dl.Allowed {
-				t.shadow.Allow(ctx, k)
+				t.shadow.Allow(ctx, k, 1)
 			}
 		}
 	}
@@ -471,7 +471,7 @@ func compareWindows(ev []traceEvent, sources int, contenders []ratelimit.Policy)
 			OverAdmit: float64(t.over) / n, UnderAdmit: float64(t.under) / n,
 			OneStep: float64(t.step) / n, OneStepAllowed: float64(t.stepAllow) / n}
 		if p.Algorithm == ratelimit.SlidingWindowBuckets {
-			w.Contender, w.Buckets, w.Mode = "buckets", p.EffectiveBuckets(), p.Mode.String()
+			w.Contender, w.Buckets, w.Mode = "buckets", rateHooks.EffectiveBuckets(p), p.Mode.String()
 		}
 		out[i] = w
 	}

@@ -39,7 +39,7 @@ func ConnectRedis(ctx context.Context, addr string, budget time.Duration, mp met
 		r.Close()
 		return nil, fmt.Errorf("redis %s: %w", addr, err)
 	}
-	redis.SetLogger(fallback.NewRedisLogger(nil, 0))
+	fallback.SetRedisLogger(nil, 0)
 	var err error
 	if r.Health, err = fallback.NewHealth(r.Client, fallback.HealthSettings{Name: "redis"}); err != nil {
 		r.Close()

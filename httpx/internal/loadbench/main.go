@@ -73,7 +73,7 @@ func main() {
 		check(err)
 		store, err := fallback.NewStore(inner, fallback.Settings{Budget: *budget})
 		check(err)
-		lim, err = tiers.New(cfg, store)
+		lim, err = tiers.New(cfg, store, tiers.Settings{})
 		check(err)
 	case "ratelimit":
 		store, err := ratelimit.NewRedisStore(rdb, ratelimit.RedisSettings{})
