@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -420,6 +421,11 @@ type bucketsArgs struct {
 	pol   [][2]int64 // T, tau of each distinct policy (fixed windows: L, P)
 	sizes []int      // items per group
 	codes []int64    // per item: policy index (1-based), or −index then the cost
+
+	// fixed windows: the codes of the last group that sent its own
+	// (codes[prev:]), and its size; a group with the same codes sends
+	// −size instead (lua/ratelimit_fixed.lua reads them again)
+	prev, prevSize int
 }
 
 // add appends items (of the bucket family) as one group.
@@ -430,6 +436,7 @@ func (b *bucketsArgs) addFixed(items []Item) { b.addWith(items, true) }
 
 func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 	b.sizes = append(b.sizes, len(items))
+	start := len(b.codes)
 	last := 0
 	for i := range items {
 		p := &items[i].Policy
@@ -462,6 +469,15 @@ func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 			b.codes = append(b.codes, int64(j))
 		}
 	}
+	if !fixed {
+		return
+	}
+	if g := len(b.sizes); g > 1 && b.prevSize == len(items) && slices.Equal(b.codes[b.prev:start], b.codes[start:]) {
+		b.codes = b.codes[:start] // the previous group's codes again
+		b.sizes[g-1] = -len(items)
+		return
+	}
+	b.prev, b.prevSize = start, len(items)
 }
 
 // argv returns the script's ARGV: now, ±P (negative: reply the TATs),
