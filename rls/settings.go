@@ -196,7 +196,7 @@ var supported = []variable{
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "0", integer(func(s *Settings) *int { return &s.LocalCacheSizeInBytes })},
 	{"SHADOW_MODE", "false", boolean(func(s *Settings) *bool { return &s.GlobalShadowMode })},
 	{"LIMIT_RESPONSE_HEADERS_ENABLED", "false", boolean(func(s *Settings) *bool { return &s.HeadersEnabled })},
-	{"LIMIT_LIMIT_HEADER", "RateLimit-ruleLimit", str(func(s *Settings) *string { return &s.HeaderLimit })},
+	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", str(func(s *Settings) *string { return &s.HeaderLimit })},
 	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", str(func(s *Settings) *string { return &s.HeaderRemaining })},
 	{"LIMIT_RESET_HEADER", "RateLimit-Reset", str(func(s *Settings) *string { return &s.HeaderReset })},
 	{"USE_PROMETHEUS", "false", boolean(func(s *Settings) *bool { return &s.UsePrometheus })},

@@ -148,7 +148,7 @@ var referenceSettings = []struct {
 	{"BACKEND_TYPE", "memcache", fatal, "only Redis"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true", same, "implemented"},
 	{"LIMIT_RESPONSE_HEADERS_ENABLED", "true", same, "implemented"},
-	{"LIMIT_LIMIT_HEADER", "X-ruleLimit", same, "implemented"},
+	{"LIMIT_LIMIT_HEADER", "X-Limit", same, "implemented"},
 	{"LIMIT_REMAINING_HEADER", "X-Remaining", same, "implemented"},
 	{"LIMIT_RESET_HEADER", "X-Reset", same, "implemented"},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true", same, "implemented"},
