@@ -54,7 +54,7 @@ for j = 1, Q do
   Ks[j], Ws[j] = k, fmt('%d:', k)
   local px = floor(((k + 1) * P - now + 999) / 1000)
   if px < 1 then px = 1 end
-  Xs[j] = px
+  Xs[j] = fmt('%d', px) -- a string: SET's argument, not converted per write
 end
 local a = 3 + 2 * Q
 local G = tonumber(ARGV[a])
@@ -106,13 +106,13 @@ for g = 1, G do
     local px = Xs[j]
     if now < w * P then -- time went backwards: stay in the stored window
       k = w
-      px = floor((P + 999) / 1000)
+      px = fmt('%d', floor((P + 999) / 1000))
       reply[i + 1] = -(c + 1)
     else
       if k ~= w then
         c = 0
       elseif keep and vals[i] then
-        px = 0 -- the stored window's key: its TTL stands
+        px = false -- the stored window's key: its TTL stands
       end
       reply[i + 1] = c
     end
@@ -151,7 +151,7 @@ end
 
 for x = 1, nw do
   local px = wx[x]
-  if px > 0 then
+  if px then
     redis.call('SET', wk[x], wv[x], 'PX', px)
   else
     redis.call('SET', wk[x], wv[x], 'KEEPTTL')
