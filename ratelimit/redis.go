@@ -480,6 +480,16 @@ func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 	b.prev, b.prevSize = start, len(items)
 }
 
+// repeatSizes are the sizes −1 … −63 of groups that repeat the previous
+// group's codes, boxed once (an int outside 0…255 in an interface
+// allocates).
+var repeatSizes = func() (a [64]any) {
+	for i := range a {
+		a[i] = -i
+	}
+	return a
+}()
+
 // argv returns the script's ARGV: now, ±P (negative: reply the TATs),
 // the policies, G and the groups' sizes, the items' codes.
 func (b *bucketsArgs) argv(now string, tats bool) []any {
@@ -494,6 +504,10 @@ func (b *bucketsArgs) argv(now string, tats bool) []any {
 	}
 	args = append(args, len(b.sizes))
 	for _, n := range b.sizes {
+		if n < 0 && -n < len(repeatSizes) {
+			args = append(args, repeatSizes[-n]) // boxed once: a negative int would allocate
+			continue
+		}
 		args = append(args, n)
 	}
 	for _, c := range b.codes {
