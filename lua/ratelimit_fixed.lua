@@ -1,17 +1,23 @@
 -- ratelimit_fixed.lua: decide N fixed-window items all or nothing per
 -- group in one call: the lean path of ratelimit_batch.lua for batches
--- whose items are all fixed windows (fixed_window), with the same state, the
--- same decisions and the same writes, but one MGET for every key, a small
--- ARGV and one reply value per item.
+-- whose items are all fixed windows (fixed_window), with the same state and
+-- the same decisions, but one MGET for every key, a small ARGV, one reply
+-- value per item, and the least work per key: each policy's window,
+-- window prefix and TTL computed once per call, no table per item, and a
+-- key that already holds the current window rewritten with KEEPTTL (its
+-- TTL, set by the window's first charge, stands) when the time is Redis's.
 --
 -- KEYS[i]  the state key of item i (all in one Cluster slot).
 -- ARGV[1]  now in µs, or "" to read Redis TIME
 -- ARGV[2]  Q, the number of distinct policies
 -- then Q pairs: L (limit), P (period in µs)
 -- then G, the number of groups, and the number of items of each group,
---          in KEYS order (they sum to N = #KEYS)
--- then, for item i: its policy's index j (1-based) when its cost is 1,
---          else −j and the cost n (≥ 0; 0 peeks; ≤ L+1)
+--          in KEYS order (their absolute values sum to N = #KEYS); a
+--          group's size −m says it has m items whose codes are the
+--          previous group's again (they are not sent a second time)
+-- then, for item i (of each group whose size is not negative): its
+--          policy's index j (1-based) when its cost is 1, else −j and the
+--          cost n (≥ 0; 0 peeks; ≤ L+1)
 --
 -- Reply: {now, then one integer per item}: c, the count the item saw in
 --   its window before its own charge (including the charges of earlier
@@ -23,8 +29,10 @@
 -- State, one key per item: the string "w:count" (w = window index), as
 -- ratelimit_batch.lua reads and writes it; a value of another form reads
 -- as empty. Writes: each item with n > 0 of every allowed group, in
--- order, SET "k:c" PX ceil(reset/1000) ms ≥ 1; a denied group changes no
--- state.
+-- order, SET "k:c" PX ceil(reset/1000) ms ≥ 1, or KEEPTTL when ARGV[1]
+-- is "" and the key already holds window k (a value read, not behind);
+-- a denied group changes no state.
+
 local floor = math.floor
 local match = string.match
 local fmt = string.format
@@ -38,24 +46,41 @@ end
 if now < 0 then now = 0 end
 
 local Q = tonumber(ARGV[2])
-local Ls, Ps = {}, {}
+local Ls, Ps, Ks, Xs, Ws = {}, {}, {}, {}, {}
 for j = 1, Q do
-  Ls[j] = tonumber(ARGV[1 + 2 * j])
-  Ps[j] = tonumber(ARGV[2 + 2 * j])
+  local P = tonumber(ARGV[2 + 2 * j])
+  Ls[j], Ps[j] = tonumber(ARGV[1 + 2 * j]), P
+  local k = floor(now / P)
+  Ks[j], Ws[j] = k, fmt('%d:', k)
+  local px = floor(((k + 1) * P - now + 999) / 1000)
+  if px < 1 then px = 1 end
+  Xs[j] = fmt('%d', px) -- a string: SET's argument, not converted per write
 end
 local a = 3 + 2 * Q
 local G = tonumber(ARGV[a])
-local ci = a + G + 1 -- ARGV index of the next item's code
+local ci = a + G + 1
+local keep = ARGV[1] == '' -- Redis's clock: a key of the current window keeps its TTL
 
 local vals = redis.call('MGET', unpack(KEYS))
-local state = {} -- key -> {w, c} written by allowed earlier groups
+local sw, sc = {}, {} -- key -> window, count: the state of allowed earlier groups and of this one
+local wk, wv, wx = {}, {}, {} -- writes: key, value, px
+local nw = 0
 local reply = {now}
-local writes = {}
 local i = 0
+local cprev
+local undo, nu = {}, 0 -- the current group's changes of sw/sc: key, old w, old c
+local cstr = {} -- count -> its decimal string
 for g = 1, G do
-  local gs, gw = {}, {} -- the group's own state and writes
+  local nw0 = nw
+  nu = 0
   local all = true
-  for _ = 1, tonumber(ARGV[a + g]) do
+  local m = tonumber(ARGV[a + g])
+  local m0, cnext = m, ci
+  if m < 0 then
+    m, ci = -m, cprev -- the codes of the previous group again
+  end
+  local cfirst = ci
+  for _ = 1, m do
     i = i + 1
     local j = tonumber(ARGV[ci])
     local n = 1
@@ -65,41 +90,71 @@ for g = 1, G do
     else
       ci = ci + 1
     end
-    local L, P = Ls[j], Ps[j]
+    local L, P, k = Ls[j], Ps[j], Ks[j]
     local key = KEYS[i]
-    local w, c = 0, 0
-    local st = gs[key] or state[key]
-    if st ~= nil then
-      w, c = st[1], st[2]
+    local w, c = sw[key], 0
+    if w ~= nil then
+      c = sc[key]
     else
+      w = 0
       local s = vals[i]
       if s then
         local ws, cs = match(s, '^(%d+):(%d+)$')
         if ws ~= nil then w, c = tonumber(ws), tonumber(cs) end
       end
     end
-    local t, behind = now, false
-    if t < w * P then t, behind = w * P, true end -- time went backwards: stay in the window
-    local k = floor(t / P)
-    if k ~= w then c = 0 end
-    if behind then reply[i + 1] = -(c + 1) else reply[i + 1] = c end
+    local px = Xs[j]
+    if now < w * P then -- time went backwards: stay in the stored window
+      k = w
+      px = fmt('%d', floor((P + 999) / 1000))
+      reply[i + 1] = -(c + 1)
+    else
+      if k ~= w then
+        c = 0
+      elseif keep and vals[i] then
+        px = false -- the stored window's key: its TTL stands
+      end
+      reply[i + 1] = c
+    end
     if n > L or c + n > L then
       all = false
     elseif n > 0 then
+      undo[nu + 1], undo[nu + 2], undo[nu + 3] = key, sw[key] or false, sc[key] or false
+      nu = nu + 3
       c = c + n
-      gs[key] = {k, c}
-      local px = floor(((k + 1) * P - t + 999) / 1000)
-      if px < 1 then px = 1 end
-      gw[#gw + 1] = {key, fmt('%d:%d', k, c), px} -- %d: %.14g would round
+      sw[key], sc[key] = k, c
+      local v
+      if k == Ks[j] then
+        local cs = cstr[c]
+        if cs == nil then
+          cs = fmt('%d', c)
+          cstr[c] = cs
+        end
+        v = Ws[j] .. cs
+      else
+        v = fmt('%d:%d', k, c)
+      end
+      nw = nw + 1
+      wk[nw], wv[nw], wx[nw] = key, v, px
     end
   end
-  if all then
-    for key, st in pairs(gs) do state[key] = st end
-    for _, x in ipairs(gw) do writes[#writes + 1] = x end
+  if m0 < 0 then ci = cnext end
+  cprev = cfirst
+  if not all then
+    nw = nw0
+    for u = nu - 2, 1, -3 do
+      local key = undo[u]
+      sw[key], sc[key] = undo[u + 1] or nil, undo[u + 2] or nil
+    end
   end
 end
 
-for _, x in ipairs(writes) do
-  redis.call('SET', x[1], x[2], 'PX', x[3])
+for x = 1, nw do
+  local px = wx[x]
+  if px then
+    redis.call('SET', wk[x], wv[x], 'PX', px)
+  else
+    redis.call('SET', wk[x], wv[x], 'KEEPTTL')
+  end
 end
 return reply

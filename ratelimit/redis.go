@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -417,6 +418,11 @@ type bucketsArgs struct {
 	pol   [][2]int64 // T, tau of each distinct policy (fixed windows: L, P)
 	sizes []int      // items per group
 	codes []int64    // per item: policy index (1-based), or −index then the cost
+
+	// fixed windows: the codes of the last group that sent its own
+	// (codes[prev:]), and its size; a group with the same codes sends
+	// −size instead (lua/ratelimit_fixed.lua reads them again)
+	prev, prevSize int
 }
 
 // add appends items (of the bucket family) as one group.
@@ -427,6 +433,7 @@ func (b *bucketsArgs) addFixed(items []Item) { b.addWith(items, true) }
 
 func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 	b.sizes = append(b.sizes, len(items))
+	start := len(b.codes)
 	last := 0
 	for i := range items {
 		p := &items[i].Policy
@@ -459,7 +466,26 @@ func (b *bucketsArgs) addWith(items []Item, fixed bool) {
 			b.codes = append(b.codes, int64(j))
 		}
 	}
+	if !fixed {
+		return
+	}
+	if g := len(b.sizes); g > 1 && b.prevSize == len(items) && slices.Equal(b.codes[b.prev:start], b.codes[start:]) {
+		b.codes = b.codes[:start] // the previous group's codes again
+		b.sizes[g-1] = -len(items)
+		return
+	}
+	b.prev, b.prevSize = start, len(items)
 }
+
+// repeatSizes are the sizes −1 … −63 of groups that repeat the previous
+// group's codes, boxed once (an int outside 0…255 in an interface
+// allocates).
+var repeatSizes = func() (a [64]any) {
+	for i := range a {
+		a[i] = -i
+	}
+	return a
+}()
 
 // argv returns the script's ARGV: now, ±P (negative: reply the TATs),
 // the policies, G and the groups' sizes, the items' codes.
@@ -475,6 +501,10 @@ func (b *bucketsArgs) argv(now string, tats bool) []any {
 	}
 	args = append(args, len(b.sizes))
 	for _, n := range b.sizes {
+		if n < 0 && -n < len(repeatSizes) {
+			args = append(args, repeatSizes[-n]) // boxed once: a negative int would allocate
+			continue
+		}
 		args = append(args, n)
 	}
 	for _, c := range b.codes {

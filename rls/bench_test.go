@@ -1,4 +1,4 @@
-package rls_test
+package rls
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
-	"github.com/spillway-go/spillway/rls"
 )
 
 const benchConfig = `
@@ -34,11 +33,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000}
 `
 
-type noop struct {
+type nopService struct {
 	pb.UnimplementedRateLimitServiceServer
 }
 
-func (noop) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+func (nopService) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
 	for i := range resp.Statuses {
 		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -76,7 +75,7 @@ func requests(n, descriptors int) []*pb.RateLimitRequest {
 // descriptors, the do-nothing server beside the service over Redis.
 func BenchmarkGRPC(b *testing.B) {
 	rs := redistest.Start(b)
-	set := rls.DefaultSettings()
+	set := DefaultSettings()
 	set.RedisSocketType, set.RedisURL = "tcp", rs.Addr
 	if n, err := strconv.Atoi(os.Getenv("RLS_BENCH_COALESCE")); err == nil {
 		set.Coalesce = n
@@ -84,25 +83,25 @@ func BenchmarkGRPC(b *testing.B) {
 	if d, err := time.ParseDuration(os.Getenv("RLS_BENCH_BUDGET")); err == nil {
 		set.Budget = d
 	}
-	client, err := rls.NewRedisClient(set)
+	client, err := newRedisClient(set)
 	require.NoError(b, err)
-	store, err := rls.NewStore(client, set)
+	store, err := newStore(client, set)
 	require.NoError(b, err)
-	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
+	cfg, err := Load([]File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, LoadOptions{})
 	require.NoError(b, err)
-	svc := rls.NewService(store, set, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc := NewService(store, set, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	svc.SetConfig(cfg)
-	mem := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil, nil)
+	mem := NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil)
 	mem.SetConfig(cfg)
 	for _, n := range []int{1, 3} {
 		reqs := requests(10000, n)
 		for _, c := range []struct {
 			name string
 			svc  pb.RateLimitServiceServer
-		}{{"noop", noop{}}, {"memory", mem}, {"redis", svc}} {
+		}{{"noop", nopService{}}, {"memory", mem}, {"redis", svc}} {
 			var opts []grpc.ServerOption
 			if os.Getenv("RLS_BENCH_OPTIONS") != "" {
-				opts = rls.ServerOptions(set) // the binary's options, for every server alike
+				opts = serverOptions(set) // the binary's options, for every server alike
 			}
 			cl := serve(b, c.svc, opts...)
 			b.Run(c.name+"/descriptors="+strconv.Itoa(n), func(b *testing.B) {
@@ -129,8 +128,8 @@ func BenchmarkGRPC(b *testing.B) {
 					}
 					rs.Client(b).ConfigResetStat(context.Background())
 				}
-				if s, ok := c.svc.(*rls.Service); ok {
-					b.ReportMetric(float64(s.Stats().Degraded.Swap(0))/float64(b.N*n), "degraded/op")
+				if s, ok := c.svc.(*Service); ok {
+					b.ReportMetric(float64(s.stats.Degraded.Swap(0))/float64(b.N*n), "degraded/op")
 				}
 			})
 		}
@@ -140,9 +139,9 @@ func BenchmarkGRPC(b *testing.B) {
 // BenchmarkService: the service alone (no gRPC) over the memory store, to
 // see its own cost and allocations.
 func BenchmarkService(b *testing.B) {
-	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
+	cfg, err := Load([]File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, LoadOptions{})
 	require.NoError(b, err)
-	svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), rls.DefaultSettings(), nil, nil)
+	svc := NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), DefaultSettings(), nil)
 	svc.SetConfig(cfg)
 	for _, n := range []int{1, 3} {
 		reqs := requests(10000, n)
@@ -166,7 +165,7 @@ func cpuTime() time.Duration {
 }
 
 // BenchmarkServiceRedis: the service in-process (no gRPC) over the store
-// the binary builds (NewStore: coalescing, breaker) on a real
+// the binary builds (newStore: coalescing, breaker) on a real
 // redis-server, 64 callers, 10k keys, one and three descriptors, budget
 // 1 s (every decision on Redis). It reports what a call costs whatever
 // the machine's load: this process's CPU µs per call (the callers' loop
@@ -176,16 +175,16 @@ func cpuTime() time.Duration {
 //	go test -run '^$' -bench ServiceRedis -benchtime 20000x -count 5 ./rls/
 func BenchmarkServiceRedis(b *testing.B) {
 	rs := redistest.Start(b)
-	set := rls.DefaultSettings()
+	set := DefaultSettings()
 	set.RedisSocketType, set.RedisURL = "tcp", rs.Addr
 	set.Budget = time.Second
-	client, err := rls.NewRedisClient(set)
+	client, err := newRedisClient(set)
 	require.NoError(b, err)
-	store, err := rls.NewStore(client, set)
+	store, err := newStore(client, set)
 	require.NoError(b, err)
-	cfg, err := rls.Load([]rls.File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, rls.LoadOptions{})
+	cfg, err := Load([]File{{Name: "bench.yaml", Content: []byte(benchConfig)}}, LoadOptions{})
 	require.NoError(b, err)
-	svc := rls.NewService(store, set, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc := NewService(store, set, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	svc.SetConfig(cfg)
 	rc := rs.Client(b)
 	for _, n := range []int{1, 3} {
@@ -216,7 +215,7 @@ func BenchmarkServiceRedis(b *testing.B) {
 				}
 			}
 			b.ReportMetric(script/float64(b.N), "script-µs/op")
-			if d := svc.Stats().Degraded.Swap(0); d > 0 {
+			if d := svc.stats.Degraded.Swap(0); d > 0 {
 				b.Errorf("%d descriptors degraded", d)
 			}
 		})

@@ -43,13 +43,13 @@ type File struct {
 // immutable once built and safe for concurrent use.
 type Config struct {
 	domains map[string]*node
-	rules   []*Rule // every rule, in load order (for the stats page)
+	rules   []*rule // every rule, in load order (for the stats page)
 }
 
 // node is one level of a descriptor tree: the descriptors below it, by key.
 type node struct {
 	keys          map[string]*keyLevel
-	rule          *Rule  // the rate_limit at this node; nil when it has none
+	rule          *rule  // the rate_limit at this node; nil when it has none
 	valueToMetric bool   // value_to_metric
 	pattern       string // the wildcard value this node was declared with, if any
 }
@@ -88,9 +88,9 @@ func (w *wildcard) match(value string) bool {
 	return true
 }
 
-// Rule is one rate_limit of a config: the limits a matching descriptor is
+// rule is one rate_limit of a config: the limits a matching descriptor is
 // charged against and how its answer and stats are made.
-type Rule struct {
+type rule struct {
 	Domain    string
 	FullKey   string // the stats key: domain.key_value.key2 as the reference names it
 	Unlimited bool   // answer OK with no store call
@@ -98,7 +98,7 @@ type Rule struct {
 	Detailed  bool   // detailed_metric: stats per request values
 	Name      string // rate_limit.name, for replaces
 	Replaces  []string
-	Limits    []Limit // empty when Unlimited; several with rate_limits
+	Limits    []ruleLimit // empty when Unlimited; several with rate_limits
 	File      string
 	Line      int
 
@@ -106,8 +106,8 @@ type Rule struct {
 	stats         *counters
 }
 
-// Limit is one limit of a rule.
-type Limit struct {
+// ruleLimit is one limit of a rule.
+type ruleLimit struct {
 	Policy ratelimit.Policy
 	// Unit and RequestsPerUnit are what the answer's current_limit says:
 	// the reference unit when Period is one (UNKNOWN otherwise) and Limit.
@@ -456,7 +456,7 @@ func (l *loader) descriptors(parent *node, domain, path string, list *yaml.Node,
 			kl.values[value] = n
 		}
 
-		r := &Rule{Domain: domain, FullKey: path + finalKey, Shadow: shadow, Detailed: detailed,
+		r := &rule{Domain: domain, FullKey: path + finalKey, Shadow: shadow, Detailed: detailed,
 			File: l.file, Line: dn.Line, valueToMetric: v2m || valueToMetric}
 		has := false
 		if rl := f["rate_limit"]; rl != nil && rl.Tag != "!!null" {
@@ -492,7 +492,7 @@ func (l *loader) descriptors(parent *node, domain, path string, list *yaml.Node,
 
 // rateLimit adds one rate_limit block to r. first says it is the block
 // that carries the rule's name, replaces and unlimited.
-func (l *loader) rateLimit(r *Rule, n *yaml.Node, first bool) error {
+func (l *loader) rateLimit(r *rule, n *yaml.Node, first bool) error {
 	if n.Kind != yaml.MappingNode {
 		return l.errf(n, "rate_limit: expected a mapping")
 	}
@@ -566,7 +566,7 @@ func (l *loader) rateLimit(r *Rule, n *yaml.Node, first bool) error {
 		if err != nil {
 			return err
 		}
-		lim := Limit{RequestsPerUnit: uint32(rpu), Unit: unitOf(period), Name: name}
+		lim := ruleLimit{RequestsPerUnit: uint32(rpu), Unit: unitOf(period), Name: name}
 		if lim.Name == "" {
 			lim.Name = r.FullKey
 		}
@@ -639,7 +639,7 @@ func scopeOf(domain string, p ratelimit.Policy) string {
 }
 
 // Domains returns the loaded domains, sorted.
-func (c *Config) Domains() []string {
+func (c *Config) domainNames() []string {
 	d := make([]string, 0, len(c.domains))
 	for k := range c.domains {
 		d = append(d, k)
@@ -649,7 +649,7 @@ func (c *Config) Domains() []string {
 }
 
 // Rules returns every rule, in load order.
-func (c *Config) Rules() []*Rule { return c.rules }
+func (c *Config) allRules() []*rule { return c.rules }
 
 var errNoDomain = errors.New("rls: unknown domain")
 
@@ -675,7 +675,7 @@ func step(cur *node, k, v string) (next *node, how byte) {
 // lookup finds the rule of a descriptor: the rule applies only when the
 // last entry lands on a node with a rate_limit. A request with more
 // entries than the tree is deep matches nothing, as in the reference.
-func (c *Config) lookup(domain string, es []*rlv3.RateLimitDescriptor_Entry) (*Rule, error) {
+func (c *Config) lookup(domain string, es []*rlv3.RateLimitDescriptor_Entry) (*rule, error) {
 	cur := c.domains[domain]
 	if cur == nil {
 		return nil, errNoDomain
@@ -703,7 +703,7 @@ func (c *Config) lookup(domain string, es []*rlv3.RateLimitDescriptor_Entry) (*R
 // path (the request's value where a node asks for it, else what the node
 // was declared with), built as the reference builds it. It walks the tree
 // again: the rare path.
-func (c *Config) metricKey(r *Rule, domain string, es []*rlv3.RateLimitDescriptor_Entry) string {
+func (c *Config) metricKey(r *rule, domain string, es []*rlv3.RateLimitDescriptor_Entry) string {
 	var b strings.Builder
 	b.WriteString(domain)
 	if r.Detailed {

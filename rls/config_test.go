@@ -52,7 +52,7 @@ func TestConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "f1.yaml:1: duplicate domain 'd' in config file")
 	c, err := Load([]File{{"a", []byte("domain: d\ndescriptors: [{key: a}]")}, {"b", []byte("domain: d\ndescriptors: [{key: b}]")}}, LoadOptions{MergeDomains: true})
 	require.NoError(t, err)
-	require.Equal(t, []string{"d"}, c.Domains())
+	require.Equal(t, []string{"d"}, c.domainNames())
 }
 
 func entries(pairs ...string) []*rlv3.RateLimitDescriptor_Entry {

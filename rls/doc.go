@@ -21,9 +21,13 @@
 //
 //	cfg, err := rls.Load([]rls.File{{Name: "limits.yaml", Content: yaml}}, rls.LoadOptions{})
 //	if err != nil { return err } // rls: limits.yaml:4: invalid rate limit unit 'fortnight'
-//	svc := rls.NewService(store, rls.DefaultSettings(), nil, nil)
+//	svc := rls.NewService(store, rls.DefaultSettings(), nil)
 //	svc.SetConfig(cfg)
 //	pb.RegisterRateLimitServiceServer(grpcServer, svc)
 //
-// Service, Stats, Config and Reloader are safe for concurrent use.
+// Run is the whole binary (Env reads its settings): the Redis client,
+// the store, the gRPC and HTTP servers, the config directory followed.
+// Service, Config and Load are for serving the API in a process's own
+// gRPC server; Load and ReadDir validate config files. Service and Config
+// are safe for concurrent use.
 package rls

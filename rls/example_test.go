@@ -23,7 +23,7 @@ descriptors:
 		return
 	}
 	// a MemoryStore for the example; the binary uses Redis behind a fallback
-	svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), rls.DefaultSettings(), nil, nil)
+	svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), rls.DefaultSettings(), nil)
 	svc.SetConfig(cfg)
 	req := &pb.RateLimitRequest{Domain: "example", Descriptors: []*rlv3.RateLimitDescriptor{
 		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}}}}

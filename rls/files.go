@@ -70,14 +70,14 @@ func digest(files []File) [32]byte {
 	return d
 }
 
-// Reloader loads the config directory into a Service and follows it: every
+// reloader loads the config directory into a Service and follows it: every
 // interval it reads the directory again (a few small files), and when
 // their names or contents changed it loads them. A set of files that does
 // not load leaves the last good config in place; the error, naming the
 // file and line, is logged once and counted in config_load_error.
 // Polling sees edits in place, files added or removed, and a symlink swap
 // of the whole directory (RUNTIME_WATCH_ROOT, Kubernetes ConfigMaps) alike.
-type Reloader struct {
+type reloader struct {
 	svc       *Service
 	dir       string
 	ignoreDot bool
@@ -88,14 +88,14 @@ type Reloader struct {
 	onLoad    func(*Config, error) // tests and health: after every attempt
 }
 
-// NewReloader returns a Reloader of dir into svc.
-func NewReloader(svc *Service, dir string, ignoreDot bool, opts LoadOptions, log *slog.Logger) *Reloader {
-	return &Reloader{svc: svc, dir: dir, ignoreDot: ignoreDot, opts: opts, log: log}
+// newReloader returns a reloader of dir into svc.
+func newReloader(svc *Service, dir string, ignoreDot bool, opts LoadOptions, log *slog.Logger) *reloader {
+	return &reloader{svc: svc, dir: dir, ignoreDot: ignoreDot, opts: opts, log: log}
 }
 
 // Load reads and loads the directory once, whatever was loaded before.
 // It returns the error of a config that did not load.
-func (r *Reloader) Load() error {
+func (r *reloader) Load() error {
 	files, err := ReadDir(r.dir, r.ignoreDot)
 	if err != nil {
 		return r.failed(err)
@@ -104,7 +104,7 @@ func (r *Reloader) Load() error {
 	return r.apply(files)
 }
 
-func (r *Reloader) apply(files []File) error {
+func (r *reloader) apply(files []File) error {
 	c, err := Load(files, r.opts)
 	if err != nil {
 		return r.failed(err)
@@ -112,18 +112,18 @@ func (r *Reloader) apply(files []File) error {
 	r.svc.SetConfig(c)
 	r.svc.stats.ConfigLoadSuccess.Add(1)
 	r.lastErr = ""
-	r.log.Info("rls: config loaded", "dir", r.dir, "files", len(files), "domains", strings.Join(c.Domains(), ","))
+	r.log.Info("rls: config loaded", "dir", r.dir, "files", len(files), "domains", strings.Join(c.domainNames(), ","))
 	if r.onLoad != nil {
 		r.onLoad(c, nil)
 	}
 	return nil
 }
 
-func (r *Reloader) failed(err error) error {
+func (r *reloader) failed(err error) error {
 	r.svc.stats.ConfigLoadError.Add(1)
 	if msg := err.Error(); msg != r.lastErr {
 		r.lastErr = msg
-		if r.svc.Config() != nil {
+		if r.svc.config() != nil {
 			r.log.Error("rls: config not loaded; the last good config stays", "err", err)
 		} else {
 			r.log.Error("rls: config not loaded", "err", err)
@@ -136,7 +136,7 @@ func (r *Reloader) failed(err error) error {
 }
 
 // Run checks the directory every interval until ctx ends.
-func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
+func (r *reloader) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -25,7 +25,7 @@ func FuzzLoad(f *testing.F) {
 			}
 			return
 		}
-		for _, r := range c.Rules() {
+		for _, r := range c.allRules() {
 			for _, l := range r.Limits {
 				if !l.denyAll && l.Policy.Validate() != nil {
 					t.Fatalf("loaded an invalid policy %v", l.Policy)

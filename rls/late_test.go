@@ -1,4 +1,4 @@
-package rls_test
+package rls
 
 import (
 	"context"
@@ -11,18 +11,17 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/spillway-go/spillway/ratelimit"
-	"github.com/spillway-go/spillway/rls"
 )
 
 // A call whose deadline has passed when it comes is answered at once,
 // undecided (nothing charged), as SPILLWAY_LATE_ANSWER says, and counted.
 func TestLateCallIsRefusedUndecided(t *testing.T) {
-	cfg, err := rls.Load([]rls.File{{Name: "late.yaml", Content: []byte(`
+	cfg, err := Load([]File{{Name: "late.yaml", Content: []byte(`
 domain: late
 descriptors:
   - key: remote_address
     rate_limit: {unit: day, requests_per_unit: 2}
-`)}}, rls.LoadOptions{})
+`)}}, LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,12 +38,12 @@ descriptors:
 		{"ok", codes.OK, pb.RateLimitResponse_OK},
 		{"over_limit", codes.OK, pb.RateLimitResponse_OVER_LIMIT},
 	} {
-		set := rls.DefaultSettings()
+		set := DefaultSettings()
 		if set.LateAnswer != "error" {
 			t.Fatalf("default SPILLWAY_LATE_ANSWER %q, want error", set.LateAnswer)
 		}
 		set.LateAnswer = tc.answer
-		svc := rls.NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil, nil)
+		svc := NewService(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), set, nil)
 		svc.SetConfig(cfg)
 		for range 3 {
 			resp, err := svc.ShouldRateLimit(expired, req)
@@ -52,7 +51,7 @@ descriptors:
 				t.Fatalf("%s: late call answered %v, %v; want %v, %v", tc.answer, resp.GetOverallCode(), err, tc.code, tc.want)
 			}
 		}
-		if got := svc.Stats().Late.Load(); got != 3 {
+		if got := svc.stats.Late.Load(); got != 3 {
 			t.Fatalf("%s: %d late calls counted, want 3", tc.answer, got)
 		}
 		// nothing was charged: a call in time finds the whole limit

@@ -39,7 +39,7 @@ import (
 // the reference's stats, under its names, to STATSD_HOST:STATSD_PORT
 // every STATS_FLUSH_INTERVAL; USE_DOG_STATSD sends them in DogStatsD's
 // format, EXTRA_TAGS as tags. It also gives st the response-time timer.
-func newStatsd(s Settings, st *Stats, log *slog.Logger) (gostats.Store, error) {
+func newStatsd(s Settings, st *svcStats, log *slog.Logger) (gostats.Store, error) {
 	if s.DisableStats || !(s.UseStatsd || s.UseDogStatsd) {
 		return nil, nil
 	}
@@ -91,7 +91,7 @@ func statsdProtocol(addr string) string {
 // statsdGen copies the stats into the statsd store at each flush, under
 // the reference's names (the store sends what changed since the last).
 type statsdGen struct {
-	st                    *Stats
+	st                    *svcStats
 	rl, svc, call, server gostats.Scope
 	mu                    sync.Mutex
 	keys                  []*counters
@@ -357,7 +357,7 @@ func breakerLog(log *slog.Logger, errs *redisErrors) func(name string, from, to 
 // debugMux is the debug listener's: /rlconfig (the loaded config, as the
 // reference prints it), /stats (every counter under its statsd name, and
 // the expvars), /debug/pprof/, and an index at /.
-func (srv *Server) debugMux() *http.ServeMux {
+func (srv *server) debugMux() *http.ServeMux {
 	m := http.NewServeMux()
 	help := map[string]string{
 		"/rlconfig":            "print out the currently loaded configuration for debugging",
@@ -367,7 +367,7 @@ func (srv *Server) debugMux() *http.ServeMux {
 		"/debug/pprof/trace":   "trace endpoint",
 	}
 	m.HandleFunc("/rlconfig", func(w http.ResponseWriter, _ *http.Request) {
-		if c := srv.Service.Config(); c != nil {
+		if c := srv.Service.config(); c != nil {
 			_, _ = io.WriteString(w, c.dump())
 		}
 	})
@@ -417,7 +417,7 @@ func (c *Config) dump() string {
 
 // writeStatsd writes every counter as "name: value" under the reference's
 // statsd names.
-func (s *Stats) writeStatsd(w io.Writer) {
+func (s *svcStats) writeStatsd(w io.Writer) {
 	var lines []string
 	add := func(name string, v uint64) { lines = append(lines, name+": "+strconv.FormatUint(v, 10)) }
 	s.mu.RLock()

@@ -127,7 +127,7 @@ func sums(lines []string) map[string]int {
 
 // opsServer starts a server on the memory store with env (plus loopback
 // ports, the config above) and returns a client and its stop function.
-func opsServer(t *testing.T, vars map[string]string) (*Server, pb.RateLimitServiceClient, context.CancelFunc, chan error) {
+func opsServer(t *testing.T, vars map[string]string) (*server, pb.RateLimitServiceClient, context.CancelFunc, chan error) {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "config"), 0o755))
@@ -139,13 +139,13 @@ func opsServer(t *testing.T, vars map[string]string) (*Server, pb.RateLimitServi
 	}
 	set, _, err := Env(env(m))
 	require.NoError(t, err)
-	srv, err := NewServer(set, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv, err := newServer(set, ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
-	require.NoError(t, srv.Listen())
+	require.NoError(t, srv.listen())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, set.Drain) }()
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	go func() { done <- srv.serve(ctx, set.Drain) }()
+	conn, err := grpc.NewClient(srv.gRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { cancel(); conn.Close(); <-done })
 	return srv, pb.NewRateLimitServiceClient(conn), cancel, done
@@ -309,7 +309,7 @@ func TestJSONLogFields(t *testing.T) {
 	var buf bytes.Buffer
 	set, _, err := Env(env(map[string]string{"LOG_FORMAT": "json"}))
 	require.NoError(t, err)
-	Logger(set, &buf).Warn("hello", "k", "v")
+	newLogger(set, &buf).Warn("hello", "k", "v")
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &m))
 	require.Equal(t, "hello", m["@message"])
@@ -322,14 +322,14 @@ func TestJSONLogFields(t *testing.T) {
 
 	buf.Reset()
 	set.LogFormat = "text"
-	Logger(set, &buf).Error("boom")
+	newLogger(set, &buf).Error("boom")
 	require.Regexp(t, regexp.MustCompile(`level=error msg=boom`), buf.String())
 }
 
 // TestHealthStaysDownWhileDraining: a config loaded during the shutdown
 // (a directory reload, an xDS push) does not turn health back to SERVING.
 func TestHealthStaysDownWhileDraining(t *testing.T) {
-	srv := &Server{health: health.NewServer(), stopped: make(chan struct{})}
+	srv := &server{health: health.NewServer(), stopped: make(chan struct{})}
 	srv.setHealth(true)
 	srv.stopping.Store(true)
 	srv.setHealth(false)

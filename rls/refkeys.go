@@ -53,7 +53,7 @@ func refKeyOf(domain string, es []*rlv3.RateLimitDescriptor_Entry) string {
 
 // refLimit says whether a limit is kept under the reference's keys: a
 // fixed window of a reference unit.
-func refLimit(lim *Limit) bool {
+func refLimit(lim *ruleLimit) bool {
 	return lim.Policy.Algorithm == ratelimit.FixedWindow && lim.Policy.Burst == 0 &&
 		unitOf(lim.Policy.Period) != 0 && lim.Policy.Period%time.Second == 0
 }

@@ -26,9 +26,9 @@ func TestReferenceKeys(t *testing.T) {
 	client := rs.Client(t)
 	set := DefaultSettings()
 	set.ReferenceKeys, set.CacheKeyPrefix, set.Budget = true, "pre_", 5*time.Second
-	store, err := NewStore(client, set)
+	store, err := newStore(client, set)
 	require.NoError(t, err)
-	svc := NewService(store, set, nil, nil)
+	svc := NewService(store, set, nil)
 	c, err := Load([]File{{Name: "r.yaml", Content: []byte(`
 domain: d
 descriptors:
@@ -100,12 +100,12 @@ func TestReferenceKeysCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	set := DefaultSettings()
 	set.ReferenceKeys, set.Budget, set.RedisType, set.RedisURL = true, 5*time.Second, "cluster", strings.Join(cl.Addrs(), ",")
-	client, err := NewRedisClient(set)
+	client, err := newRedisClient(set)
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
-	store, err := NewStore(client, set)
+	store, err := newStore(client, set)
 	require.NoError(t, err)
-	svc := NewService(store, set, nil, nil)
+	svc := NewService(store, set, nil)
 	c, err := Load([]File{{Name: "c.yaml", Content: []byte("domain: c\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")}}, LoadOptions{})
 	require.NoError(t, err)
 	svc.SetConfig(c)

@@ -37,7 +37,7 @@ import (
 const HealthService = "ratelimit"
 
 // Logger returns the logger LOG_LEVEL and LOG_FORMAT ask for, writing to w.
-func Logger(s Settings, w io.Writer) *slog.Logger {
+func newLogger(s Settings, w io.Writer) *slog.Logger {
 	var level slog.Level
 	switch strings.ToLower(s.LogLevel) {
 	case "debug", "trace":
@@ -57,11 +57,11 @@ func Logger(s Settings, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, o))
 }
 
-// NewRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
+// newRedisClient builds the go-redis client REDIS_TYPE, REDIS_URL,
 // REDIS_SOCKET_TYPE, REDIS_AUTH, REDIS_SENTINEL_AUTH, REDIS_POOL_SIZE and
 // REDIS_TLS* describe, tuned so that a call's budget holds
 // (fallback.TuneOptions).
-func NewRedisClient(s Settings) (redis.UniversalClient, error) {
+func newRedisClient(s Settings) (redis.UniversalClient, error) {
 	user, pass := "", s.RedisAuth
 	if u, p, ok := strings.Cut(s.RedisAuth, ":"); ok {
 		user, pass = u, p
@@ -117,11 +117,11 @@ func NewRedisClient(s Settings) (redis.UniversalClient, error) {
 	return nil, fmt.Errorf("rls: REDIS_TYPE: %q is not single, cluster or sentinel", s.RedisType)
 }
 
-// NewStore wraps a Redis client in the store the service decides with: a
+// newStore wraps a Redis client in the store the service decides with: a
 // RedisStore (one script call per request, coalesced under load) behind a
 // fallback.Store (SPILLWAY_BUDGET per call, one breaker for this Redis,
 // then the local share SPILLWAY_LOCAL_SHARE of every limit).
-func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error) {
+func newStore(client redis.UniversalClient, s Settings) (*fallback.Store, error) {
 	prefix := "spillway:"
 	if s.CacheKeyPrefix != "" {
 		prefix = s.CacheKeyPrefix
@@ -156,12 +156,12 @@ func NewStore(client redis.UniversalClient, s Settings) (*fallback.Store, error)
 	return fallback.NewStore(inner, fs)
 }
 
-// Server is the whole service: gRPC (RateLimitService, health,
+// server is the whole service: gRPC (RateLimitService, health,
 // reflection), HTTP (/healthcheck, /json) and the Prometheus endpoint.
-type Server struct {
+type server struct {
 	Settings Settings
 	Service  *Service
-	Reloader *Reloader
+	reloader *reloader
 	Log      *slog.Logger
 
 	health   *health.Server
@@ -176,11 +176,11 @@ type Server struct {
 	httpLis  []net.Listener
 }
 
-// NewServer builds a server deciding with store. It loads the config
+// newServer builds a server deciding with store. It loads the config
 // directory once: a config that does not load is an error unless
 // FORCE_START_WITHOUT_INITIAL_CONFIG is set.
-func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, error) {
-	stats := NewStats()
+func newServer(s Settings, store ratelimit.Store, log *slog.Logger) (*server, error) {
+	stats := newStats()
 	if fs, ok := store.(*fallback.Store); ok {
 		h := fallbackview.StoreHealth(fs).(*fallback.Health)
 		stats.health = func() (string, int64, int64) {
@@ -210,11 +210,11 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 	if err != nil {
 		return nil, err
 	}
-	svc := NewService(store, s, stats, log)
+	svc := newService(store, s, stats, log)
 	svc.seen = s.LocalCacheSizeInBytes > 0
-	srv := &Server{Settings: s, Service: svc, Log: log, health: health.NewServer(), stopped: make(chan struct{}), statsd: sd}
-	srv.Reloader = NewReloader(svc, s.ConfigDir(), s.RuntimeIgnoreDotFiles, LoadOptions{MergeDomains: s.MergeDomains}, log)
-	srv.Reloader.onLoad = func(c *Config, err error) {
+	srv := &server{Settings: s, Service: svc, Log: log, health: health.NewServer(), stopped: make(chan struct{}), statsd: sd}
+	srv.reloader = newReloader(svc, s.ConfigDir(), s.RuntimeIgnoreDotFiles, LoadOptions{MergeDomains: s.MergeDomains}, log)
+	srv.reloader.onLoad = func(c *Config, err error) {
 		if err == nil && s.HealthyWithConfig {
 			srv.setHealth(len(c.domains) > 0)
 		}
@@ -225,16 +225,16 @@ func NewServer(s Settings, store ratelimit.Store, log *slog.Logger) (*Server, er
 		if _, err := xdsDialOptions(s); err != nil {
 			return nil, err
 		}
-		srv.xds = &xdsClient{set: s, svc: svc, log: log, opts: LoadOptions{MergeDomains: s.MergeDomains}, onLoad: srv.Reloader.onLoad}
+		srv.xds = &xdsClient{set: s, svc: svc, log: log, opts: LoadOptions{MergeDomains: s.MergeDomains}, onLoad: srv.reloader.onLoad}
 		return srv, nil
 	}
-	if err := srv.Reloader.Load(); err != nil && !s.ForceStart {
+	if err := srv.reloader.Load(); err != nil && !s.ForceStart {
 		return nil, err
 	}
 	return srv, nil
 }
 
-func (srv *Server) setHealth(ok bool) {
+func (srv *server) setHealth(ok bool) {
 	ok = ok && !srv.stopping.Load() // a config loaded while draining does not turn it back
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
@@ -247,7 +247,7 @@ func (srv *Server) setHealth(ok bool) {
 
 // Listen opens the listeners (so that a caller knows the ports before
 // Serve).
-func (srv *Server) Listen() error {
+func (srv *server) listen() error {
 	s := srv.Settings
 	var err error
 	if s.GrpcUDS != "" {
@@ -258,7 +258,7 @@ func (srv *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("rls: gRPC listener: %w", err)
 	}
-	opts := ServerOptions(s)
+	opts := serverOptions(s)
 	creds, err := grpcCreds(s, srv.Log)
 	if err != nil {
 		srv.grpcLis.Close()
@@ -299,7 +299,7 @@ func (srv *Server) Listen() error {
 	return nil
 }
 
-func (srv *Server) listenHTTP(addr string, h http.Handler) error {
+func (srv *server) listenHTTP(addr string, h http.Handler) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("rls: HTTP listener %s: %w", addr, err)
@@ -309,11 +309,11 @@ func (srv *Server) listenHTTP(addr string, h http.Handler) error {
 	return nil
 }
 
-// ServerOptions are the gRPC server's options: GRPC_MAX_CONNECTION_AGE and
+// serverOptions are the gRPC server's options: GRPC_MAX_CONNECTION_AGE and
 // its grace, and a worker goroutine per CPU that serves calls one after
 // the other (a call then runs on a warm stack instead of a new goroutine's,
 // which a short call like this one pays for in stack growth).
-func ServerOptions(s Settings) []grpc.ServerOption {
+func serverOptions(s Settings) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge: s.GrpcMaxConnectionAge, MaxConnectionAgeGrace: s.GrpcMaxConnectionAgeGrace}),
@@ -322,11 +322,11 @@ func ServerOptions(s Settings) []grpc.ServerOption {
 }
 
 // GRPCAddr is the gRPC listener's address (after Listen).
-func (srv *Server) GRPCAddr() net.Addr { return srv.grpcLis.Addr() }
+func (srv *server) gRPCAddr() net.Addr { return srv.grpcLis.Addr() }
 
 // serveJSON is the reference's /json endpoint: a RateLimitRequest in
 // protojson, the response in protojson; 429 when over the limit.
-func (srv *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
+func (srv *server) serveJSON(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
@@ -359,7 +359,7 @@ func (srv *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
 // while calls are still answered, for a fifth of drain (at most 5s) so
 // that probers see it; then health Watch streams end, the listeners
 // close and calls in flight finish; whatever is left at drain is cut.
-func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
+func (srv *server) serve(ctx context.Context, drain time.Duration) error {
 	errc := make(chan error, 1+len(srv.httpSrvs))
 	go func() { errc <- srv.grpc.Serve(srv.grpcLis) }()
 	for i, h := range srv.httpSrvs {
@@ -374,7 +374,7 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 	if srv.xds != nil {
 		go srv.xds.run(rctx)
 	} else {
-		go srv.Reloader.Run(rctx, srv.Settings.ReloadInterval)
+		go srv.reloader.Run(rctx, srv.Settings.ReloadInterval)
 	}
 	var statsDone chan struct{}
 	if srv.statsd != nil {
@@ -437,13 +437,13 @@ func (srv *Server) Serve(ctx context.Context, drain time.Duration) error {
 // builds the Redis client, the store and the server, and serves until ctx
 // ends (SIGTERM), shutting down within SPILLWAY_DRAIN.
 func Run(ctx context.Context, s Settings, notices []string) error {
-	log := Logger(s, os.Stderr)
+	log := newLogger(s, os.Stderr)
 	for _, n := range notices {
 		log.Warn("rls: " + n)
 	}
 	// go-redis's own lines in the same format, one per pattern per 10s
 	fallback.SetRedisLogger(log, 0)
-	client, err := NewRedisClient(s)
+	client, err := newRedisClient(s)
 	if err != nil {
 		return err
 	}
@@ -455,20 +455,20 @@ func Run(ctx context.Context, s Settings, notices []string) error {
 	if _, err := fallback.NewHealth(client, fallback.HealthSettings{Name: "redis", OnStateChange: breakerLog(log, errs)}); err != nil {
 		return err
 	}
-	store, err := NewStore(client, s)
+	store, err := newStore(client, s)
 	if err != nil {
 		return err
 	}
-	srv, err := NewServer(s, store, log)
+	srv, err := newServer(s, store, log)
 	if err != nil {
 		return err
 	}
-	if err := srv.Listen(); err != nil {
+	if err := srv.listen(); err != nil {
 		return err
 	}
-	log.Warn("rls: serving", "grpc", srv.GRPCAddr().String(), "http", net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
+	log.Warn("rls: serving", "grpc", srv.gRPCAddr().String(), "http", net.JoinHostPort(s.Host, strconv.Itoa(s.Port)),
 		"config", s.ConfigDir(), "redis", s.RedisType)
-	return srv.Serve(ctx, s.Drain)
+	return srv.serve(ctx, s.Drain)
 }
 
 // coalescing is SPILLWAY_COALESCE as ratelimit.RedisSettings.Coalescing:

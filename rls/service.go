@@ -37,7 +37,7 @@ type Service struct {
 
 	cfg   atomic.Pointer[Config]
 	store ratelimit.Store
-	stats *Stats
+	stats *svcStats
 	set   Settings
 	now   func() time.Time
 	log   *slog.Logger
@@ -78,13 +78,15 @@ func (s seenStore) DecideBy(ctx context.Context, deadline time.Time, items []rat
 	return s.boundedStore.DecideBy(ctx, deadline, items, out)
 }
 
-// NewService returns a Service deciding with store. set supplies the
-// near-limit ratio, SHADOW_MODE and the response headers; stats receives
-// the counters (nil: new ones).
-func NewService(store ratelimit.Store, set Settings, stats *Stats, log *slog.Logger) *Service {
-	if stats == nil {
-		stats = NewStats()
-	}
+// NewService returns a Service deciding with store (the binary's is a
+// ratelimit.RedisStore behind a fallback.Store). set supplies the
+// near-limit ratio, SHADOW_MODE and the response headers; log (nil: the
+// default logger) receives what a call cannot say in its answer.
+func NewService(store ratelimit.Store, set Settings, log *slog.Logger) *Service {
+	return newService(store, set, newStats(), log)
+}
+
+func newService(store ratelimit.Store, set Settings, stats *svcStats, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -100,15 +102,12 @@ func (s *Service) SetConfig(c *Config) {
 	s.cfg.Store(c)
 }
 
-// Config returns the config in use (nil before the first SetConfig).
-func (s *Service) Config() *Config { return s.cfg.Load() }
-
-// Stats returns the service's counters.
-func (s *Service) Stats() *Stats { return s.stats }
+// config returns the config in use (nil before the first SetConfig).
+func (s *Service) config() *Config { return s.cfg.Load() }
 
 // plan is one descriptor's part of a call.
 type plan struct {
-	rule     *Rule
+	rule     *rule
 	stats    *counters
 	hits     int64
 	first    int // index of its first item in the batch; -1 when it has none
@@ -330,7 +329,7 @@ func grow[T any](b []T, n int) []T {
 	return b[:n]
 }
 
-func replacesOf(r *Rule) []string {
+func replacesOf(r *rule) []string {
 	if r == nil {
 		return nil
 	}
@@ -339,14 +338,14 @@ func replacesOf(r *Rule) []string {
 
 // ruleOf is the rule for one descriptor: the limit the request carries
 // (an override, as Envoy's descriptor.limit), else the config's.
-func (s *Service) ruleOf(cfg *Config, domain string, d *rlv3.RateLimitDescriptor) (*Rule, error) {
+func (s *Service) ruleOf(cfg *Config, domain string, d *rlv3.RateLimitDescriptor) (*rule, error) {
 	if o := d.GetLimit(); o != nil {
 		return s.overrideRule(domain, d, o)
 	}
 	return cfg.lookup(domain, d.GetEntries())
 }
 
-func (s *Service) overrideRule(domain string, d *rlv3.RateLimitDescriptor, o *rlv3.RateLimitDescriptor_RateLimitOverride) (*Rule, error) {
+func (s *Service) overrideRule(domain string, d *rlv3.RateLimitDescriptor, o *rlv3.RateLimitDescriptor_RateLimitOverride) (*rule, error) {
 	unit := pb.RateLimitResponse_RateLimit_Unit(o.GetUnit())
 	period, ok := unitPeriods[unit]
 	if !ok {
@@ -365,15 +364,15 @@ func (s *Service) overrideRule(domain string, d *rlv3.RateLimitDescriptor, o *rl
 			b.WriteString(e.GetValue())
 		}
 	}
-	r := &Rule{Domain: domain, FullKey: b.String()}
-	lim := Limit{Unit: unit, RequestsPerUnit: o.GetRequestsPerUnit(), Name: r.FullKey,
+	r := &rule{Domain: domain, FullKey: b.String()}
+	lim := ruleLimit{Unit: unit, RequestsPerUnit: o.GetRequestsPerUnit(), Name: r.FullKey,
 		Policy: ratelimit.Policy{Algorithm: ratelimit.FixedWindow, Limit: int64(o.GetRequestsPerUnit()), Period: period}}
 	if lim.RequestsPerUnit == 0 {
 		lim.denyAll, lim.Policy.Limit = true, 1
 	}
 	lim.scope = scopeOf(domain, lim.Policy)
 	lim.current = &pb.RateLimitResponse_RateLimit{RequestsPerUnit: lim.RequestsPerUnit, Unit: unit}
-	r.Limits = []Limit{lim}
+	r.Limits = []ruleLimit{lim}
 	r.stats = s.stats.get(r.FullKey, false)
 	if r.stats == nil {
 		r.stats = s.stats.get("_overflow", true)
@@ -428,14 +427,14 @@ func appendEscaped(b []byte, s string) []byte {
 // result is what one descriptor reports: the limit that decides its
 // answer (the denied one, else the one with the least left).
 type result struct {
-	lim     *Limit
+	lim     *ruleLimit
 	d       spillway.Decision
 	over    bool
 	charged bool
 }
 
 // pick chooses a descriptor's deciding limit among its decisions.
-func pick(r *Rule, p *plan, ds []spillway.Decision, batchAllowed bool) result {
+func pick(r *rule, p *plan, ds []spillway.Decision, batchAllowed bool) result {
 	var res result
 	best := -1
 	k := 0
@@ -636,7 +635,7 @@ func (s *Service) count(p *plan, limit, before int64, over bool) {
 // end of the current window on this server's clock, in whole seconds for
 // a period of whole seconds (as the reference computes it); otherwise the
 // time until the state is back to full.
-func resetOf(lim *Limit, d *spillway.Decision, now time.Time) time.Duration {
+func resetOf(lim *ruleLimit, d *spillway.Decision, now time.Time) time.Duration {
 	if lim.Policy.Algorithm != ratelimit.FixedWindow && !lim.denyAll {
 		return d.ResetAfter
 	}
@@ -655,7 +654,7 @@ func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / t
 // (draft-ietf-httpapi-ratelimit-headers): RateLimit-Policy lists every
 // limit as "name";q=QUOTA;w=WINDOW (the capacity and the time it takes to
 // grant it from empty), RateLimit as "name";r=REMAINING;t=RESET.
-func appendIETF(policy, state []byte, r *Rule, hits int64, ds []spillway.Decision, charged bool, now time.Time) ([]byte, []byte) {
+func appendIETF(policy, state []byte, r *rule, hits int64, ds []spillway.Decision, charged bool, now time.Time) ([]byte, []byte) {
 	k := 0
 	for li := range r.Limits {
 		lim := &r.Limits[li]

@@ -31,9 +31,9 @@ type counters struct {
 // such hits are counted under the rule's own key.
 const maxStatsKeys = 10000
 
-// Stats holds every counter the server exports. It is safe for concurrent
+// svcStats holds every counter the server exports. It is safe for concurrent
 // use.
-type Stats struct {
+type svcStats struct {
 	mu   sync.RWMutex
 	keys map[string]*counters
 
@@ -55,9 +55,9 @@ type Stats struct {
 	respTimer gostats.Timer
 }
 
-// NewStats returns empty stats.
-func NewStats() *Stats {
-	s := &Stats{keys: map[string]*counters{}, reg: prometheus.NewRegistry()}
+// newStats returns empty stats.
+func newStats() *svcStats {
+	s := &svcStats{keys: map[string]*counters{}, reg: prometheus.NewRegistry()}
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "ratelimit_service_response_time_seconds",
 		Help:    "Time to answer a ShouldRateLimit call.",
@@ -69,7 +69,7 @@ func NewStats() *Stats {
 }
 
 // observe records a call that started at start.
-func (s *Stats) observe(start time.Time) {
+func (s *svcStats) observe(start time.Time) {
 	d := time.Since(start)
 	if s.millis {
 		s.respTime.Observe(float64(d) / float64(time.Millisecond))
@@ -98,7 +98,7 @@ func sanitize(s string) string {
 
 // get returns the counters of key, creating them (up to maxStatsKeys
 // unless force; nil past it).
-func (s *Stats) get(key string, force bool) *counters {
+func (s *svcStats) get(key string, force bool) *counters {
 	key = sanitize(key)
 	s.mu.RLock()
 	c := s.keys[key]
@@ -118,7 +118,7 @@ func (s *Stats) get(key string, force bool) *counters {
 	return c
 }
 
-func (s *Stats) domainNotFound(domain string) {
+func (s *svcStats) domainNotFound(domain string) {
 	v, ok := s.notFound.Load(domain)
 	if !ok {
 		v, _ = s.notFound.LoadOrStore(domain, new(atomic.Uint64))
@@ -129,7 +129,7 @@ func (s *Stats) domainNotFound(domain string) {
 // Counter returns the value of a per-limit counter by the reference's
 // statsd name without the "ratelimit.service.rate_limit." prefix, e.g.
 // Counter("apis.generic_key_foo", "over_limit"); 0 when unknown.
-func (s *Stats) Counter(key, name string) uint64 {
+func (s *svcStats) Counter(key, name string) uint64 {
 	s.mu.RLock()
 	c := s.keys[sanitize(key)]
 	s.mu.RUnlock()
@@ -174,7 +174,7 @@ type labelSet struct{ domain, key1, key2 string }
 
 // WritePrometheus writes every counter in the Prometheus text format, under
 // the names the reference's Prometheus endpoint has.
-func (s *Stats) WritePrometheus(w io.Writer) error {
+func (s *svcStats) WritePrometheus(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	s.mu.RLock()
 	sums := map[string]map[labelSet]uint64{}
@@ -293,7 +293,7 @@ var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 func escapeLabel(s string) string { return labelEscaper.Replace(s) }
 
 // Handler serves WritePrometheus.
-func (s *Stats) Handler() http.Handler {
+func (s *svcStats) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		_ = s.WritePrometheus(w)

@@ -207,7 +207,7 @@ func (x *xdsClient) apply(resp *discoverypb.DiscoveryResponse) error {
 	} else {
 		x.svc.SetConfig(c)
 		x.svc.stats.ConfigLoadSuccess.Add(1)
-		x.log.Info("rls: xDS config loaded", "version", resp.GetVersionInfo(), "resources", len(files), "domains", strings.Join(c.Domains(), ","))
+		x.log.Info("rls: xDS config loaded", "version", resp.GetVersionInfo(), "resources", len(files), "domains", strings.Join(c.domainNames(), ","))
 	}
 	if x.onLoad != nil {
 		x.onLoad(c, err)

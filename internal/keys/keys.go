@@ -54,7 +54,15 @@ func needsEscape(s string) bool {
 	if len(s) > 0 && s[0] == '#' {
 		return true
 	}
-	return strings.ContainsAny(s, "%{}")
+	// a byte loop: strings.ContainsAny builds its set on every call, and
+	// this runs for every part of every key of every decision
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '%', '{', '}':
+			return true
+		}
+	}
+	return false
 }
 
 func hash(s string) string {

@@ -67,6 +67,7 @@ var (
 	budget       = flag.Duration("budget", 50*time.Millisecond, "spillway's budget (SPILLWAY_BUDGET); the outage target is budget + 20 ms")
 	profile      = flag.String("profile", "", "write CPU profiles of the servers' middle half of each window of the first round to PREFIX-<server>-<descriptors>.pprof (each server serves /debug/pprof on DEBUG_PORT)")
 	spillwaySrc  = flag.String("spillway-src", "..", "the checkout of spillway whose cmd/spillway-ratelimit is measured (to compare two versions)")
+	baseSrc      = flag.String("base-src", "", "another checkout of spillway (e.g. the main branch) whose cmd/spillway-ratelimit is measured in the same run as server \"base\", with spillway's environment: an A/B of two versions under the same load")
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
 	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
@@ -89,6 +90,9 @@ func run() error {
 	names, err := servers(*only)
 	if err != nil {
 		return err
+	}
+	if *baseSrc != "" && slices.Contains(names, "spillway") {
+		names = append(names, "base")
 	}
 	counts, err := descriptorCounts(*descs)
 	if err != nil {
@@ -305,15 +309,19 @@ func build(ctx context.Context, dir string, names []string) (map[string]string, 
 			args = []string{"build", "-o", bin, "./cmd/rlsnop"}
 		case "reference":
 			args = []string{"build", "-o", bin, reference}
-		case "spillway":
+		case "spillway", "base":
 			// From the command's directory: a module of its own (built
 			// alone with GOWORK=off, or through the checkout's go.work),
 			// or, in older checkouts, a package of the root module.
-			args = []string{"build", "-C", filepath.Join(*spillwaySrc, "cmd", "spillway-ratelimit"), "-o", bin, "."}
+			src := *spillwaySrc
+			if name == "base" {
+				src = *baseSrc
+			}
+			args = []string{"build", "-C", filepath.Join(src, "cmd", "spillway-ratelimit"), "-o", bin, "."}
 		}
 		fmt.Fprintf(os.Stderr, "rlsbench: go %s\n", strings.Join(args, " "))
 		cmd := exec.CommandContext(ctx, "go", args...)
-		if name != "spillway" {
+		if name != "spillway" && name != "base" {
 			// the bench module alone: in the checkout's workspace the
 			// modules' requirements meet, and the reference's otelgrpc
 			// would be raised past the version its source builds with
@@ -385,7 +393,7 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 		env = append(env, "REDIS_POOL_SIZE="+strconv.Itoa(*pool))
 	}
 	switch name {
-	case "spillway":
+	case "spillway", "base":
 		s.promAddr = addrs[3]
 		env = append(env, "SPILLWAY_BUDGET="+budget.String(), "USE_PROMETHEUS=true", "PROMETHEUS_ADDR="+s.promAddr)
 		env = append(env, extraEnv(*spillwayEnv)...)
@@ -714,7 +722,7 @@ func summary(printf func(string, ...any), names []string, counts []int, results 
 			printf("%d descriptor(s) %-10s %6.0f–%-6.0f calls/s  p99 %.2f–%.2f ms\n", n, name, lo, hi, plo, phi)
 		}
 		sp := results[key{"spillway", n}]
-		for _, other := range []string{"nothing", "reference"} {
+		for _, other := range []string{"nothing", "reference", "base"} {
 			os := results[key{other, n}]
 			if len(sp) == 0 || len(os) == 0 {
 				continue
