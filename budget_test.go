@@ -6,31 +6,33 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 )
 
 func TestWithBudgetNeverExtends(t *testing.T) {
 	ctx := context.Background()
-	if _, ok := spillway.BudgetFrom(ctx); ok {
+	if _, ok := budget.End(ctx); ok {
 		t.Fatal("background context carries a budget")
 	}
-	if got := spillway.WithBudget(ctx, 0); got != ctx {
+	if got := budget.With(ctx, 0); got != ctx {
 		t.Fatal("WithBudget(0) changed the context")
 	}
-	short := spillway.WithBudget(ctx, 10*time.Millisecond)
-	end, ok := spillway.BudgetFrom(short)
+	short := budget.With(ctx, 10*time.Millisecond)
+	end, ok := budget.End(short)
 	if !ok || time.Until(end) > 10*time.Millisecond {
 		t.Fatalf("budget ends in %v, ok %v; want within 10ms", time.Until(end), ok)
 	}
-	if got := spillway.WithBudget(short, time.Hour); got != short {
+	if got := budget.With(short, time.Hour); got != short {
 		t.Fatal("a longer budget replaced a shorter one")
 	}
-	shorter := spillway.WithBudget(short, time.Millisecond)
-	if e2, _ := spillway.BudgetFrom(shorter); !e2.Before(end) {
+	shorter := budget.With(short, time.Millisecond)
+	if e2, _ := budget.End(shorter); !e2.Before(end) {
 		t.Fatalf("a shorter budget was not taken: %v, then %v", end, e2)
 	}
 	// Values of the parent stay visible.
 	type key struct{}
-	v := spillway.WithBudget(context.WithValue(ctx, key{}, "x"), time.Second)
+	v := budget.With(context.WithValue(ctx, key{}, "x"), time.Second)
 	if v.Value(key{}) != "x" {
 		t.Fatal("the budget context hides its parent's values")
 	}
@@ -38,24 +40,24 @@ func TestWithBudgetNeverExtends(t *testing.T) {
 
 func TestBudgetDeadline(t *testing.T) {
 	ctx := context.Background()
-	if dl, ok := spillway.BudgetDeadline(ctx, 0); !dl.IsZero() || !ok {
+	if dl, ok := budget.Deadline(ctx, 0); !dl.IsZero() || !ok {
 		t.Fatalf("no budget, no own bound: %v %v; want zero, ok", dl, ok)
 	}
 	before := time.Now()
-	if dl, ok := spillway.BudgetDeadline(ctx, time.Second); !ok || dl.Before(before.Add(time.Second)) || dl.After(time.Now().Add(time.Second)) {
+	if dl, ok := budget.Deadline(ctx, time.Second); !ok || dl.Before(before.Add(time.Second)) || dl.After(time.Now().Add(time.Second)) {
 		t.Fatalf("own bound only: %v %v", dl, ok)
 	}
-	b := spillway.WithBudget(ctx, time.Hour)
-	end, _ := spillway.BudgetFrom(b)
-	if dl, ok := spillway.BudgetDeadline(b, 0); !ok || !dl.Equal(end) {
+	b := budget.With(ctx, time.Hour)
+	end, _ := budget.End(b)
+	if dl, ok := budget.Deadline(b, 0); !ok || !dl.Equal(end) {
 		t.Fatalf("budget only: %v %v; want the budget's end %v", dl, ok, end)
 	}
-	if dl, ok := spillway.BudgetDeadline(b, time.Millisecond); !ok || !dl.Before(end) {
+	if dl, ok := budget.Deadline(b, time.Millisecond); !ok || !dl.Before(end) {
 		t.Fatalf("own bound sooner than the budget: %v %v", dl, ok)
 	}
-	spent := spillway.WithBudget(ctx, time.Nanosecond)
+	spent := budget.With(ctx, time.Nanosecond)
 	time.Sleep(time.Millisecond)
-	if _, ok := spillway.BudgetDeadline(spent, time.Second); ok {
+	if _, ok := budget.Deadline(spent, time.Second); ok {
 		t.Fatal("a spent budget reported ok")
 	}
 }
@@ -66,7 +68,7 @@ type budgetProbe struct {
 }
 
 func (p *budgetProbe) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	end, ok := spillway.BudgetFrom(ctx)
+	end, ok := budget.End(ctx)
 	if !ok {
 		end = time.Time{}
 	}
@@ -90,8 +92,8 @@ func TestChainPassesOneBudget(t *testing.T) {
 	}
 	// A caller's shorter budget wins; ChainBudget(0) starts none.
 	p.ends = nil
-	ctx := spillway.WithBudget(context.Background(), time.Millisecond)
-	caller, _ := spillway.BudgetFrom(ctx)
+	ctx := budget.With(context.Background(), time.Millisecond)
+	caller, _ := budget.End(ctx)
 	spillway.Chain(p, p).Admit(ctx, r)
 	spillway.ChainBudget(0, p, p).Admit(context.Background(), r)
 	if !p.ends[0].Equal(caller) || !p.ends[1].Equal(caller) || !p.ends[2].IsZero() || !p.ends[3].IsZero() {
@@ -100,37 +102,37 @@ func TestChainPassesOneBudget(t *testing.T) {
 }
 
 func TestPauseBudgetExcludesTheWait(t *testing.T) {
-	ctx := spillway.WithBudget(context.Background(), 20*time.Millisecond)
-	before, _ := spillway.BudgetFrom(ctx)
+	ctx := budget.With(context.Background(), 20*time.Millisecond)
+	before, _ := budget.End(ctx)
 	t0 := time.Now()
-	resume := spillway.PauseBudget(ctx)
-	inner := spillway.PauseBudget(ctx) // nested: the span counts once
+	resume := budget.Pause(ctx)
+	inner := budget.Pause(ctx) // nested: the span counts once
 	time.Sleep(40 * time.Millisecond)
 	inner()
 	resume()
 	wall := time.Since(t0)
-	after, _ := spillway.BudgetFrom(ctx)
+	after, _ := budget.End(ctx)
 	if shift := after.Sub(before); shift < 40*time.Millisecond || shift > wall {
 		t.Fatalf("budget moved by %v over a paused span of at least 40ms and at most %v", shift, wall)
 	}
 	resume() // a second resume changes nothing
-	if again, _ := spillway.BudgetFrom(ctx); !again.Equal(after) {
+	if again, _ := budget.End(ctx); !again.Equal(after) {
 		t.Fatalf("a second resume moved the budget from %v to %v", after, again)
 	}
 	// No budget: nothing to pause, and resume is safe.
-	spillway.PauseBudget(context.Background())()
+	budget.Pause(context.Background())()
 }
 
 func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
-	outer := spillway.WithBudget(context.Background(), time.Hour)
-	inner := spillway.WithBudget(outer, 10*time.Millisecond)
-	o0, _ := spillway.BudgetFrom(outer)
-	i0, _ := spillway.BudgetFrom(inner)
-	resume := spillway.PauseBudget(inner)
+	outer := budget.With(context.Background(), time.Hour)
+	inner := budget.With(outer, 10*time.Millisecond)
+	o0, _ := budget.End(outer)
+	i0, _ := budget.End(inner)
+	resume := budget.Pause(inner)
 	time.Sleep(30 * time.Millisecond)
 	resume()
-	o1, _ := spillway.BudgetFrom(outer)
-	i1, _ := spillway.BudgetFrom(inner)
+	o1, _ := budget.End(outer)
+	i1, _ := budget.End(inner)
 	if o1.Sub(o0) < 30*time.Millisecond || i1.Sub(i0) != o1.Sub(o0) {
 		t.Fatalf("inner moved %v, outer %v; want both the same, at least 30ms", i1.Sub(i0), o1.Sub(o0))
 	}
@@ -141,16 +143,16 @@ func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
 // what is left (not a fresh budget), and the time between admissions (the
 // handler's work) is not spent.
 func TestRequestBudgetIsOnePerRequest(t *testing.T) {
-	ctx := spillway.RequestBudget(context.Background())
-	if _, ok := spillway.BudgetFrom(ctx); ok || spillway.BudgetTotal(ctx) != 0 {
+	ctx := budget.Request(context.Background())
+	if _, ok := budget.End(ctx); ok || budget.Total(ctx) != 0 {
 		t.Fatal("a request budget no chain started has a length")
 	}
-	if spillway.RequestBudget(ctx) != ctx {
-		t.Fatal("spillway.RequestBudget on a request budget made another")
+	if budget.Request(ctx) != ctx {
+		t.Fatal("budget.Request on a request budget made another")
 	}
 	var left time.Duration
-	spend := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		end, ok := spillway.BudgetFrom(ctx)
+	spend := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		end, ok := budget.End(ctx)
 		if !ok {
 			t.Fatal("no budget inside the chain")
 		}
@@ -162,8 +164,8 @@ func TestRequestBudgetIsOnePerRequest(t *testing.T) {
 	if _, _, err := spillway.ChainBudget(100*time.Millisecond, spend, spend).Admit(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if spillway.BudgetTotal(ctx) != 100*time.Millisecond {
-		t.Fatalf("total %v, want the first chain's 100ms", spillway.BudgetTotal(ctx))
+	if budget.Total(ctx) != 100*time.Millisecond {
+		t.Fatalf("total %v, want the first chain's 100ms", budget.Total(ctx))
 	}
 	if left > 80*time.Millisecond || left < 40*time.Millisecond {
 		t.Fatalf("second block of the first chain had %v left, want about 80ms", left)
@@ -179,7 +181,7 @@ func TestRequestBudgetIsOnePerRequest(t *testing.T) {
 	if _, _, err := spillway.ChainBudget(100*time.Millisecond, spend, spend, spend).Admit(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := spillway.BudgetDeadline(ctx, 0); ok {
-		t.Fatal("the budget is spent but spillway.BudgetDeadline allows a call")
+	if _, ok := budget.Deadline(ctx, 0); ok {
+		t.Fatal("the budget is spent but budget.Deadline allows a call")
 	}
 }

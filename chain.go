@@ -4,12 +4,9 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/spillway-go/spillway/internal/budget"
 )
-
-type atomicBool struct{ v atomic.Bool }
-
-// swap sets the flag and reports whether it was already set.
-func (b *atomicBool) swap() bool { return b.v.Swap(true) }
 
 type chain struct {
 	ls     []Limiter
@@ -29,12 +26,12 @@ type chain struct {
 // any limiter runs. Nil limiters are skipped.
 //
 // One budget per request: the chain passes its limiters a context that
-// carries a budget of DefaultBudget (see WithBudget), so the admission as a
+// carries a budget of DefaultBudget, so the admission as a
 // whole waits on shared stores (Redis) for at most one budget, not one per
 // block; a block that finds the budget spent decides locally at once. A
 // budget the caller's context already carries is kept when it ends sooner.
-// Under a request's budget (RequestBudget: the adapters start one per
-// request) the chain spends what is left of it, never a fresh one,
+// Under a request's budget (httpx and grpcx start one per request) the
+// chain spends what is left of it, never a fresh one,
 // however chains and guards nest — the first chain starts it with its
 // length — and it runs only while a chain admits. ChainBudget sets
 // another budget.
@@ -81,7 +78,7 @@ func (c *chain) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
 	if len(c.ls) == 0 {
 		return Decision{Allowed: true}, Noop, nil
 	}
-	ctx, exit := enterBudget(ctx, c.budget)
+	ctx, exit := budget.Enter(ctx, c.budget)
 	defer exit()
 	if len(c.ls) == 1 {
 		return c.ls[0].Admit(ctx, r)

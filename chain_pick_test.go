@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // An allowed chain answers with a rate limit's decision (Window > 0) even
@@ -14,7 +15,7 @@ import (
 func TestChainPrefersRateLimits(t *testing.T) {
 	allow := func(d spillway.Decision) spillway.Limiter {
 		d.Allowed = true
-		return spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		return block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 			return d, spillway.Noop, nil
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // counting is a limiter with a fixed answer that counts acquisitions and
@@ -148,13 +149,13 @@ func TestEmptyChainAllows(t *testing.T) {
 
 func TestOnceCallsOnlyFirst(t *testing.T) {
 	var got []spillway.Outcome
-	done := spillway.Once(func(o spillway.Outcome) { got = append(got, o) })
+	done := block.Once(func(o spillway.Outcome) { got = append(got, o) })
 	done(spillway.Dropped)
 	done(spillway.Success)
 	if len(got) != 1 || got[0] != spillway.Dropped {
 		t.Fatalf("calls = %v, want [dropped]", got)
 	}
-	spillway.Once(nil)(spillway.Success) // nil becomes Noop, no panic
+	block.Once(nil)(spillway.Success) // nil becomes Noop, no panic
 }
 
 func TestPriorityNames(t *testing.T) {
@@ -207,10 +208,10 @@ func TestRequestDimensions(t *testing.T) {
 }
 
 func ExampleChain() {
-	rate := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	rate := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{Allowed: true, Limiter: "rate", Limit: 10, Remaining: 3}, spillway.Noop, nil
 	})
-	shed := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	shed := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		if r.Priority < spillway.Critical {
 			return spillway.Decision{Reason: spillway.ReasonShed, Limiter: "shed", RetryAfter: time.Second}, spillway.Noop, nil
 		}
@@ -228,7 +229,7 @@ func ExampleChain() {
 }
 
 func BenchmarkChainAllowed(b *testing.B) {
-	allowAll := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	allowAll := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{Allowed: true, Limit: 10, Remaining: 5}, spillway.Noop, nil
 	})
 	ch := spillway.Chain(allowAll, allowAll, allowAll)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/contracttest"
 )
 
@@ -21,7 +22,7 @@ type holder struct {
 }
 
 func (h *holder) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "holder"}, spillway.Noop, nil
 	}
 	if h.broken.Load() {
@@ -32,7 +33,7 @@ func (h *holder) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 		return spillway.Decision{Reason: spillway.ReasonConcurrency, Limiter: "holder", Limit: h.capacity, RetryAfter: time.Second}, spillway.Noop, nil
 	}
 	return spillway.Decision{Allowed: true, Limiter: "holder", Limit: h.capacity, Remaining: h.capacity - h.held.Load()},
-		spillway.Once(func(spillway.Outcome) { h.held.Add(-1) }), nil
+		block.Once(func(spillway.Outcome) { h.held.Add(-1) }), nil
 }
 
 // quota is a conforming rate-like block: n admissions, then denials.
@@ -42,7 +43,7 @@ type quota struct {
 }
 
 func (q *quota) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: "quota"}, spillway.Noop, nil
 	}
 	q.mu.Lock()
@@ -81,7 +82,7 @@ func TestLimiterFuncContract(t *testing.T) {
 	contracttest.Run(t, contracttest.Subject{New: func(t *testing.T) contracttest.Instance {
 		h := &holder{capacity: 2}
 		return contracttest.Instance{
-			Limiter: spillway.LimiterFunc(h.Admit),
+			Limiter: block.LimiterFunc(h.Admit),
 			Held:    h.held.Load,
 			Deny: func(t *testing.T) {
 				for i := 0; i < 2; i++ {

@@ -19,5 +19,21 @@
 //		defer done(spillway.Success)
 //	}
 //
+// What is counted: a request costs Request.Cost units (0 means 1); with a
+// Usage, Cost is the estimate and the blocks that charge the actual cost
+// settle to what the handler reports (ReportUsage). A denial is a Decision,
+// never an error: Reason says why (Reason.IsShed: answer 503, else 429) and
+// RetryAfter when a retry can succeed. An Admit error means only that a
+// shared store failed and nothing decided: it is a *StoreError (matching
+// ErrStoreUnavailable) whose Fail is the FailMode the request's limits
+// want, and the adapters admit or deny by it. The blocks fall back by
+// themselves where they can (a local share of the limit, marked Degraded).
+//
+// One budget per request: Chain (or ChainBudget, for another length than
+// DefaultBudget) bounds how long one admission waits on shared stores in
+// all; a block that finds the budget spent decides locally (cause
+// ErrBudgetSpent). httpx and grpcx start one budget per request, which
+// every chain and guard the handler runs shares.
+//
 // Everything in this package is safe for concurrent use.
 package spillway

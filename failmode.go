@@ -35,9 +35,6 @@ func (m FailMode) String() string {
 	return fmt.Sprintf("failmode(%d)", uint8(m))
 }
 
-// Valid reports whether m is FailOpen or FailClosed.
-func (m FailMode) Valid() bool { return m <= FailClosed }
-
 // ParseFailMode parses "open" or "closed" (case and surrounding spaces do
 // not matter; "fail_open" and "fail-closed" are accepted too).
 func ParseFailMode(s string) (FailMode, error) {
@@ -54,7 +51,7 @@ func ParseFailMode(s string) (FailMode, error) {
 
 // MarshalText implements encoding.TextMarshaler ("open", "closed").
 func (m FailMode) MarshalText() ([]byte, error) {
-	if !m.Valid() {
+	if m > FailClosed {
 		return nil, fmt.Errorf("spillway: unknown fail mode %d", uint8(m))
 	}
 	return []byte(m.String()), nil
@@ -116,19 +113,6 @@ func (e *StoreError) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the store's error.
-func (e *StoreError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStoreUnavailable) true.
-func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
-
-// FailModeOf returns the fail mode an Admit error asks for: FailClosed when
-// it is (or wraps) a *StoreError whose Fail is FailClosed, else def (the
-// caller's default for errors that say nothing).
-func FailModeOf(err error, def FailMode) FailMode {
-	var se *StoreError
-	if errors.As(err, &se) && se.Fail == FailClosed {
-		return FailClosed
-	}
-	return def
-}
+// Unwrap returns ErrStoreUnavailable and the store's error, so errors.Is
+// and errors.As see both.
+func (e *StoreError) Unwrap() []error { return []error{ErrStoreUnavailable, e.Err} }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 func TestFailModeText(t *testing.T) {
@@ -25,8 +26,11 @@ func TestFailModeText(t *testing.T) {
 	if _, err := spillway.ParseFailMode("maybe"); err == nil || err.Error() != `spillway: unknown fail mode "maybe" (want open or closed)` {
 		t.Errorf("ParseFailMode(maybe) = %v", err)
 	}
-	if s := spillway.FailMode(7).String(); s != "failmode(7)" || spillway.FailMode(7).Valid() {
-		t.Errorf("FailMode(7) = %q, valid %v", s, spillway.FailMode(7).Valid())
+	if s := spillway.FailMode(7).String(); s != "failmode(7)" {
+		t.Errorf("FailMode(7) = %q", s)
+	}
+	if b, err := spillway.FailMode(7).MarshalText(); err == nil {
+		t.Errorf("FailMode(7).MarshalText() = %q, nil; want an error", b)
 	}
 	var m spillway.FailMode
 	if err := m.UnmarshalText([]byte("closed")); err != nil || m != spillway.FailClosed {
@@ -52,7 +56,7 @@ func TestStoreError(t *testing.T) {
 	if got := err.Error(); got != "chain: spillway: store unavailable (tiers, rules [login all], fail closed): connection refused" {
 		t.Fatalf("Error() = %q", got)
 	}
-	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
+	if block.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
 		t.Fatal("FailModeOf(closed store error, open) is not closed")
 	}
 	open := &spillway.StoreError{Err: refused}
@@ -69,7 +73,7 @@ func TestStoreError(t *testing.T) {
 		{refused, spillway.FailOpen, spillway.FailOpen},
 		{refused, spillway.FailClosed, spillway.FailClosed},
 	} {
-		if got := spillway.FailModeOf(tc.err, tc.def); got != tc.want {
+		if got := block.FailModeOf(tc.err, tc.def); got != tc.want {
 			t.Errorf("FailModeOf(%v, %v) = %v; want %v", tc.err, tc.def, got, tc.want)
 		}
 	}
@@ -98,8 +102,8 @@ func TestPriorityPropagation(t *testing.T) {
 		{"critical_plus", spillway.CriticalPlus, true}, {" SHEDDABLE ", spillway.Sheddable, true},
 		{"sheddable-plus", spillway.SheddablePlus, true}, {"", 0, false}, {"bogus", 0, false},
 	} {
-		if p, ok := spillway.ParsePriorityValue(tc.in); p != tc.want || ok != tc.ok {
-			t.Errorf("ParsePriorityValue(%q) = %v, %v; want %v, %v", tc.in, p, ok, tc.want, tc.ok)
+		if p, err := spillway.ParsePriority(tc.in); p != tc.want || (err == nil) != tc.ok {
+			t.Errorf("ParsePriority(%q) = %v, %v; want %v, ok %v", tc.in, p, err, tc.want, tc.ok)
 		}
 	}
 }
@@ -117,7 +121,7 @@ func TestReceivedPriority(t *testing.T) {
 		{spillway.SheddablePlus, "", true, spillway.SheddablePlus},
 		{spillway.SheddablePlus, "bogus", true, spillway.SheddablePlus},
 	} {
-		if got := spillway.ReceivedPriority(tc.def, tc.value, tc.trust); got != tc.want {
+		if got := block.ReceivedPriority(tc.def, tc.value, tc.trust); got != tc.want {
 			t.Errorf("ReceivedPriority(%v, %q, %v) = %v; want %v", tc.def, tc.value, tc.trust, got, tc.want)
 		}
 	}
@@ -136,8 +140,8 @@ func TestRequestValid(t *testing.T) {
 		{&spillway.Request{Priority: -1}, false},
 		{&spillway.Request{Priority: spillway.CriticalPlus, Cost: 1 << 40}, true},
 	} {
-		if got := tc.r.Valid(); got != tc.want || got != (tc.r.Validate() == nil) {
-			t.Errorf("Valid(%+v) = %v; want %v, agreeing with Validate", tc.r, got, tc.want)
+		if got := tc.r.Validate() == nil; got != tc.want {
+			t.Errorf("Validate(%+v) == nil is %v; want %v", tc.r, got, tc.want)
 		}
 	}
 }

@@ -54,29 +54,3 @@ func PriorityFromContext(ctx context.Context) (Priority, bool) {
 	p, ok := ctx.Value(priorityKey{}).(Priority)
 	return p, ok && p.Valid()
 }
-
-// ParsePriorityValue reads the value of a PriorityHeader header or a
-// PriorityMetadataKey metadata entry: a ParsePriority name, spaces around
-// it ignored. It reports false when v is empty or names no priority.
-func ParsePriorityValue(v string) (Priority, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	p, err := ParsePriority(v)
-	return p, err == nil
-}
-
-// ReceivedPriority applies a priority received from a caller (the value of
-// a PriorityHeader header or a PriorityMetadataKey metadata entry) to def,
-// the priority the server gives the request itself: the received one wins
-// when it is lower — lowering one's own priority is always safe — or at any
-// level when trust is set, which only a service behind an edge that strips
-// the header from outside traffic should do (otherwise any client could
-// claim CriticalPlus). An empty or unknown value leaves def.
-func ReceivedPriority(def Priority, value string, trust bool) Priority {
-	if p, ok := ParsePriorityValue(value); ok && (p < def || trust) {
-		return p
-	}
-	return def
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -44,8 +45,11 @@ func (p Priority) Valid() bool { return p >= Sheddable && p <= CriticalPlus }
 
 // ParsePriority parses the name returned by String. It also accepts the
 // SRE spellings "SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS"
-// and hyphens instead of underscores.
+// and hyphens instead of underscores; spaces around the name are ignored,
+// so it reads the value of a PriorityHeader header or a
+// PriorityMetadataKey metadata entry as it comes.
 func ParsePriority(s string) (Priority, error) {
+	s = strings.TrimSpace(s)
 	norm := make([]byte, 0, len(s))
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -144,17 +148,11 @@ func (r *Request) EffectiveCost() int64 {
 	return r.Cost
 }
 
-// Valid reports whether r is well formed: not nil, a cost that is not
-// negative and a known priority. It is the cheap form of Validate (a few
-// comparisons, no error built) that every block uses to deny a malformed
-// request with ReasonInvalid when it is called directly; Chain and the
-// adapters validate a request once, before any block runs.
-func (r *Request) Valid() bool {
-	return r != nil && r.Cost >= 0 && r.Priority.Valid()
-}
-
 // Validate reports a malformed request: a nil request, a negative cost or
 // an unknown priority. The error wraps ErrInvalidRequest and says which.
+// It builds no error for a well-formed request, so every block calls it to
+// deny a malformed request with ReasonInvalid when it is called directly;
+// Chain and the adapters validate a request once, before any block runs.
 func (r *Request) Validate() error {
 	if r == nil {
 		return fmt.Errorf("%w: nil request", ErrInvalidRequest)
@@ -273,7 +271,7 @@ func Noop(Outcome) {}
 // decision is then the zero Decision and done is Noop. A nil or malformed
 // request is not an error: it is denied with ReasonInvalid — Chain and the
 // adapters validate a request once, up front, and every block checks it
-// again with the cheap Request.Valid so that it is safe to call directly.
+// again (Request.Validate) so that it is safe to call directly.
 // When d.Allowed, the caller must call done once when the work ends; done
 // is never nil, and calling it again does nothing. A denial holds nothing.
 // internal/contracttest checks every implementation in this module.
@@ -281,28 +279,5 @@ type Limiter interface {
 	Admit(ctx context.Context, r *Request) (d Decision, done Done, err error)
 }
 
-// LimiterFunc adapts a function to the Limiter interface.
-type LimiterFunc func(ctx context.Context, r *Request) (Decision, Done, error)
-
-// Admit calls f.
-func (f LimiterFunc) Admit(ctx context.Context, r *Request) (Decision, Done, error) {
-	return f(ctx, r)
-}
-
 // ErrInvalidRequest is wrapped by errors about malformed requests.
 var ErrInvalidRequest = errors.New("spillway: invalid request")
-
-// Once wraps done so that only its first call has an effect. Blocks use it
-// to make their Done idempotent.
-func Once(done Done) Done {
-	if done == nil {
-		return Noop
-	}
-	var called atomicBool
-	return func(o Outcome) {
-		if called.swap() {
-			return
-		}
-		done(o)
-	}
-}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/spillway-go/spillway/internal/usagestep"
 )
 
 // Usage carries the actual cost of an admitted request, known only while
@@ -22,7 +24,7 @@ import (
 // stands.
 //
 // The handler reports with Add (each step of a streaming response) or Set
-// (the total, once known). A block may follow the steps (OnStep) to settle
+// (the total, once known). A block may follow the steps to settle
 // as the work goes; when it refuses to go on (the limit is spent), Add
 // returns its error, and the handler should stop the work.
 //
@@ -39,7 +41,7 @@ type Usage struct {
 var ErrInvalidUsage = errors.New("spillway: invalid usage")
 
 // Add adds n (≥ 0) to the actual cost, saturating at math.MaxInt64, then
-// calls the OnStep functions with the new total, in order. It returns the
+// calls the step functions blocks registered with the new total, in order. It returns the
 // first error one of them returns (the work should stop: its limit is
 // spent), or an error wrapping ErrInvalidUsage for a negative n (nothing
 // is added).
@@ -60,7 +62,7 @@ func (u *Usage) Add(n int64) error {
 }
 
 // Set sets the actual cost to n (≥ 0), replacing what was added, and calls
-// the OnStep functions with it, as Add does.
+// the step functions with it, as Add does.
 func (u *Usage) Set(n int64) error {
 	if n < 0 {
 		return fmt.Errorf("%w: cost %d is negative", ErrInvalidUsage, n)
@@ -92,10 +94,15 @@ func (u *Usage) Total() (int64, bool) {
 	return u.total, u.reported
 }
 
-// OnStep registers f, called with the running total after every Add or
-// Set (from the goroutine that reports). Blocks call it during Admit to
-// settle in steps; an error from f is returned to the reporter.
-func (u *Usage) OnStep(f func(total int64) error) {
+func init() {
+	usagestep.OnStep = func(u any, f func(total int64) error) { u.(*Usage).onStep(f) }
+}
+
+// onStep registers f, called with the running total after every Add or
+// Set (from the goroutine that reports). Blocks call it during Admit
+// (internal/usagestep) to settle in steps; an error from f is returned to
+// the reporter.
+func (u *Usage) onStep(f func(total int64) error) {
 	u.mu.Lock()
 	// Copy on write: a reporter running the old slice is not disturbed.
 	u.steps = append(u.steps[:len(u.steps):len(u.steps)], f)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/usagestep"
 )
 
 func TestUsageAddSetTotal(t *testing.T) {
@@ -16,7 +17,7 @@ func TestUsageAddSetTotal(t *testing.T) {
 		t.Fatalf("fresh Usage: %d %v, want 0 false", n, ok)
 	}
 	var steps []int64
-	u.OnStep(func(total int64) error { steps = append(steps, total); return nil })
+	usagestep.OnStep(&u, func(total int64) error { steps = append(steps, total); return nil })
 	for _, n := range []int64{3, 0, 4} {
 		if err := u.Add(n); err != nil {
 			t.Fatal(err)
@@ -58,13 +59,13 @@ func TestUsageStepErrorStopsTheWork(t *testing.T) {
 	var u spillway.Usage
 	spent := errors.New("limit spent")
 	calls := 0
-	u.OnStep(func(total int64) error {
+	usagestep.OnStep(&u, func(total int64) error {
 		if total > 10 {
 			return spent
 		}
 		return nil
 	})
-	u.OnStep(func(int64) error { calls++; return nil })
+	usagestep.OnStep(&u, func(int64) error { calls++; return nil })
 	if err := u.Add(10); err != nil {
 		t.Fatal(err)
 	}

@@ -57,23 +57,23 @@ func NewRetryBudget(s RetryBudgetSettings) (*RetryBudget, error) {
 	return b, nil
 }
 
-// Deposit is shorthand for DepositAt(now) with the budget's clock.
-func (b *RetryBudget) Deposit() { b.DepositAt(b.now()) }
+// Deposit records one request (a first attempt, not a retry) at the time
+// of the budget's Clock.
+func (b *RetryBudget) Deposit() { b.depositAt(b.now()) }
 
-// DepositAt records at now one request (a first attempt, not a retry).
-func (b *RetryBudget) DepositAt(now time.Time) {
+func (b *RetryBudget) depositAt(now time.Time) {
 	b.mu.Lock()
 	b.refill(now)
 	b.balance = min(b.balance+b.deposit, b.max)
 	b.mu.Unlock()
 }
 
-// TryRetry is shorthand for TryRetryAt(now) with the budget's clock.
-func (b *RetryBudget) TryRetry() bool { return b.TryRetryAt(b.now()) }
+// TryRetry spends one token, at the time of the budget's Clock, if the
+// budget has one and reports whether the retry may go ahead. A refused
+// retry spends nothing.
+func (b *RetryBudget) TryRetry() bool { return b.tryRetryAt(b.now()) }
 
-// TryRetryAt spends one token at now if the budget has one and reports
-// whether the retry may go ahead. A refused retry spends nothing.
-func (b *RetryBudget) TryRetryAt(now time.Time) bool {
+func (b *RetryBudget) tryRetryAt(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(now)
@@ -84,8 +84,8 @@ func (b *RetryBudget) TryRetryAt(now time.Time) bool {
 	return true
 }
 
-// BalanceAt returns the tokens available at now.
-func (b *RetryBudget) BalanceAt(now time.Time) float64 {
+// balanceAt returns the tokens available at now.
+func (b *RetryBudget) balanceAt(now time.Time) float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(now)

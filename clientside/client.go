@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/spillway-go/spillway/internal/clienthook"
 )
 
 // ErrThrottled is returned by spillway's client adapters (httpx.Transport,
@@ -11,12 +13,9 @@ import (
 // locally; it was not sent. Compare with errors.Is.
 var ErrThrottled = errors.New("clientside: request throttled locally: the backend is rejecting most requests")
 
-// Throttler is client-side adaptive throttling: Allow counts a request and
-// says whether to send it, Accepted records that the backend did the work
-// rather than reject it as overloaded. *Throttle implements it.
-type Throttler interface {
-	Allow() bool
-	Accepted()
+func init() {
+	clienthook.Throttle = func(c any) clienthook.Throttler { return c.(*Client).throttle() }
+	clienthook.SetThrottle = func(c any, t clienthook.Throttler) { c.(*Client).test = t }
 }
 
 // DefaultMaxRetries is the MaxRetries of NewClient.
@@ -36,10 +35,25 @@ const DefaultMaxRetries = 2
 // Throttle and Budget are (the package's are). One Client per backend:
 // the throttle learns that backend's rejections.
 type Client struct {
-	Throttle   Throttler    // nil: no client-side throttling
+	Throttle   *Throttle    // nil: no client-side throttling
 	Budget     *RetryBudget // nil: retries capped only by MaxRetries
 	Backoff    Backoff
 	MaxRetries int // retries after the first attempt; 0 or negative: none
+
+	test clienthook.Throttler // replaces Throttle in tests
+}
+
+// throttle returns the throttle the client asks, nil when none.
+func (c *Client) throttle() clienthook.Throttler {
+	switch {
+	case c == nil:
+		return nil
+	case c.test != nil:
+		return c.test
+	case c.Throttle != nil:
+		return c.Throttle
+	}
+	return nil
 }
 
 // NewClient returns a Client with the default Throttle (K = 2 over two
@@ -67,14 +81,15 @@ func (c *Client) Begin() bool {
 	if c.Budget != nil {
 		c.Budget.Deposit()
 	}
-	return c.Throttle == nil || c.Throttle.Allow()
+	th := c.throttle()
+	return th == nil || th.Allow()
 }
 
 // Accepted records that the backend accepted an attempt (it did not
 // answer overloaded).
 func (c *Client) Accepted() {
-	if c != nil && c.Throttle != nil {
-		c.Throttle.Accepted()
+	if th := c.throttle(); th != nil {
+		th.Accepted()
 	}
 }
 
@@ -98,7 +113,7 @@ func (c *Client) Next(ctx context.Context, attempt int, retryAfter time.Duration
 	if c.Budget != nil && !c.Budget.TryRetry() {
 		return 0, false
 	}
-	if c.Throttle != nil && !c.Throttle.Allow() {
+	if th := c.throttle(); th != nil && !th.Allow() {
 		return 0, false
 	}
 	return wait, true

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 type countingThrottle struct {
@@ -28,17 +30,17 @@ func (c *countingThrottle) Accepted() { c.accepted++ }
 func budget(t *testing.T, left float64) *RetryBudget {
 	t.Helper()
 	t0 := time.Unix(1000, 0)
-	b, err := NewRetryBudget(RetryBudgetSettings{MaxTokens: 10, Ratio: 0.5, MinRetriesPerSecond: -1, Clock: func() time.Time { return t0 }})
+	b, err := NewRetryBudget(RetryBudgetSettings{MaxTokens: 10, Ratio: 0.5, MinRetriesPerSecond: -1, Clock: testclock.New(t0).Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for b.BalanceAt(t0) > left {
+	for b.Balance() > left {
 		b.TryRetry()
 	}
 	return b
 }
 
-func balance(b *RetryBudget) float64 { return b.BalanceAt(time.Unix(1000, 0)) }
+func balance(b *RetryBudget) float64 { return b.Balance() }
 
 func TestClientZeroValueSendsOnce(t *testing.T) {
 	for _, r := range []*Client{{}, nil} {
@@ -66,14 +68,14 @@ func TestClientRules(t *testing.T) {
 	// The throttle refuses the first attempt: nothing is sent, the budget
 	// still got its deposit.
 	th, b := &countingThrottle{allow: []bool{false}}, budget(t, 5)
-	r := &Client{Throttle: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
+	r := &Client{test: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
 	if r.Begin() || balance(b) != 5.5 || th.asked != 1 {
 		t.Fatalf("throttled Begin: %+v, balance %v", th, balance(b))
 	}
 
 	// Max retries, the server's delay exactly (no jitter), then no more.
 	th, b = &countingThrottle{}, budget(t, 5)
-	r = &Client{Throttle: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
+	r = &Client{test: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
 	if !r.Begin() {
 		t.Fatal("Begin refused")
 	}
@@ -113,14 +115,14 @@ func TestClientRules(t *testing.T) {
 
 	// An empty budget refuses the retry before the throttle is asked.
 	th, b = &countingThrottle{}, budget(t, 0)
-	r = &Client{Throttle: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
+	r = &Client{test: th, Budget: b, Backoff: noJitter, MaxRetries: 2}
 	if _, ok := r.Next(ctx, 0, time.Millisecond); ok || th.asked != 0 {
 		t.Fatalf("retried with an empty budget (throttle asked %d)", th.asked)
 	}
 
 	// A retry the throttle refuses is not sent.
 	th = &countingThrottle{allow: []bool{false}}
-	r = &Client{Throttle: th, Backoff: noJitter, MaxRetries: 2}
+	r = &Client{test: th, Backoff: noJitter, MaxRetries: 2}
 	if _, ok := r.Next(ctx, 0, time.Millisecond); ok {
 		t.Fatal("retried although the throttle refused")
 	}

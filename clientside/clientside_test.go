@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway/clientside"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 var t0 = time.Unix(1_700_000_000, 0) // a multiple of the 2 s bucket width
@@ -18,64 +19,62 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestThrottleFormula(t *testing.T) {
 	r := 0.99
-	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), Clock: func() time.Time { return t0 }})
+	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), Clock: testclock.New(t0).Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 10 requests, 3 accepted: p = (10 − 2·3) / (10 + 1) = 4/11.
 	for i := 0; i < 10; i++ {
-		if !th.AllowAt(t0) {
+		if !th.Allow() {
 			t.Fatalf("request %d rejected", i)
 		}
 		if i < 3 {
-			th.AcceptedAt(t0)
+			th.Accepted()
 		}
 	}
-	if p := th.ProbabilityAt(t0); !near(p, 4.0/11) {
+	if p := th.Probability(); !near(p, 4.0/11) {
 		t.Fatalf("p = %v, want 4/11", p)
 	}
 	// A draw below p rejects locally, and the rejected request still
 	// counts: p = (11 − 6) / 12.
 	r = 0.3
-	if th.AllowAt(t0) {
+	if th.Allow() {
 		t.Fatal("draw 0.3 < 4/11 was allowed")
 	}
-	if p := th.ProbabilityAt(t0); !near(p, 5.0/12) {
+	if p := th.Probability(); !near(p, 5.0/12) {
 		t.Fatalf("p = %v, want 5/12", p)
 	}
 	// A draw at or above p passes.
 	r = 5.0 / 12
-	if !th.AllowAt(t0) {
+	if !th.Allow() {
 		t.Fatal("draw equal to p was rejected")
 	}
-	if req, acc := th.CountsAt(t0); req != 12 || acc != 3 {
+	if req, acc := th.Counts(); req != 12 || acc != 3 {
 		t.Fatalf("counts %d/%d, want 12/3", req, acc)
 	}
 	// Accepts beyond half the requests: p = 0, never negative.
 	for i := 0; i < 4; i++ {
-		th.AcceptedAt(t0)
-	}
-	if p := th.ProbabilityAt(t0); p != 0 {
-		t.Fatalf("p = %v with 12 requests and 7 accepts, want 0", p)
+		th.Accepted()
 	}
 	if p := th.Probability(); p != 0 {
-		t.Fatalf("Probability() = %v, want 0", p)
+		t.Fatalf("p = %v with 12 requests and 7 accepts, want 0", p)
 	}
 }
 
 func TestThrottleWindowSlides(t *testing.T) {
 	r := 0.99
-	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), K: 1.5})
+	clk := testclock.New(t0)
+	th, err := clientside.NewThrottle(clientside.ThrottleSettings{Rand: constRand(&r), K: 1.5, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 20; i++ {
-		th.AllowAt(t0)
+		th.Allow()
 	}
-	minute := t0.Add(time.Minute)
+	clk.Advance(time.Minute)
 	for i := 0; i < 10; i++ {
-		th.AllowAt(minute)
-		th.AcceptedAt(minute)
+		th.Allow()
+		th.Accepted()
 	}
 	steps := []struct {
 		at       time.Duration
@@ -91,12 +90,12 @@ func TestThrottleWindowSlides(t *testing.T) {
 		{-time.Hour, 0, 0, 0}, // time far in the past sees nothing
 	}
 	for _, s := range steps {
-		now := t0.Add(s.at)
-		req, acc := th.CountsAt(now)
+		clk.Set(t0.Add(s.at))
+		req, acc := th.Counts()
 		if req != s.req || acc != s.acc {
 			t.Errorf("at %v: counts %d/%d, want %d/%d", s.at, req, acc, s.req, s.acc)
 		}
-		if p := th.ProbabilityAt(now); !near(p, s.p) {
+		if p := th.Probability(); !near(p, s.p) {
 			t.Errorf("at %v: p = %v, want %v", s.at, p, s.p)
 		}
 	}
@@ -107,13 +106,14 @@ func TestThrottleWindowSlides(t *testing.T) {
 func TestThrottleConverges(t *testing.T) {
 	i := 0
 	seq := []float64{0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95}
-	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }})
+	clk := testclock.New(t0)
+	th, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }, Clock: clk.Now})
 	sent := 0
 	for n := 0; n < 1000; n++ {
-		if th.AllowAt(t0) {
+		if th.Allow() {
 			sent++
 			if sent%2 == 1 { // the backend accepts every other request
-				th.AcceptedAt(t0)
+				th.Accepted()
 			}
 		}
 	}
@@ -121,10 +121,10 @@ func TestThrottleConverges(t *testing.T) {
 	if sent != 1000 {
 		t.Fatalf("sent %d of 1000 to a backend accepting half, want all", sent)
 	}
-	th2, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }})
+	th2, _ := clientside.NewThrottle(clientside.ThrottleSettings{Rand: func() float64 { i++; return seq[i%len(seq)] }, Clock: clk.Now})
 	sent = 0
 	for n := 0; n < 1000; n++ {
-		if th2.AllowAt(t0) {
+		if th2.Allow() {
 			sent++
 		}
 	}
@@ -152,61 +152,66 @@ func TestThrottleValidates(t *testing.T) {
 }
 
 func TestRetryBudgetHandComputed(t *testing.T) {
-	now := t0
-	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{Clock: func() time.Time { return now }})
+	clk := testclock.New(t0)
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Starts full: 10 retries, the 11th refused.
 	for i := 0; i < 10; i++ {
-		if !b.TryRetryAt(now) {
+		if !b.TryRetry() {
 			t.Fatalf("retry %d refused with a full budget", i)
 		}
 	}
-	if b.TryRetryAt(now) {
+	if b.TryRetry() {
 		t.Fatal("11th retry allowed")
 	}
 	// Ten requests deposit exactly one token.
 	for i := 0; i < 10; i++ {
-		b.DepositAt(now)
+		b.Deposit()
 	}
-	if got := b.BalanceAt(now); got != 1 {
+	if got := b.Balance(); got != 1 {
 		t.Fatalf("balance %v after 10 deposits, want 1", got)
 	}
-	if !b.TryRetryAt(now) || b.TryRetryAt(now) {
+	if !b.TryRetry() || b.TryRetry() {
 		t.Fatal("want exactly one retry from ten deposits")
 	}
 	// The minimum: one token per second, half a token after 500ms.
-	now = now.Add(500 * time.Millisecond)
-	if got := b.BalanceAt(now); got != 0.5 || b.TryRetryAt(now) {
+	clk.Advance(500 * time.Millisecond)
+	if got := b.Balance(); got != 0.5 || b.TryRetry() {
 		t.Fatalf("balance %v after 500ms, want 0.5 and no retry", got)
 	}
 	for i := 0; i < 5; i++ {
-		b.DepositAt(now)
+		b.Deposit()
 	}
-	if !b.TryRetryAt(now) {
+	if !b.TryRetry() {
 		t.Fatal("0.5 from time + 0.5 from five requests did not pay for a retry")
 	}
 	// Time going backwards credits nothing, and the later return to the
 	// present is not credited twice.
-	if got := b.BalanceAt(now.Add(-time.Hour)); got != 0 {
+	now := clk.Now()
+	clk.Set(now.Add(-time.Hour))
+	if got := b.Balance(); got != 0 {
 		t.Fatalf("balance %v after time went back, want 0", got)
 	}
-	if got := b.BalanceAt(now); got != 10 {
+	clk.Set(now)
+	if got := b.Balance(); got != 10 {
 		// An hour later (from the past instant) the budget is full again.
 		t.Fatalf("balance %v, want 10 (capped)", got)
 	}
-	if got := b.BalanceAt(now.Add(time.Hour)); got != 10 {
+	clk.Set(now.Add(time.Hour))
+	if got := b.Balance(); got != 10 {
 		t.Fatalf("balance %v, want 10 (capped)", got)
 	}
 	// Fractions of a token carry over between refills.
-	for b.TryRetryAt(now) {
+	clk.Set(now)
+	for b.TryRetry() {
 	}
 	for i := 0; i < 4; i++ {
-		now = now.Add(250 * time.Millisecond)
-		b.BalanceAt(now)
+		clk.Advance(250 * time.Millisecond)
+		b.Balance()
 	}
-	if !b.TryRetryAt(now) {
+	if !b.TryRetry() {
 		t.Fatal("four 250ms refills did not add up to a token")
 	}
 }
@@ -214,7 +219,7 @@ func TestRetryBudgetHandComputed(t *testing.T) {
 // Every request wants a retry: over 1000 requests the budget allows 109
 // retries (hand-computed in the comment), about 10%.
 func TestRetryBudgetTenPercent(t *testing.T) {
-	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MinRetriesPerSecond: -1, Clock: func() time.Time { return t0 }})
+	b, err := clientside.NewRetryBudget(clientside.RetryBudgetSettings{MinRetriesPerSecond: -1, Clock: testclock.New(t0).Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,33 +293,6 @@ func TestBackoff(t *testing.T) {
 		got, ok := clientside.Backoff{}.Delay(1, time.Second)
 		if !ok || got < time.Second || got >= 1200*time.Millisecond {
 			t.Fatalf("Delay with Retry-After 1s = %v, want in [1s, 1.2s)", got)
-		}
-	}
-}
-
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2015, 10, 21, 7, 27, 0, 0, time.UTC)
-	cases := []struct {
-		v    string
-		want time.Duration
-		ok   bool
-	}{
-		{"120", 2 * time.Minute, true},
-		{" 0 ", 0, true},
-		{"Wed, 21 Oct 2015 07:28:00 GMT", time.Minute, true},
-		{"Wednesday, 21-Oct-15 07:28:30 GMT", 90 * time.Second, true},
-		{"Wed Oct 21 07:29:00 2015", 2 * time.Minute, true},
-		{"Wed, 21 Oct 2015 07:00:00 GMT", 0, true}, // in the past
-		{"", 0, false},
-		{"-1", 0, false},
-		{"1.5", 0, false},
-		{"soon", 0, false},
-		{"99999999999999999999", 0, false},
-	}
-	for _, c := range cases {
-		got, ok := clientside.ParseRetryAfter(c.v, now)
-		if got != c.want || ok != c.ok {
-			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", c.v, got, ok, c.want, c.ok)
 		}
 	}
 }

@@ -11,8 +11,7 @@
 //   - RetryBudget caps retries at a fraction (default 10%) of requests:
 //     every request deposits 0.1 token, every retry spends one.
 //   - Backoff computes the wait before a retry: exponential with jitter, or
-//     the server's Retry-After plus jitter (never earlier than asked), and
-//     ParseRetryAfter reads the header.
+//     the server's Retry-After plus jitter (never earlier than asked).
 //
 // The shortest use, around one call:
 //

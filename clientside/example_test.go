@@ -55,8 +55,7 @@ func ExampleBackoff_Delay() {
 	b := clientside.Backoff{Rand: func() float64 { return 0.5 }}
 	d, _ := b.Delay(3, 0) // exponential: 400ms, equal jitter
 	fmt.Println(d)
-	ra, _ := clientside.ParseRetryAfter("2", time.Now())
-	d, ok := b.Delay(1, ra) // the server's 2s, plus up to 20%
+	d, ok := b.Delay(1, 2*time.Second) // the server's 2s, plus up to 20%
 	fmt.Println(d, ok)
 	_, ok = b.Delay(1, time.Hour) // more than MaxRetryAfter: give up
 	fmt.Println(ok)

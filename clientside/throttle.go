@@ -63,12 +63,12 @@ func NewThrottle(s ThrottleSettings) (*Throttle, error) {
 	return t, nil
 }
 
-// Allow is shorthand for AllowAt(now) with the Throttle's clock.
-func (t *Throttle) Allow() bool { return t.AllowAt(t.now()) }
+// Allow counts a request at the time of the Throttle's Clock and reports
+// whether to send it; false means reject it locally (and do not call
+// Accepted).
+func (t *Throttle) Allow() bool { return t.allowAt(t.now()) }
 
-// AllowAt counts a request at now and reports whether to send it; false
-// means reject it locally (and do not call Accepted).
-func (t *Throttle) AllowAt(now time.Time) bool {
+func (t *Throttle) allowAt(now time.Time) bool {
 	t.mu.Lock()
 	p := t.probability(now)
 	t.add(now, 1, 0)
@@ -76,32 +76,30 @@ func (t *Throttle) AllowAt(now time.Time) bool {
 	return p <= 0 || t.rand() >= p
 }
 
-// Accepted is shorthand for AcceptedAt(now) with the Throttle's clock.
-func (t *Throttle) Accepted() { t.AcceptedAt(t.now()) }
+// Accepted records, at the time of the Throttle's Clock, that the backend
+// accepted a request sent after Allow: it did the work, whatever the
+// result, rather than reject it as overloaded or throttled.
+func (t *Throttle) Accepted() { t.acceptedAt(t.now()) }
 
-// AcceptedAt records at now that the backend accepted a request sent after
-// Allow: it did the work, whatever the result, rather than reject it as
-// overloaded or throttled.
-func (t *Throttle) AcceptedAt(now time.Time) {
+func (t *Throttle) acceptedAt(now time.Time) {
 	t.mu.Lock()
 	t.add(now, 0, 1)
 	t.mu.Unlock()
 }
 
-// Probability is shorthand for ProbabilityAt(now) with the Throttle's clock.
-func (t *Throttle) Probability() float64 { return t.ProbabilityAt(t.now()) }
+// Probability returns the probability that a request now (the Throttle's
+// Clock) is rejected locally.
+func (t *Throttle) Probability() float64 { return t.probabilityAt(t.now()) }
 
-// ProbabilityAt returns the probability that a request at now is rejected
-// locally.
-func (t *Throttle) ProbabilityAt(now time.Time) float64 {
+func (t *Throttle) probabilityAt(now time.Time) float64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.probability(now)
 }
 
-// CountsAt returns the requests and accepts counted in the window that ends
+// countsAt returns the requests and accepts counted in the window that ends
 // at now.
-func (t *Throttle) CountsAt(now time.Time) (requests, accepts int64) {
+func (t *Throttle) countsAt(now time.Time) (requests, accepts int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.counts(now)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // sample is one completed request, as an Algorithm sees it.
@@ -80,7 +81,7 @@ func (a *Adaptive) InFlight() int {
 // longer RTT reads as queueing). Weigh costs against a server's own
 // capacity with shedder.Worker or shedder.Queue, which count units.
 func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: a.name}, spillway.Noop, nil
 	}
 	a.mu.Lock()
@@ -94,7 +95,7 @@ func (a *Adaptive) Admit(_ context.Context, r *spillway.Request) (spillway.Decis
 	a.mu.Unlock()
 	start := a.now()
 	d := spillway.Decision{Allowed: true, Limiter: a.name, Limit: int64(limit), Remaining: int64(limit - inFlight)}
-	return d, spillway.Once(func(o spillway.Outcome) {
+	return d, block.Once(func(o spillway.Outcome) {
 		rtt := a.now().Sub(start)
 		a.mu.Lock()
 		defer a.mu.Unlock()

@@ -13,7 +13,7 @@
 //
 // On a RedisStore the Limiter falls back by itself: each acquire waits on
 // Redis for at most what is left of the request's budget (spillway.Chain,
-// spillway.RequestBudget; spillway.DefaultBudget without one), and while
+// or the adapters'; spillway.DefaultBudget without one), and while
 // Redis cannot answer — a failure, the budget spent, the client's health
 // open (fallback.NewHealth on the client stops every block's calls after
 // K failures) — it decides locally at this server's share of the limit

@@ -134,7 +134,7 @@ func TestGuardKeepsEveryBlockWhileRedisIsDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ceil, err := globalceiling.New(client, "db_rate", 1000, time.Hour)
+	ceil, err := globalceiling.New(client, "db_rate", 1000, time.Hour, globalceiling.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/cchook"
 	"github.com/spillway-go/spillway/internal/share"
 )
@@ -148,7 +149,7 @@ func New(store Store, limit int64, s Settings) (*Limiter, error) {
 		return nil, fmt.Errorf("concurrency: New: retry after %v must be positive", o.retryAfter)
 	case o.releaseTimeout <= 0:
 		return nil, fmt.Errorf("concurrency: New: release timeout %v must be positive", o.releaseTimeout)
-	case !o.fail.Valid():
+	case o.fail > spillway.FailClosed:
 		return nil, fmt.Errorf("concurrency: New: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(o.fail))
 	}
 	var b [8]byte
@@ -220,10 +221,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.De
 	if _, local := l.store.(*MemoryStore); local {
 		// A memory release cannot block and ignores its context: none is
 		// kept.
-		return d, spillway.Once(func(spillway.Outcome) { _ = l.store.release(context.Background(), l.o.name, key, id, n) }), nil
+		return d, block.Once(func(spillway.Outcome) { _ = l.store.release(context.Background(), l.o.name, key, id, n) }), nil
 	}
 	at := time.Now()
-	return d, spillway.Once(func(spillway.Outcome) { l.releaseAsync(ctx, key, id, n, at) }), nil
+	return d, block.Once(func(spillway.Outcome) { l.releaseAsync(ctx, key, id, n, at) }), nil
 }
 
 // releaseGrace is how long a done waits for its release: a healthy Redis
@@ -343,8 +344,8 @@ func (l *Limiter) WaitReleases() { l.releasing.Wait(); l.retryWait.Wait() }
 // spillway.ReasonCostExceedsLimit.
 func PerKey(l *Limiter, dim string) spillway.Limiter {
 	absent := l.o.name + ":absent"
-	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		if !r.Valid() {
+	return block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		if r.Validate() != nil {
 			return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.o.name}, spillway.Noop, nil
 		}
 		key, ok := r.Get(dim)

@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/share"
 )
 
@@ -114,7 +116,7 @@ func (h *held) sub(key string, n int64, local bool) {
 }
 
 // acquireRedis is Acquire on a RedisStore: the call is bounded by the
-// request's budget (spillway.BudgetDeadline; spillway.DefaultBudget when
+// request's budget (budget.Deadline; spillway.DefaultBudget when
 // the context carries none) and, when Redis cannot answer in time (a
 // failure, the budget spent, the client's health open), the request is
 // decided locally at the client's share (see decideLocal).
@@ -123,10 +125,10 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 		return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: l.o.name, Fail: l.o.fail, Err: err}
 	}
 	own := spillway.DefaultBudget
-	if _, ok := spillway.BudgetFrom(ctx); ok {
+	if _, ok := budget.End(ctx); ok {
 		own = 0 // the request's budget bounds it
 	}
-	deadline, ok := spillway.BudgetDeadline(ctx, own)
+	deadline, ok := budget.Deadline(ctx, own)
 	if !ok {
 		return l.decideLocal(key, n)
 	}
@@ -167,7 +169,7 @@ func (l *Limiter) acquireRedis(ctx context.Context, key string, n int64) (spillw
 		l.held.sub(key, n, false)
 		return d, spillway.Noop, nil
 	}
-	return d, spillway.Once(func(spillway.Outcome) {
+	return d, block.Once(func(spillway.Outcome) {
 		l.held.sub(key, n, false)
 		l.releaseAsync(ctx, key, id, n, at)
 	}), nil
@@ -198,7 +200,7 @@ func (l *Limiter) decideLocal(key string, n int64) (spillway.Decision, spillway.
 		d.Reason, d.RetryAfter = spillway.ReasonConcurrency, l.o.retryAfter
 		return d, spillway.Noop, nil
 	}
-	return d, spillway.Once(func(spillway.Outcome) { l.held.sub(key, n, true) }), nil
+	return d, block.Once(func(spillway.Outcome) { l.held.sub(key, n, true) }), nil
 }
 
 // NewInFlight returns a fleet-wide cap named s.Name (which must be set):
@@ -238,7 +240,7 @@ func NewInFlight(client redis.UniversalClient, limit int64, s Settings) (spillwa
 type inFlight struct{ l *Limiter }
 
 func (f inFlight) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.l.o.name}, spillway.Noop, nil
 	}
 	d, done, err := f.l.Acquire(ctx, "", r.EffectiveCost())

@@ -106,7 +106,7 @@ func newChainBed(t testing.TB, srv *redistest.Server) *chainBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ceiling, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 100000, time.Second, globalceiling.WithMode(globalceiling.Cached))
+	ceiling, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 100000, time.Second, globalceiling.Settings{Mode: globalceiling.Cached})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/share"
 )
 
@@ -584,14 +585,14 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 
 // call runs f as one call of a wrapper (a Store given this
 // Health), within own from now or the end of the request's budget
-// (spillway.BudgetDeadline), whichever is sooner: on the caller's
+// (budget.Deadline), whichever is sooner: on the caller's
 // goroutine when direct (the client honours the deadline), else detached
 // (abandoned, if it runs past the deadline, to abandoned). It returns
 // spillway.ErrBudgetSpent, with nothing taken from the breaker, when the
 // budget is spent, ErrOpen when the breaker refuses, and f's error
 // classified as finish does.
 func (h *Health) call(ctx context.Context, own time.Duration, direct bool, f func(ctx context.Context) error, abandoned func(error)) error {
-	deadline, ok := spillway.BudgetDeadline(ctx, own)
+	deadline, ok := budget.Deadline(ctx, own)
 	if !ok {
 		return spillway.ErrBudgetSpent
 	}
@@ -617,7 +618,7 @@ func (h *Health) bypass(ctx context.Context, own time.Duration, f func(ctx conte
 	if h.state() == Open {
 		return ErrOpen
 	}
-	deadline, _ := spillway.BudgetDeadline(ctx, own)
+	deadline, _ := budget.Deadline(ctx, own)
 	sc := h.guard(ctx, deadline, own)
 	defer sc.end()
 	return f(sc.ctx)
@@ -692,7 +693,7 @@ func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Dur
 	sc := guardScope{start: time.Now()}
 	if !deadline.IsZero() {
 		full := own
-		if t := spillway.BudgetTotal(ctx); t > 0 && (full <= 0 || t < full) {
+		if t := budget.Total(ctx); t > 0 && (full <= 0 || t < full) {
 			full = t
 		}
 		sc.deadline = deadline

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -69,7 +70,7 @@ func TestSpentBudgetDecidesLocallyWithoutACall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spent := spillway.WithBudget(context.Background(), time.Nanosecond)
+	spent := budget.With(context.Background(), time.Nanosecond)
 	time.Sleep(time.Millisecond)
 	out := make([]spillway.Decision, 1)
 	ok, err := st.Decide(spent, []ratelimit.Item{{Scope: "api", Key: "k", Policy: hourly, Cost: 1}}, out)
@@ -88,7 +89,7 @@ func TestSpentBudgetDecidesLocallyWithoutACall(t *testing.T) {
 	}
 	// With budget left the store is called, and the call's deadline is
 	// the budget's end, not the Store's own 50ms.
-	ctx := spillway.WithBudget(context.Background(), time.Hour)
+	ctx := budget.With(context.Background(), time.Hour)
 	if _, err := st.Decide(ctx, []ratelimit.Item{{Scope: "api", Key: "k", Policy: hourly, Cost: 1}}, out); err != nil || out[0].Degraded || inner.calls.Load() != 1 {
 		t.Fatalf("budget left: %v %+v, %d calls; want one call by the store", err, out[0], inner.calls.Load())
 	}

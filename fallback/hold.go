@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/ratecore"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -69,7 +70,7 @@ func (s *Store) Reserve(ctx context.Context, items []ratelimit.Item, ttl time.Du
 	if len(items) == 0 {
 		return inner.Reserve(ctx, items, ttl) // holds nothing, calls nothing
 	}
-	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)
+	deadline, ok := budget.Deadline(ctx, s.set.Budget)
 	if !ok {
 		return s.reserveLocal(ctx, local, items, ttl, spillway.ErrBudgetSpent)
 	}

@@ -56,12 +56,12 @@ func nestedFirstRequest(t *testing.T) (elapsed time.Duration, guardDegraded bool
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := globalceiling.New(client, fmt.Sprintf("api-%p", client), 100000, time.Second, globalceiling.WithMode(globalceiling.Exact))
+	api, err := globalceiling.New(client, fmt.Sprintf("api-%p", client), 100000, time.Second, globalceiling.Settings{Mode: globalceiling.Exact})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer api.Close()
-	db, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 100000, time.Second, globalceiling.WithMode(globalceiling.Exact))
+	db, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 100000, time.Second, globalceiling.Settings{Mode: globalceiling.Exact})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ type Settings struct {
 	// Budget is the time one store call may take (default 50ms). A call
 	// that takes longer is abandoned (its context ends), counts as a
 	// failure and is decided locally. Within a spillway.Chain a call also
-	// ends with the request's budget (spillway.WithBudget), and a call
+	// ends with the request's budget, and a call
 	// that finds that budget spent is not made: the decision is local at
 	// once, with cause spillway.ErrBudgetSpent, and counts as nothing. It
 	// holds whatever the Redis client's socket options: see NewHealth
@@ -158,7 +158,7 @@ func (s Settings) withDefaults() (Settings, error) {
 	if s.Name == "" {
 		s.Name = "fallback"
 	}
-	if !s.Fail.Valid() {
+	if s.Fail > spillway.FailClosed {
 		return s, fmt.Errorf("fallback: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(s.Fail))
 	}
 	if s.Health != nil {

@@ -57,7 +57,7 @@ func newShareBed(t *testing.T, hs fallback.HealthSettings) *shareBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ceil, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 30, time.Hour, globalceiling.WithReserve(0))
+	ceil, err := globalceiling.New(client, fmt.Sprintf("db-%p", client), 30, time.Hour, globalceiling.Settings{Reserve: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

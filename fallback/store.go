@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -214,7 +215,7 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	// the request's budget is spent. A boundedStore (a RedisStore) takes
 	// the budget's deadline as an argument: no context, and no timer, per
 	// call.
-	deadline, ok := spillway.BudgetDeadline(ctx, s.set.Budget)
+	deadline, ok := budget.Deadline(ctx, s.set.Budget)
 	if !ok {
 		return s.decideLocal(ctx, items, out, spillway.ErrBudgetSpent)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/faultproxy"
 	"github.com/spillway-go/spillway/internal/tierstest"
 	"github.com/spillway-go/spillway/internal/tiersview"
@@ -81,7 +82,7 @@ limits:
 	r.Set(spillway.DimIP, "10.1.2.3")
 	_, _, err := bare.Admit(context.Background(), r)
 	var se *spillway.StoreError
-	if !errors.Is(err, spillway.ErrStoreUnavailable) || !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
+	if !errors.Is(err, spillway.ErrStoreUnavailable) || !errors.As(err, &se) || se.Fail != spillway.FailClosed || block.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
 		t.Fatalf("bare store, Redis down: err = %v; want a fail-closed StoreError", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/lua"
@@ -53,13 +54,52 @@ func (m Mode) String() string {
 
 // ErrStale is wrapped by the error of an admission in Cached or
 // LocalAggregation mode when the last successful sync with Redis is older
-// than the stale bound (see WithStaleAfter): the local view can no longer
+// than the stale bound (Settings.StaleAfter): the local view can no longer
 // be trusted and the caller should degrade (a Guard falls back to its local
 // bucket).
 var ErrStale = errors.New("globalceiling: shared total is stale")
 
-// Option configures a Ceiling.
-type Option func(*options)
+// Settings configures a Ceiling (New). The zero value is the default: an
+// Exact ceiling of 8 shards under the prefix "spillway:", with a reserve
+// of 0.1 for Critical work.
+type Settings struct {
+	// Mode is Exact (the default), Cached or LocalAggregation.
+	Mode Mode
+	// Shards is K, the number of shard keys (default 8, at most 1024).
+	// Each shard has its own hash tag, so on a Cluster the shards spread
+	// over slots and nodes; more shards spread writes wider and make Exact
+	// reads wider.
+	Shards int
+	// SyncInterval is how often Cached reads the total and
+	// LocalAggregation flushes and reads it (default 100 ms). Exact does
+	// not sync.
+	SyncInterval time.Duration
+	// StaleAfter is how old the last successful sync may be before Cached
+	// and LocalAggregation admissions fail with ErrStale (default 5 ×
+	// SyncInterval).
+	StaleAfter time.Duration
+	// Reserve is the fraction of the ceiling kept for Critical and
+	// CriticalPlus work (default 0.1; below 1): Sheddable and
+	// SheddablePlus requests are denied once the total reaches
+	// (1 − Reserve) × limit; Critical and CriticalPlus may use the whole
+	// limit. A negative Reserve keeps none.
+	Reserve float64
+	// Prefix is the prefix of every key (default "spillway:"); it must
+	// not contain '{' or '}'.
+	Prefix string
+	// Clock places admissions in windows (default time.Now). Windows are
+	// aligned to the Unix epoch, so servers with synchronized clocks agree
+	// on them; see the package doc on skew.
+	Clock func() time.Time
+	// OnSyncError is called with the error of a failed background sync
+	// (default: ignored; admissions report ErrStale once it lasts).
+	OnSyncError func(error)
+
+	// For tests: the shard picker (default math/rand/v2.IntN) and no
+	// background goroutine (the test calls Sync).
+	intn       func(n int) int
+	manualSync bool
+}
 
 type options struct {
 	mode        Mode
@@ -74,55 +114,9 @@ type options struct {
 	onSyncError func(error)
 }
 
-// WithMode sets the mode (default Exact).
-func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
-
-// WithShards sets K, the number of shard keys (default 8). Each shard has
-// its own hash tag, so on a Cluster the shards spread over slots and nodes;
-// more shards spread writes wider and make Exact reads wider.
-func WithShards(k int) Option { return func(o *options) { o.shards = k } }
-
-// WithSyncInterval sets how often Cached reads the total and
-// LocalAggregation flushes and reads it (default 100 ms). Ignored in Exact
-// mode.
-func WithSyncInterval(d time.Duration) Option { return func(o *options) { o.sync = d } }
-
-// WithoutBackgroundSync disables the goroutine that calls Sync every
-// SyncInterval; the caller calls Sync itself (tests, or a program with its
-// own scheduler).
-func WithoutBackgroundSync() Option { return func(o *options) { o.background = false } }
-
-// WithStaleAfter sets how old the last successful sync may be before
-// Cached and LocalAggregation admissions fail with ErrStale (default
-// 5 × SyncInterval). Without background sync it is not checked.
-func WithStaleAfter(d time.Duration) Option { return func(o *options) { o.staleAfter = d } }
-
-// WithReserve sets the fraction of the ceiling kept for Critical and
-// CriticalPlus work (default 0.1): Sheddable and SheddablePlus requests are
-// denied once the total reaches (1 − reserve) × limit; Critical and
-// CriticalPlus may use the whole limit. 0 disables the reserve.
-func WithReserve(fraction float64) Option { return func(o *options) { o.reserve = fraction } }
-
-// WithPrefix sets the prefix of every key (default "spillway:"); it must
-// not contain '{' or '}'.
-func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
-
-// WithClock sets the clock that places admissions in windows (default
-// time.Now). Windows are aligned to the Unix epoch, so servers with
-// synchronized clocks agree on them; see the package doc on skew.
-func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
-
-// WithRand sets the function that picks a shard, returning a value in
-// [0, n) (default math/rand/v2.IntN). For tests.
-func WithRand(intn func(n int) int) Option { return func(o *options) { o.intn = intn } }
-
-// WithSyncErrorHandler is called with the error of a failed background
-// sync (default: ignored; admissions report ErrStale once it lasts).
-func WithSyncErrorHandler(f func(error)) Option { return func(o *options) { o.onSyncError = f } }
-
-// Stats counts what a Ceiling did. Writes are commands that change Redis
+// stats counts what a Ceiling did. Writes are commands that change Redis
 // (charges, refunds, flushes); Reads are shard reads.
-type Stats struct {
+type stats struct {
 	Admitted   int64 // admissions allowed (requests, not cost)
 	Denied     int64 // admissions denied
 	Writes     int64
@@ -179,11 +173,30 @@ type winState struct {
 // at most limit cost units per window across every server that shares the
 // Redis behind client. It fails with an error naming the field when an
 // argument or option is out of range.
-func New(client redis.UniversalClient, name string, limit int64, window time.Duration, opts ...Option) (*Ceiling, error) {
-	o := options{shards: 8, sync: 100 * time.Millisecond, background: true, reserve: 0.1,
-		prefix: "spillway:", clock: time.Now, intn: rand.IntN}
-	for _, opt := range opts {
-		opt(&o)
+func New(client redis.UniversalClient, name string, limit int64, window time.Duration, s Settings) (*Ceiling, error) {
+	o := options{mode: s.Mode, shards: s.Shards, sync: s.SyncInterval, background: !s.manualSync,
+		staleAfter: s.StaleAfter, reserve: s.Reserve, prefix: s.Prefix, clock: s.Clock,
+		intn: s.intn, onSyncError: s.OnSyncError}
+	if o.shards == 0 {
+		o.shards = 8
+	}
+	if o.sync == 0 {
+		o.sync = 100 * time.Millisecond
+	}
+	switch {
+	case o.reserve == 0:
+		o.reserve = 0.1
+	case o.reserve < 0:
+		o.reserve = 0
+	}
+	if o.prefix == "" {
+		o.prefix = "spillway:"
+	}
+	if o.clock == nil {
+		o.clock = time.Now
+	}
+	if o.intn == nil {
+		o.intn = rand.IntN
 	}
 	if o.staleAfter == 0 {
 		o.staleAfter = 5 * o.sync
@@ -207,8 +220,6 @@ func New(client redis.UniversalClient, name string, limit int64, window time.Dur
 		return nil, fmt.Errorf("globalceiling: New: stale after %v is negative", o.staleAfter)
 	case !(o.reserve >= 0 && o.reserve < 1):
 		return nil, fmt.Errorf("globalceiling: New: reserve %v must be in [0, 1)", o.reserve)
-	case o.clock == nil || o.intn == nil:
-		return nil, fmt.Errorf("globalceiling: New: clock and rand must not be nil")
 	}
 	if err := keys.ValidatePrefix(o.prefix); err != nil {
 		return nil, fmt.Errorf("globalceiling: New: %w", err)
@@ -229,25 +240,16 @@ func New(client redis.UniversalClient, name string, limit int64, window time.Dur
 	return c, nil
 }
 
-// Name returns the ceiling's name.
-func (c *Ceiling) Name() string { return c.name }
-
-// Limit returns the ceiling per window.
-func (c *Ceiling) Limit() int64 { return c.limit }
-
-// Window returns the window length.
-func (c *Ceiling) Window() time.Duration { return c.window }
-
-// Key returns the Redis key of shard j in window w (w is the Unix time
+// key returns the Redis key of shard j in window w (w is the Unix time
 // divided by the window length).
-func (c *Ceiling) Key(w int64, j int) string {
+func (c *Ceiling) key(w int64, j int) string {
 	return keys.Key(c.o.prefix, "ceil:"+strconv.FormatInt(w, 10), c.entities[j])
 }
 
 // windowKeys are the shard keys of one window.
 type windowKeys struct {
 	w    int64
-	keys []string // keys[j] == Key(w, j); never modified
+	keys []string // keys[j] == key(w, j); never modified
 }
 
 // keysOf returns the shard keys of window w, built once per window rather
@@ -258,23 +260,23 @@ func (c *Ceiling) keysOf(w int64) []string {
 	}
 	k := &windowKeys{w: w, keys: make([]string, c.o.shards)}
 	for j := range k.keys {
-		k.keys[j] = c.Key(w, j)
+		k.keys[j] = c.key(w, j)
 	}
 	c.wkeys.Store(k)
 	return k.keys
 }
 
-// Threshold returns the total up to which priority p is admitted.
-func (c *Ceiling) Threshold(p spillway.Priority) int64 {
+// threshold returns the total up to which priority p is admitted.
+func (c *Ceiling) threshold(p spillway.Priority) int64 {
 	if p >= spillway.Critical || c.o.reserve == 0 {
 		return c.limit
 	}
 	return c.limit - int64(float64(c.limit)*c.o.reserve+0.5)
 }
 
-// Stats returns the counters so far.
-func (c *Ceiling) Stats() Stats {
-	return Stats{Admitted: c.admitted.Load(), Denied: c.denied.Load(), Writes: c.writes.Load(),
+// stats returns the counters so far.
+func (c *Ceiling) stats() stats {
+	return stats{Admitted: c.admitted.Load(), Denied: c.denied.Load(), Writes: c.writes.Load(),
 		Reads: c.reads.Load(), RoundTrips: c.roundTrips.Load()}
 }
 
@@ -288,7 +290,7 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 }
 
 // Admit admits r when the total of this window plus r's cost stays within
-// the threshold of r's priority (see Threshold and WithReserve).
+// the threshold of r's priority (Settings.Reserve).
 //
 // Allowed: Limit is the threshold, Remaining what is left under it,
 // ResetAfter the time until the window ends; done does nothing (the
@@ -298,20 +300,20 @@ func (c *Ceiling) windowOf(t time.Time) (w int64, end time.Time) {
 // denied with spillway.ReasonInvalid.
 //
 // The ceiling falls back by itself: in Exact and Cached modes the Redis
-// calls of an admission end with the request's budget (spillway.WithBudget;
-// a Chain starts one), and when Redis cannot answer — a failure, the budget
+// calls of an admission end with the request's budget (a Chain
+// starts one), and when Redis cannot answer — a failure, the budget
 // already spent (no call is made), the client's health open
 // (fallback.NewHealth), or in Cached and LocalAggregation modes a shared
-// total older than WithStaleAfter — the request is decided by this server
+// total older than Settings.StaleAfter — the request is decided by this server
 // alone at its share of each threshold per window (the share of the
 // client's fleet it last saw alive, see fallback.HealthSettings.Share: the
 // whole ceiling on a lone server), marked Degraded. err != nil only when
 // the caller canceled (a *spillway.StoreError wrapping context.Canceled).
 func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: c.name}, spillway.Noop, nil
 	}
-	d, err := c.AdmitN(ctx, r.Priority, r.EffectiveCost())
+	d, err := c.admitN(ctx, r.Priority, r.EffectiveCost())
 	if err != nil {
 		if canceled(ctx) {
 			return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: c.name, Err: err}
@@ -321,17 +323,17 @@ func (c *Ceiling) Admit(ctx context.Context, r *spillway.Request) (spillway.Deci
 	return d, spillway.Noop, nil
 }
 
-// AdmitN is Admit for a priority and a cost (>= 1) without a Request,
+// admitN is Admit for a priority and a cost (>= 1) without a Request,
 // without the fallback: err != nil when Redis failed, the budget was
 // spent (spillway.ErrBudgetSpent) or, in Cached and LocalAggregation
 // modes, the shared total is stale (ErrStale); nothing was charged then.
 //
-// A cost above Threshold(p), which no window can ever admit, is denied
+// A cost above threshold(p), which no window can ever admit, is denied
 // with spillway.ReasonCostExceedsLimit and RetryAfter 0 before anything is
 // charged (Remaining reports what is left; in Exact mode that costs one
 // read-only round trip). Every cost from 1 to math.MaxInt64 is accepted:
 // totals never wrap.
-func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (spillway.Decision, error) {
+func (c *Ceiling) admitN(ctx context.Context, p spillway.Priority, cost int64) (spillway.Decision, error) {
 	if cost < 1 {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: cost %d must be at least 1", cost)
 	}
@@ -340,9 +342,9 @@ func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (
 	}
 	if c.o.mode != LocalAggregation {
 		// Exact and Cached call Redis in the admission: within what is
-		// left of the request's budget (spillway.WithBudget), and not at
+		// left of the request's budget (budget.With), and not at
 		// all when it is spent.
-		deadline, ok := spillway.BudgetDeadline(ctx, 0)
+		deadline, ok := budget.Deadline(ctx, 0)
 		if !ok {
 			return spillway.Decision{}, fmt.Errorf("globalceiling: %s: %w", c.name, spillway.ErrBudgetSpent)
 		}
@@ -356,7 +358,7 @@ func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (
 	var d spillway.Decision
 	var err error
 	switch {
-	case cost > c.Threshold(p):
+	case cost > c.threshold(p):
 		d, err = c.tooCostly(ctx, now, p)
 	case c.o.mode == Exact:
 		d, err = c.admitExact(ctx, now, p, cost)
@@ -375,7 +377,7 @@ func (c *Ceiling) AdmitN(ctx context.Context, p spillway.Priority, cost int64) (
 }
 
 func (c *Ceiling) decision(allowed bool, p spillway.Priority, total int64, end, now time.Time) spillway.Decision {
-	th := c.Threshold(p)
+	th := c.threshold(p)
 	reset := max(end.Sub(now), time.Millisecond)
 	d := spillway.Decision{Allowed: allowed, Limiter: c.name, Limit: th, Remaining: max(th-total, 0), ResetAfter: reset}
 	if !allowed {
@@ -385,7 +387,7 @@ func (c *Ceiling) decision(allowed bool, p spillway.Priority, total int64, end, 
 	return d
 }
 
-// tooCostly denies a cost above Threshold(p) without charging: it reads
+// tooCostly denies a cost above threshold(p) without charging: it reads
 // the total (Exact) or takes this server's view of it (Cached,
 // LocalAggregation) only to report Remaining.
 func (c *Ceiling) tooCostly(ctx context.Context, now time.Time, p spillway.Priority) (spillway.Decision, error) {
@@ -435,14 +437,14 @@ func (c *Ceiling) admitExact(ctx context.Context, now time.Time, p spillway.Prio
 	if err != nil {
 		return spillway.Decision{}, err
 	}
-	if total <= c.Threshold(p) {
+	if total <= c.threshold(p) {
 		return c.decision(true, p, total, end, now), nil
 	}
 	// Denied: take the charge back. Admissions that read while it stood
 	// may have been denied too (undershoot), never admitted beyond.
 	c.writes.Add(1)
 	c.roundTrips.Add(1)
-	if err := lua.Script("ceiling_refund").Run(ctx, c.client, []string{c.Key(w, i)}, cost).Err(); err != nil {
+	if err := lua.Script("ceiling_refund").Run(ctx, c.client, []string{c.key(w, i)}, cost).Err(); err != nil {
 		return spillway.Decision{}, fmt.Errorf("globalceiling: refund: %w", err)
 	}
 	return c.decision(false, p, max(total-cost, 0), end, now), nil
@@ -560,14 +562,14 @@ func (c *Ceiling) admitLocal(ctx context.Context, now time.Time, p spillway.Prio
 		// newer one, whose end is later.
 		_, end = c.windowOf(time.Unix(0, c.cur.w*int64(c.window)))
 	}
-	// seen ≥ 0 and cost ≤ Threshold(p): compared without forming seen + cost,
+	// seen ≥ 0 and cost ≤ threshold(p): compared without forming seen + cost,
 	// which could wrap.
 	seen := satAdd(c.cur.total, c.cur.local)
-	if th := c.Threshold(p); seen > th || cost > th-seen {
+	if th := c.threshold(p); seen > th || cost > th-seen {
 		c.mu.Unlock()
 		return c.decision(false, p, seen, end, now), nil
 	}
-	c.cur.local += cost // ≤ Threshold(p) − total: no overflow
+	c.cur.local += cost // ≤ threshold(p) − total: no overflow
 	seen += cost
 	cw := c.cur.w
 	c.mu.Unlock()
@@ -682,10 +684,10 @@ func (c *Ceiling) syncRound(ctx context.Context, cw, prevW int64, flushPrev, flu
 		pipe := c.client.Pipeline()
 		var prevCmd, curCmd *redis.Cmd
 		if flushPrev > 0 && !prevDone { // a retry after NOSCRIPT sends only what did not land
-			prevCmd = pipe.EvalSha(ctx, c.charge, []string{c.Key(prevW, c.o.intn(c.o.shards))}, flushPrev, c.ttlMS)
+			prevCmd = pipe.EvalSha(ctx, c.charge, []string{c.key(prevW, c.o.intn(c.o.shards))}, flushPrev, c.ttlMS)
 		}
 		if flushCur > 0 && !curDone {
-			curCmd = pipe.EvalSha(ctx, c.charge, []string{c.Key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS)
+			curCmd = pipe.EvalSha(ctx, c.charge, []string{c.key(cw, c.o.intn(c.o.shards))}, flushCur, c.ttlMS)
 		}
 		ks := c.keysOf(cw)
 		gets := make([]*redis.StringCmd, c.o.shards)

@@ -18,21 +18,18 @@ import (
 	"github.com/spillway-go/spillway/internal/testclock"
 )
 
-// fakeClock is a settable clock, safe for concurrent use.
-type fakeClock = testclock.Clock
-
 // newFakeClock starts exactly at the beginning of a second, so a window of
 // one second (or 100 ms) begins now.
-func newFakeClock() *fakeClock { return testclock.New(time.Unix(1_800_000_000, 0)) }
+func newFakeClock() *testclock.Clock { return testclock.New(time.Unix(1_800_000_000, 0)) }
 
 // servers returns n ceilings ("servers") with their own clients on srv.
-func servers(t *testing.T, srv *redistest.Server, n int, limit int64, window time.Duration, opts ...Option) []*Ceiling {
+func servers(t *testing.T, srv *redistest.Server, n int, limit int64, window time.Duration, s Settings) []*Ceiling {
 	t.Helper()
 	var cs []*Ceiling
 	for i := 0; i < n; i++ {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
 		t.Cleanup(func() { rdb.Close() })
-		c, err := New(rdb, "orders-db", limit, window, opts...)
+		c, err := New(rdb, "orders-db", limit, window, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +43,7 @@ func shardValues(t *testing.T, c *Ceiling, rdb redis.Cmdable, w int64) []int64 {
 	t.Helper()
 	vals := make([]int64, c.o.shards)
 	for j := range vals {
-		n, err := rdb.Get(context.Background(), c.Key(w, j)).Int64()
+		n, err := rdb.Get(context.Background(), c.key(w, j)).Int64()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatal(err)
 		}
@@ -66,7 +63,7 @@ func TestExactThreeServersNeverOvershoot(t *testing.T) {
 	clock := newFakeClock()
 	// A long window: the counters' TTL runs on Redis's wall clock, and
 	// this test must stay inside one window of the fake clock.
-	cs := servers(t, srv, 3, 500, time.Minute, WithClock(clock.Now))
+	cs := servers(t, srv, 3, 500, time.Minute, Settings{Clock: clock.Now})
 	var admitted, denied atomic.Int64
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -132,7 +129,7 @@ func TestExactDecisionsAndReserve(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
 	clock.Advance(250 * time.Millisecond)
-	c := servers(t, srv, 1, 10, time.Second, WithClock(clock.Now), WithReserve(0.2))[0]
+	c := servers(t, srv, 1, 10, time.Second, Settings{Clock: clock.Now, Reserve: 0.2})[0]
 	ctx := context.Background()
 	low := &spillway.Request{Priority: spillway.SheddablePlus}
 	for i := 1; i <= 8; i++ {
@@ -180,7 +177,7 @@ func TestExactDecisionsAndReserve(t *testing.T) {
 	w, _ := c.windowOf(clock.Now())
 	keysSeen := 0
 	for j := 0; j < 8; j++ {
-		pttl, err := srv.Client(t).PTTL(ctx, c.Key(w, j)).Result()
+		pttl, err := srv.Client(t).PTTL(ctx, c.key(w, j)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,8 +202,7 @@ func TestExactDecisionsAndReserve(t *testing.T) {
 func TestCachedOvershootBound(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
-	cs := servers(t, srv, 3, 1000, time.Second, WithClock(clock.Now), WithMode(Cached), WithoutBackgroundSync(),
-		WithSyncInterval(time.Minute)) // Sync is called by hand; this keeps the counters' wall-clock TTL long
+	cs := servers(t, srv, 3, 1000, time.Second, Settings{Clock: clock.Now, Mode: Cached, manualSync: true, SyncInterval: time.Minute}) // Sync is called by hand; this keeps the counters' wall-clock TTL long
 	admittedPerWindow := runLockStep(t, clock, cs, 20, 40)
 	for w, n := range admittedPerWindow {
 		if n != 1080 {
@@ -215,7 +211,7 @@ func TestCachedOvershootBound(t *testing.T) {
 	}
 	var writes, admitted int64
 	for _, c := range cs {
-		s := c.Stats()
+		s := c.stats()
 		writes += s.Writes
 		admitted += s.Admitted
 	}
@@ -230,12 +226,11 @@ func TestCachedOvershootBound(t *testing.T) {
 func TestLocalAggregationBoundAndWrites(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
-	cs := servers(t, srv, 3, 1000, time.Second, WithClock(clock.Now), WithMode(LocalAggregation), WithoutBackgroundSync(),
-		WithSyncInterval(time.Minute))
+	cs := servers(t, srv, 3, 1000, time.Second, Settings{Clock: clock.Now, Mode: LocalAggregation, manualSync: true, SyncInterval: time.Minute})
 	admittedPerWindow := runLockStep(t, clock, cs, 20, 40)
 	var writes, admitted int64
 	for _, c := range cs {
-		s := c.Stats()
+		s := c.stats()
 		writes += s.Writes
 		admitted += s.Admitted
 	}
@@ -264,7 +259,7 @@ func TestLocalAggregationBoundAndWrites(t *testing.T) {
 // runLockStep advances the clock in 100 ms ticks; at each tick every
 // server syncs, then admits up to perTick requests. It returns the admitted
 // count per window index.
-func runLockStep(t *testing.T, clock *fakeClock, cs []*Ceiling, ticks, perTick int) map[int64]int64 {
+func runLockStep(t *testing.T, clock *testclock.Clock, cs []*Ceiling, ticks, perTick int) map[int64]int64 {
 	t.Helper()
 	ctx := context.Background()
 	per := map[int64]int64{}
@@ -302,8 +297,7 @@ func TestShardWriteSpread(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
 	r := rand.New(rand.NewPCG(1, 2))
-	c := servers(t, srv, 1, 1_000_000, time.Minute, WithClock(clock.Now), WithMode(Cached), WithoutBackgroundSync(),
-		WithRand(func(n int) int { return r.IntN(n) }))[0]
+	c := servers(t, srv, 1, 1_000_000, time.Minute, Settings{Clock: clock.Now, Mode: Cached, manualSync: true, intn: func(n int) int { return r.IntN(n) }})[0]
 	ctx := context.Background()
 	for i := 0; i < 4000; i++ {
 		if d, _, err := c.Admit(ctx, critical()); err != nil || !d.Allowed {
@@ -317,7 +311,7 @@ func TestShardWriteSpread(t *testing.T) {
 		if v < 375 || v > 625 {
 			t.Fatalf("shard %d took %d of 4000 writes (all: %v), want 500 ± 25%%", j, v, vals)
 		}
-		k := c.Key(w, j)
+		k := c.key(w, j)
 		tags[k[strings.IndexByte(k, '{'):]] = true
 	}
 	if len(tags) != 8 {
@@ -331,8 +325,7 @@ func TestLocalAggregationStale(t *testing.T) {
 	clock := newFakeClock()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	c, err := New(rdb, "db", 100, time.Second, WithClock(clock.Now), WithMode(LocalAggregation),
-		WithSyncInterval(5*time.Millisecond), WithStaleAfter(time.Second))
+	c, err := New(rdb, "db", 100, time.Second, Settings{Clock: clock.Now, Mode: LocalAggregation, SyncInterval: 5 * time.Millisecond, StaleAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +336,7 @@ func TestLocalAggregationStale(t *testing.T) {
 	}
 	srv.Stop()
 	clock.Advance(1100 * time.Millisecond)
-	_, err = c.AdmitN(ctx, spillway.Critical, 1)
+	_, err = c.admitN(ctx, spillway.Critical, 1)
 	if !errors.Is(err, ErrStale) {
 		t.Fatalf("with Redis gone for longer than the stale bound: err = %v, want ErrStale", err)
 	}
@@ -368,8 +361,7 @@ func TestStaleAnswersWhileSyncing(t *testing.T) {
 	clock := newFakeClock()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	c, err := New(rdb, "db", 1_000_000, time.Hour, WithClock(clock.Now), WithMode(LocalAggregation),
-		WithSyncInterval(time.Millisecond), WithStaleAfter(time.Second))
+	c, err := New(rdb, "db", 1_000_000, time.Hour, Settings{Clock: clock.Now, Mode: LocalAggregation, SyncInterval: time.Millisecond, StaleAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +372,7 @@ func TestStaleAnswersWhileSyncing(t *testing.T) {
 		if i%10 == 0 {
 			clock.Advance(1100 * time.Millisecond)
 		}
-		d, err := c.AdmitN(ctx, spillway.Critical, 1)
+		d, err := c.admitN(ctx, spillway.Critical, 1)
 		switch {
 		case errors.Is(err, ErrStale):
 			stale++
@@ -408,27 +400,25 @@ func TestNewValidates(t *testing.T) {
 		name   string
 		limit  int64
 		window time.Duration
-		opts   []Option
+		s      Settings
 	}{
-		"client":        {nil, "", 0, 0, nil},
-		"name":          {rdb, "", 1, time.Second, nil},
-		"limit 0":       {rdb, "x", 0, time.Second, nil},
-		"limit -1":      {rdb, "x", -1, time.Second, nil},
-		"window 0s":     {rdb, "x", 1, 0, nil},
-		"window -1s":    {rdb, "x", 1, -time.Second, nil},
-		"mode":          {rdb, "x", 1, time.Second, []Option{WithMode(9)}},
-		"shards 0":      {rdb, "x", 1, time.Second, []Option{WithShards(0)}},
-		"shards -1":     {rdb, "x", 1, time.Second, []Option{WithShards(-1)}},
-		"sync interval": {rdb, "x", 1, time.Second, []Option{WithSyncInterval(-1)}},
-		"stale after":   {rdb, "x", 1, time.Second, []Option{WithStaleAfter(-1)}},
-		"reserve 1":     {rdb, "x", 1, time.Second, []Option{WithReserve(1)}},
-		"reserve NaN":   {rdb, "x", 1, time.Second, []Option{WithReserve(math.NaN())}},
-		"clock":         {rdb, "x", 1, time.Second, []Option{WithClock(nil)}},
-		"rand":          {rdb, "x", 1, time.Second, []Option{WithRand(nil)}},
-		"prefix":        {rdb, "x", 1, time.Second, []Option{WithPrefix("a{")}},
+		"client":        {nil, "", 0, 0, Settings{}},
+		"name":          {rdb, "", 1, time.Second, Settings{}},
+		"limit 0":       {rdb, "x", 0, time.Second, Settings{}},
+		"limit -1":      {rdb, "x", -1, time.Second, Settings{}},
+		"window 0s":     {rdb, "x", 1, 0, Settings{}},
+		"window -1s":    {rdb, "x", 1, -time.Second, Settings{}},
+		"mode":          {rdb, "x", 1, time.Second, Settings{Mode: 9}},
+		"shards -1":     {rdb, "x", 1, time.Second, Settings{Shards: -1}},
+		"sync interval": {rdb, "x", 1, time.Second, Settings{SyncInterval: -1}},
+		"stale after":   {rdb, "x", 1, time.Second, Settings{StaleAfter: -1}},
+		"reserve 1":     {rdb, "x", 1, time.Second, Settings{Reserve: 1}},
+		"reserve NaN":   {rdb, "x", 1, time.Second, Settings{Reserve: math.NaN()}},
+		"prefix":        {rdb, "x", 1, time.Second, Settings{Prefix: "a{"}},
 	}
 	for field, c := range cases {
-		g, err := New(c.client, c.name, c.limit, c.window, append(c.opts, WithoutBackgroundSync())...)
+		c.s.manualSync = true
+		g, err := New(c.client, c.name, c.limit, c.window, c.s)
 		if err == nil || g != nil || !strings.HasPrefix(err.Error(), "globalceiling: New: ") || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: New = %v, %v; want an error naming %q", field, g, err, field)
 		}
@@ -441,8 +431,7 @@ func TestNewValidates(t *testing.T) {
 func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
-	c := servers(t, srv, 1, 1000, time.Minute, WithClock(clock.Now), WithMode(LocalAggregation), WithoutBackgroundSync(),
-		WithRand(func(int) int { return 0 }))[0]
+	c := servers(t, srv, 1, 1000, time.Minute, Settings{Clock: clock.Now, Mode: LocalAggregation, manualSync: true, intn: func(int) int { return 0 }})[0]
 	ctx := context.Background()
 	rdb := srv.Client(t)
 	w, _ := c.windowOf(clock.Now())
@@ -454,7 +443,7 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 		}
 	}
 	shard0 := func() int64 {
-		n, err := rdb.Get(ctx, c.Key(w, 0)).Int64()
+		n, err := rdb.Get(ctx, c.key(w, 0)).Int64()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatal(err)
 		}
@@ -471,7 +460,7 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 		t.Fatalf("after the first flush shard 0 holds %d, want 5", got)
 	}
 	// Shard 5 of the wrong type: the reads fail, the flush to shard 0 lands.
-	if err := rdb.LPush(ctx, c.Key(w, 5), "x").Err(); err != nil {
+	if err := rdb.LPush(ctx, c.key(w, 5), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
 	admit(3)
@@ -481,7 +470,7 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 	if got := shard0(); got != 8 {
 		t.Fatalf("shard 0 holds %d, want 8", got)
 	}
-	rdb.Del(ctx, c.Key(w, 5))
+	rdb.Del(ctx, c.key(w, 5))
 	if err := c.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -489,17 +478,17 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 		t.Fatalf("after a clean sync shard 0 holds %d, want 8 (no second flush of the 3)", got)
 	}
 	// Shard 0 of the wrong type: the flush fails and is sent again later.
-	if err := rdb.Del(ctx, c.Key(w, 0)).Err(); err != nil {
+	if err := rdb.Del(ctx, c.key(w, 0)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.LPush(ctx, c.Key(w, 0), "x").Err(); err != nil {
+	if err := rdb.LPush(ctx, c.key(w, 0), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
 	admit(4)
 	if err := c.Sync(ctx); err == nil {
 		t.Fatal("flush into a broken shard: no error")
 	}
-	rdb.Del(ctx, c.Key(w, 0))
+	rdb.Del(ctx, c.key(w, 0))
 	if err := c.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +502,7 @@ func TestLocalAggregationFlushLandsOnce(t *testing.T) {
 func TestKeysOfMatchesKey(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialed
 	t.Cleanup(func() { rdb.Close() })
-	c, err := New(rdb, "orders-db", 100, time.Second)
+	c, err := New(rdb, "orders-db", 100, time.Second, Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,7 +513,7 @@ func TestKeysOfMatchesKey(t *testing.T) {
 			t.Fatalf("window %d: %d keys, want %d", w, len(ks), c.o.shards)
 		}
 		for j, k := range ks {
-			if want := c.Key(w, j); k != want {
+			if want := c.key(w, j); k != want {
 				t.Fatalf("window %d shard %d: %q, want %q", w, j, k, want)
 			}
 		}

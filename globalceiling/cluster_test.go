@@ -35,7 +35,7 @@ func TestClusterThreeServersSpreadAndBound(t *testing.T) {
 	clock := newFakeClock()
 	var cs []*Ceiling
 	for i := 0; i < 3; i++ {
-		c, err := New(cl.Client(t), "orders-db", 600, time.Minute, WithClock(clock.Now))
+		c, err := New(cl.Client(t), "orders-db", 600, time.Minute, Settings{Clock: clock.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +48,7 @@ func TestClusterThreeServersSpreadAndBound(t *testing.T) {
 	w, _ := cs[0].windowOf(clock.Now())
 	shardsOn := map[*redistest.Server]int{}
 	for j := 0; j < 8; j++ {
-		owner, err := cl.OwnerOfKey(ctx, cs[0].Key(w, j))
+		owner, err := cl.OwnerOfKey(ctx, cs[0].key(w, j))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func TestClusterThreeServersSpreadAndBound(t *testing.T) {
 	}
 	var sum int64
 	for j := 0; j < 8; j++ {
-		n, err := cs[0].client.Get(ctx, cs[0].Key(w, j)).Int64()
+		n, err := cs[0].client.Get(ctx, cs[0].key(w, j)).Int64()
 		if err != nil && err != redis.Nil {
 			t.Fatal(err)
 		}

@@ -19,8 +19,7 @@ const contractLimit = 1000
 // stale after 2 s (generous: a loaded machine delays syncs).
 func newCeiling(t *testing.T, c redis.UniversalClient, mode globalceiling.Mode) *globalceiling.Ceiling {
 	t.Helper()
-	ce, err := globalceiling.New(c, "contract", contractLimit, time.Hour, globalceiling.WithMode(mode),
-		globalceiling.WithSyncInterval(10*time.Millisecond), globalceiling.WithStaleAfter(2*time.Second))
+	ce, err := globalceiling.New(c, "contract", contractLimit, time.Hour, globalceiling.Settings{Mode: mode, SyncInterval: 10 * time.Millisecond, StaleAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,14 +7,14 @@
 // Put per-client limits (ratelimit, concurrency) in front of it so one
 // client cannot use the whole ceiling. It honors priorities: Sheddable and
 // SheddablePlus work is refused once the total reaches (1 − Reserve) ×
-// Limit, keeping the rest for Critical and CriticalPlus work (WithReserve).
+// Limit, keeping the rest for Critical and CriticalPlus work (Settings.Reserve).
 // A denial has Reason spillway.ReasonCeiling (answer 503) and a RetryAfter
 // of the time until the window ends.
 //
 // # Sharded counter
 //
 // One counter key would put every request of the fleet on one Redis slot
-// and node. The ceiling keeps K shard counters per window (WithShards,
+// and node. The ceiling keeps K shard counters per window (Settings.Shards,
 // default 8), each with its own hash tag ("{orders-db:0}" …
 // "{orders-db:7}"), so on a Cluster they spread over slots and nodes; each
 // admission charges one shard chosen at random. Windows are fixed,
@@ -50,7 +50,7 @@
 //     per admission.
 //
 // Cached and LocalAggregation run a background goroutine (stop it with
-// Close); when no sync has succeeded for WithStaleAfter (default 5T) their
+// Close); when no sync has succeeded for Settings.StaleAfter (default 5T) their
 // admissions fail with an error wrapping ErrStale.
 //
 // # Guarding a database pool
@@ -69,7 +69,7 @@
 //	import "github.com/redis/go-redis/v9"
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	ceil, err := globalceiling.New(rdb, "orders-db", 5000, time.Second)
+//	ceil, err := globalceiling.New(rdb, "orders-db", 5000, time.Second, globalceiling.Settings{})
 //	if err != nil { return err }
 //	defer ceil.Close()
 //	guard, _ := globalceiling.NewGuard(ceil)
@@ -79,5 +79,7 @@
 //	})
 //	if errors.Is(err, globalceiling.ErrCeilingReached) { /* 503, Retry-After */ }
 //
-// Ceiling, Guard and DB are safe for concurrent use.
+// New is configured by one Settings struct (its zero value is the
+// default); it fails with an error naming the field out of range. Ceiling,
+// Guard and DB are safe for concurrent use.
 package globalceiling

@@ -32,7 +32,7 @@ func BenchmarkModes(b *testing.B) {
 			for i := 0; i < servers; i++ {
 				rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
 				b.Cleanup(func() { rdb.Close() })
-				c, err := New(rdb, "bench-db", limit, time.Second, WithMode(mode))
+				c, err := New(rdb, "bench-db", limit, time.Second, Settings{Mode: mode})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -71,10 +71,10 @@ func BenchmarkModes(b *testing.B) {
 			}
 			wg.Wait()
 			b.StopTimer()
-			var st Stats
+			var st stats
 			for _, c := range cs {
 				c.Close()
-				s := c.Stats()
+				s := c.stats()
 				st.Admitted += s.Admitted
 				st.Writes += s.Writes
 				st.RoundTrips += s.RoundTrips
@@ -104,7 +104,7 @@ func BenchmarkAdmit(b *testing.B) {
 			srv := redistest.Start(b)
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			b.Cleanup(func() { rdb.Close() })
-			c, err := New(rdb, "bench-db", 1<<40, time.Minute, WithMode(mode))
+			c, err := New(rdb, "bench-db", 1<<40, time.Minute, Settings{Mode: mode})
 			if err != nil {
 				b.Fatal(err)
 			}

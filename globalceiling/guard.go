@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/spillway-go/spillway"
 )
@@ -15,15 +14,9 @@ import (
 // ErrCeilingReached) is true for every *RejectedError.
 var ErrCeilingReached = errors.New("globalceiling: ceiling reached")
 
-// ErrUnavailable is matched by a Guard's error when the shared store
-// failed and the guard has no local fallback (it fails closed). It is
-// spillway.ErrStoreUnavailable: the error is a *spillway.StoreError whose
-// Fail is spillway.FailClosed, so an adapter denies the request whatever
-// its own default.
-var ErrUnavailable = spillway.ErrStoreUnavailable
-
 // RejectedError is returned by a Guard that did not run the work. It
-// matches ErrCeilingReached with errors.Is and carries the decision.
+// matches ErrCeilingReached with errors.Is and carries the decision
+// (Decision.RetryAfter is when a retry can succeed).
 type RejectedError struct {
 	Decision spillway.Decision
 }
@@ -36,9 +29,6 @@ func (e *RejectedError) Error() string {
 // Unwrap returns ErrCeilingReached.
 func (e *RejectedError) Unwrap() error { return ErrCeilingReached }
 
-// RetryAfter is when a retry can succeed.
-func (e *RejectedError) RetryAfter() time.Duration { return e.Decision.RetryAfter }
-
 // Guard puts a limiter — an InFlight cap, a Ceiling, or a chain of them —
 // in front of database work. It admits before the work asks the pool for
 // a connection, so a rejected or waiting caller never holds a connection,
@@ -47,35 +37,26 @@ func (e *RejectedError) RetryAfter() time.Duration { return e.Decision.RetryAfte
 // locally by itself while Redis cannot answer (marked Degraded), so no
 // block of the guarded chain is ever skipped. A limiter that returns an
 // error (a block of your own whose backend failed) fails the guard
-// closed: the error wraps ErrUnavailable. It is safe for concurrent use.
+// closed: the error wraps spillway.ErrStoreUnavailable. It is safe for concurrent use.
 type Guard struct {
 	lim  spillway.Limiter
 	name string
 }
 
-// GuardOption configures a Guard.
-type GuardOption func(*Guard)
-
-// WithGuardName names the guard in its errors (default "guard").
-func WithGuardName(name string) GuardOption { return func(g *Guard) { g.name = name } }
-
 // NewGuard returns a guard around lim.
-func NewGuard(lim spillway.Limiter, opts ...GuardOption) (*Guard, error) {
+func NewGuard(lim spillway.Limiter) (*Guard, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("globalceiling: NewGuard: limiter is nil")
 	}
 	// A chain of one: the guard's admission spends what is left of the
-	// request's budget (spillway.RequestBudget), or a budget of its own.
+	// request's budget, or a budget of its own.
 	g := &Guard{lim: spillway.Chain(lim), name: "guard"}
-	for _, o := range opts {
-		o(g)
-	}
 	return g, nil
 }
 
 // Admit decides r as the guard does, following the spillway.Limiter
 // contract: a denial is a decision, not an error; err != nil (wrapping
-// ErrUnavailable) only when the limiter failed. Use it when the work is
+// spillway.ErrStoreUnavailable) only when the limiter failed. Use it when the work is
 // not one function call; Do turns a denial into a *RejectedError.
 func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	if r == nil {
@@ -105,7 +86,7 @@ func (g *Guard) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 // Do runs fn when the guard admits r (nil: a Critical request of cost 1),
 // and returns fn's error. It returns a *RejectedError (errors.Is(err,
 // ErrCeilingReached)) without calling fn when denied, and an error
-// wrapping ErrUnavailable when the limiter failed. The admission's Done
+// wrapping spillway.ErrStoreUnavailable when the limiter failed. The admission's Done
 // gets Success when fn returns nil, Dropped when fn's error is a deadline
 // or a bad connection, and Ignored otherwise.
 func (g *Guard) Do(ctx context.Context, r *spillway.Request, fn func(context.Context) error) error {

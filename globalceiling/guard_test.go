@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/redistest"
 )
 
@@ -73,7 +74,7 @@ func (c connector) Driver() driver.Driver                        { return c.d }
 func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
-	ceil := servers(t, srv, 1, 3, time.Minute, WithClock(clock.Now))[0]
+	ceil := servers(t, srv, 1, 3, time.Minute, Settings{Clock: clock.Now})[0]
 	g, err := NewGuard(ceil)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestGuardRejectsBeforeTouchingThePool(t *testing.T) {
 		if !errors.Is(err, ErrCeilingReached) || !errors.As(err, &rej) {
 			t.Fatalf("%s: err = %v, want a *RejectedError matching ErrCeilingReached", name, err)
 		}
-		if rej.RetryAfter() != time.Minute || rej.Decision.Reason != spillway.ReasonCeiling {
+		if rej.Decision.RetryAfter != time.Minute || rej.Decision.Reason != spillway.ReasonCeiling {
 			t.Fatalf("%s: decision %+v", name, rej.Decision)
 		}
 		if !strings.Contains(err.Error(), `"orders-db" denied (ceiling)`) {
@@ -141,7 +142,7 @@ func TestGuardOverACeilingThatFallsBack(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { rdb.Close() })
 	clock := newFakeClock()
-	ceil, err := New(rdb, "db", 15, time.Hour, WithClock(clock.Now), WithReserve(0))
+	ceil, err := New(rdb, "db", 15, time.Hour, Settings{Clock: clock.Now, Reserve: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,15 +167,15 @@ func TestGuardOverACeilingThatFallsBack(t *testing.T) {
 	}
 	// A limiter of one's own that errs fails the guard closed.
 	boom := errors.New("backend down")
-	strict, _ := NewGuard(spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	strict, _ := NewGuard(block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{}, spillway.Noop, boom
 	}))
 	err = strict.Do(ctx, nil, func(context.Context) error { t.Error("ran"); return nil })
-	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCeilingReached) || !errors.Is(err, boom) {
-		t.Fatalf("erring limiter: err = %v, want ErrUnavailable", err)
+	if !errors.Is(err, spillway.ErrStoreUnavailable) || errors.Is(err, ErrCeilingReached) || !errors.Is(err, boom) {
+		t.Fatalf("erring limiter: err = %v, want spillway.ErrStoreUnavailable", err)
 	}
 	var se *spillway.StoreError
-	if _, _, err = strict.Admit(ctx, critical()); !errors.As(err, &se) || se.Fail != spillway.FailClosed || spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
+	if _, _, err = strict.Admit(ctx, critical()); !errors.As(err, &se) || se.Fail != spillway.FailClosed || block.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed {
 		t.Fatalf("erring limiter, Admit: err = %v; want a fail-closed spillway.StoreError", err)
 	}
 	// The next window gives the share again.

@@ -30,7 +30,7 @@ func ceilingSubject(t *testing.T, client redis.UniversalClient, m Mode, guard bo
 			return err
 		}
 		var err error
-		c, err = New(client, "db", 10, time.Hour, WithMode(m), WithClock(clock.Now), WithoutBackgroundSync(), WithPrefix(prefix), WithShards(3))
+		c, err = New(client, "db", 10, time.Hour, Settings{Mode: m, Clock: clock.Now, manualSync: true, Prefix: prefix, Shards: 3})
 		lim = c
 		if err == nil && guard {
 			lim, err = NewGuard(c)
@@ -130,7 +130,7 @@ func TestHostileGuardDegraded(t *testing.T) {
 						c.Close()
 					}
 					var err error
-					if c, err = New(client, "db", 10, time.Hour, WithMode(m), WithClock(clock.Now), WithoutBackgroundSync(), WithShards(3)); err != nil {
+					if c, err = New(client, "db", 10, time.Hour, Settings{Mode: m, Clock: clock.Now, manualSync: true, Shards: 3}); err != nil {
 						return err
 					}
 					guard, err = NewGuard(c)

@@ -21,16 +21,16 @@ type localWindow struct {
 // degrade decides a request while Redis cannot answer (a failure, the
 // budget spent, a stale sync, the client's health open): this server
 // alone admits up to its share of each priority's threshold per window —
-// share.Scale(Threshold(p), the client's share), the whole ceiling on a
+// share.Scale(threshold(p), the client's share), the whole ceiling on a
 // lone server — marked Degraded.
 func (c *Ceiling) degrade(p spillway.Priority, cost int64) spillway.Decision {
 	now := c.o.clock()
 	w, end := c.windowOf(now)
-	if cost > c.Threshold(p) {
+	if cost > c.threshold(p) {
 		c.denied.Add(1)
-		return spillway.Decision{Limiter: c.name, Limit: c.Threshold(p), Reason: spillway.ReasonCostExceedsLimit, Degraded: true}
+		return spillway.Decision{Limiter: c.name, Limit: c.threshold(p), Reason: spillway.ReasonCostExceedsLimit, Degraded: true}
 	}
-	th := share.Scale(c.Threshold(p), c.shares.Share())
+	th := share.Scale(c.threshold(p), c.shares.Share())
 	reset := max(end.Sub(now), time.Millisecond)
 	c.lw.mu.Lock()
 	if c.lw.w != w {

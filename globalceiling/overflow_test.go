@@ -29,19 +29,19 @@ func TestHugeCostDeniedEveryMode(t *testing.T) {
 	for _, mode := range []Mode{Exact, Cached, LocalAggregation} {
 		t.Run(mode.String(), func(t *testing.T) {
 			clock := newFakeClock()
-			c, err := New(rdb, "huge-"+mode.String(), 100, time.Hour, WithMode(mode), WithClock(clock.Now), WithoutBackgroundSync())
+			c, err := New(rdb, "huge-"+mode.String(), 100, time.Hour, Settings{Mode: mode, Clock: clock.Now, manualSync: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if d, err := c.AdmitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
+			if d, err := c.admitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
 				t.Fatalf("cost 1: %+v %v", d, err)
 			}
 			w, _ := c.windowOf(clock.Now())
 			before := shardValues(t, c, rdb, w)
 			for _, cost := range []int64{math.MaxInt64, 1 << 62, 1<<53 + 1, 1 << 53, 101} {
-				d, err := c.AdmitN(ctx, spillway.Critical, cost)
-				want := spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: c.Name(), Limit: 100, Remaining: 99, ResetAfter: time.Hour}
+				d, err := c.admitN(ctx, spillway.Critical, cost)
+				want := spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: c.name, Limit: 100, Remaining: 99, ResetAfter: time.Hour}
 				if err != nil || d != want {
 					t.Fatalf("cost %d: %+v %v, want %+v", cost, d, err, want)
 				}
@@ -55,7 +55,7 @@ func TestHugeCostDeniedEveryMode(t *testing.T) {
 			}
 			admitted := 0
 			for i := 0; i < 300; i++ {
-				d, err := c.AdmitN(ctx, spillway.Critical, 1)
+				d, err := c.admitN(ctx, spillway.Critical, 1)
 				if err != nil {
 					t.Fatalf("request %d: %v", i, err)
 				}
@@ -86,17 +86,17 @@ func TestConcurrentSyncKeepsBound(t *testing.T) {
 	for _, mode := range []Mode{Cached, LocalAggregation} {
 		for _, background := range []bool{false, true} {
 			name := mode.String()
-			opts := []Option{WithMode(mode), WithoutBackgroundSync()}
+			s := Settings{Mode: mode, manualSync: true}
 			if background {
 				name += "/background"
-				opts = []Option{WithMode(mode), WithSyncInterval(time.Millisecond), WithStaleAfter(time.Hour)}
+				s = Settings{Mode: mode, SyncInterval: time.Millisecond, StaleAfter: time.Hour}
 			}
 			t.Run(name, func(t *testing.T) {
 				ctx := context.Background()
 				if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
 					t.Fatal(err)
 				}
-				c := servers(t, srv, 1, 500, time.Hour, opts...)[0]
+				c := servers(t, srv, 1, 500, time.Hour, s)[0]
 				var admitted atomic.Int64
 				var stop atomic.Bool
 				var wg, syncers sync.WaitGroup
@@ -117,7 +117,7 @@ func TestConcurrentSyncKeepsBound(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						for i := 0; i < 400; i++ {
-							d, err := c.AdmitN(ctx, spillway.Critical, 1)
+							d, err := c.admitN(ctx, spillway.Critical, 1)
 							if err != nil {
 								t.Error(err)
 								return
@@ -216,7 +216,7 @@ func admitAll(t *testing.T, c *Ceiling) int64 {
 	t.Helper()
 	var n int64
 	for {
-		d, err := c.AdmitN(context.Background(), spillway.Critical, 1)
+		d, err := c.admitN(context.Background(), spillway.Critical, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,7 +242,7 @@ func TestOlderSyncNeverOverwritesNewer(t *testing.T) {
 			g := newGate()
 			rdb.AddHook(g)
 			clock := newFakeClock()
-			c, err := New(rdb, "older-"+mode.String(), 500, time.Hour, WithMode(mode), WithClock(clock.Now), WithoutBackgroundSync())
+			c, err := New(rdb, "older-"+mode.String(), 500, time.Hour, Settings{Mode: mode, Clock: clock.Now, manualSync: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +253,7 @@ func TestOlderSyncNeverOverwritesNewer(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := 0; i < 100; i++ {
-				if d, err := c.AdmitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
+				if d, err := c.admitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
 					t.Fatalf("admission %d: %+v %v", i, d, err)
 				}
 			}
@@ -264,7 +264,7 @@ func TestOlderSyncNeverOverwritesNewer(t *testing.T) {
 			go func() { aDone <- c.Sync(ctx) }()
 			<-g.held // A has read (100) and is held before applying it
 			for i := 0; i < 50; i++ {
-				if d, err := c.AdmitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
+				if d, err := c.admitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
 					t.Fatalf("admission %d: %+v %v", 100+i, d, err)
 				}
 			}
@@ -300,7 +300,7 @@ func TestCachedSyncWaitsForChargesInFlight(t *testing.T) {
 	g := newGate()
 	rdb.AddHook(g)
 	clock := newFakeClock()
-	c, err := New(rdb, "inflight", 500, time.Hour, WithMode(Cached), WithClock(clock.Now), WithoutBackgroundSync())
+	c, err := New(rdb, "inflight", 500, time.Hour, Settings{Mode: Cached, Clock: clock.Now, manualSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestCachedSyncWaitsForChargesInFlight(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if d, err := c.AdmitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
+			if d, err := c.admitN(ctx, spillway.Critical, 1); err != nil || !d.Allowed {
 				t.Errorf("held admission: %+v %v", d, err)
 			}
 		}()

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/spillway-go/spillway/internal/clienthook"
 )
 
 // throttled is clientside.ErrThrottled with the gRPC code Unavailable.
@@ -84,10 +86,7 @@ func UnaryClientInterceptor(c *clientside.Client, s ClientSettings) grpc.UnaryCl
 // (nil c or Throttle: none).
 func StreamClientInterceptor(c *clientside.Client, s ClientSettings) grpc.StreamClientInterceptor {
 	cl := &client{c: newClientConfig(s), cl: c}
-	var th clientside.Throttler
-	if c != nil {
-		th = c.Throttle
-	}
+	th := clienthook.Throttle(c)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, callOpts ...grpc.CallOption) (grpc.ClientStream, error) {
 		c := &cl.c
 		ctx = cl.propagate(ctx)
@@ -112,7 +111,7 @@ func StreamClientInterceptor(c *clientside.Client, s ClientSettings) grpc.Stream
 // judged by how the first receive ends.
 type watchedStream struct {
 	grpc.ClientStream
-	th   clientside.Throttler
+	th   clienthook.Throttler
 	once sync.Once
 }
 

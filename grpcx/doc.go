@@ -2,8 +2,8 @@
 // gRPC clients interceptors that back off the way the server asks, in the
 // style of go-grpc-middleware v2: UnaryServerInterceptor,
 // StreamServerInterceptor, UnaryClientInterceptor and
-// StreamClientInterceptor, with a selector (SkipMethods,
-// SkipHealthChecks) to leave methods alone. Each is configured one way, by
+// StreamClientInterceptor, with a selector (SkipMethods; the health
+// service is "/grpc.health.v1.Health/") to leave methods alone. Each is configured one way, by
 // a struct whose zero value is the default: ServerSettings for the server
 // interceptors, a *clientside.Client and ClientSettings for the client
 // ones; a setting that does not apply to one does not compile against it.
@@ -12,9 +12,10 @@
 //
 //	import "google.golang.org/grpc"
 //
+//	set := grpcx.ServerSettings{Skip: grpcx.SkipMethods("/grpc.health.v1.Health/")}
 //	srv := grpc.NewServer(
-//		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, grpcx.ServerSettings{Skip: grpcx.SkipHealthChecks})),
-//		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, grpcx.ServerSettings{Skip: grpcx.SkipHealthChecks})),
+//		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, set)),
+//		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, set)),
 //	)
 //	conn, err := grpc.NewClient(addr, creds,
 //		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(clientside.NewClient(), grpcx.ClientSettings{})))

@@ -19,7 +19,7 @@ func ExampleUnaryServerInterceptor() {
 		panic(err)
 	}
 	chain := spillway.Chain(ratelimit.PerKey(lim, spillway.DimAPIKey))
-	set := grpcx.ServerSettings{APIKeyMetadata: "x-api-key", Skip: grpcx.SkipHealthChecks}
+	set := grpcx.ServerSettings{APIKeyMetadata: "x-api-key", Skip: grpcx.SkipMethods("/grpc.health.v1.Health/")}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(grpcx.UnaryServerInterceptor(chain, set)),
 		grpc.ChainStreamInterceptor(grpcx.StreamServerInterceptor(chain, set)),

@@ -22,6 +22,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/clienthook"
 )
 
 var t0 = time.Unix(1_800_000_000, 0)
@@ -49,7 +52,7 @@ func (r *recorder) Admit(_ context.Context, req *spillway.Request) (spillway.Dec
 		return d, spillway.Noop, err
 	}
 	r.inflight++
-	return d, spillway.Once(func(o spillway.Outcome) {
+	return d, block.Once(func(o spillway.Outcome) {
 		r.mu.Lock()
 		r.inflight--
 		r.outcomes = append(r.outcomes, o)
@@ -208,7 +211,7 @@ func TestIdentityPriorityAndSkip(t *testing.T) {
 	require.Equal(t, spillway.Sheddable, reqs[1].Priority)
 
 	rec2 := &recorder{decide: always(spillway.Decision{Allowed: true}, nil)}
-	conn2 := start(t, rec2, grpcx.ServerSettings{TrustPriorityMetadata: true, Skip: grpcx.SkipHealthChecks})
+	conn2 := start(t, rec2, grpcx.ServerSettings{TrustPriorityMetadata: true, Skip: grpcx.SkipMethods("/grpc.health.v1.Health/")})
 	_, err = check(metadata.AppendToOutgoingContext(context.Background(), spillway.PriorityMetadataKey, "critical_plus"), conn2)
 	require.NoError(t, err)
 	reqs, _, _ = rec2.snapshot()
@@ -391,8 +394,8 @@ func TestClientThrottle(t *testing.T) {
 	}}
 	th := &recThrottle{allow: true}
 	conn := start(t, rec, grpcx.ServerSettings{},
-		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: th}, grpcx.ClientSettings{})),
-		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(&clientside.Client{Throttle: th}, grpcx.ClientSettings{})))
+		grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(throttled(&clientside.Client{}, th), grpcx.ClientSettings{})),
+		grpc.WithChainStreamInterceptor(grpcx.StreamClientInterceptor(throttled(&clientside.Client{}, th), grpcx.ClientSettings{})))
 	_, err := check(context.Background(), conn)
 	require.NoError(t, err)
 	_, err = check(context.Background(), conn)
@@ -425,10 +428,16 @@ type onceThrottle struct {
 func (o *onceThrottle) Allow() bool { o.mu.Lock(); defer o.mu.Unlock(); o.n++; return o.n == 1 }
 func (o *onceThrottle) Accepted()   {}
 
+// throttled makes c ask th instead of its Throttle.
+func throttled(c *clientside.Client, th clienthook.Throttler) *clientside.Client {
+	clienthook.SetThrottle(c, th)
+	return c
+}
+
 // A retry the throttle refuses returns the server's status, not ErrThrottled.
 func TestClientThrottleRefusesRetry(t *testing.T) {
 	rec := &recorder{decide: always(spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "per_ip", RetryAfter: time.Millisecond}, nil)}
-	conn := start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(&clientside.Client{Throttle: &onceThrottle{}, Budget: defaultBudget(t), MaxRetries: clientside.DefaultMaxRetries}, grpcx.ClientSettings{})))
+	conn := start(t, rec, grpcx.ServerSettings{}, grpc.WithChainUnaryInterceptor(grpcx.UnaryClientInterceptor(throttled(&clientside.Client{Budget: defaultBudget(t), MaxRetries: clientside.DefaultMaxRetries}, &onceThrottle{}), grpcx.ClientSettings{})))
 	_, err := check(context.Background(), conn)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err))
 	require.NotErrorIs(t, err, clientside.ErrThrottled)

@@ -12,15 +12,15 @@ import (
 // ServerSettings configures UnaryServerInterceptor and
 // StreamServerInterceptor; its zero value is the default.
 type ServerSettings struct {
-	// Skip selects calls that bypass the limiter. SkipMethods and
-	// SkipHealthChecks build common ones.
+	// Skip selects calls that bypass the limiter; SkipMethods builds one
+	// (SkipMethods("/grpc.health.v1.Health/") for the health service).
 	Skip func(ctx context.Context, fullMethod string) bool
 
 	// Priority is the classifier (default: every call is
 	// spillway.Critical). Whatever the classifier, the priority named in
 	// the caller's spillway.PriorityMetadataKey metadata lowers it (never
-	// raises it, unless TrustPriorityMetadata; see
-	// spillway.ReceivedPriority), unless IgnoreReceivedPriority. A
+	// raises it, unless TrustPriorityMetadata: lowering is always safe),
+	// unless IgnoreReceivedPriority. A
 	// classifier returning an invalid priority gets the call answered
 	// InvalidArgument.
 	Priority func(ctx context.Context, fullMethod string) spillway.Priority
@@ -174,6 +174,3 @@ func SkipMethods(methods ...string) func(ctx context.Context, fullMethod string)
 		return false
 	}
 }
-
-// SkipHealthChecks is a selector matching the standard gRPC health service.
-var SkipHealthChecks = SkipMethods("/grpc.health.v1.Health/")

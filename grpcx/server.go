@@ -17,6 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 )
 
 // Response metadata keys set on every call a limit applied to, allowed or
@@ -38,7 +41,7 @@ func UnaryServerInterceptor(l spillway.Limiter, set ServerSettings) grpc.UnarySe
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(ctx, req)
 		}
-		ctx = spillway.RequestBudget(ctx) // one budget for the call, however chains nest in the handler
+		ctx = budget.Request(ctx) // one budget for the call, however chains nest in the handler
 		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = grpc.SetHeader(ctx, hdr)
@@ -69,7 +72,7 @@ func StreamServerInterceptor(l spillway.Limiter, set ServerSettings) grpc.Stream
 		if s.c.skip != nil && s.c.skip(ctx, info.FullMethod) {
 			return handler(srv, ss)
 		}
-		ctx = spillway.RequestBudget(ctx) // one budget for the call, however chains nest in the handler
+		ctx = budget.Request(ctx) // one budget for the call, however chains nest in the handler
 		done, pri, hdr, usage, err := s.admit(ctx, info.FullMethod)
 		if hdr != nil {
 			_ = ss.SetHeader(hdr)
@@ -119,7 +122,7 @@ func (s *server) priority(ctx context.Context, method string) spillway.Priority 
 	if v := metadata.ValueFromIncomingContext(ctx, spillway.PriorityMetadataKey); len(v) > 0 {
 		received = v[0]
 	}
-	return spillway.ReceivedPriority(p, received, s.c.trustPriority)
+	return block.ReceivedPriority(p, received, s.c.trustPriority)
 }
 
 // admit returns the Done to call after the handler, the priority the call
@@ -209,11 +212,11 @@ func peerIP(a net.Addr) (netip.Addr, bool) {
 	return ap.Addr().Unmap(), true
 }
 
-// Code returns the gRPC code of a denial: InvalidArgument for a malformed
+// code returns the gRPC code of a denial: InvalidArgument for a malformed
 // request, Unavailable for shedding, the ceiling and a failed-closed store
 // (Reason.IsShed), ResourceExhausted for rate and concurrency limits. It
 // returns OK for an allowed decision.
-func Code(d spillway.Decision) codes.Code {
+func code(d spillway.Decision) codes.Code {
 	switch admission.ClassOf(d) {
 	case admission.Allowed:
 		return codes.OK
@@ -225,19 +228,22 @@ func Code(d spillway.Decision) codes.Code {
 	return codes.ResourceExhausted
 }
 
-// DenialStatus builds the status of a denial: Code(d), a message, and the
+// DenialStatus builds the status of a denial: its code (InvalidArgument for
+// a malformed request, Unavailable for shedding, the ceiling and a
+// failed-closed store (Reason.IsShed), ResourceExhausted for rate and
+// concurrency limits), a message, and the
 // details errdetails.ErrorInfo (domain "spillway", reason the upper-case
 // spillway.Reason, metadata limiter), errdetails.QuotaFailure (one violation:
 // subject the limiter, description the reason) and, unless retrying can
 // never succeed, errdetails.RetryInfo with d.RetryAfter (at least 1s when
 // the decision gives none).
 func DenialStatus(d spillway.Decision) *status.Status {
-	code := Code(d)
-	st := status.New(code, fmt.Sprintf("spillway: %s by %q", d.Reason, d.Limiter))
+	c := code(d)
+	st := status.New(c, fmt.Sprintf("spillway: %s by %q", d.Reason, d.Limiter))
 	details := []protoadapt.MessageV1{
 		&errdetails.ErrorInfo{Reason: upper(d.Reason.String()), Domain: ErrorDomain, Metadata: map[string]string{"limiter": d.Limiter}},
 	}
-	if code != codes.InvalidArgument {
+	if c != codes.InvalidArgument {
 		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject: d.Limiter, Description: d.Reason.String(),
 		}}})

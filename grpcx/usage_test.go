@@ -21,6 +21,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/usagestep"
 )
 
 // spentError is what holdLimiter's steps return: it carries the decision.
@@ -51,14 +54,14 @@ func (h *holdLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.
 	avail := d.Remaining + est
 	u := r.Usage
 	if u != nil {
-		u.OnStep(func(total int64) error {
+		usagestep.OnStep(u, func(total int64) error {
 			if total > avail {
 				return &spentError{spillway.Decision{Reason: spillway.ReasonRateLimited, Limiter: "tokens", Limit: d.Limit, RetryAfter: time.Second}}
 			}
 			return nil
 		})
 	}
-	return d, spillway.Once(func(spillway.Outcome) {
+	return d, block.Once(func(spillway.Outcome) {
 		actual := est
 		if u != nil {
 			if t, ok := u.Total(); ok {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/httpx"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 )
@@ -23,7 +24,7 @@ import (
 //	go test -run '^$' -bench Middleware -benchtime 20000x ./httpx
 func BenchmarkMiddleware(b *testing.B) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	allow := spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	allow := block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{Allowed: true, Limiter: "l", Limit: 100, Remaining: 99, ResetAfter: time.Second}, spillway.Noop, nil
 	})
 	rs := redistest.Start(b)

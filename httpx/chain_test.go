@@ -14,6 +14,8 @@ import (
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/stretchr/testify/require"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // Real blocks end to end: a Redis token bucket, then a per-IP concurrency
@@ -26,7 +28,7 @@ func TestRealChainOverRedis(t *testing.T) {
 	conc, err := concurrency.New(concurrency.NewMemoryStore(concurrency.MemorySettings{}), 1, concurrency.Settings{Name: "inflight"})
 	require.NoError(t, err)
 	shed := true
-	shedder := spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	shedder := block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		if shed {
 			return spillway.Decision{Reason: spillway.ReasonShed, Limiter: "worker", RetryAfter: 2 * time.Second}, spillway.Noop, nil
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/httpx"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/shedder"
 )
 
@@ -29,7 +30,7 @@ func TestDeadlineHeader(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		done(spillway.Success)
 		var seen []time.Duration
-		lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		lim := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 			dl, ok := ctx.Deadline()
 			if ok {
 				seen = append(seen, time.Until(dl))
@@ -98,7 +99,7 @@ func TestParseTimeout(t *testing.T) {
 func TestDeadlineHeaderOutcome(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var outs []spillway.Outcome
-		lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		lim := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 			return spillway.Decision{Allowed: true}, func(o spillway.Outcome) { outs = append(outs, o) }, nil
 		})
 		h := httpx.Middleware(lim, httpx.Settings{DeadlineHeader: spillway.TimeoutHeader})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

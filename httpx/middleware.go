@@ -11,6 +11,8 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/admission"
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 )
 
 // Middleware returns net/http middleware that admits every request through
@@ -77,7 +79,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// One budget for the whole request: the chain here starts it, and a
 	// chain or guard the handler runs spends what it left.
-	ctx := spillway.RequestBudget(r.Context())
+	ctx := budget.Request(r.Context())
 	if res.Invalid == nil {
 		res = admission.Admit(ctx, h.l, req, c.failMode)
 	}
@@ -151,7 +153,7 @@ func (h *handler) request(r *http.Request) *spillway.Request {
 		// A caller that sent a lower priority keeps it, whatever the
 		// classifier said (a classifier that raises on the header, as
 		// shedder.HTTPClassifier's TrustHeader, has already done so).
-		req.Priority = spillway.ReceivedPriority(req.Priority, r.Header.Get(spillway.PriorityHeader), false)
+		req.Priority = block.ReceivedPriority(req.Priority, r.Header.Get(spillway.PriorityHeader), false)
 	}
 	switch {
 	case c.endpoint != nil:

@@ -17,6 +17,8 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/httpx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 var t0 = time.Unix(1_800_000_000, 0)
@@ -79,7 +81,7 @@ func (l *countingLimiter) Admit(context.Context, *spillway.Request) (spillway.De
 	l.mu.Lock()
 	l.inflight++
 	l.mu.Unlock()
-	return spillway.Decision{Allowed: true, Limiter: "inflight", Limit: 10, Remaining: 9}, spillway.Once(func(o spillway.Outcome) {
+	return spillway.Decision{Allowed: true, Limiter: "inflight", Limit: 10, Remaining: 9}, block.Once(func(o spillway.Outcome) {
 		l.mu.Lock()
 		l.inflight--
 		l.outcomes = append(l.outcomes, o)
@@ -95,7 +97,7 @@ func (l *countingLimiter) state() (int, []spillway.Outcome) {
 }
 
 func fixed(d spillway.Decision, err error) spillway.Limiter {
-	return spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	return block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return d, spillway.Noop, err
 	})
 }

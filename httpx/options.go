@@ -29,7 +29,7 @@ type Settings struct {
 	// HTTP classifier fits here. A classifier returning an invalid priority
 	// gets the request answered 400. Whatever the classifier, a lower
 	// priority that the caller sent in the spillway.PriorityHeader header
-	// still applies (spillway.ReceivedPriority: lowering is always safe),
+	// still applies (lowering is always safe),
 	// unless IgnoreReceivedPriority.
 	Priority func(*http.Request) spillway.Priority
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/clientside"
+	"github.com/spillway-go/spillway/internal/retryafter"
 	"github.com/spillway-go/spillway/internal/sleep"
 )
 
@@ -84,7 +85,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			r.Accepted()
 			return resp, nil
 		}
-		retryAfter, _ := clientside.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		retryAfter, _ := retryafter.Parse(resp.Header.Get("Retry-After"), time.Now())
 		if !retry {
 			return resp, nil
 		}

@@ -17,6 +17,8 @@ import (
 	"github.com/spillway-go/spillway/httpx"
 	"github.com/spillway-go/spillway/shedder"
 	"github.com/stretchr/testify/require"
+
+	"github.com/spillway-go/spillway/internal/clienthook"
 )
 
 // inProcess is a RoundTripper that serves requests with h directly, so that
@@ -225,6 +227,13 @@ type recThrottle struct {
 func (r *recThrottle) Allow() bool { r.allows++; return r.allow }
 func (r *recThrottle) Accepted()   { r.accepts++ }
 
+// throttledClient is a Client whose throttle is th.
+func throttledClient(th clienthook.Throttler) *clientside.Client {
+	c := &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter()}
+	clienthook.SetThrottle(c, th)
+	return c
+}
+
 // onceThrottle allows only the first request.
 type onceThrottle struct{ n int }
 
@@ -235,7 +244,7 @@ func TestTransportThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{n: 1, status: 429, ra: "1"}
 		th := &recThrottle{allow: true}
-		tr := &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Throttle: th}}
+		tr := &httpx.Transport{Base: inProcess{f}, Client: throttledClient(th)}
 		req, _ := http.NewRequest(http.MethodGet, "http://svc/x", nil)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
@@ -252,7 +261,7 @@ func TestTransportThrottle(t *testing.T) {
 		// A retry the throttle refuses: the caller gets the server's 429.
 		f = &flaky{n: 1, status: 429, ra: "1"}
 		once := &onceThrottle{}
-		tr = &httpx.Transport{Base: inProcess{f}, Client: &clientside.Client{MaxRetries: clientside.DefaultMaxRetries, Backoff: noJitter(), Throttle: once}}
+		tr = &httpx.Transport{Base: inProcess{f}, Client: throttledClient(once)}
 		resp, err = tr.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, 429, resp.StatusCode)

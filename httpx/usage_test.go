@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/httpx"
+	"github.com/spillway-go/spillway/internal/usagestep"
 )
 
 // meterLimiter records the estimate at Admit and the reported total at done.
@@ -98,7 +99,7 @@ func TestUsageMetering(t *testing.T) {
 type refusingLimiter struct{ meterLimiter }
 
 func (m *refusingLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	r.Usage.OnStep(func(total int64) error {
+	usagestep.OnStep(r.Usage, func(total int64) error {
 		if total > 10 {
 			return errors.New("spent")
 		}

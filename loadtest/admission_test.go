@@ -12,7 +12,7 @@ import (
 
 // The harness proves the library's chain, so it must not decide admission
 // itself: every Admit in loadtest/ (a method, or a func given to
-// spillway.LimiterFunc) hands the request to a library block (it calls an
+// block.LimiterFunc) hands the request to a library block (it calls an
 // Admit, Allow or AllowN) and builds no Decision of its own, and nothing
 // implements a Pool's learner (Learn; concurrency.Algorithm is sealed, so
 // the compiler keeps the harness from implementing one), or sizes a block from outside (SetSlots,
@@ -63,7 +63,7 @@ func (w wrap) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision
 }`,
 		"a LimiterFunc that decides": `package x
 func buildFull() spillway.Limiter {
-	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	return block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{}, spillway.Noop, nil
 	})
 }`,
@@ -93,7 +93,7 @@ func (t tagged) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	return d, done, err
 }
 func buildNaive() spillway.Limiter {
-	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	return block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{Allowed: true}, spillway.Noop, nil
 	})
 }`
@@ -148,12 +148,12 @@ func admissionFindings(fset *token.FileSet, f *ast.File, sizing bool) []string {
 					report(call, fd.Name.Name+" calls "+sel.Sel.Name+": sizes a block itself")
 				}
 			}
-			if !isSelector(call.Fun, "spillway", "LimiterFunc") || len(call.Args) != 1 {
+			if !isSelector(call.Fun, "block", "LimiterFunc") || len(call.Args) != 1 {
 				return true
 			}
 			if lit, ok := call.Args[0].(*ast.FuncLit); ok {
 				if why := decides(lit.Body); why != "" {
-					report(lit, "spillway.LimiterFunc in "+fd.Name.Name+" "+why)
+					report(lit, "block.LimiterFunc in "+fd.Name.Name+" "+why)
 				}
 			}
 			return true

@@ -52,7 +52,7 @@ func New(store Store, p Policy, set Settings) (*Limiter, error) {
 		l.scope, l.name = set.Scope, set.Scope
 	}
 	l.fail, l.holdTTL = set.FailMode, set.HoldTTL
-	if !l.fail.Valid() {
+	if l.fail > spillway.FailClosed {
 		return nil, fmt.Errorf("ratelimit: unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(l.fail))
 	}
 	if l.holdTTL != 0 {
@@ -177,7 +177,7 @@ type dimensionLimiter struct {
 // being charged, with Limit 0 (a Chain then ignores it for headers) and the
 // Limiter name "<name>:<dim>:absent", so the gap is visible in telemetry;
 // put a limiter that denies such requests in front if that is wrong for
-// you. A nil or malformed request (spillway.Request.Valid) is denied with
+// you. A nil or malformed request (spillway.Request.Validate) is denied with
 // spillway.ReasonInvalid. A store failure returns a *spillway.StoreError
 // carrying the limiter's fail mode (Settings.FailMode). Done is spillway.Noop: a
 // rate limit has nothing to release.
@@ -192,7 +192,7 @@ func PerKey(l *Limiter, dim string) spillway.Limiter {
 
 // Admit implements spillway.Limiter.
 func (d *dimensionLimiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: d.name}, spillway.Noop, nil
 	}
 	v, ok := r.Get(d.dim)

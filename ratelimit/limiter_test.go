@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -134,7 +135,7 @@ func TestLimiterStoreErrors(t *testing.T) {
 		t.Fatalf("FailMode() = %v", closed.fail)
 	}
 	_, _, err = PerKey(closed, spillway.DimIP).Admit(ctx, &spillway.Request{Dims: []spillway.Dimension{{Name: "ip", Value: "1"}}})
-	if spillway.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
+	if block.FailModeOf(err, spillway.FailOpen) != spillway.FailClosed || err.Error() != "spillway: store unavailable (login:ip, fail closed): backend down" {
 		t.Fatalf("fail-closed Admit: %v", err)
 	}
 	if _, err := New(failingStore{}, Policy{Limit: 1, Period: time.Second}, Settings{FailMode: 5}); err == nil || err.Error() != "ratelimit: unknown fail mode 5 (want spillway.FailOpen or spillway.FailClosed)" {

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // TestModeHeader marks test-mode traffic (synthetic checks, load tests):
@@ -24,7 +25,7 @@ var defaultHealthPaths = []string{"/healthz", "/readyz", "/livez"}
 //  3. a request carrying TestModeHeader is Sheddable;
 //  4. a request carrying spillway.PriorityHeader keeps the priority it
 //     names when that is lower than what its method gives, or at any level
-//     when TrustHeader is set (spillway.ReceivedPriority);
+//     when TrustHeader is set;
 //  5. POST, PUT, PATCH and DELETE are Critical; GET, HEAD and OPTIONS are
 //     SheddablePlus; any other method is Critical.
 //
@@ -66,7 +67,7 @@ func (c *HTTPClassifier) Classify(r *http.Request) spillway.Priority {
 	if isTestMode(r.Header.Get(TestModeHeader)) {
 		return spillway.Sheddable
 	}
-	return spillway.ReceivedPriority(methodPriority(r.Method), r.Header.Get(spillway.PriorityHeader), c.TrustHeader)
+	return block.ReceivedPriority(methodPriority(r.Method), r.Header.Get(spillway.PriorityHeader), c.TrustHeader)
 }
 
 // ClassifyHTTP classifies r with the zero HTTPClassifier (see its rules).

@@ -18,6 +18,8 @@ import (
 	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/internal/share"
 	"github.com/spillway-go/spillway/lua"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // Fleet is Stripe's fleet usage load shedder. The fleet as a whole can work
@@ -194,7 +196,7 @@ func defaultServerID() string {
 // never waits on Redis. A malformed (or nil) request is denied with
 // spillway.ReasonInvalid.
 func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: f.o.name}, spillway.Noop, nil
 	}
 	now := f.o.now().UnixNano()
@@ -246,7 +248,7 @@ func (f *Fleet) Admit(_ context.Context, r *spillway.Request) (spillway.Decision
 		}, spillway.Noop, nil
 	}
 	f.local[p].Add(c)
-	return spillway.Decision{Allowed: true, Limiter: f.o.name, Degraded: degraded}, spillway.Once(func(spillway.Outcome) {
+	return spillway.Decision{Allowed: true, Limiter: f.o.name, Degraded: degraded}, block.Once(func(spillway.Outcome) {
 		f.local[p].Add(-c)
 		f.localTotal.Add(-c)
 	}), nil

@@ -14,6 +14,8 @@ import (
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/shedder"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // newFleet is a Fleet "api" of capacity 100 with the settings of set (at
@@ -519,7 +521,7 @@ func simFleet(t *testing.T, client redis.UniversalClient, clk *testclock.Clock, 
 	}
 	refreshAll()
 	pick := seeded(7) // a load balancer spreading requests at random
-	lim := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	lim := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		f := servers[int(pick()*float64(n))]
 		d, done, err := f.Admit(ctx, r)
 		if d.Degraded {
@@ -549,7 +551,7 @@ func TestFleetGoodputTable(t *testing.T) {
 		var usage float64
 		var n int
 		var inflight int64
-		counting := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+		counting := block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 			d, done, err := lim.Admit(ctx, r)
 			if d.Allowed {
 				inflight += r.Cost

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/concurrency"
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/internal/learn"
 )
 
@@ -119,7 +120,7 @@ func (p *Pool) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisio
 	id := p.seq
 	p.starts[id] = start
 	p.mu.Unlock()
-	return d, spillway.Once(func(o spillway.Outcome) {
+	return d, block.Once(func(o spillway.Outcome) {
 		rtt := p.now().Sub(start)
 		p.mu.Lock()
 		used = max(used, p.inFlight)

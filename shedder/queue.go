@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 )
 
 // Queue is a server's own pool of slots (its database connections, its
@@ -37,7 +39,7 @@ import (
 // headers keep reporting the client's own quota.
 //
 // The wait does not spend the request's admission budget
-// (spillway.PauseBudget): a Redis-backed block after the Queue in a chain
+// (it is paused): a Redis-backed block after the Queue in a chain
 // keeps the budget the blocks before the Queue left it.
 //
 // A slot is not taken from a waiter: a request is admitted without waiting
@@ -149,7 +151,7 @@ func newQueue(slots int64, o options) (*Queue, error) {
 // Admit decides r, waiting up to the maximum wait for a slot. When
 // allowed, done gives r's slots back (to the first waiter).
 func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: q.o.name}, spillway.Noop, nil
 	}
 	c, p := r.EffectiveCost(), r.Priority
@@ -243,8 +245,8 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 	q.mu.Unlock()
 
 	// The wait is local work, not a wait on a shared store: it does not
-	// spend the request's admission budget (spillway.PauseBudget).
-	resume := spillway.PauseBudget(ctx)
+	// spend the request's admission budget (budget.Pause).
+	resume := budget.Pause(ctx)
 	t := time.NewTimer(wait)
 	select {
 	case <-w.ready:
@@ -312,7 +314,7 @@ func (q *Queue) expectedWait(p spillway.Priority, c int64) time.Duration {
 func (q *Queue) allow(c int64, p spillway.Priority, t *tenant) (spillway.Decision, spillway.Done, error) {
 	q.admitted.Add(1)
 	start := q.o.now()
-	return spillway.Decision{Allowed: true, Limiter: q.o.name}, spillway.Once(func(spillway.Outcome) {
+	return spillway.Decision{Allowed: true, Limiter: q.o.name}, block.Once(func(spillway.Outcome) {
 		q.release(c, p, t, 0, q.o.now().Sub(start))
 	}), nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/budget"
 )
 
 func preq(p spillway.Priority, cost int64) *spillway.Request {
@@ -301,7 +302,7 @@ func TestQueueSetSlots(t *testing.T) {
 type budgetSeen struct{ ok atomic.Bool }
 
 func (b *budgetSeen) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	_, ok := spillway.BudgetDeadline(ctx, 0)
+	_, ok := budget.Deadline(ctx, 0)
 	b.ok.Store(ok)
 	return spillway.Decision{Allowed: true}, spillway.Noop, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // Source reports a utilization reading: 0 is idle, 1 is saturated; values
@@ -109,7 +110,7 @@ func NewWorker(capacity int64, s WorkerSettings) (*Worker, error) {
 // r's cost from the in-flight count. A malformed (or nil) request is denied
 // with spillway.ReasonInvalid.
 func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: w.o.name}, spillway.Noop, nil
 	}
 	now := w.o.now()
@@ -149,7 +150,7 @@ func (w *Worker) Admit(_ context.Context, r *spillway.Request) (spillway.Decisio
 		}
 	}
 	addSat(&w.admitted, c)
-	return spillway.Decision{Allowed: true, Limiter: w.o.name}, spillway.Once(func(spillway.Outcome) {
+	return spillway.Decision{Allowed: true, Limiter: w.o.name}, block.Once(func(spillway.Outcome) {
 		w.inflight.Add(-c)
 	}), nil
 }

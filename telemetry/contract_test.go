@@ -35,12 +35,9 @@ func TestInstrumentContract(t *testing.T) {
 				tp := sdktrace.NewTracerProvider()
 				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 				t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
-				opts := []telemetry.Option{telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp)}
-				if child {
-					opts = append(opts, telemetry.WithChildSpan())
-				}
+				set := telemetry.Settings{TracerProvider: tp, MeterProvider: mp, ChildSpan: child}
 				return contracttest.Instance{
-					Limiter: telemetry.Instrument(a, "adaptive", opts...),
+					Limiter: telemetry.Instrument(a, "adaptive", set),
 					Held:    func() int64 { return int64(a.InFlight()) },
 					Deny: func(t *testing.T) {
 						for a.InFlight() < a.Limit() {
@@ -55,4 +52,4 @@ func TestInstrumentContract(t *testing.T) {
 	}
 }
 
-var _ spillway.Limiter = telemetry.Instrument(spillway.Chain(), "x")
+var _ spillway.Limiter = telemetry.Instrument(spillway.Chain(), "x", telemetry.Settings{})

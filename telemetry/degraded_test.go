@@ -10,10 +10,12 @@ import (
 	"github.com/spillway-go/spillway/telemetry"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // storeDown is a limiter whose store fails on every call.
-var storeDown = spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+var storeDown = block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 	return spillway.Decision{}, spillway.Noop, &spillway.StoreError{Limiter: "db", Err: fmt.Errorf("%w: connection refused", spillway.ErrStoreUnavailable)}
 })
 
@@ -34,12 +36,12 @@ func decisionCounts(t *testing.T, m metricdata.Metrics) map[string]int64 {
 // themselves, so an Instrument around them sees those directly.
 func TestStoreErrorCountsAsError(t *testing.T) {
 	_, tp, reader, mp := setup()
-	opts := []telemetry.Option{telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp), telemetry.WithClock(stepClock())}
+	set := telemetry.Settings{TracerProvider: tp, MeterProvider: mp, Clock: stepClock()}
 	ctx := context.Background()
 	req := func() *spillway.Request { return &spillway.Request{Priority: spillway.Critical} }
 
 	// A Guard around a failing limiter fails closed: an error.
-	g3, err := globalceiling.NewGuard(telemetry.Instrument(storeDown, "unguarded", opts...))
+	g3, err := globalceiling.NewGuard(telemetry.Instrument(storeDown, "unguarded", set))
 	require.NoError(t, err)
 	_, _, err = g3.Admit(ctx, req())
 	require.ErrorIs(t, err, spillway.ErrStoreUnavailable)

@@ -20,7 +20,7 @@ func ExampleInstrument() {
 	if err != nil {
 		panic(err)
 	}
-	chain := telemetry.Instrument(spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP)), "api", telemetry.WithMeterProvider(mp))
+	chain := telemetry.Instrument(spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP)), "api", telemetry.Settings{MeterProvider: mp})
 	req := &spillway.Request{Priority: spillway.Critical, Dims: []spillway.Dimension{{Name: spillway.DimIP, Value: "192.0.2.1"}}}
 	for range 2 {
 		chain.Admit(context.Background(), req)

@@ -7,9 +7,12 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/tiers"
 )
 
-// Metric names and attribute keys of HoldMetrics.
+// Metric names and attribute keys of NewHoldMetrics.
 const (
 	MetricHoldsOutstanding = "spillway.holds.outstanding"
 	MetricHoldSettles      = "spillway.holds.settles"
@@ -20,19 +23,39 @@ const (
 	KeySettleResult = attribute.Key("spillway.settle_result") // applied, already_settled, expired, error
 )
 
-// Settle results, the values of KeySettleResult.
+// settleResults are the values of KeySettleResult: ratelimit's settle
+// results, and "error" (the store did not answer). Anything else counts
+// as "error".
+var settleResults = [...]string{ratelimit.SettleApplied.String(), ratelimit.SettleAlreadySettled.String(), ratelimit.SettleExpired.String(), settleError}
+
 const (
-	SettleApplied        = "applied"
-	SettleAlreadySettled = "already_settled"
-	SettleExpired        = "expired"
-	SettleError          = "error"
+	settleExpired = 2 // index of "expired" in settleResults
+	settleError   = "error"
 )
 
-var settleResults = [...]string{SettleApplied, SettleAlreadySettled, SettleExpired, SettleError}
+// holdMetrics counts the holds of limits charged on the actual cost
+// (reserve, then settle); see NewHoldMetrics for its metrics. It is safe
+// for concurrent use.
+type holdMetrics struct {
+	name        string
+	outstanding metric.Int64UpDownCounter
+	settles     metric.Int64Counter
+	units       metric.Int64Counter
+	expired     metric.Int64Counter
+	rules       sync.Map // rule → *ruleAttrs
+}
 
-// HoldMetrics counts the holds of limits charged on the actual cost
-// (reserve, then settle): feed it from the limiter that holds. It
-// implements tiers.HoldObserver:
+// ruleAttrs are one rule's attribute sets, built once.
+type ruleAttrs struct {
+	rule    metric.MeasurementOption
+	results [len(settleResults)]metric.MeasurementOption
+}
+
+// NewHoldMetrics returns a tiers.HoldObserver that counts the holds of
+// limits charged on the actual cost (reserve, then settle), with
+// instruments from the meter provider mp (nil: otel.GetMeterProvider()).
+// limiter names the limiter that holds (bounded: a name, never a key).
+// Instrument errors go to otel.Handle and leave that instrument a no-op.
 //
 //	hm := telemetry.NewHoldMetrics("api", nil)
 //	lim, err := tiers.New(cfg, store, tiers.Settings{HoldObserver: hm})
@@ -56,29 +79,9 @@ var settleResults = [...]string{SettleApplied, SettleAlreadySettled, SettleExpir
 //
 // A hold whose settle never runs (a process that dies) stays counted as
 // outstanding by that process; the store releases it all the same.
-// HoldMetrics is safe for concurrent use.
-type HoldMetrics struct {
-	name        string
-	outstanding metric.Int64UpDownCounter
-	settles     metric.Int64Counter
-	units       metric.Int64Counter
-	expired     metric.Int64Counter
-	rules       sync.Map // rule → *ruleAttrs
-}
-
-// ruleAttrs are one rule's attribute sets, built once.
-type ruleAttrs struct {
-	rule    metric.MeasurementOption
-	results [len(settleResults)]metric.MeasurementOption
-}
-
-// NewHoldMetrics creates the instruments from the meter provider mp (nil:
-// otel.GetMeterProvider()). limiter names the limiter that holds
-// (bounded: a name, never a key). Instrument errors go to otel.Handle and
-// leave that instrument a no-op.
-func NewHoldMetrics(limiter string, mp metric.MeterProvider) *HoldMetrics {
+func NewHoldMetrics(limiter string, mp metric.MeterProvider) tiers.HoldObserver {
 	m := meterProvider(mp).Meter(ScopeName)
-	hm := &HoldMetrics{name: limiter}
+	hm := &holdMetrics{name: limiter}
 	var err error
 	if hm.outstanding, err = m.Int64UpDownCounter(MetricHoldsOutstanding,
 		metric.WithDescription("Holds of an estimated cost made and not yet settled or expired."),
@@ -103,7 +106,7 @@ func NewHoldMetrics(limiter string, mp metric.MeterProvider) *HoldMetrics {
 	return hm
 }
 
-func (hm *HoldMetrics) attrs(rule string) *ruleAttrs {
+func (hm *holdMetrics) attrs(rule string) *ruleAttrs {
 	if a, ok := hm.rules.Load(rule); ok {
 		return a.(*ruleAttrs)
 	}
@@ -117,17 +120,17 @@ func (hm *HoldMetrics) attrs(rule string) *ruleAttrs {
 }
 
 // Held records that units are held for rule.
-func (hm *HoldMetrics) Held(ctx context.Context, rule string, units int64) {
+func (hm *holdMetrics) Held(ctx context.Context, rule string, units int64) {
 	if hm == nil || hm.outstanding == nil {
 		return
 	}
 	hm.outstanding.Add(ctx, 1, hm.attrs(rule).rule)
 }
 
-// Settled records that rule's hold ended with result (SettleApplied,
-// SettleAlreadySettled, SettleExpired or SettleError; anything else
-// counts as SettleError) and that the request was charged units for it.
-func (hm *HoldMetrics) Settled(ctx context.Context, rule string, units int64, result string) {
+// Settled records that rule's hold ended with result (one of
+// settleResults; anything else counts as "error") and that the request
+// was charged units for it.
+func (hm *holdMetrics) Settled(ctx context.Context, rule string, units int64, result string) {
 	if hm == nil {
 		return
 	}
@@ -147,7 +150,7 @@ func (hm *HoldMetrics) Settled(ctx context.Context, rule string, units int64, re
 	if hm.units != nil && units > 0 {
 		hm.units.Add(ctx, units, a.rule)
 	}
-	if hm.expired != nil && (settleResults[i] == SettleExpired || settleResults[i] == SettleError) {
+	if hm.expired != nil && (i == settleExpired || i == len(settleResults)-1) {
 		hm.expired.Add(ctx, 1, a.rule)
 	}
 }

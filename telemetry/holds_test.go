@@ -15,8 +15,6 @@ import (
 	"github.com/spillway-go/spillway/tiers"
 )
 
-var _ tiers.HoldObserver = (*telemetry.HoldMetrics)(nil)
-
 // holdSums returns the data points of an int64 sum by "rule" or
 // "rule/result", and whether it is monotonic.
 func holdSums(t *testing.T, m metricdata.Metrics) (map[string]int64, bool) {
@@ -100,9 +98,9 @@ limits:
 	// What tiers reports when the store does not answer, and a result
 	// no store gives.
 	hm.Held(context.Background(), "tokens", 5)
-	hm.Settled(context.Background(), "tokens", 0, telemetry.SettleError)
+	hm.Settled(context.Background(), "tokens", 0, "error")
 	hm.Held(context.Background(), "other", 5)
-	hm.Settled(context.Background(), "other", 7, telemetry.SettleAlreadySettled)
+	hm.Settled(context.Background(), "other", 7, ratelimit.SettleAlreadySettled.String())
 	hm.Held(context.Background(), "other", 5)
 	hm.Settled(context.Background(), "other", 0, "bogus")
 
@@ -115,8 +113,4 @@ limits:
 	got, mono = sums(telemetry.MetricHoldsExpired)
 	require.True(t, mono)
 	require.Equal(t, map[string]int64{"tokens": 2, "other": 1}, got)
-
-	var nilMetrics *telemetry.HoldMetrics // a nil HoldMetrics records nothing
-	nilMetrics.Held(context.Background(), "x", 1)
-	nilMetrics.Settled(context.Background(), "x", 1, telemetry.SettleApplied)
 }

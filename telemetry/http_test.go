@@ -20,7 +20,7 @@ func TestDecisionOnRequestSpan(t *testing.T) {
 	sr, tp, reader, mp := setup()
 	rl, err := ratelimit.New(ratelimit.NewMemoryStore(ratelimit.MemorySettings{}), ratelimit.Policy{Limit: 1, Period: time.Minute}, ratelimit.Settings{Scope: "per_ip"})
 	require.NoError(t, err)
-	lim := telemetry.Instrument(ratelimit.PerKey(rl, spillway.DimIP), "api", telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp))
+	lim := telemetry.Instrument(ratelimit.PerKey(rl, spillway.DimIP), "api", telemetry.Settings{TracerProvider: tp, MeterProvider: mp})
 	tracing := func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ctx, span := tp.Tracer("server").Start(r.Context(), r.Method+" "+r.URL.Path)

@@ -46,37 +46,24 @@ const (
 	OutcomeError   = "error"
 )
 
-// DurationBuckets are the histogram bounds of spillway.decision.duration in
+// durationBuckets are the histogram bounds of spillway.decision.duration in
 // seconds: decisions take microseconds (memory) to milliseconds (Redis).
-var DurationBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+var durationBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
 
-// Option configures Instrument, ObserveBreaker and NewHoldMetrics.
-type Option func(*config)
-
-type config struct {
-	tp        trace.TracerProvider
-	mp        metric.MeterProvider
-	childSpan bool
-	now       func() time.Time
-}
-
-func newConfig(opts []Option) config {
-	var c config
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if c.tp == nil {
-		c.tp = otel.GetTracerProvider()
-	}
-	if c.mp == nil {
-		c.mp = otel.GetMeterProvider()
-	}
-	if c.now == nil {
-		c.now = time.Now
-	}
-	return c
+// Settings configures Instrument. The zero value uses the global
+// providers and records each decision as an event on the request's span.
+type Settings struct {
+	// TracerProvider is used for child spans (ChildSpan); nil:
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider creates the instruments; nil: otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// ChildSpan records each decision as a child span "spillway.admit"
+	// (which times the decision) instead of an event on the request's
+	// span.
+	ChildSpan bool
+	// Clock times decisions (default time.Now).
+	Clock func() time.Time
 }
 
 // meterProvider is mp, or otel.GetMeterProvider() when mp is nil.
@@ -85,29 +72,6 @@ func meterProvider(mp metric.MeterProvider) metric.MeterProvider {
 		return otel.GetMeterProvider()
 	}
 	return mp
-}
-
-// WithTracerProvider sets the tracer provider (default
-// otel.GetTracerProvider()); used for child spans (WithChildSpan).
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tp = tp }
-}
-
-// WithMeterProvider sets the meter provider (default otel.GetMeterProvider()).
-func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.mp = mp }
-}
-
-// WithChildSpan records each decision as a child span "spillway.admit"
-// (which times the decision) instead of an event on the request's span.
-func WithChildSpan() Option {
-	return func(c *config) { c.childSpan = true }
-}
-
-// WithClock sets the clock that times decisions (default time.Now), for
-// tests.
-func WithClock(now func() time.Time) Option {
-	return func(c *config) { c.now = now }
 }
 
 var outcomes = [3]string{OutcomeAllowed, OutcomeDenied, OutcomeError}
@@ -132,15 +96,25 @@ type instrumented struct {
 // Instrument wraps l so that every decision is traced and counted under
 // name (bounded: a limiter or chain name, never a key). Instrument errors
 // from the meter go to otel.Handle and leave that instrument a no-op.
-func Instrument(l spillway.Limiter, name string, opts ...Option) spillway.Limiter {
-	c := newConfig(opts)
-	meter := c.mp.Meter(ScopeName)
+//
+// A decision a block made locally because Redis failed carries
+// Decision.Degraded and is counted with degraded="true".
+func Instrument(l spillway.Limiter, name string, s Settings) spillway.Limiter {
+	tp := s.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	now := s.Clock
+	if now == nil {
+		now = time.Now
+	}
+	meter := meterProvider(s.MeterProvider).Meter(ScopeName)
 	in := &instrumented{
 		next:      l,
 		name:      name,
-		tracer:    c.tp.Tracer(ScopeName),
-		childSpan: c.childSpan,
-		now:       c.now,
+		tracer:    tp.Tracer(ScopeName),
+		childSpan: s.ChildSpan,
+		now:       now,
 	}
 	var err error
 	in.decisions, err = meter.Int64Counter(MetricDecisions,
@@ -152,7 +126,7 @@ func Instrument(l spillway.Limiter, name string, opts ...Option) spillway.Limite
 	in.duration, err = meter.Float64Histogram(MetricDuration,
 		metric.WithDescription("Time to decide one admission (store round trip included)."),
 		metric.WithUnit("s"),
-		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	if err != nil {
 		otel.Handle(err)
 	}

@@ -16,6 +16,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // stepClock advances 150µs on every reading.
@@ -78,7 +80,7 @@ func TestSpanEventsAndMetrics(t *testing.T) {
 		},
 		errs: []error{nil, nil, storeDown, nil},
 	}
-	lim := telemetry.Instrument(inner, "api", telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp), telemetry.WithClock(stepClock()))
+	lim := telemetry.Instrument(inner, "api", telemetry.Settings{TracerProvider: tp, MeterProvider: mp, Clock: stepClock()})
 
 	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
 	req := &spillway.Request{Endpoint: "GET /x", Priority: spillway.Critical, Dims: []spillway.Dimension{{Name: "ip", Value: "203.0.113.9"}}}
@@ -176,7 +178,7 @@ func TestChildSpan(t *testing.T) {
 	sr, tp, _, mp := setup()
 	storeDown := errors.New("redis: connection refused")
 	inner := &script{ds: []spillway.Decision{{Allowed: true, Limiter: "per_ip", Limit: 3, Remaining: 2}, {}}, errs: []error{nil, storeDown}}
-	lim := telemetry.Instrument(inner, "api", telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp), telemetry.WithChildSpan(), telemetry.WithClock(stepClock()))
+	lim := telemetry.Instrument(inner, "api", telemetry.Settings{TracerProvider: tp, MeterProvider: mp, ChildSpan: true, Clock: stepClock()})
 	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
 	_, _, err := lim.Admit(ctx, &spillway.Request{Priority: spillway.CriticalPlus})
 	require.NoError(t, err)
@@ -203,7 +205,7 @@ func TestChildSpan(t *testing.T) {
 func TestNoSpanNoEvent(t *testing.T) {
 	_, _, reader, mp := setup()
 	inner := &script{ds: []spillway.Decision{{Allowed: true}}, errs: []error{nil}}
-	lim := telemetry.Instrument(inner, "api", telemetry.WithMeterProvider(mp))
+	lim := telemetry.Instrument(inner, "api", telemetry.Settings{MeterProvider: mp})
 	d, _, err := lim.Admit(context.Background(), &spillway.Request{Priority: 7})
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
@@ -214,10 +216,10 @@ func TestNoSpanNoEvent(t *testing.T) {
 
 func BenchmarkInstrumentedAdmit(b *testing.B) {
 	_, tp, _, mp := setup()
-	inner := spillway.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	inner := block.LimiterFunc(func(context.Context, *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		return spillway.Decision{Allowed: true, Limit: 10, Remaining: 5}, spillway.Noop, nil
 	})
-	lim := telemetry.Instrument(inner, "api", telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp))
+	lim := telemetry.Instrument(inner, "api", telemetry.Settings{TracerProvider: tp, MeterProvider: mp})
 	req := &spillway.Request{Priority: spillway.Critical}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -145,7 +145,7 @@ func compile(c *Config) (*compiled, error) {
 				return nil, c.errAt(r.Line, where(fmt.Sprintf("by %q", d)), "listed twice")
 			}
 		}
-		if !r.Fail.Valid() {
+		if r.Fail > spillway.FailClosed {
 			return nil, c.errAt(r.Line, where("fail"), "unknown fail mode %d (want spillway.FailOpen or spillway.FailClosed)", uint8(r.Fail))
 		}
 		switch {

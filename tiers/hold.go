@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/usagestep"
 	"github.com/spillway-go/spillway/ratelimit"
 )
 
@@ -81,7 +83,7 @@ func (l *Limiter) admitHeld(ctx context.Context, r *spillway.Request, items []ra
 		return res, spillway.Noop, nil
 	}
 	hs := l.newHeld(ctx, h, items, rules, r.Usage)
-	return res, spillway.Once(hs.done), nil
+	return res, block.Once(hs.done), nil
 }
 
 // reserveBatch decides items all or nothing, holding the bucket-family
@@ -220,7 +222,7 @@ func (l *Limiter) newHeld(ctx context.Context, h *hold, items []ratelimit.Item, 
 		}
 	}
 	if usage != nil && steps {
-		usage.OnStep(hs.step)
+		usagestep.OnStep(usage, hs.step)
 	}
 	return hs
 }

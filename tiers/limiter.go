@@ -435,7 +435,7 @@ func (l *Limiter) resolvePlan(ctx context.Context, c *compiled, r *spillway.Requ
 // Settles and steps run detached from ctx, each bounded by
 // Settings.SettleTimeout. Settings.HoldObserver sees every hold and settle.
 func (l *Limiter) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-	if !r.Valid() {
+	if r.Validate() != nil {
 		return spillway.Decision{Reason: spillway.ReasonInvalid, Limiter: l.name}, spillway.Noop, nil
 	}
 	c := l.cur.Load()

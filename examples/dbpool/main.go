@@ -187,7 +187,7 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	// local bucket of that share stands in for it.
 	var ceil spillway.Limiter
 	if c.redisAddr != "" {
-		cl, err := globalceiling.New(rdb, "ceiling", c.ceiling, time.Second, globalceiling.WithMode(mode))
+		cl, err := globalceiling.New(rdb, "ceiling", c.ceiling, time.Second, globalceiling.Settings{Mode: mode})
 		if err != nil {
 			return fail(err)
 		}
@@ -196,13 +196,7 @@ func newServer(c config, id int, db *fakeDB, mode globalceiling.Mode, degraded *
 	} else if ceil, err = newMemoryShare(max(c.ceiling/int64(c.servers), 1)); err != nil {
 		return fail(err)
 	}
-	ceiling := spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		d, done, err := ceil.Admit(ctx, r)
-		if d.Degraded {
-			degraded.Add(1)
-		}
-		return d, done, err
-	})
+	ceiling := countDegraded{ceil, degraded}
 
 	// The chain, in front of the database/sql pool: a statement is
 	// admitted before it asks for a connection, and how it ended
@@ -395,4 +389,18 @@ func parseMode(s string) (globalceiling.Mode, error) {
 		}
 	}
 	return 0, fmt.Errorf("dbpool: unknown -mode %q (want exact, cached or local_aggregation)", s)
+}
+
+// countDegraded counts the decisions of l made by a local fallback.
+type countDegraded struct {
+	l spillway.Limiter
+	n *atomic.Int64
+}
+
+func (c countDegraded) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	d, done, err := c.l.Admit(ctx, r)
+	if d.Degraded {
+		c.n.Add(1)
+	}
+	return d, done, err
 }

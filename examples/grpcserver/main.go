@@ -272,7 +272,7 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 		if err != nil {
 			return fail(err)
 		}
-		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel.Options()...)
+		chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimIP), worker), "grpc", tel.Settings())
 		return chain, "store: memory; chain: tiers → per-IP concurrency → worker shedder (the fleet shedder needs -redis)", closeAll, nil
 	}
 
@@ -322,6 +322,6 @@ func build(ctx context.Context, cfg *tiers.Config, redisAddr string, budget time
 	})
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel.Options()...)
+	chain := telemetry.Instrument(spillway.ChainBudget(budget, rate, conc, fleet, worker), "grpc", tel.Settings())
 	return chain, "store: redis " + redisAddr + "; chain: tiers → per-IP concurrency → fleet shedder → worker shedder, one budget per request, one health for the Redis", closeAll, nil
 }

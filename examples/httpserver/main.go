@@ -261,20 +261,22 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // rules keyed by client (limits.yaml) and the concurrency limit thus limit
 // anonymous requests per IP, and requests with a key per key. The caller's
 // Request is not modified.
-func withClient(next spillway.Limiter) spillway.Limiter {
-	return spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
-		if r == nil {
-			return next.Admit(ctx, r)
-		}
-		c := *r
-		c.Dims = append(make([]spillway.Dimension, 0, len(r.Dims)+1), r.Dims...)
-		if k, ok := r.Get(spillway.DimAPIKey); ok {
-			c.Set(dimClient, "key:"+k)
-		} else if ip, ok := r.Get(spillway.DimIP); ok {
-			c.Set(dimClient, "ip:"+ip)
-		}
-		return next.Admit(ctx, &c)
-	})
+func withClient(next spillway.Limiter) spillway.Limiter { return clientDim{next} }
+
+type clientDim struct{ next spillway.Limiter }
+
+func (l clientDim) Admit(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	if r == nil {
+		return l.next.Admit(ctx, r)
+	}
+	c := *r
+	c.Dims = append(make([]spillway.Dimension, 0, len(r.Dims)+1), r.Dims...)
+	if k, ok := r.Get(spillway.DimAPIKey); ok {
+		c.Set(dimClient, "key:"+k)
+	} else if ip, ok := r.Get(spillway.DimIP); ok {
+		c.Set(dimClient, "ip:"+ip)
+	}
+	return l.next.Admit(ctx, &c)
 }
 
 // sizes are the in-flight limits (flags).
@@ -316,7 +318,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 		}
 		// The fleet shedder and the global ceiling share state across
 		// servers through Redis; a single in-memory server has neither.
-		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel.Options()...)
+		b.chain = telemetry.Instrument(withClient(spillway.Chain(rate, concurrency.PerKey(conc, dimClient), worker)), "api", tel.Settings())
 		b.describe = "store: memory; chain: tiers → per-client concurrency → worker shedder (the fleet shedder and the global ceiling need -redis)"
 		return b, nil
 	}
@@ -381,7 +383,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// Global ceiling in front of the database; while Redis is out it
 	// decides by itself at this server's share.
-	ceiling, err := globalceiling.New(rdb, "db_ceiling", dbCeiling, time.Second, globalceiling.WithMode(globalceiling.Cached))
+	ceiling, err := globalceiling.New(rdb, "db_ceiling", dbCeiling, time.Second, globalceiling.Settings{Mode: globalceiling.Cached})
 	if err != nil {
 		b.close()
 		return nil, err
@@ -390,7 +392,7 @@ func build(ctx context.Context, cfg *tiers.Config, sz sizes, redisAddr string, b
 
 	// One budget per request: the whole admission waits on Redis for at
 	// most -redis-budget, however many blocks call it.
-	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, ceiling)), "api", tel.Options()...)
+	b.chain = telemetry.Instrument(withClient(spillway.ChainBudget(budget, rate, conc, fleet, worker, ceiling)), "api", tel.Settings())
 	b.degraded = func() bool { return health.State() != fallback.Closed }
 	b.redis = func() any {
 		st := health.Stats()

@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 		return err
 	}
 	chain := telemetry.Instrument(spillway.Chain(rate, concurrency.PerKey(conc, spillway.DimAPIKey), fleet, worker),
-		"api", telemetry.WithMeterProvider(mp))
+		"api", telemetry.Settings{MeterProvider: mp})
 
 	// The database, behind at most dbInFlight calls in flight fleet-wide.
 	inflight, err := concurrency.NewInFlight(rdb, dbInFlight, concurrency.Settings{Name: "db_inflight"})
@@ -165,7 +165,7 @@ func run(ctx context.Context, args []string, out, _ io.Writer, ready func(string
 		err := guard.Do(r.Context(), nil, func(ctx context.Context) error { return db.call(ctx, ms(r)) })
 		var rej *globalceiling.RejectedError
 		if errors.As(err, &rej) {
-			w.Header().Set("Retry-After", strconv.FormatInt(max(int64(rej.RetryAfter()/time.Second), 1), 10))
+			w.Header().Set("Retry-After", strconv.FormatInt(max(int64(rej.Decision.RetryAfter/time.Second), 1), 10))
 			http.Error(w, rej.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // NewRequest returns a Request with room for three dimensions (ip, user,
@@ -64,7 +65,7 @@ func Admit(ctx context.Context, l spillway.Limiter, r *spillway.Request, fail sp
 	}
 	d, done, err := l.Admit(ctx, r)
 	if err != nil {
-		if spillway.FailModeOf(err, fail) == spillway.FailClosed {
+		if block.FailModeOf(err, fail) == spillway.FailClosed {
 			return Result{Decision: spillway.Decision{Reason: spillway.ReasonFailClosed, Limiter: LimiterStore}, Done: spillway.Noop, Err: err}
 		}
 		return Result{Decision: spillway.Decision{Allowed: true}, Done: spillway.Noop, Err: err}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 // fixed answers every Admit with d and err, and records the releases of its
@@ -86,7 +87,7 @@ func TestAdmit(t *testing.T) {
 
 func TestGuard(t *testing.T) {
 	var got []spillway.Outcome
-	done := spillway.Once(func(o spillway.Outcome) { got = append(got, o) })
+	done := block.Once(func(o spillway.Outcome) { got = append(got, o) })
 	func() {
 		defer func() { _ = recover() }()
 		g := Guard{Done: done}

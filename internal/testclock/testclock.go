@@ -24,16 +24,16 @@ func (c *Clock) Now() time.Time {
 	return c.t
 }
 
-// Advance moves the clock by d (backwards when d is negative).
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // Set moves the clock to t.
 func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	c.t = t
+	c.mu.Unlock()
+}
+
+// Advance moves the clock by d (backwards when d is negative).
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
 	c.mu.Unlock()
 }

@@ -19,4 +19,8 @@ func TestClock(t *testing.T) {
 	if got, want := c.Now(), start.Add(-500*time.Millisecond); !got.Equal(want) {
 		t.Fatalf("after Advance(-2s): Now = %v, want %v", got, want)
 	}
+	c.Set(start.Add(time.Hour))
+	if got, want := c.Now(), start.Add(time.Hour); !got.Equal(want) {
+		t.Fatalf("after Set: Now = %v, want %v", got, want)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-go/spillway/shedder"
 	"github.com/spillway-go/spillway/tiers"
 
+	"github.com/spillway-go/spillway/internal/block"
 	"github.com/spillway-go/spillway/loadtest/sim"
 )
 
@@ -138,7 +139,7 @@ func buildNaive(env *Env, _ int) (ServerChain, error) {
 		client.Close()
 		return ServerChain{}, err
 	}
-	ceiling := spillway.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	ceiling := block.LimiterFunc(func(ctx context.Context, _ *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		d, err := global.Allow(ctx, "db", 1)
 		if err == nil && !d.Allowed {
 			d.Reason = spillway.ReasonCeiling
@@ -320,7 +321,7 @@ func buildStatic(env *Env, _ int) (ServerChain, error) {
 	// Redis is away each server admits 1/N of it by itself.
 	ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 	ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
-		globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
+		globalceiling.Settings{Mode: globalceiling.Cached, Prefix: env.Prefix})
 	if err != nil {
 		return fail(err)
 	}
@@ -558,7 +559,7 @@ func buildFull(env *Env, server int, removed string) (ServerChain, error) {
 		// third each on a fleet of three).
 		ceilingLimit := int64(math.Ceil(1.2 * env.System.CapacityRPS()))
 		ceil, err := globalceiling.New(client, "db", ceilingLimit, time.Second,
-			globalceiling.WithMode(globalceiling.Cached), globalceiling.WithPrefix(env.Prefix))
+			globalceiling.Settings{Mode: globalceiling.Cached, Prefix: env.Prefix})
 		if err != nil {
 			return fail(err)
 		}

@@ -46,7 +46,7 @@ func RegisterFlags(fs *flag.FlagSet) Flags {
 }
 
 // Telemetry is an example's OpenTelemetry SDK. Its providers are handed to
-// telemetry.Instrument (Options) and never installed as the otel globals.
+// telemetry.Instrument (Settings) and never installed as the otel globals.
 type Telemetry struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
@@ -141,9 +141,9 @@ func Setup(service string, f Flags, prom bool, w io.Writer) (*Telemetry, error) 
 	return t, nil
 }
 
-// Options returns the telemetry.Instrument options that use t's providers.
-func (t *Telemetry) Options() []telemetry.Option {
-	return []telemetry.Option{telemetry.WithTracerProvider(t.TracerProvider), telemetry.WithMeterProvider(t.MeterProvider)}
+// Settings returns the telemetry.Instrument settings that use t's providers.
+func (t *Telemetry) Settings() telemetry.Settings {
+	return telemetry.Settings{TracerProvider: t.TracerProvider, MeterProvider: t.MeterProvider}
 }
 
 // Shutdown flushes what is left: the spans and the last interval's metrics.

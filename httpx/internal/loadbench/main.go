@@ -37,6 +37,8 @@ import (
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
+
+	"github.com/spillway-go/spillway/internal/block"
 )
 
 func main() {
@@ -88,7 +90,7 @@ func main() {
 	var errs sync.Map
 	var total, degraded atomic.Int64
 	inner := lim
-	lim = spillway.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
+	lim = block.LimiterFunc(func(ctx context.Context, r *spillway.Request) (spillway.Decision, spillway.Done, error) {
 		d, done, err := inner.Admit(ctx, r)
 		total.Add(1)
 		if d.Degraded {
