@@ -2,7 +2,9 @@ package concurrency
 
 import (
 	"context"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -64,5 +66,60 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	}
 	if d, _, err := lim.Acquire(ctx, "k", 1); err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("the released slot: %+v %v; want allowed (the retry freed it)", d, err)
+	}
+}
+
+// A done whose release Redis does not answer returns after releaseGrace,
+// not after the release's timeout: the release stays in flight on its own
+// goroutine (not yet failed, so not kept for a retry) while the caller's
+// response goes out, and it lands once Redis answers again.
+func TestDoneReturnsBeforeAStalledRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	store, err := NewRedisStore(rdb, RedisSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 9
+	lim, err := New(store, calls, Settings{ReleaseTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dones := make([]spillway.Done, calls)
+	for i := range dones {
+		d, done, err := lim.Acquire(ctx, "k", 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("acquire %d: %+v %v", i, d, err)
+		}
+		dones[i] = done
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	took := make([]time.Duration, calls)
+	for i, done := range dones {
+		start := time.Now()
+		done(spillway.Success)
+		took[i] = time.Since(start)
+	}
+	// Every release is still waiting on the stopped Redis: none has
+	// failed (its timeout is 2 s), so done returned without it.
+	if pending, dropped := lim.pendingReleases(); pending != 0 || dropped != 0 {
+		t.Fatalf("releases kept or dropped while Redis is stopped: %d, %d; want 0, 0 (still in flight)", pending, dropped)
+	}
+	slices.Sort(took)
+	t.Logf("done with Redis stopped: min %v, median %v, max %v (grace %v)", took[0], took[calls/2], took[calls-1], releaseGrace)
+	if took[calls/2] >= time.Second {
+		t.Fatalf("median done took %v with Redis stopped: it waited for the release", took[calls/2])
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	lim.WaitReleases()
+	if n, err := srv.Client(t).ZCard(ctx, store.key("concurrency", "k")).Result(); err != nil || n != 0 {
+		t.Fatalf("in flight after Redis answered the releases: %d %v; want 0", n, err)
 	}
 }
