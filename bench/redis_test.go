@@ -32,6 +32,7 @@ import (
 	"github.com/spillway-go/spillway/internal/fallbackview"
 	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/tiers"
 )
@@ -659,9 +660,8 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					l, _ := memWindow(b, name, mustRedisStore(c))
 					allow = func(i int) error { _, err := l.Allow(ctx, entity(i), 1); return err }
 				case "window_counter_busy", "window_buckets_busy", "window_buckets_60_busy":
-					var now atomic.Int64
-					now.Store(time.Now().UnixMicro() / 60_000_000 * 60_000_000) // a minute starts
-					l, p := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: func() time.Time { return time.UnixMicro(now.Load()) }}))
+					clk := testclock.New(time.UnixMicro(time.Now().UnixMicro() / 60_000_000 * 60_000_000)) // a minute starts
+					l, p := memWindow(b, strings.TrimSuffix(name, "_busy"), mustRedisStore(c, ratelimit.RedisSettings{Clock: clk.Now}))
 					steps, cost := int64(2), int64(50) // the counter: two windows
 					if p.Algorithm == ratelimit.SlidingWindowBuckets {
 						steps = rateHooks.EffectiveBuckets(p) + 1
@@ -677,7 +677,7 @@ func BenchmarkRedisMemoryPerKey(b *testing.B) {
 					}
 					for range steps - 1 { // every sub-window but the last
 						fill(b, n, allow)
-						now.Add(step)
+						clk.Advance(time.Duration(step) * time.Microsecond)
 					}
 				case "redis_rate":
 					rr := redis_rate.NewLimiter(c)

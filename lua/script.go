@@ -1,6 +1,13 @@
 package lua
 
-import "github.com/redis/go-redis/v9"
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // scripts are the scripts by the name of their main file.
 var scripts = map[string]*redis.Script{
@@ -19,9 +26,14 @@ var scripts = map[string]*redis.Script{
 
 // Script returns the script whose main file is name+".lua" (for example
 // "ratelimit_hold" for ratelimit_hold.lua, with the hold helpers it
-// starts with), or nil for a name no script has. Each script is built
-// once; run it with go-redis Script.Run (EVALSHA, with an EVAL fallback
-// on NOSCRIPT). Its contract opens its .lua file.
+// starts with). Each script is built once; run it with go-redis
+// Script.Run (EVALSHA, with an EVAL fallback on NOSCRIPT). Its contract
+// opens its .lua file. A name no script has is a programming error:
+// Script panics with a message that names it and the scripts there are.
 func Script(name string) *redis.Script {
-	return scripts[name]
+	s, ok := scripts[name]
+	if !ok {
+		panic(fmt.Sprintf("lua: no script %q (the scripts: %s)", name, strings.Join(slices.Sorted(maps.Keys(scripts)), ", ")))
+	}
+	return s
 }

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // TestSlidingWindowBucketsInvariants runs the invariant checker (exact
@@ -148,8 +150,9 @@ func TestSlidingWindowBucketsConservativeNeverOverAdmits(t *testing.T) {
 	ctx := context.Background()
 	total := 0
 	for _, N := range []int64{4, 10, 60} {
-		now := int64(1_700_000_000_000_000)
-		store := NewMemoryStore(MemorySettings{Clock: func() time.Time { return time.UnixMicro(now) }})
+		var now int64
+		clk := testclock.New(time.UnixMicro(1_700_000_000_000_000))
+		store := NewMemoryStore(MemorySettings{Clock: clk.Now})
 		p := Policy{Algorithm: SlidingWindowBuckets, Limit: limit, Period: periodUS * time.Microsecond, Buckets: N, Mode: Conservative}
 		lim, err := New(store, p, Settings{})
 		if err != nil {
@@ -174,6 +177,7 @@ func TestSlidingWindowBucketsConservativeNeverOverAdmits(t *testing.T) {
 				}
 			}
 			now = 1_700_000_000_000_000 + int64(next[s])
+			clk.Set(time.UnixMicro(now))
 			next[s] += r.ExpFloat64() / rate[s]
 			n := int64(1)
 			if x := r.IntN(20); x == 0 {

@@ -853,8 +853,8 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 	c := srv.Client(t)
 	ctx := context.Background()
 	rs := mustRedisStore(c, RedisSettings{Coalescing: -1}) // Redis TIME
-	var memNow atomic.Int64
-	ms := NewMemoryStore(MemorySettings{Clock: func() time.Time { return time.UnixMicro(memNow.Load()) }})
+	memClk := testclock.New(time.UnixMicro(0))
+	ms := NewMemoryStore(MemorySettings{Clock: memClk.Now})
 	policies := []Policy{
 		{Algorithm: GCRA, Limit: 7, Period: 3 * time.Millisecond, Burst: 3},                            // T = 429 µs
 		{Algorithm: TokenBucket, Limit: 1000, Period: time.Second, Burst: 5},                           // T = 1 ms
@@ -899,7 +899,7 @@ func TestRedisStoreCompactTATDifferential(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		memNow.Store(g.now)
+		memClk.Set(time.UnixMicro(g.now))
 		for i := range items {
 			if items[i].Policy.Algorithm == FixedWindow {
 				continue

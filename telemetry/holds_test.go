@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/spillway-go/spillway"
+	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
 	"github.com/spillway-go/spillway/telemetry"
 	"github.com/spillway-go/spillway/tiers"
@@ -41,8 +42,8 @@ func holdSums(t *testing.T, m metricdata.Metrics) (map[string]int64, bool) {
 func TestHoldMetrics(t *testing.T) {
 	_, _, reader, mp := setup()
 	hm := telemetry.NewHoldMetrics("api", mp)
-	now := time.Unix(1_800_000_000, 0)
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }})
+	clk := testclock.New(time.Unix(1_800_000_000, 0))
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: clk.Now})
 	cfg, err := tiers.Parse("limits.yaml", []byte(`
 limits:
   - id: tokens
@@ -93,7 +94,7 @@ limits:
 	// hold itself expired.
 	r, done = admit()
 	require.NoError(t, r.Usage.Add(150))
-	now = now.Add(10 * time.Second)
+	clk.Advance(10 * time.Second)
 	done(spillway.Success)
 	// What tiers reports when the store does not answer, and a result
 	// no store gives.

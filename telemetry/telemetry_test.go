@@ -18,12 +18,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/testclock"
 )
 
 // stepClock advances 150µs on every reading.
 func stepClock() func() time.Time {
-	t := time.Unix(1_800_000_000, 0)
-	return func() time.Time { t = t.Add(150 * time.Microsecond); return t }
+	c := testclock.New(time.Unix(1_800_000_000, 0))
+	c.SetStep(150 * time.Microsecond)
+	return c.Now
 }
 
 type script struct {

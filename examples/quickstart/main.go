@@ -22,16 +22,11 @@ func main() {
 	}
 }
 
-// clock is a simulated clock: the demo moves time forward itself.
-type clock struct{ t time.Time }
-
-func (c *clock) now() time.Time          { return c.t }
-func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
-
 func run() error {
 	ctx := context.Background()
-	c := &clock{t: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
-	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: c.now})
+	// A simulated clock: the demo moves now forward itself.
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	store := ratelimit.NewMemoryStore(ratelimit.MemorySettings{Clock: func() time.Time { return now }})
 
 	policies := []ratelimit.Policy{
 		{Algorithm: ratelimit.TokenBucket, Limit: 5, Period: time.Second, Burst: 3},
@@ -45,15 +40,15 @@ func run() error {
 			return err
 		}
 		fmt.Printf("== %s (limit reported: %d)\n", p, p.Capacity())
-		start := c.t
+		start := now
 		// A client sends a request every 100ms for a second, then one more
 		// after a pause.
 		for i := 0; i < 10; i++ {
-			show(ctx, lim, c.t.Sub(start))
-			c.advance(100 * time.Millisecond)
+			show(ctx, lim, now.Sub(start))
+			now = now.Add(100 * time.Millisecond)
 		}
-		c.advance(time.Second)
-		show(ctx, lim, c.t.Sub(start))
+		now = now.Add(time.Second)
+		show(ctx, lim, now.Sub(start))
 		fmt.Println()
 	}
 

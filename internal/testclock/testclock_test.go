@@ -24,3 +24,22 @@ func TestClock(t *testing.T) {
 		t.Fatalf("after Set: Now = %v, want %v", got, want)
 	}
 }
+
+func TestClockStep(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0)
+	c := New(start)
+	c.SetStep(150 * time.Microsecond)
+	for i := 1; i <= 3; i++ {
+		if got, want := c.Now(), start.Add(time.Duration(i)*150*time.Microsecond); !got.Equal(want) {
+			t.Fatalf("reading %d: Now = %v, want %v", i, got, want)
+		}
+	}
+	c.Advance(time.Second)
+	c.SetStep(0)
+	want := start.Add(time.Second + 450*time.Microsecond)
+	for range 2 {
+		if got := c.Now(); !got.Equal(want) {
+			t.Fatalf("after SetStep(0): Now = %v, want %v", got, want)
+		}
+	}
+}
