@@ -56,7 +56,7 @@ var known = map[string]string{
 	"spillway": Module, "clientside": Module + "/clientside", "concurrency": Module + "/concurrency",
 	"fallback": Module + "/fallback", "globalceiling": Module + "/globalceiling", "httpx": Module + "/httpx",
 	"ratelimit": Module + "/ratelimit", "shedder": Module + "/shedder", "telemetry": Module + "/telemetry",
-	"tiers": Module + "/tiers", "grpcx": Module + "/grpcx", "rls": Module + "/rls",
+	"tiers": Module + "/tiers", "grpcx": Module + "/grpcx", "rls": Module + "/rls", "lua": Module + "/lua",
 }
 
 // ShortestUse returns the code block that follows "The shortest use:" (or

@@ -35,7 +35,7 @@ func retryable(*http.Response, error) bool`,
 // and every code block of it (the shortest use and any other) compiles.
 func TestPackageDocSnippets(t *testing.T) {
 	var snippets []docsnippet.Snippet
-	for _, pkg := range []string{".", "clientside", "concurrency", "fallback", "globalceiling", "httpx", "ratelimit", "shedder", "telemetry", "tiers"} {
+	for _, pkg := range []string{".", "clientside", "concurrency", "fallback", "globalceiling", "httpx", "lua", "ratelimit", "shedder", "telemetry", "tiers"} {
 		src, err := os.ReadFile(filepath.Join("../..", pkg, "doc.go"))
 		if err != nil {
 			t.Fatal(err)
