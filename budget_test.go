@@ -138,7 +138,7 @@ func TestPauseBudgetPausesEnclosingBudgets(t *testing.T) {
 	}
 }
 
-// A request's budget (RequestBudget) is one for the whole request: the
+// A request's budget (budget.Request) is one for the whole request: the
 // first chain starts it with its length, a later chain under it spends
 // what is left (not a fresh budget), and the time between admissions (the
 // handler's work) is not spent.

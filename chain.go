@@ -17,7 +17,7 @@ type chain struct {
 // fleet shedder → worker shedder → global ceiling) and stops at the first
 // denial or error, releasing what the earlier limiters acquired (their Done
 // is called with Ignored). An allowed chain returns the most restrictive
-// decision (see moreRestrictive: a rate limit's before any other, then the
+// decision (a rate limit's before any other, then the
 // lowest Remaining among the decisions that carry a Limit) so that headers
 // tell the truth, and a Done that releases every limiter in
 // reverse order. A decision is Degraded when any limiter's was.

@@ -75,7 +75,7 @@ func ParsePriority(s string) (Priority, error) {
 // A missing dimension means one thing in every block: a block or a tiers
 // rule keyed by a dimension the request does not carry does not limit that
 // request. A tiers rule does not apply to it (the other rules still do); a
-// ratelimit or concurrency adapter (ByDimension, PerKey) admits it
+// ratelimit or concurrency adapter (ratelimit.PerKey, concurrency.PerKey) admits it
 // uncharged, holding nothing, with Limit 0 and its name followed by
 // ":absent" as the Limiter, so the gap shows in telemetry. It is never
 // pooled with the other requests that lack it (one anonymous client would

@@ -14,7 +14,7 @@ import (
 
 // BenchmarkAcquireRelease: one admission and its release per op, on the
 // memory store and on a real redis-server (one EVALSHA + one ZREM), over
-// 64 keys, in parallel; cost 1 (Acquire), and cost 3 (AcquireN: 3 members
+// 64 keys, in parallel; cost 1, and cost 3 (Acquire of 3: 3 members
 // added by the script, 3 removed by the ZREM).
 //
 //	go test -run '^$' -bench . -benchmem ./concurrency

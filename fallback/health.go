@@ -190,7 +190,7 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // to the client: every command and pipeline sent through the client passes
 // the breaker (refused with ErrOpen while open, counted as a success or a
 // failure otherwise). A client gets one Health: a second call for the same
-// client returns an error; use HealthOf to find the first. A nil client
+// client returns an error (keep the first). A nil client
 // returns a Health attached to nothing, for stores that are not go-redis
 // clients: only the Stores given it count their calls.
 //

@@ -35,12 +35,12 @@ import (
 // Store's own budget, or the chain's, ending first makes a local decision. Time spent in this process (a queue, the
 // pool, the CPU) that leaves a call without its answer in time decides it
 // locally but is counted as overload, not against the inner store (see
-// NewHealth, and Stats.Overloaded).
+// NewHealth, and HealthStats.Overloaded).
 //
 // Reconcile: while decisions are local, the Store records per key the
 // units it admitted locally. On the first successful call to the inner
-// store afterwards it starts a reconcile pass in the background (Reconcile
-// runs one by hand): for every recorded key it carries back the local
+// store afterwards it starts a reconcile pass in the background
+// (Settings.OnReconcile is told how it went): for every recorded key it carries back the local
 // consumption of the last Period before now (a sliding-window estimate over
 // two fixed windows), capped at the policy's capacity, by charging it to
 // the inner store with its ordinary Decide, as much as the key has room
@@ -185,7 +185,11 @@ const smallBatch = 8
 // local store's interface method would escape to the heap.
 var itemPool = sync.Pool{New: func() any { return new([smallBatch]ratelimit.Item) }}
 
-// Decide implements ratelimit.Store; see Store for what it adds.
+// Decide implements ratelimit.Store: it decides items on the wrapped store
+// within the budget, and locally (marked Degraded) when the breaker is
+// open, the call fails or the budget is spent; fail-closed items are then
+// denied with spillway.ReasonFailClosed. It returns an error only for
+// invalid input or a ctx that ended; see Store for what it adds.
 func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillway.Decision) (bool, error) {
 	if len(out) < len(items) {
 		return false, fmt.Errorf("fallback: out has %d decisions for %d items", len(out), len(items))

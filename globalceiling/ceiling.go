@@ -126,8 +126,8 @@ type stats struct {
 
 // Ceiling is a fleet-wide ceiling on the traffic to one shared resource: at
 // most Limit cost units per Window, counted in K shard keys. It implements
-// spillway.Limiter. Create it with New and, unless background sync is
-// disabled or the mode is Exact, stop it with Close.
+// spillway.Limiter. Create it with New and, unless the mode is Exact (no
+// background sync), stop it with Close.
 type Ceiling struct {
 	client   redis.UniversalClient
 	name     string
@@ -172,7 +172,7 @@ type winState struct {
 // New returns a ceiling named name (the resource: "orders-db") that admits
 // at most limit cost units per window across every server that shares the
 // Redis behind client. It fails with an error naming the field when an
-// argument or option is out of range.
+// argument or a Settings field is out of range.
 func New(client redis.UniversalClient, name string, limit int64, window time.Duration, s Settings) (*Ceiling, error) {
 	o := options{mode: s.Mode, shards: s.Shards, sync: s.SyncInterval, background: !s.manualSync,
 		staleAfter: s.StaleAfter, reserve: s.Reserve, prefix: s.Prefix, clock: s.Clock,

@@ -43,7 +43,11 @@ type Guard struct {
 	name string
 }
 
-// NewGuard returns a guard around lim.
+// NewGuard returns a guard around lim (a nil lim is an error). The guard
+// runs lim as a chain of one: its admission spends what is left of the
+// request's budget (spillway.Chain), or a budget of its own, so a guard
+// inside a handler that httpx or grpcx admitted never waits on Redis
+// longer than the request's one budget.
 func NewGuard(lim spillway.Limiter) (*Guard, error) {
 	if lim == nil {
 		return nil, fmt.Errorf("globalceiling: NewGuard: limiter is nil")

@@ -41,6 +41,13 @@
 // Canceled and once the client's deadline has passed) and also when it
 // panics (Ignored; the panic goes on).
 //
+// When the limiter returns an error (its store failed and no fallback
+// decided; the library's Redis blocks decide locally instead, marked
+// Degraded), ServerSettings.FailMode applies: spillway.FailOpen (the
+// default) runs the handler unlimited, spillway.FailClosed answers
+// codes.Unavailable; a *spillway.StoreError whose Fail is FailClosed is
+// answered Unavailable either way. OnError sees every such error.
+//
 // # Client
 //
 // The client interceptors take a *clientside.Client, which holds the

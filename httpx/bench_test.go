@@ -88,7 +88,7 @@ func (h holdPerKey) Admit(ctx context.Context, r *spillway.Request) (spillway.De
 
 // BenchmarkMiddlewareReserveSettle puts side by side, on one
 // redis-server over loopback started by the benchmark: a plain decision
-// (AllowN of the cost) and a reserve+settle (Reserve of the estimate,
+// (Allow of the cost) and a reserve+settle (Reserve of the estimate,
 // Settle to the actual), each called on the store and through Middleware
 // (the actual read from a response header the handler sets). 10k keys.
 //

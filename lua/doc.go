@@ -14,4 +14,14 @@
 // the scripts and Go share (the settle replies, the slots of the hold
 // helpers' tables) are named once in ratelimit_holds.lua and written as
 // numbers when the script is built, at no cost when it runs.
+//
+// The blocks run these scripts themselves; what happens when Redis fails
+// or is slow is each block's to say (see its package doc). Script.Run returns what go-redis returns: a reply,
+// Redis's error, or the network's. A caller needs this package only to
+// read a script's contract or to run one by hand.
+//
+// The shortest use:
+//
+//	script := lua.Script("ratelimit_hold") // nil for a name that is not a script
+//	fmt.Println(script.Hash())            // the SHA1 that EVALSHA sends
 package lua

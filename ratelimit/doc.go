@@ -66,7 +66,7 @@
 // holds an estimate and settles the actual cost:
 //
 //	h, err := lim.Reserve(ctx, apiKey, 2000) // decided like Allow(2000)
-//	if err == nil && h.allowed {
+//	if err == nil && h.Decision().Allowed {
 //		n := generate()
 //		res, err := h.Settle(ctx, n) // a refund, or an extra charge into debt
 //	}

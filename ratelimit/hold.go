@@ -176,7 +176,24 @@ func (h *Hold) estimates(dst []int64) []int64 {
 	return dst
 }
 
-// Settle replaces the hold of every item by actual (see settleEach).
+// Settle replaces the hold by the actual cost, on every item of the
+// reservation, in one round trip per Cluster slot group: it refunds what
+// the estimate held beyond actual (never past a full bucket), or charges
+// the overrun, which may put the key into debt of at most one Burst: a key
+// in debt denies every request until time repays it, and their RetryAfter
+// says when. Settle with 0 when the work was not done.
+//
+// The result is SettleApplied; SettleAlreadySettled for a second Settle
+// (which changes nothing and calls no store); SettleExpired when the
+// store had already released the hold at its TTL (only what the
+// reservation charged stays charged); with several items, SettleExpired
+// if any item expired. An error means the store did not answer (a
+// timeout, say): the settle may or may not have been applied, and
+// retrying it is safe, since the store settles each hold at most once; an
+// unsettled hold is released at its TTL. Settling a denied reservation
+// (nothing held) or a negative actual is an error that changes nothing
+// (the latter wrapping ErrInvalidCost); an actual above estimate +
+// 2·Burst is charged as estimate + 2·Burst (the debt is bounded anyway).
 func (h *Hold) Settle(ctx context.Context, actual int64) (SettleResult, error) {
 	if !h.allowed {
 		return 0, errNotHeld
@@ -336,9 +353,11 @@ func settleCost(it *Item, actual int64) int64 {
 // held (estimate above Capacity is denied with
 // spillway.ReasonCostExceedsLimit). Estimate 0 holds nothing but lets
 // Settle charge the actual cost afterwards. A negative estimate is an
-// error wrapping ErrInvalidCost; the windows, and a store that is not a
+// error wrapping ErrInvalidCost; a policy of the window family, and a
 // store without a Reserve method, return an error wrapping
-// ErrHoldUnsupported.
+// ErrHoldUnsupported. Any other error means the store did not answer (or
+// ctx ended) and nothing is held (behind a fallback.Store, its local
+// share holds instead, marked Degraded).
 func (l *Limiter) Reserve(ctx context.Context, key string, estimate int64) (*Hold, error) {
 	r, ok := l.store.(reserver)
 	if !ok {

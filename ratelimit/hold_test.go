@@ -33,7 +33,7 @@ func forEachReserver(t *testing.T, f func(t *testing.T, s reserver, clock *testc
 	}
 }
 
-// peek returns the decision of a cost-0 AllowN on key.
+// peek returns the decision of a cost-0 Allow on key.
 func peek(t *testing.T, l *Limiter, key string) spillway.Decision {
 	t.Helper()
 	d, err := l.Allow(context.Background(), key, 0)

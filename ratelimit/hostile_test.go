@@ -210,7 +210,7 @@ func reserveSubject(mk func() Store, state func(Store) (string, error), p Policy
 	}
 }
 
-// limiterSubject describes a Limiter's AllowN (one request) on store.
+// limiterSubject describes a Limiter's Allow (one request) on store.
 func limiterSubject(mk func() Store, state func(Store) (string, error), p Policy) hostiletest.Subject {
 	var l *Limiter
 	reset := func() {
@@ -259,7 +259,7 @@ func dimensionSubject(s hostiletest.Subject, mk func() Store, p Policy) hostilet
 	return s
 }
 
-// TestHostileLimiters runs the suite on Limiter.AllowN and on
+// TestHostileLimiters runs the suite on Limiter.Allow and on
 // PerKey's Admit (Request.Cost), over the memory store (its
 // allocation-free path) and Redis.
 func TestHostileLimiters(t *testing.T) {

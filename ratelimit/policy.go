@@ -163,9 +163,9 @@ func (p Policy) effectiveBuckets() int64 {
 // arrival time now + Burst·T and forms a need of up to 2·Burst·T, a window
 // forms times up to now + 2·Period, so with this bound every number they
 // form stays exact until the year 2112 (now ≤ 2^52 µs). At Burst·T = 2^53
-// the scripts rounded and the two stores disagreed. The windows' product
+// the scripts would round and the two stores disagree. The windows' product
 // Limit·Period (a count times a duration, never added to now) may go up to
-// 2^53 (maxExact).
+// 2^53.
 const MaxSpanMicros = 1 << 52
 
 // maxExact is the largest integer a double represents exactly, with every

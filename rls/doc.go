@@ -25,6 +25,26 @@
 //	svc.SetConfig(cfg)
 //	pb.RegisterRateLimitServiceServer(grpcServer, svc)
 //
+// What is counted: each descriptor a rule matches charges its rule's
+// limit one unit per call (hits_addend when Envoy sends one), in a fixed
+// window of the rule's unit; all limits of a call are decided together, so
+// a call denied by one limit charges none. The answer is OVER_LIMIT when
+// any limit is exceeded, with the per-descriptor statuses and headers the
+// reference sends.
+//
+// When Redis is slow or down: a call waits on Redis at most
+// Settings.Budget (SPILLWAY_BUDGET, 50ms). A call Redis did not answer in
+// time, and every call while the fallback's breaker is open (after a run
+// of failures, until a probe succeeds), is decided at once by this server
+// alone against Settings.LocalShare (SPILLWAY_LOCAL_SHARE, 20%) of each
+// limit: an answer, not an error, counted as redis_error. With
+// Settings.FailClosed (SPILLWAY_FAIL_MODE=closed) such a call is answered
+// OVER_LIMIT instead. Errors: a malformed request or a server with no
+// config is answered with the gRPC code UNKNOWN, as the reference does; a
+// call whose deadline passed before it was decided is answered at once,
+// undecided (Settings.LateAnswer: DEADLINE_EXCEEDED by default, for which
+// Envoy applies its failure_mode_deny).
+//
 // Run is the whole binary (Env reads its settings): the Redis client,
 // the store, the gRPC and HTTP servers, the config directory followed.
 // Service, Config and Load are for serving the API in a process's own

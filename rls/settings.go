@@ -52,7 +52,7 @@ type Settings struct {
 	Coalesce       int           // SPILLWAY_COALESCE: Redis script calls in flight before further calls are coalesced (ratelimit.RedisSettings.Coalescing; 0: off)
 	IETFHeaders    bool          // SPILLWAY_IETF_HEADERS: RateLimit and RateLimit-Policy for every descriptor (default true with LIMIT_RESPONSE_HEADERS_ENABLED)
 
-	// Operations: stats sinks, shutdown (the mogrifiers read by readMogrifiers).
+	// Operations: stats sinks (USE_DOG_STATSD_MOGRIFIERS too), shutdown.
 	UseStatsd          bool              // USE_STATSD (default true): the reference's stats to STATSD_HOST:STATSD_PORT
 	UseDogStatsd       bool              // USE_DOG_STATSD: the same stats in DogStatsD's format, EXTRA_TAGS as its tags
 	StatsdHost         string            // STATSD_HOST (localhost)

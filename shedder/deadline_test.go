@@ -105,7 +105,7 @@ func TestQueueDeadlines(t *testing.T) {
 	})
 }
 
-// WithLIFO: while the oldest waiter has waited the threshold, a freed slot
+// QueueSettings.LIFO: while the oldest waiter has waited the threshold, a freed slot
 // goes to the newest; otherwise to the oldest.
 func TestQueueAdaptiveLIFO(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -141,7 +141,7 @@ func TestQueueAdaptiveLIFO(t *testing.T) {
 	})
 }
 
-// WithSojourn: a queue that has not been empty for the interval bounds a
+// QueueSettings.SojournTarget and SojournInterval: a queue that has not been empty for the interval bounds a
 // new wait by the target and denies, at its turn, a waiter that has
 // waited longer; before that a wait is bounded by the interval.
 func TestQueueSojourn(t *testing.T) {

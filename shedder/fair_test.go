@@ -19,7 +19,7 @@ func treq(tenant string) *spillway.Request {
 	return r
 }
 
-// WithTenant: a tenant over its max-min share of a contended queue is
+// QueueSettings.Tenant: a tenant over its max-min share of a contended queue is
 // refused at once with 429 and a Retry-After of its own (one that got
 // less service than the mean lately may have one request more waiting,
 // refused the same way if no slot frees for it in time); a freed slot

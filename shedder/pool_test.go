@@ -479,7 +479,7 @@ func TestWorkerBeforePoolWhenWorkersSaturate(t *testing.T) {
 	})
 }
 
-// A Pool of WithFleet whose slots the fleet's allowance set tells its
+// A Pool with a fleet (NewPool's fleet) whose slots the fleet's allowance set tells its
 // Fleet when it refuses Critical work, so that the fleet's other servers
 // above their even share make room (Fleet, pressure); a Pool whose slots
 // its learned limit set does not: the dependency, not the fleet, holds it

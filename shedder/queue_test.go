@@ -170,7 +170,7 @@ func TestQueueWaitRunsOut(t *testing.T) {
 }
 
 func TestQueueNoWaitAndNoOvertaking(t *testing.T) {
-	// WithMaxWait(0): a full pool denies at once.
+	// MaxWait -1 (no wait): a full pool denies at once.
 	q, err := NewQueue(1, QueueSettings{MaxWait: -1})
 	require.NoError(t, err)
 	fill(t, q, 1, spillway.Sheddable)

@@ -169,7 +169,7 @@ func (l *Limiter) reserveBatch(ctx context.Context, items []ratelimit.Item, rule
 }
 
 // cancel gives back a hold whose batch was denied after it was made: a
-// settle of every item to 0, off the request path (SettleAsync), refunds
+// settle of every item to 0, off the request path, refunds
 // exactly what it held. If the store does not answer, the hold is
 // released at its TTL.
 func (l *Limiter) cancel(h *ratelimit.Hold) {

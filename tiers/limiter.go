@@ -64,7 +64,7 @@ type Settings struct {
 	SettleTimeout time.Duration
 
 	// HoldObserver is told about the holds of "cost: response" rules
-	// (telemetry.HoldMetrics is one).
+	// (telemetry.NewHoldMetrics returns one).
 	HoldObserver HoldObserver
 }
 
