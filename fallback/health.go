@@ -487,58 +487,92 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 		// (a retry on another connection) and the breaker refused it:
 		// nothing was learned about the Redis.
 		h.settle(done, errExcluded)
-	case !h.blamesRedis(err, start, allowance):
-		h.overloaded.Add(1)
-		h.settle(done, errExcluded)
-		return false
-	case h.shards != nil:
-		// A Cluster: the node's breaker counted it (shardHook).
-		h.settle(done, errExcluded)
 	default:
-		h.failures.Add(1)
-		h.lastErr.Store(&errBox{err})
-		h.settle(done, err)
+		switch h.blamesRedis(err, start, allowance) {
+		case blameProcess:
+			h.overloaded.Add(1)
+			h.settle(done, errExcluded)
+			return false
+		case blameCounted:
+			// Redis's, but the evidence was counted already (one silence
+			// shared by the calls coalesced into it, a dial error the pool
+			// hands out again): one failure, not one per call.
+			h.settle(done, errExcluded)
+		default:
+			if h.shards != nil {
+				// A Cluster: the node's breaker counted it (shardHook).
+				h.settle(done, errExcluded)
+				break
+			}
+			h.failures.Add(1)
+			h.lastErr.Store(&errBox{err})
+			h.settle(done, err)
+		}
 	}
 	return true
 }
 
-// blamesRedis reports whether a failed call counts against the Redis.
-// Only what the Redis did counts: an error it caused (a refused or reset
-// connection, a failed dial), or a reply that did not come while the
-// Redis had the command — from the moment the command was written
-// (wireConn: the latest read of this Health's connections that ran out of
-// time while the call ran, since go-redis's retry may have replaced the
-// read's own error), for at least half of the call's budget (allowance;
-// any time when unknown): a caller's shorter deadline proves nothing
-// against Redis. Less proves nothing, like the slice
-// of a budget the blocks before spent (guardScope.short). A call that ran
-// out of time before its command was written (waiting for a pooled
-// connection, for the coalesced call in flight, for the CPU) or whose
-// reply was in the socket, unread, when its time ran out, was delayed by
-// this process: it is not the Redis's failure.
-func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) bool {
+// blame is who a failed call is held against.
+type blame uint8
+
+const (
+	blameRedis   blame = iota // a failure of the Redis, counted now
+	blameCounted              // the Redis's, on evidence already counted
+	blameProcess              // this process's own wait: overload
+)
+
+// blamesRedis says whom a failed call counts against. Only what the
+// Redis did counts: an error it caused (a refused or reset connection, a
+// failed dial), or a reply that did not come while the Redis had the
+// command — from the moment the command was written (wireConn: the latest
+// read of this Health's connections that ran out of time while the call
+// ran, since go-redis's retry may have replaced the read's own error), for
+// at least half of the call's budget (allowance; any time when unknown): a
+// caller's shorter deadline proves nothing against Redis. Less proves
+// nothing, like the slice of a budget the blocks before spent
+// (guardScope.short). A call that ran out of time before its command was
+// written (waiting for a pooled connection, for the coalesced call in
+// flight, for the CPU) or whose reply was in the socket, unread, when its
+// time ran out, was delayed by this process: it is not the Redis's
+// failure. Each piece of evidence counts once (wireEvent.claim): the calls
+// that share one silent script call, or the dial error the pool returns to
+// every caller until it redials, are one failure; a dial error from before
+// the call began is stale and counts for nothing.
+func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) blame {
 	if !h.wired {
 		// Not a go-redis client this health dials for (a store or limiter
 		// of another kind): nothing tells the waits apart, every failure
 		// counts.
-		return true
+		return blameRedis
 	}
 	var df *dialFailure
 	if errors.As(err, &df) {
-		return !timedOut(df.err) || df.took >= allowance/2
+		switch {
+		case df.ev.at < start.UnixNano():
+			return blameCounted // the pool's memory of an earlier dial
+		case timedOut(df.err) && df.took < allowance/2:
+			return blameProcess
+		}
+		return df.ev.claim()
 	}
 	if errors.Is(err, errDetachedExpired) {
-		return true // a client that ignores deadlines: nothing tells the waits apart
+		return blameRedis // a client that ignores deadlines: nothing tells the waits apart
 	}
 	if !timedOut(err) {
-		return true
+		return blameRedis
 	}
 	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
-		return e.broken || (!e.replied && e.silence >= allowance/2)
+		if e.broken || (!e.replied && e.silence >= allowance/2) {
+			return e.claim()
+		}
+		return blameProcess
 	}
 	var op *net.OpError
 	// written on a connection this health did not dial, no reply in time
-	return errors.As(err, &op) && op.Op == "read"
+	if errors.As(err, &op) && op.Op == "read" {
+		return blameRedis
+	}
+	return blameProcess
 }
 
 // timedOut reports whether err is a deadline or timeout of any kind.

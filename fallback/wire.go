@@ -102,13 +102,27 @@ type wireEvent struct {
 	silence time.Duration
 	replied bool
 	broken  bool // the server closed or reset a connection, or refused one
+	// claimed: a call counted it against the Redis already (claim).
+	claimed atomic.Bool
+}
+
+// claim reports whether the call that found e counts it against the Redis
+// (the first to find it) or finds it counted (every later one).
+func (e *wireEvent) claim() blame {
+	if e.claimed.CompareAndSwap(false, true) {
+		return blameRedis
+	}
+	return blameCounted
 }
 
 // dialFailure is a failed dial: the server (or the network to it) did not
-// accept a connection within took.
+// accept a connection within took. go-redis's pool returns the same error
+// to later calls until it redials: ev (when it failed, and whether a call
+// counted it) tells those apart.
 type dialFailure struct {
 	err  error
 	took time.Duration
+	ev   *wireEvent
 }
 
 func (e *dialFailure) Error() string { return e.err.Error() }
@@ -137,10 +151,11 @@ func (h *Health) dial(ctx context.Context, next redis.DialHook, network, addr st
 	c, err := next(ctx, network, addr)
 	if err != nil {
 		took := time.Since(start)
+		ev := &wireEvent{at: time.Now().UnixNano(), broken: true}
 		if !timedOut(err) && !errors.Is(err, ErrOpen) {
-			h.noteWire(&wireEvent{at: time.Now().UnixNano(), broken: true})
+			h.noteWire(ev)
 		}
-		return nil, &dialFailure{err: err, took: took}
+		return nil, &dialFailure{err: err, took: took, ev: ev}
 	}
 	return wrapConn(c, h), nil
 }
