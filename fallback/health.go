@@ -74,6 +74,7 @@ type Health struct {
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
 	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
+	conns                                 sync.Map                  // *wireConn -> struct{}: the connections open (silentNow)
 	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
 
@@ -572,7 +573,10 @@ func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration
 	if errors.As(err, &op) && op.Op == "read" {
 		return blameRedis
 	}
-	return blameProcess
+	// Not sent, or its read not yet timed out: it waited behind a command
+	// that Redis has not answered for half a budget (a coalesced call in
+	// flight on a paused Redis), or in this process.
+	return h.silentNow(allowance / 2)
 }
 
 // timedOut reports whether err is a deadline or timeout of any kind.
@@ -583,6 +587,15 @@ func timedOut(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// errOverloaded is the error of a call whose budget ran out in this
+// process before Redis could answer (the coalescing queue, the pool, the
+// CPU): the process is the bottleneck. A Store refuses such a call (Decide
+// returns it, nothing decided) rather than decide it by the local share: an
+// approximation would spend more of an overloaded CPU on a caller that is
+// already late, and say nothing true about Redis. It matches
+// spillway.ErrBudgetSpent, so a Reserve decides it locally as before.
+var errOverloaded = fmt.Errorf("fallback: overloaded, the budget went in this process: %w", spillway.ErrBudgetSpent)
 
 // finish reports the outcome err of a call the breaker allowed (done) and
 // classifies it (a call cut short by the request's budget, sc.cutShort,
@@ -598,7 +611,9 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 	if h.shards != nil && err != nil && !healthy(err) && !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrOpen) &&
 		(sc.g == nil || !sc.g.shardFailed.Load()) {
 		// A Cluster: no node's breaker counted a failure of this call
-		// (shardHook), so its time went in this process.
+		// (shardHook), so its time went in this process — or in a
+		// failover's redirections, which the nodes' breakers do not tell
+		// apart: decided locally, not refused.
 		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
 		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
@@ -610,9 +625,8 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 	case errors.Is(ctx.Err(), context.Canceled):
 		return &canceledError{err: ctx.Err()}
 	case !blamed:
-		// spent in this process: the decision is local like one that
-		// found the budget spent before its call
-		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
+		// spent in this process: overload (see errOverloaded)
+		return fmt.Errorf("%w: %w", errOverloaded, err)
 	}
 	return err
 }

@@ -33,6 +33,38 @@ type wireConn struct {
 	// reply was written; readAt is when the server last sent a byte (Unix
 	// ns, 0: never). A command written after a reply sets wroteAt anew.
 	wroteAt, readAt atomic.Int64
+	// claimed is the wroteAt of the silence a call counted (silentNow).
+	claimed atomic.Int64
+}
+
+// Close forgets c (silentNow) and closes it.
+func (c *wireConn) Close() error {
+	c.h.conns.Delete(c)
+	return c.Conn.Close()
+}
+
+// silentNow says whom a call that ran out of time without a read of its
+// own timing out counts against: the Redis when one of h's connections has
+// a command outstanding that Redis has not answered for at least d (its
+// reply not waiting unread in the socket) — the first such call per
+// command; the later ones find it counted — else this process.
+func (h *Health) silentNow(d time.Duration) blame {
+	verdict := blameProcess
+	now := time.Now().UnixNano()
+	h.conns.Range(func(k, _ any) bool {
+		c := k.(*wireConn)
+		w := c.wroteAt.Load()
+		if w == 0 || w <= c.readAt.Load() || time.Duration(now-w) < d || pending(c.Conn) {
+			return true
+		}
+		if old := c.claimed.Load(); old != w && c.claimed.CompareAndSwap(old, w) {
+			verdict = blameRedis
+			return false
+		}
+		verdict = blameCounted
+		return true
+	})
+	return verdict
 }
 
 // sysWireConn is a wireConn over a connection that exposes its file
@@ -45,6 +77,7 @@ func (c sysWireConn) SyscallConn() (syscall.RawConn, error) {
 
 func wrapConn(c net.Conn, h *Health) net.Conn {
 	w := &wireConn{Conn: c, h: h}
+	h.conns.Store(w, struct{}{})
 	if _, ok := c.(syscall.Conn); ok {
 		return sysWireConn{w}
 	}
