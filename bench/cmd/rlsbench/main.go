@@ -153,11 +153,6 @@ func run() error {
 	printf("# reference: %s\n", referenceVersion())
 	startLoad := loadavg()
 	printf("# load average at start: %s\n", startLoad)
-	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included, and what the server did after it until it and Redis were idle)\n")
-	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
-	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
-		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "degraded", "cpu µs/call srv/rds/gen", "loadavg")
-
 	if *overload {
 		rows, err := overloadTest(ctx, printf, names, counts, srvs, rdb, redisPid)
 		if err != nil {
@@ -175,6 +170,11 @@ func run() error {
 		printf("# load average at end: %s\n", loadavg())
 		return nil
 	}
+
+	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included, and what the server did after it until it and Redis were idle)\n")
+	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
+	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
+		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "degraded", "cpu µs/call srv/rds/gen", "loadavg")
 
 	results := map[key][]*rlsload.Result{}
 	for r := range *rounds {
