@@ -73,7 +73,8 @@ type Health struct {
 
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
-	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
+	wire                                  [wireEvents]atomic.Pointer[wireEvent] // the latest reads that ran out of time (wireConn), a ring
+	wireNext                              atomic.Uint64                         // the next slot of wire
 	conns                                 sync.Map                  // *wireConn -> struct{}: the connections open (silentNow)
 	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
@@ -562,15 +563,28 @@ func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration
 	if !timedOut(err) {
 		return blameRedis
 	}
-	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
-		if e.broken || (!e.replied && e.silence >= allowance/2) {
-			return e.claim()
+	// The reads that ran out of time while the call ran, on any of the
+	// connections (another call's may be the one it waited behind).
+	seen, counted := false, false
+	for i := range h.wire {
+		e := h.wire[i].Load()
+		if e == nil || e.at < start.UnixNano() {
+			continue
 		}
-		return blameProcess
+		seen = true
+		if e.broken || (!e.replied && e.silence >= allowance/2) {
+			if e.claim() == blameRedis {
+				return blameRedis
+			}
+			counted = true
+		}
+	}
+	if counted {
+		return blameCounted
 	}
 	var op *net.OpError
 	// written on a connection this health did not dial, no reply in time
-	if errors.As(err, &op) && op.Op == "read" {
+	if !seen && errors.As(err, &op) && op.Op == "read" {
 		return blameRedis
 	}
 	// Not sent, or its read not yet timed out: it waited behind a command

@@ -118,10 +118,27 @@ func (c *wireConn) Read(b []byte) (int, error) {
 
 // noteWire records e for h (and the Health of its Cluster client).
 func (h *Health) noteWire(e *wireEvent) {
-	h.wire.Store(e)
+	h.keepWire(e)
 	if h.parent != nil {
-		h.parent.wire.Store(e)
+		h.parent.keepWire(e)
 	}
+}
+
+// wireEvents is how many of the latest reads that ran out of time a Health
+// keeps: a call looks at those that happened while it ran.
+const wireEvents = 32
+
+func (h *Health) keepWire(e *wireEvent) {
+	h.wire[(h.wireNext.Add(1)-1)%wireEvents].Store(e)
+}
+
+// lastWire is the latest read that ran out of time, or nil.
+func (h *Health) lastWire() *wireEvent {
+	n := h.wireNext.Load()
+	if n == 0 {
+		return nil
+	}
+	return h.wire[(n-1)%wireEvents].Load()
 }
 
 // wireEvent is the latest read of a Health's connections that ran out of

@@ -54,7 +54,7 @@ func TestWireConnTellsALateReaderFromASilentServer(t *testing.T) {
 	if _, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("late read: %v, want a deadline error", err)
 	}
-	if e := h.wire.Load(); e == nil || !e.replied {
+	if e := h.lastWire(); e == nil || !e.replied {
 		t.Fatalf("late read recorded %+v; want replied", e)
 	}
 	_ = c.SetReadDeadline(time.Time{})
@@ -71,7 +71,7 @@ func TestWireConnTellsALateReaderFromASilentServer(t *testing.T) {
 	if _, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read of a silent server: %v, want a deadline error", err)
 	}
-	if e := h.wire.Load(); e == nil || e.replied || e.silence < 30*time.Millisecond {
+	if e := h.lastWire(); e == nil || e.replied || e.silence < 30*time.Millisecond {
 		t.Fatalf("silent server recorded %+v; want not replied, silent 30ms or more", e)
 	}
 	close(answer)
