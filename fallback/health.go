@@ -75,8 +75,8 @@ type Health struct {
 	overloaded                            atomic.Int64
 	wire                                  [wireEvents]atomic.Pointer[wireEvent] // the latest reads that ran out of time (wireConn), a ring
 	wireNext                              atomic.Uint64                         // the next slot of wire
-	conns                                 sync.Map                  // *wireConn -> struct{}: the connections open (silentNow)
-	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
+	conns                                 sync.Map                              // *wireConn -> struct{}: the connections open (silentNow)
+	budget                                atomic.Int64                          // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
 
 	// probe is the health's own check (nil: user calls probe, half-open).
