@@ -73,6 +73,7 @@ type Health struct {
 
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
+	failedAt                              atomic.Int64                          // Unix ns of the latest evidence against the Redis (failedLately)
 	wire                                  [wireEvents]atomic.Pointer[wireEvent] // the latest reads that ran out of time (wireConn), a ring
 	wireNext                              atomic.Uint64                         // the next slot of wire
 	conns                                 sync.Map                              // *wireConn -> struct{}: the connections open (silentNow)
@@ -496,6 +497,7 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 			h.settle(done, errExcluded)
 			return false
 		case blameCounted:
+			h.failedAt.Store(time.Now().UnixNano())
 			// Redis's, but the evidence was counted already (one silence
 			// shared by the calls coalesced into it, a dial error the pool
 			// hands out again): one failure, not one per call.
@@ -508,6 +510,7 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 			}
 			h.failures.Add(1)
 			h.lastErr.Store(&errBox{err})
+			h.failedAt.Store(time.Now().UnixNano())
 			h.settle(done, err)
 		}
 	}
@@ -602,6 +605,13 @@ func timedOut(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// failedLately reports whether the Redis failed (a call counted against
+// it, a connection it broke or refused) within the last OpenTimeout.
+func (h *Health) failedLately() bool {
+	at := h.failedAt.Load()
+	return at != 0 && time.Now().UnixNano()-at < int64(h.set.OpenTimeout)
+}
+
 // errOverloaded is the error of a call whose budget ran out in this
 // process before Redis could answer (the coalescing queue, the pool, the
 // CPU): the process is the bottleneck. A Store refuses such a call (Decide
@@ -609,6 +619,8 @@ func timedOut(err error) bool {
 // approximation would spend more of an overloaded CPU on a caller that is
 // already late, and say nothing true about Redis. It matches
 // spillway.ErrBudgetSpent, so a Reserve decides it locally as before.
+// Within OpenTimeout of a Redis failure (failedLately) such a call is
+// decided locally instead: its wait may have been the failover's.
 var errOverloaded = fmt.Errorf("fallback: overloaded, the budget went in this process: %w", spillway.ErrBudgetSpent)
 
 // finish reports the outcome err of a call the breaker allowed (done) and
@@ -638,6 +650,12 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 		return nil
 	case errors.Is(ctx.Err(), context.Canceled):
 		return &canceledError{err: ctx.Err()}
+	case !blamed && h.failedLately():
+		// Redis failed a moment ago (a failover, a restart): the wait may
+		// have been for it (a new master's address, a redial), which the
+		// health cannot tell apart from this process's own; decided
+		// locally, as a budget spent before the call is.
+		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
 	case !blamed:
 		// spent in this process: overload (see errOverloaded)
 		return fmt.Errorf("%w: %w", errOverloaded, err)

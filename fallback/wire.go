@@ -118,6 +118,12 @@ func (c *wireConn) Read(b []byte) (int, error) {
 
 // noteWire records e for h (and the Health of its Cluster client).
 func (h *Health) noteWire(e *wireEvent) {
+	if e.broken {
+		h.failedAt.Store(e.at)
+		if h.parent != nil {
+			h.parent.failedAt.Store(e.at)
+		}
+	}
 	h.keepWire(e)
 	if h.parent != nil {
 		h.parent.keepWire(e)
