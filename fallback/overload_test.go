@@ -78,6 +78,20 @@ func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
 		})
 	}
 	wg.Wait()
+
+	// In a chain the refusal is the block's store error: its fail mode
+	// answers (here closed), nothing is decided locally.
+	lim, err := ratelimit.New(st, hourly, ratelimit.Settings{Scope: "chain", FailMode: spillway.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &spillway.Request{}
+	r.Set(spillway.DimIP, "198.51.100.9")
+	d, _, err := spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP)).Admit(context.Background(), r)
+	var se *spillway.StoreError
+	if !errors.As(err, &se) || se.Fail != spillway.FailClosed || !errors.Is(err, spillway.ErrBudgetSpent) || d.Degraded {
+		t.Fatalf("chain on a starved caller: %+v, %v; want a *StoreError asking for FailClosed, matching ErrBudgetSpent", d, err)
+	}
 	if err := held.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -90,11 +104,11 @@ func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
 	if hs.State != fallback.Closed || hs.Opened != 0 || hs.Failures != 0 || hs.ConsecutiveFailures != 0 {
 		t.Fatalf("health after a starved caller: %+v; want closed, never opened, no failure", hs)
 	}
-	if hs.Overloaded < n {
+	if hs.Overloaded < n+1 {
 		t.Fatalf("health counted %d overloaded calls; want at least %d", hs.Overloaded, n)
 	}
-	if ss.Degraded != 0 || ss.Overloaded != n || ss.Refused != n || overload.Load() != 0 || other.Load() != 0 {
-		t.Fatalf("store: %d degraded, %d overloaded, %d refused, events %d overload / %d other; want %d overloaded and refused, no local decision", ss.Degraded, ss.Overloaded, ss.Refused, overload.Load(), other.Load(), n)
+	if ss.Degraded != 0 || ss.Overloaded != n+1 || ss.Refused != n+1 || overload.Load() != 0 || other.Load() != 0 {
+		t.Fatalf("store: %d degraded, %d overloaded, %d refused, events %d overload / %d other; want %d overloaded and refused, no local decision", ss.Degraded, ss.Overloaded, ss.Refused, overload.Load(), other.Load(), n+1)
 	}
 	// Redis was never the problem: the next call is its again.
 	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded || d.Remaining != 98 {
