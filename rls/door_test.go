@@ -9,6 +9,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -126,5 +127,67 @@ descriptors:
 	// Nothing was charged for the refused calls: 100 - 1 - 2 - 1.
 	if resp, err := call(time.Second); err != nil || resp.Statuses[0].LimitRemaining != 96 {
 		t.Fatalf("call after: %v %v; want OK with 96 left", resp, err)
+	}
+}
+
+// A call whose budget (SPILLWAY_BUDGET) runs out in this process before
+// Redis could answer — here every call waits for the one pooled
+// connection, which another caller holds idle — is shed: refused at once
+// as SPILLWAY_LATE_ANSWER says, nothing decided locally, the breaker
+// closed.
+func TestOverloadedStoreCallIsShed(t *testing.T) {
+	rs := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: rs.Addr, PoolSize: 1, PoolTimeout: 10 * time.Second})
+	t.Cleanup(func() { client.Close() })
+	set := DefaultSettings()
+	set.Budget, set.LateAnswer = 40*time.Millisecond, "over_limit"
+	fs, err := newStore(client, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := NewService(fs, set, nil)
+	cfg, err := Load([]File{{Name: "o.yaml", Content: []byte(`
+domain: o
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 100}
+`)}}, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetConfig(cfg)
+	req := &pb.RateLimitRequest{Domain: "o", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}}
+	call := func() (*pb.RateLimitResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return svc.ShouldRateLimit(ctx, req)
+	}
+	if resp, err := call(); err != nil || resp.Statuses[0].LimitRemaining != 99 {
+		t.Fatalf("first call: %v %v; want OK with 99 left", resp, err)
+	}
+	held := client.Conn()
+	if err := held.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	for i := range n {
+		resp, err := call()
+		if err != nil || resp.OverallCode != pb.RateLimitResponse_OVER_LIMIT || len(resp.Statuses) != 0 {
+			t.Fatalf("call %d with the pool held: %v %v; want OVER_LIMIT at once, undecided", i, resp, err)
+		}
+	}
+	_ = held.Close()
+	degraded, _ := fallbackview.StoreDegraded(fs)
+	hs := fallbackview.StoreHealth(fs).(*fallback.Health).Stats()
+	t.Logf("shed %d, late %d, local %d; health %+v", svc.stats.Shed.Load(), svc.stats.Late.Load(), degraded, hs)
+	if svc.stats.Shed.Load() != n || svc.stats.Late.Load() != 0 || degraded != 0 || fallbackview.StoreRefused(fs) != n {
+		t.Fatalf("shed %d, late %d, local %d, refused by the store %d; want %d shed, none local", svc.stats.Shed.Load(), svc.stats.Late.Load(), degraded, fallbackview.StoreRefused(fs), n)
+	}
+	if hs.State != fallback.Closed || hs.Failures != 0 || hs.Overloaded != n {
+		t.Fatalf("health %+v; want closed, no failure, %d overloaded", hs, n)
+	}
+	if resp, err := call(); err != nil || resp.Statuses[0].LimitRemaining != 98 {
+		t.Fatalf("after: %v %v; want OK with 98 left", resp, err)
 	}
 }
