@@ -219,7 +219,8 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // neither, and so is one that ran out of time in this process (waiting
 // for a pooled connection, for the coalesced call in flight, for the CPU,
 // or whose reply was in the socket when its time ran out): it is counted
-// in HealthStats.Overloaded and never opens the breaker. The health judges
+// in HealthStats.Overloaded, never opens the breaker, and a Store refuses
+// it rather than decide it locally. The health judges
 // Redis, not the caller's wait: an overloaded process is not a sick Redis.
 // The connections the client dials are timed for this (the hook wraps
 // them); see docs/fallback.md, "Which waits count".
