@@ -530,9 +530,10 @@ const (
 // blamesRedis says whom a failed call counts against. Only what the
 // Redis did counts: an error it caused (a refused or reset connection, a
 // failed dial), or a reply that did not come while the Redis had the
-// command — from the moment the command was written (wireConn: the latest
-// read of this Health's connections that ran out of time while the call
-// ran, since go-redis's retry may have replaced the read's own error), for
+// command — from the moment the command was written (wireConn: the reads
+// of this Health's connections that ran out of time while the call ran,
+// since go-redis's retry may have replaced the read's own error; or a
+// command outstanding now, silentNow), for
 // at least half of the call's budget (allowance; any time when unknown): a
 // caller's shorter deadline proves nothing against Redis. Less proves
 // nothing, like the slice of a budget the blocks before spent
