@@ -73,8 +73,11 @@ type Health struct {
 
 	successes, failures, rejected, opened atomic.Int64
 	overloaded                            atomic.Int64
-	wire                                  atomic.Pointer[wireEvent] // the latest read that ran out of time (wireConn)
-	budget                                atomic.Int64              // the longest budget of the blocks on it (noteBudget)
+	failedAt                              atomic.Int64                          // Unix ns of the latest evidence against the Redis (failedLately)
+	wire                                  [wireEvents]atomic.Pointer[wireEvent] // the latest reads that ran out of time (wireConn), a ring
+	wireNext                              atomic.Uint64                         // the next slot of wire
+	conns                                 sync.Map                              // *wireConn -> struct{}: the connections open (silentNow)
+	budget                                atomic.Int64                          // the longest budget of the blocks on it (noteBudget)
 	lastErr                               atomic.Pointer[errBox]
 
 	// probe is the health's own check (nil: user calls probe, half-open).
@@ -216,7 +219,8 @@ var healths sync.Map // redis.UniversalClient -> *Health
 // neither, and so is one that ran out of time in this process (waiting
 // for a pooled connection, for the coalesced call in flight, for the CPU,
 // or whose reply was in the socket when its time ran out): it is counted
-// in HealthStats.Overloaded and never opens the breaker. The health judges
+// in HealthStats.Overloaded, never opens the breaker, and a Store refuses
+// it rather than decide it locally. The health judges
 // Redis, not the caller's wait: an overloaded process is not a sick Redis.
 // The connections the client dials are timed for this (the hook wraps
 // them); see docs/fallback.md, "Which waits count".
@@ -487,58 +491,111 @@ func (h *Health) report(ctx context.Context, done func(error), err error, start 
 		// (a retry on another connection) and the breaker refused it:
 		// nothing was learned about the Redis.
 		h.settle(done, errExcluded)
-	case !h.blamesRedis(err, start, allowance):
-		h.overloaded.Add(1)
-		h.settle(done, errExcluded)
-		return false
-	case h.shards != nil:
-		// A Cluster: the node's breaker counted it (shardHook).
-		h.settle(done, errExcluded)
 	default:
-		h.failures.Add(1)
-		h.lastErr.Store(&errBox{err})
-		h.settle(done, err)
+		switch h.blamesRedis(err, start, allowance) {
+		case blameProcess:
+			h.overloaded.Add(1)
+			h.settle(done, errExcluded)
+			return false
+		case blameCounted:
+			h.failedAt.Store(time.Now().UnixNano())
+			// Redis's, but the evidence was counted already (one silence
+			// shared by the calls coalesced into it, a dial error the pool
+			// hands out again): one failure, not one per call.
+			h.settle(done, errExcluded)
+		default:
+			if h.shards != nil {
+				// A Cluster: the node's breaker counted it (shardHook).
+				h.settle(done, errExcluded)
+				break
+			}
+			h.failures.Add(1)
+			h.lastErr.Store(&errBox{err})
+			h.failedAt.Store(time.Now().UnixNano())
+			h.settle(done, err)
+		}
 	}
 	return true
 }
 
-// blamesRedis reports whether a failed call counts against the Redis.
-// Only what the Redis did counts: an error it caused (a refused or reset
-// connection, a failed dial), or a reply that did not come while the
-// Redis had the command — from the moment the command was written
-// (wireConn: the latest read of this Health's connections that ran out of
-// time while the call ran, since go-redis's retry may have replaced the
-// read's own error), for at least half of the call's budget (allowance;
-// any time when unknown): a caller's shorter deadline proves nothing
-// against Redis. Less proves nothing, like the slice
-// of a budget the blocks before spent (guardScope.short). A call that ran
-// out of time before its command was written (waiting for a pooled
-// connection, for the coalesced call in flight, for the CPU) or whose
-// reply was in the socket, unread, when its time ran out, was delayed by
-// this process: it is not the Redis's failure.
-func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) bool {
+// blame is who a failed call is held against.
+type blame uint8
+
+const (
+	blameRedis   blame = iota // a failure of the Redis, counted now
+	blameCounted              // the Redis's, on evidence already counted
+	blameProcess              // this process's own wait: overload
+)
+
+// blamesRedis says whom a failed call counts against. Only what the
+// Redis did counts: an error it caused (a refused or reset connection, a
+// failed dial), or a reply that did not come while the Redis had the
+// command — from the moment the command was written (wireConn: the reads
+// of this Health's connections that ran out of time while the call ran,
+// since go-redis's retry may have replaced the read's own error; or a
+// command outstanding now, silentNow), for
+// at least half of the call's budget (allowance; any time when unknown): a
+// caller's shorter deadline proves nothing against Redis. Less proves
+// nothing, like the slice of a budget the blocks before spent
+// (guardScope.short). A call that ran out of time before its command was
+// written (waiting for a pooled connection, for the coalesced call in
+// flight, for the CPU) or whose reply was in the socket, unread, when its
+// time ran out, was delayed by this process: it is not the Redis's
+// failure. Each piece of evidence counts once (wireEvent.claim): the calls
+// that share one silent script call, or the dial error the pool returns to
+// every caller until it redials, are one failure; a dial error from before
+// the call began is stale and counts for nothing.
+func (h *Health) blamesRedis(err error, start time.Time, allowance time.Duration) blame {
 	if !h.wired {
 		// Not a go-redis client this health dials for (a store or limiter
 		// of another kind): nothing tells the waits apart, every failure
 		// counts.
-		return true
+		return blameRedis
 	}
 	var df *dialFailure
 	if errors.As(err, &df) {
-		return !timedOut(df.err) || df.took >= allowance/2
+		switch {
+		case df.ev.at < start.UnixNano():
+			return blameCounted // the pool's memory of an earlier dial
+		case timedOut(df.err) && df.took < allowance/2:
+			return blameProcess
+		}
+		return df.ev.claim()
 	}
 	if errors.Is(err, errDetachedExpired) {
-		return true // a client that ignores deadlines: nothing tells the waits apart
+		return blameRedis // a client that ignores deadlines: nothing tells the waits apart
 	}
 	if !timedOut(err) {
-		return true
+		return blameRedis
 	}
-	if e := h.wire.Load(); e != nil && e.at >= start.UnixNano() {
-		return e.broken || (!e.replied && e.silence >= allowance/2)
+	// The reads that ran out of time while the call ran, on any of the
+	// connections (another call's may be the one it waited behind).
+	seen, counted := false, false
+	for i := range h.wire {
+		e := h.wire[i].Load()
+		if e == nil || e.at < start.UnixNano() {
+			continue
+		}
+		seen = true
+		if e.broken || (!e.replied && e.silence >= allowance/2) {
+			if e.claim() == blameRedis {
+				return blameRedis
+			}
+			counted = true
+		}
+	}
+	if counted {
+		return blameCounted
 	}
 	var op *net.OpError
 	// written on a connection this health did not dial, no reply in time
-	return errors.As(err, &op) && op.Op == "read"
+	if !seen && errors.As(err, &op) && op.Op == "read" {
+		return blameRedis
+	}
+	// Not sent, or its read not yet timed out: it waited behind a command
+	// that Redis has not answered for half a budget (a coalesced call in
+	// flight on a paused Redis), or in this process.
+	return h.silentNow(allowance / 2)
 }
 
 // timedOut reports whether err is a deadline or timeout of any kind.
@@ -549,6 +606,24 @@ func timedOut(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// failedLately reports whether the Redis failed (a call counted against
+// it, a connection it broke or refused) within the last OpenTimeout.
+func (h *Health) failedLately() bool {
+	at := h.failedAt.Load()
+	return at != 0 && time.Now().UnixNano()-at < int64(h.set.OpenTimeout)
+}
+
+// errOverloaded is the error of a call whose budget ran out in this
+// process before Redis could answer (the coalescing queue, the pool, the
+// CPU): the process is the bottleneck. A Store refuses such a call (Decide
+// returns it, nothing decided) rather than decide it by the local share: an
+// approximation would spend more of an overloaded CPU on a caller that is
+// already late, and say nothing true about Redis. It matches
+// spillway.ErrBudgetSpent, so a Reserve decides it locally as before.
+// Within OpenTimeout of a Redis failure (failedLately) such a call is
+// decided locally instead: its wait may have been the failover's.
+var errOverloaded = fmt.Errorf("fallback: overloaded, the budget went in this process: %w", spillway.ErrBudgetSpent)
 
 // finish reports the outcome err of a call the breaker allowed (done) and
 // classifies it (a call cut short by the request's budget, sc.cutShort,
@@ -564,7 +639,9 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 	if h.shards != nil && err != nil && !healthy(err) && !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrOpen) &&
 		(sc.g == nil || !sc.g.shardFailed.Load()) {
 		// A Cluster: no node's breaker counted a failure of this call
-		// (shardHook), so its time went in this process.
+		// (shardHook), so its time went in this process — or in a
+		// failover's redirections, which the nodes' breakers do not tell
+		// apart: decided locally, not refused.
 		h.overloaded.Add(1)
 		h.settle(done, errExcluded)
 		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
@@ -575,10 +652,15 @@ func (h *Health) finish(ctx context.Context, done func(error), err error, sc gua
 		return nil
 	case errors.Is(ctx.Err(), context.Canceled):
 		return &canceledError{err: ctx.Err()}
-	case !blamed:
-		// spent in this process: the decision is local like one that
-		// found the budget spent before its call
+	case !blamed && h.failedLately():
+		// Redis failed a moment ago (a failover, a restart): the wait may
+		// have been for it (a new master's address, a redial), which the
+		// health cannot tell apart from this process's own; decided
+		// locally, as a budget spent before the call is.
 		return fmt.Errorf("%w: %w", spillway.ErrBudgetSpent, err)
+	case !blamed:
+		// spent in this process: overload (see errOverloaded)
+		return fmt.Errorf("%w: %w", errOverloaded, err)
 	}
 	return err
 }

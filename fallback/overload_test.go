@@ -16,8 +16,9 @@ import (
 )
 
 // A caller starved in this process — its calls wait for the one pooled
-// connection, held by a slow but healthy command, until their budget is
-// gone, before anything is written — decides locally, but the wait is
+// connection, held by another caller, until their budget is gone, before
+// anything is written — is refused, undecided (an error that
+// matches spillway.ErrBudgetSpent, no local decision), and the wait is
 // reported as overload, never against Redis: the breaker stays closed.
 func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
 	b := newBed(t)
@@ -48,50 +49,66 @@ func TestStarvedCallerIsOverloadNotARedisFailure(t *testing.T) {
 		t.Fatalf("healthy decision = %+v; want from Redis, 99 left", d)
 	}
 
-	// Hold the only connection: BLPOP on an empty list answers after 1.5 s.
-	held := make(chan error, 1)
-	go func() { held <- client.BLPop(context.Background(), 1500*time.Millisecond, "nothing").Err() }()
+	// Hold the only connection, idle: a caller of this process has it
+	// (nothing outstanding on it, Redis answered everything).
+	held := client.Conn()
+	if err := held.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the connection held", func() bool { return client.PoolStats().IdleConns == 0 && client.PoolStats().TotalConns == 1 })
 
 	const callers, rounds = 16, 3
 	var wg sync.WaitGroup
-	var degraded, allowed atomic.Int64
+	var degraded, refused atomic.Int64
 	for range callers {
 		wg.Go(func() {
 			for range rounds {
 				out := make([]spillway.Decision, 1)
 				ok, err := st.Decide(context.Background(), []ratelimit.Item{{Scope: "api", Key: "k", Policy: hourly, Cost: 1}}, out)
-				if err != nil {
-					t.Errorf("Decide: %v", err)
+				switch {
+				case errors.Is(err, spillway.ErrBudgetSpent) && !ok && out[0] == (spillway.Decision{}):
+					refused.Add(1)
+				case err != nil:
+					t.Errorf("Decide: %v, want an error matching ErrBudgetSpent", err)
 					return
-				}
-				if out[0].Degraded {
+				case out[0].Degraded:
 					degraded.Add(1)
-				}
-				if ok {
-					allowed.Add(1)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	if err := <-held; !errors.Is(err, redis.Nil) {
-		t.Fatalf("BLPOP: %v, want redis.Nil", err)
+
+	// In a chain the refusal is the block's store error: its fail mode
+	// answers (here closed), nothing is decided locally.
+	lim, err := ratelimit.New(st, hourly, ratelimit.Settings{Scope: "chain", FailMode: spillway.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &spillway.Request{}
+	r.Set(spillway.DimIP, "198.51.100.9")
+	d, _, err := spillway.Chain(ratelimit.PerKey(lim, spillway.DimIP)).Admit(context.Background(), r)
+	var se *spillway.StoreError
+	if !errors.As(err, &se) || se.Fail != spillway.FailClosed || !errors.Is(err, spillway.ErrBudgetSpent) || d.Degraded {
+		t.Fatalf("chain on a starved caller: %+v, %v; want a *StoreError asking for FailClosed, matching ErrBudgetSpent", d, err)
+	}
+	if err := held.Close(); err != nil {
+		t.Fatal(err)
 	}
 	hs, ss := h.Stats(), st.Stats()
 	t.Logf("health %+v; store %+v", hs, ss)
 	const n = callers * rounds
-	if degraded.Load() != n || allowed.Load() != 20 {
-		t.Fatalf("%d degraded, %d allowed of %d; want all degraded, the local share's 20 allowed", degraded.Load(), allowed.Load(), n)
+	if refused.Load() != n || degraded.Load() != 0 {
+		t.Fatalf("%d refused, %d degraded of %d; want all refused, none decided locally", refused.Load(), degraded.Load(), n)
 	}
 	if hs.State != fallback.Closed || hs.Opened != 0 || hs.Failures != 0 || hs.ConsecutiveFailures != 0 {
 		t.Fatalf("health after a starved caller: %+v; want closed, never opened, no failure", hs)
 	}
-	if hs.Overloaded < n {
+	if hs.Overloaded < n+1 {
 		t.Fatalf("health counted %d overloaded calls; want at least %d", hs.Overloaded, n)
 	}
-	if ss.Degraded != n || ss.Overloaded != n || overload.Load() != n || other.Load() != 0 {
-		t.Fatalf("store: %d degraded, %d overloaded, events %d overload / %d other; want %d, all overload", ss.Degraded, ss.Overloaded, overload.Load(), other.Load(), n)
+	if ss.Degraded != 0 || ss.Overloaded != n+1 || ss.Refused != n+1 || overload.Load() != 0 || other.Load() != 0 {
+		t.Fatalf("store: %d degraded, %d overloaded, %d refused, events %d overload / %d other; want %d overloaded and refused, no local decision", ss.Degraded, ss.Overloaded, ss.Refused, overload.Load(), other.Load(), n+1)
 	}
 	// Redis was never the problem: the next call is its again.
 	if d := decide(t, st, "api", "k", hourly, 1); d.Degraded || d.Remaining != 98 {

@@ -32,10 +32,12 @@ import (
 // deadline passes before the decision: as the call comes (refused at once,
 // decided neither by the inner store nor locally) or while the inner store
 // has it (not decided locally: the caller has stopped waiting). Only the
-// Store's own budget, or the chain's, ending first makes a local decision. Time spent in this process (a queue, the
-// pool, the CPU) that leaves a call without its answer in time decides it
-// locally but is counted as overload, not against the inner store (see
-// NewHealth, and HealthStats.Overloaded).
+// Store's own budget, or the chain's, ending first makes a local decision.
+// A call whose budget ran out in this process (a queue, the pool, the CPU)
+// before Redis could answer is overload: it is refused, undecided, with
+// an error that matches spillway.ErrBudgetSpent (in a chain, the block's
+// fail mode answers it), and never counted against the inner store (see
+// NewHealth).
 //
 // Reconcile: while decisions are local, the Store records per key the
 // units it admitted locally. On the first successful call to the inner
@@ -84,14 +86,15 @@ type boundedStore interface {
 var _ ratelimit.Store = (*Store)(nil)
 
 type storeStats struct {
-	calls, degraded, overloaded, cacheHits, reconciled atomic.Int64
+	calls, degraded, overloaded, refused, cacheHits, reconciled atomic.Int64
 }
 
 // counts is what a Store did since it was created.
 type counts struct {
 	Calls      int64 // Decide calls the inner store answered
 	Degraded   int64 // Decide calls answered locally (breaker open, call failed, or time spent in this process)
-	Overloaded int64 // of Degraded, those whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis
+	Overloaded int64 // calls whose time was spent in this process (a spent budget, a queue, the pool, the CPU), not by Redis: Refused, and the Degraded ones whose budget the blocks before spent
+	Refused    int64 // Decide calls refused, undecided, because their budget ran out in this process (errOverloaded)
 	CacheHits  int64 // Decide calls answered from the cache of denials
 	Reconciled int64 // units carried back to the inner store by reconcile
 	Skipped    int64 // local admissions not recorded for reconcile because the ledger was full
@@ -163,6 +166,7 @@ func (s *Store) counts() counts {
 		Calls:      s.stats.calls.Load(),
 		Degraded:   s.stats.degraded.Load(),
 		Overloaded: s.stats.overloaded.Load(),
+		Refused:    s.stats.refused.Load(),
 		CacheHits:  s.stats.cacheHits.Load(),
 		Reconciled: s.stats.reconciled.Load(),
 	}
@@ -265,6 +269,12 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 		// call that comes after its deadline (the call was counted above
 		// for what Redis did).
 		return false, &canceledError{err: cerr}
+	}
+	if errors.Is(err, errOverloaded) {
+		// Refused, not approximated (see errOverloaded).
+		s.stats.overloaded.Add(1)
+		s.stats.refused.Add(1)
+		return false, err
 	}
 	if s.br.shards != nil && len(items) > 1 && errors.Is(err, ErrOpen) {
 		if allowed, ok, err := s.decideSplit(ctx, items, out, err); ok {
@@ -615,6 +625,7 @@ func init() {
 	fallbackview.StoreHealth = func(store any) any { return store.(*Store).br }
 	fallbackview.StoreDegraded = func(store any) (int64, int64) {
 		c := store.(*Store).counts()
-		return c.Degraded, c.Overloaded
+		return c.Degraded, c.Overloaded - c.Refused
 	}
+	fallbackview.StoreRefused = func(store any) int64 { return store.(*Store).counts().Refused }
 }

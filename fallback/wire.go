@@ -33,6 +33,38 @@ type wireConn struct {
 	// reply was written; readAt is when the server last sent a byte (Unix
 	// ns, 0: never). A command written after a reply sets wroteAt anew.
 	wroteAt, readAt atomic.Int64
+	// claimed is the wroteAt of the silence a call counted (silentNow).
+	claimed atomic.Int64
+}
+
+// Close forgets c (silentNow) and closes it.
+func (c *wireConn) Close() error {
+	c.h.conns.Delete(c)
+	return c.Conn.Close()
+}
+
+// silentNow says whom a call that ran out of time without a read of its
+// own timing out counts against: the Redis when one of h's connections has
+// a command outstanding that Redis has not answered for at least d (its
+// reply not waiting unread in the socket) — the first such call per
+// command; the later ones find it counted — else this process.
+func (h *Health) silentNow(d time.Duration) blame {
+	verdict := blameProcess
+	now := time.Now().UnixNano()
+	h.conns.Range(func(k, _ any) bool {
+		c := k.(*wireConn)
+		w := c.wroteAt.Load()
+		if w == 0 || w <= c.readAt.Load() || time.Duration(now-w) < d || pending(c.Conn) {
+			return true
+		}
+		if old := c.claimed.Load(); old != w && c.claimed.CompareAndSwap(old, w) {
+			verdict = blameRedis
+			return false
+		}
+		verdict = blameCounted
+		return true
+	})
+	return verdict
 }
 
 // sysWireConn is a wireConn over a connection that exposes its file
@@ -45,6 +77,7 @@ func (c sysWireConn) SyscallConn() (syscall.RawConn, error) {
 
 func wrapConn(c net.Conn, h *Health) net.Conn {
 	w := &wireConn{Conn: c, h: h}
+	h.conns.Store(w, struct{}{})
 	if _, ok := c.(syscall.Conn); ok {
 		return sysWireConn{w}
 	}
@@ -85,10 +118,33 @@ func (c *wireConn) Read(b []byte) (int, error) {
 
 // noteWire records e for h (and the Health of its Cluster client).
 func (h *Health) noteWire(e *wireEvent) {
-	h.wire.Store(e)
-	if h.parent != nil {
-		h.parent.wire.Store(e)
+	if e.broken {
+		h.failedAt.Store(e.at)
+		if h.parent != nil {
+			h.parent.failedAt.Store(e.at)
+		}
 	}
+	h.keepWire(e)
+	if h.parent != nil {
+		h.parent.keepWire(e)
+	}
+}
+
+// wireEvents is how many of the latest reads that ran out of time a Health
+// keeps: a call looks at those that happened while it ran.
+const wireEvents = 32
+
+func (h *Health) keepWire(e *wireEvent) {
+	h.wire[(h.wireNext.Add(1)-1)%wireEvents].Store(e)
+}
+
+// lastWire is the latest read that ran out of time, or nil.
+func (h *Health) lastWire() *wireEvent {
+	n := h.wireNext.Load()
+	if n == 0 {
+		return nil
+	}
+	return h.wire[(n-1)%wireEvents].Load()
 }
 
 // wireEvent is the latest read of a Health's connections that ran out of
@@ -102,13 +158,27 @@ type wireEvent struct {
 	silence time.Duration
 	replied bool
 	broken  bool // the server closed or reset a connection, or refused one
+	// claimed: a call counted it against the Redis already (claim).
+	claimed atomic.Bool
+}
+
+// claim reports whether the call that found e counts it against the Redis
+// (the first to find it) or finds it counted (every later one).
+func (e *wireEvent) claim() blame {
+	if e.claimed.CompareAndSwap(false, true) {
+		return blameRedis
+	}
+	return blameCounted
 }
 
 // dialFailure is a failed dial: the server (or the network to it) did not
-// accept a connection within took.
+// accept a connection within took. go-redis's pool returns the same error
+// to later calls until it redials: ev (when it failed, and whether a call
+// counted it) tells those apart.
 type dialFailure struct {
 	err  error
 	took time.Duration
+	ev   *wireEvent
 }
 
 func (e *dialFailure) Error() string { return e.err.Error() }
@@ -137,10 +207,11 @@ func (h *Health) dial(ctx context.Context, next redis.DialHook, network, addr st
 	c, err := next(ctx, network, addr)
 	if err != nil {
 		took := time.Since(start)
+		ev := &wireEvent{at: time.Now().UnixNano(), broken: true}
 		if !timedOut(err) && !errors.Is(err, ErrOpen) {
-			h.noteWire(&wireEvent{at: time.Now().UnixNano(), broken: true})
+			h.noteWire(ev)
 		}
-		return nil, &dialFailure{err: err, took: took}
+		return nil, &dialFailure{err: err, took: took, ev: ev}
 	}
 	return wrapConn(c, h), nil
 }

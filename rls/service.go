@@ -22,6 +22,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/keys"
 	"github.com/spillway-go/spillway/ratelimit"
+	"github.com/spillway-go/spillway/shedder"
 )
 
 // Service implements envoy.service.ratelimit.v3.RateLimitService over a
@@ -41,6 +42,10 @@ type Service struct {
 	set   Settings
 	now   func() time.Time
 	log   *slog.Logger
+	// door bounds the calls decided at once (SPILLWAY_MAX_IN_FLIGHT; nil:
+	// no bound): past it they wait in a queue that refuses, at once, a
+	// call it could not serve by its deadline.
+	door *shedder.Queue
 
 	// seen is set when the store answers denials from a local cache
 	// (LOCAL_CACHE_SIZE_IN_BYTES): its inner store then marks every call
@@ -90,8 +95,19 @@ func newService(store ratelimit.Store, set Settings, stats *svcStats, log *slog.
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{store: store, stats: stats, set: set, now: time.Now, log: log}
+	svc := &Service{store: store, stats: stats, set: set, now: time.Now, log: log}
+	if set.MaxInFlight > 0 {
+		q, err := shedder.NewQueue(int64(set.MaxInFlight), shedder.QueueSettings{Name: "rls"})
+		if err != nil {
+			panic(err) // a positive number of slots is never refused
+		}
+		svc.door = q
+	}
+	return svc
 }
+
+// doorRequest is what a call asks of the door: one slot.
+var doorRequest = spillway.Request{}
 
 // SetConfig makes c the config of every call from now on. Counters of
 // rules whose stats key is unchanged carry on.
@@ -142,9 +158,23 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	if ctx.Err() != nil {
 		return s.late(ctx)
 	}
+	if s.door != nil {
+		d, done, _ := s.door.Admit(ctx, &doorRequest)
+		if !d.Allowed {
+			if passed(ctx) {
+				return s.late(ctx)
+			}
+			return s.shed()
+		}
+		defer done(spillway.Success)
+	}
 	resp, err := s.shouldRateLimit(ctx, req)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && passed(ctx) {
 		return s.late(ctx)
+	}
+	if err != nil && errors.Is(err, spillway.ErrBudgetSpent) {
+		// the store refused it: its budget went in this process
+		return s.shed()
 	}
 	if err != nil {
 		var se errService
@@ -174,13 +204,26 @@ func passed(ctx context.Context) bool {
 // nobody reads. What it answers is SPILLWAY_LATE_ANSWER.
 func (s *Service) late(ctx context.Context) (*pb.RateLimitResponse, error) {
 	s.stats.Late.Add(1)
+	return s.refuse("rls: the call's deadline passed before it was decided")
+}
+
+// shed answers, at once and undecided, a call this server could not serve
+// by its deadline (SPILLWAY_MAX_IN_FLIGHT's queue refused it, or its
+// budget went in this process): SPILLWAY_LATE_ANSWER says what.
+func (s *Service) shed() (*pb.RateLimitResponse, error) {
+	s.stats.Shed.Add(1)
+	return s.refuse("rls: overloaded: the call could not be decided by its deadline")
+}
+
+// refuse is SPILLWAY_LATE_ANSWER's answer to an undecided call.
+func (s *Service) refuse(msg string) (*pb.RateLimitResponse, error) {
 	switch s.set.LateAnswer {
 	case "ok":
 		return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}, nil
 	case "over_limit":
 		return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OVER_LIMIT}, nil
 	}
-	return nil, status.Error(codes.DeadlineExceeded, "rls: the call's deadline passed before it was decided")
+	return nil, status.Error(codes.DeadlineExceeded, msg)
 }
 
 func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {

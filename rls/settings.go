@@ -100,6 +100,12 @@ type Settings struct {
 	// (default: DEADLINE_EXCEEDED, which Envoy reads through its
 	// failure_mode_deny), "ok" (allowed) or "over_limit" (denied).
 	LateAnswer string
+
+	// SPILLWAY_MAX_IN_FLIGHT: calls decided at once (0: no bound). Past
+	// it, a call waits for a slot in a deadline-aware queue, and one that
+	// could not be served by its gRPC deadline is refused at once with
+	// the answer LateAnswer says (counted as shed).
+	MaxInFlight int
 }
 
 // ConfigDir is where the config files are read: RUNTIME_ROOT,
@@ -307,6 +313,7 @@ var supported = []variable{
 		}
 		return fmt.Errorf("expected error, ok or over_limit, got %q", v)
 	}},
+	{"SPILLWAY_MAX_IN_FLIGHT", "256", integer(func(s *Settings) *int { return &s.MaxInFlight })},
 	// Accepted as the reference has them, and what this server does anyway.
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", noop},
 
@@ -467,6 +474,9 @@ func (s *Settings) validate() error {
 	}
 	if s.Budget <= 0 {
 		return fmt.Errorf("rls: SPILLWAY_BUDGET: must be positive")
+	}
+	if s.MaxInFlight < 0 {
+		return fmt.Errorf("rls: SPILLWAY_MAX_IN_FLIGHT: %d must not be negative", s.MaxInFlight)
 	}
 	switch strings.ToLower(s.LogFormat) {
 	case "text", "json":

@@ -42,6 +42,7 @@ type svcStats struct {
 	RedisErrors, ServiceErrors, TotalRequests atomic.Uint64
 	Degraded                                  atomic.Uint64 // descriptors answered by the local share
 	Late                                      atomic.Uint64 // calls refused at once, undecided: their deadline had passed (SPILLWAY_LATE_ANSWER)
+	Shed                                      atomic.Uint64 // calls refused at once, undecided: the server could not serve them by their deadline (SPILLWAY_MAX_IN_FLIGHT) or their budget went in this process
 	GlobalShadowMode                          atomic.Uint64 // calls over the limit answered OK because of SHADOW_MODE
 	health                                    func() (state string, opened, failures int64)
 	local                                     func() (overloaded, redis int64) // store calls decided locally: time spent in this process, Redis failed
@@ -239,6 +240,7 @@ func (s *svcStats) WritePrometheus(w io.Writer) error {
 	counter("ratelimit_service_global_shadow_mode", "Calls over the limit answered OK because of SHADOW_MODE.", s.GlobalShadowMode.Load())
 	counter("spillway_rls_degraded_total", "Descriptors decided by the local share while Redis could not answer.", s.Degraded.Load())
 	counter("spillway_rls_late_total", "Calls refused at once, undecided, because their deadline had passed (SPILLWAY_LATE_ANSWER).", s.Late.Load())
+	counter("spillway_rls_shed_total", "Calls refused at once, undecided, because the server could not serve them by their deadline (SPILLWAY_MAX_IN_FLIGHT, or their budget spent in this process).", s.Shed.Load())
 	if s.local != nil {
 		overloaded, redis := s.local()
 		bw.WriteString("# HELP spillway_rls_local_calls_total Store calls decided by the local share, by cause: redis (Redis failed or the breaker was open) or overload (the time went in this process: queues, the pool, the CPU).\n# TYPE spillway_rls_local_calls_total counter\n")

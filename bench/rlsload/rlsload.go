@@ -82,6 +82,7 @@ type Result struct {
 	OK        int // answered with overall_code OK
 	OverLimit int // answered with overall_code OVER_LIMIT
 	Errors    int // failed (gRPC error, deadline exceeded, or an answer of another code)
+	Expired   int // of Errors, the calls their own deadline (CallTimeout) ended; the others were refused before it
 	// FirstError is the first error seen, for the report.
 	FirstError string
 	Window     time.Duration // the measured window
@@ -189,6 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		lat            []time.Duration
 		slow           []Call
 		ok, over, errs int
+		expired        int
 		firstErr       string
 		first          time.Duration
 		seenFirst      bool
@@ -218,6 +220,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				}
 				callCtx, cancel := context.WithTimeout(ctx, cfg.CallTimeout)
 				resp, err := client.ShouldRateLimit(callCtx, reqs[rng.IntN(len(reqs))])
+				expired := err != nil && callCtx.Err() != nil
 				cancel()
 				lat := time.Since(begin)
 				if ctx.Err() != nil {
@@ -237,6 +240,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				switch {
 				case err != nil:
 					t.errs++
+					if expired {
+						t.expired++
+					}
 					if t.firstErr == "" {
 						t.firstErr = err.Error()
 					}
@@ -266,6 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.OK += t.ok
 		r.OverLimit += t.over
 		r.Errors += t.errs
+		r.Expired += t.expired
 		if r.FirstError == "" {
 			r.FirstError = t.firstErr
 		}

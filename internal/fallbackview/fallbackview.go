@@ -20,4 +20,7 @@ var (
 	// (degraded) since it was created, and of those the ones whose time
 	// was spent in this process rather than by Redis (overloaded).
 	StoreDegraded func(store any) (degraded, overloaded int64)
+	// StoreRefused returns the calls a *fallback.Store refused, undecided,
+	// because their budget ran out in this process (overload).
+	StoreRefused func(store any) int64
 )

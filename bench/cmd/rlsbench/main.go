@@ -71,6 +71,7 @@ var (
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
 	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
+	overload     = flag.Bool("overload", false, "instead of the rounds: for each server and descriptor count, its closed-loop capacity, then open loop at 3/4 and 1.5 times it with 20 ms deadlines (calls answered in time, deadline exceeded, refused at once, descriptors decided locally, breaker openings); -md writes that table")
 	md           = flag.String("md", "", "write the summary and the outage test as markdown to this file (relative to bench/, e.g. ../docs/figures/rls-bench.md), with a header naming the command, date, commit and load average")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
@@ -152,6 +153,24 @@ func run() error {
 	printf("# reference: %s\n", referenceVersion())
 	startLoad := loadavg()
 	printf("# load average at start: %s\n", startLoad)
+	if *overload {
+		rows, err := overloadTest(ctx, printf, names, counts, srvs, rdb, redisPid)
+		if err != nil {
+			return err
+		}
+		if *md != "" {
+			body := fmt.Sprintf("Closed-loop capacity (%d callers over %d connections, deadline %v), then open loop at ¾ and 1.5× of it, each call's deadline %v; %d keys, %v window after %v warm-up, limit %d/second per descriptor; reference %s. *Refused*: answered before the deadline with an error (spillway: `SPILLWAY_LATE_ANSWER`); *local*: descriptors decided by the local share; *opened*: breaker openings; Redis µs: its CPU per call.\n\n",
+				*callers, *conns, *callTimeout, overloadDeadline, *keys, *duration, *warmup, *limit, referenceVersion())
+			body += genmd.Table(overloadHeader, rows)
+			if err := genmd.Write(*md, commandLine(), startLoad, body); err != nil {
+				return fmt.Errorf("-md: %w", err)
+			}
+			printf("# wrote %s\n", *md)
+		}
+		printf("# load average at end: %s\n", loadavg())
+		return nil
+	}
+
 	printf("# cpu µs/call: CPU time (user+sys) per call of the server, redis-server and this load generator over the turn (warm-up included, and what the server did after it until it and Redis were idle)\n")
 	printf("# degraded: descriptors spillway decided by its local share (Redis not answering within the budget), from its Prometheus endpoint\n")
 	printf("%-5s %-3s %-10s %10s %9s %9s %9s %9s %8s %6s %6s %8s %24s  %s\n",
@@ -444,7 +463,11 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 // degraded reads spillway's count of descriptors decided by the local
 // share from its Prometheus endpoint; -1 for the other servers or when it
 // cannot.
-func (s *server) degraded() int64 {
+func (s *server) degraded() int64 { return s.metric("spillway_rls_degraded_total") }
+
+// metric reads one of spillway's counters (a metric without labels) from
+// its Prometheus endpoint; -1 for the other servers or when it cannot.
+func (s *server) metric(name string) int64 {
 	if s.promAddr == "" {
 		return -1
 	}
@@ -455,7 +478,7 @@ func (s *server) degraded() int64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "spillway_rls_degraded_total "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if err != nil {
 				return -1
@@ -855,4 +878,86 @@ func commandLine() string {
 		parts = append(parts, a)
 	}
 	return strings.Join(parts, " ")
+}
+
+// overloadDeadline is each call's deadline in the open-loop turns of
+// -overload: Envoy's default timeout for its rate limit service.
+const overloadDeadline = 20 * time.Millisecond
+
+var overloadHeader = []string{"round", "descriptors", "server", "capacity calls/s", "offered calls/s", "calls", "answered in time", "in time/s ÷ capacity", "deadline exceeded", "refused", "local", "opened", "Redis µs/call"}
+
+// overloadTest is -overload: for each round, descriptor count and server,
+// the server's closed-loop capacity, then open loop at ¾ and 1.5× of it
+// with overloadDeadline per call. It prints and returns the rows.
+func overloadTest(ctx context.Context, printf func(string, ...any), names []string, counts []int, srvs map[string]*server, rdb *redistest.Server, redisPid int) ([][]string, error) {
+	printf("# overload: closed-loop capacity, then open loop at 3/4 and 1.5x of it, each call's deadline %v\n", overloadDeadline)
+	printf("# refused: answered with an error before the call's deadline; local: descriptors decided by the local share; opened: breaker openings (spillway's metrics)\n")
+	printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s\n",
+		"round", "dsc", "server", "capacity", "offered", "calls", "in time", "ratio", "expired", "refused", "local", "opened", "rds µs")
+	var rows [][]string
+	for r := range *rounds {
+		for _, n := range counts {
+			for _, name := range rotate(names, r) {
+				s := srvs[name]
+				if err := flush(ctx, rdb); err != nil {
+					return nil, err
+				}
+				capRes, err := rlsload.Run(ctx, rlsload.Config{
+					Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
+					Warmup: *warmup, Duration: *duration, CallTimeout: *callTimeout, Seed: uint64(r),
+				})
+				if err != nil {
+					return nil, err
+				}
+				capacity := capRes.PerSecond()
+				settle(ctx, s.cmd.Process.Pid, redisPid)
+				for _, f := range []float64{0.75, 1.5} {
+					if err := flush(ctx, rdb); err != nil {
+						return nil, err
+					}
+					deg0, open0 := s.degraded(), s.metric("spillway_rls_redis_breaker_opened_total")
+					cpu0 := cpuTimes(s.cmd.Process.Pid, redisPid)
+					res, err := rlsload.Run(ctx, rlsload.Config{
+						Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
+						Warmup: *warmup, Duration: *duration, Rate: f * capacity, CallTimeout: overloadDeadline, Seed: uint64(r),
+					})
+					if err != nil {
+						return nil, err
+					}
+					settle(ctx, s.cmd.Process.Pid, redisPid)
+					cpu := cpuTimes(s.cmd.Process.Pid, redisPid)
+					rds := "-"
+					if res.Calls > 0 {
+						turns := float64(res.Calls) * float64(*duration+*warmup) / float64(*duration)
+						rds = fmt.Sprintf("%.1f", float64(cpu.rds-cpu0.rds)/1e3/turns)
+					}
+					inTime := res.OK + res.OverLimit
+					ratio := "-"
+					if capacity > 0 {
+						ratio = fmt.Sprintf("%.2f", float64(inTime)/res.Window.Seconds()/capacity)
+					}
+					row := []string{strconv.Itoa(r + 1), strconv.Itoa(n), name, fmt.Sprintf("%.0f", capacity), fmt.Sprintf("%.0f", f*capacity),
+						strconv.Itoa(res.Calls), strconv.Itoa(inTime), ratio, strconv.Itoa(res.Expired), strconv.Itoa(res.Errors - res.Expired),
+						count(since(deg0, s.degraded())), count(since(open0, s.metric("spillway_rls_redis_breaker_opened_total"))), rds}
+					rows = append(rows, row)
+					printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s\n", toAny(row)...)
+					if res.FirstError != "" {
+						printf("#   first error: %s\n", res.FirstError)
+					}
+					if err := s.alive(); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+	}
+	return rows, nil
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }
