@@ -230,7 +230,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.De
 // releaseGrace is how long a done waits for its release: a healthy Redis
 // answers within it, so the client's next request finds its slot free; a
 // slow or stopped Redis delays the response by no more.
-const releaseGrace = 750 * time.Microsecond
+const releaseGrace = time.Millisecond
 
 // releaseAsync runs a done's release on a goroutine of its own, bounded by
 // the release timeout, and waits for it at most releaseGrace: the release
