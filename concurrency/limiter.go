@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/internal/block"
+	"github.com/spillway-go/spillway/internal/budget"
 	"github.com/spillway-go/spillway/internal/cchook"
 	"github.com/spillway-go/spillway/internal/share"
 )
@@ -36,6 +37,10 @@ type Limiter struct {
 	retryWait sync.WaitGroup
 
 	releasing sync.WaitGroup // releases done handed to the background, not yet answered
+	// The keys with a release in flight, and a channel each that closes
+	// when the key's last one is answered (see waitRelease).
+	relMu   sync.Mutex
+	relKeys map[string]*keyReleases
 
 	// On a RedisStore: this process's units in flight per key and the
 	// client's local share, for the decisions made while Redis cannot
@@ -84,12 +89,15 @@ type Settings struct {
 	// until the oldest entry is reaped, when that is sooner.
 	RetryAfter time.Duration
 	// ReleaseTimeout bounds the store call of a Done (0:
-	// spillway.DefaultBudget, 50 ms). A Done waits for the store at most
-	// 1 ms: it hands the release to a goroutine of its own and returns
-	// when the store answered or the millisecond passed, so a response is
-	// not delayed by a slow or stopped store while a healthy one frees the
-	// slot before the client's next request (WaitReleases waits for the
-	// releases handed off). The release runs detached from the admission
+	// spillway.DefaultBudget, 50 ms). A Done does not wait for the store:
+	// it hands the release to a goroutine of its own and returns, so a
+	// response is not delayed by a slow or stopped store. An Acquire that
+	// the store denies while a release of the same key is in flight waits
+	// for that release (within ReleaseTimeout and the request's budget;
+	// one such Acquire per release) and asks again, so a client that sends
+	// its next request as soon as the last one answered finds its slot
+	// free (WaitReleases waits for the releases handed off). The release
+	// runs detached from the admission
 	// context's cancellation (a cancelled request must still release its
 	// slot) but keeps its values. A release that fails is not lost: see
 	// MaxPendingReleases.
@@ -179,7 +187,7 @@ func isRedis(s Store) bool { _, ok := s.(*RedisStore); return ok }
 //
 // Allowed: Remaining is Limit minus the units in flight (this request's
 // included); done frees the request's n units — call it once when the work
-// ends; further calls do nothing. done waits for the store at most 1 ms: the
+// ends; further calls do nothing. done does not wait for the store: the
 // release runs on a goroutine of its own (see Settings.ReleaseTimeout).
 // Denied: Reason is spillway.ReasonConcurrency (answer 429), Remaining is
 // the units left (fewer than n; 0 for n = 1) and RetryAfter is the
@@ -203,6 +211,19 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.De
 	case n > l.limit:
 		return spillway.Decision{Reason: spillway.ReasonCostExceedsLimit, Limiter: l.o.name, Limit: l.limit}, spillway.Noop, nil
 	}
+	inFlight := l.releasesOf(key) // before the store call: one may land during it
+	d, done, err := l.acquire(ctx, key, n)
+	if err == nil && !d.Allowed && l.waitRelease(ctx, inFlight) {
+		// A release of this key done handed off is still in flight: once
+		// it lands, the units it frees may admit this request (a client
+		// that sends its next request as soon as the last one answered).
+		return l.acquire(ctx, key, n)
+	}
+	return d, done, err
+}
+
+// acquire is one store decision of Acquire.
+func (l *Limiter) acquire(ctx context.Context, key string, n int64) (spillway.Decision, spillway.Done, error) {
 	if l.held != nil {
 		return l.acquireRedis(ctx, key, n)
 	}
@@ -227,33 +248,86 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.De
 	return d, block.Once(func(spillway.Outcome) { l.releaseAsync(ctx, key, id, n, at) }), nil
 }
 
-// releaseGrace is how long a done waits for its release: a healthy Redis
-// answers within it, so the client's next request finds its slot free; a
-// slow or stopped Redis delays the response by no more.
-const releaseGrace = time.Millisecond
+// keyReleases counts a key's releases in flight; done closes when the
+// count is back to 0. waited says a denied Acquire already waits for
+// them: one at a time, so a flood of denials for a hot key costs Redis at
+// most one more call per release, not one per denial.
+type keyReleases struct {
+	n      int
+	waited bool
+	done   chan struct{}
+}
 
 // releaseAsync runs a done's release on a goroutine of its own, bounded by
-// the release timeout, and waits for it at most releaseGrace: the release
-// leaves the response path. A release that fails is kept for a retry.
+// the release timeout, and returns at once: the release leaves the
+// response path (a denied Acquire of the same key waits for it, see
+// waitRelease). A release that fails is kept for a retry.
 func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at time.Time) {
 	l.releasing.Add(1)
-	fin := make(chan struct{})
+	l.relMu.Lock()
+	if l.relKeys == nil {
+		l.relKeys = make(map[string]*keyReleases)
+	}
+	kr := l.relKeys[key]
+	if kr == nil {
+		kr = &keyReleases{done: make(chan struct{})}
+		l.relKeys[key] = kr
+	}
+	kr.n++
+	l.relMu.Unlock()
 	go func() {
 		defer l.releasing.Done()
-		defer close(fin)
 		if err := l.release(context.WithoutCancel(ctx), key, id, n); err != nil {
 			l.keep(pendingRelease{key: key, id: id, n: n, at: at})
 			if l.o.onReleaseError != nil {
 				l.o.onReleaseError(err)
 			}
 		}
+		l.relMu.Lock()
+		if kr.n--; kr.n == 0 {
+			delete(l.relKeys, key)
+			close(kr.done)
+		}
+		l.relMu.Unlock()
 	}()
-	t := time.NewTimer(releaseGrace)
-	select {
-	case <-fin:
-	case <-t.C:
+}
+
+// releasesOf returns the releases of key in flight, nil if none.
+func (l *Limiter) releasesOf(key string) *keyReleases {
+	l.relMu.Lock()
+	defer l.relMu.Unlock()
+	return l.relKeys[key]
+}
+
+// waitRelease waits for the releases kr counts to be answered, at most
+// the release timeout and within the request's budget, and reports
+// whether they were (so a retry may find their units free). Only one
+// caller waits on a kr; the others are told false at once.
+func (l *Limiter) waitRelease(ctx context.Context, kr *keyReleases) bool {
+	if kr == nil {
+		return false
 	}
-	t.Stop()
+	l.relMu.Lock()
+	if kr.waited {
+		l.relMu.Unlock()
+		return false
+	}
+	kr.waited = true
+	l.relMu.Unlock()
+	deadline, ok := budget.Deadline(ctx, l.o.releaseTimeout)
+	if !ok {
+		return false
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-kr.done:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // decision is the decision of a store's answer.
