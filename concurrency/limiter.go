@@ -41,6 +41,7 @@ type Limiter struct {
 	// when the key's last one is answered (see waitRelease).
 	relMu   sync.Mutex
 	relKeys map[string]*keyReleases
+	relN    atomic.Int64 // len(relKeys): while 0, Acquire takes no lock for it
 
 	// On a RedisStore: this process's units in flight per key and the
 	// client's local share, for the decisions made while Redis cannot
@@ -213,10 +214,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string, n int64) (spillway.De
 	}
 	inFlight := l.releasesOf(key) // before the store call: one may land during it
 	d, done, err := l.acquire(ctx, key, n)
-	if err == nil && !d.Allowed && l.waitRelease(ctx, inFlight) {
-		// A release of this key done handed off is still in flight: once
-		// it lands, the units it frees may admit this request (a client
-		// that sends its next request as soon as the last one answered).
+	if err == nil && !d.Allowed && !d.Degraded && l.waitRelease(ctx, inFlight) {
+		// The store answered, and a release of this key done handed off
+		// was still in flight: once it lands, the units it frees may admit
+		// this request (a client that sends its next request as soon as
+		// the last one answered). A local decision does not wait: the
+		// store it would wait on is not answering.
 		return l.acquire(ctx, key, n)
 	}
 	return d, done, err
@@ -272,6 +275,7 @@ func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at 
 	if kr == nil {
 		kr = &keyReleases{done: make(chan struct{})}
 		l.relKeys[key] = kr
+		l.relN.Add(1)
 	}
 	kr.n++
 	l.relMu.Unlock()
@@ -286,6 +290,7 @@ func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at 
 		l.relMu.Lock()
 		if kr.n--; kr.n == 0 {
 			delete(l.relKeys, key)
+			l.relN.Add(-1)
 			close(kr.done)
 		}
 		l.relMu.Unlock()
@@ -294,6 +299,9 @@ func (l *Limiter) releaseAsync(ctx context.Context, key, id string, n int64, at 
 
 // releasesOf returns the releases of key in flight, nil if none.
 func (l *Limiter) releasesOf(key string) *keyReleases {
+	if l.relN.Load() == 0 {
+		return nil
+	}
 	l.relMu.Lock()
 	defer l.relMu.Unlock()
 	return l.relKeys[key]
