@@ -35,6 +35,25 @@ func (s *slowStore) Decide(ctx context.Context, items []ratelimit.Item, out []sp
 	return s.Store.Decide(ctx, items, out)
 }
 
+// userPerDay returns a Service on store with one rule, 100 calls a day per
+// user, and a call of user u1.
+func userPerDay(t *testing.T, store ratelimit.Store, set Settings) (*Service, *pb.RateLimitRequest) {
+	t.Helper()
+	svc := NewService(store, set, nil)
+	cfg, err := Load([]File{{Name: "user.yaml", Content: []byte(`
+domain: door
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 100}
+`)}}, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetConfig(cfg)
+	return svc, &pb.RateLimitRequest{Domain: "door", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}}
+}
+
 // With SPILLWAY_MAX_IN_FLIGHT calls in flight and a mean call longer than
 // the callers' deadline, every further call is refused at once, undecided
 // (nothing charged, nothing decided by the local share), answered as
@@ -52,19 +71,7 @@ func TestMaxInFlightShedsWhatItCannotServeInTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := &slowStore{Store: fs}
-	svc := NewService(store, set, nil)
-	cfg, err := Load([]File{{Name: "door.yaml", Content: []byte(`
-domain: door
-descriptors:
-  - key: user
-    rate_limit: {unit: day, requests_per_unit: 100}
-`)}}, LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetConfig(cfg)
-	req := &pb.RateLimitRequest{Domain: "door", Descriptors: []*rlv3.RateLimitDescriptor{
-		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}}
+	svc, req := userPerDay(t, store, set)
 	call := func(timeout time.Duration) (*pb.RateLimitResponse, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -145,19 +152,7 @@ func TestOverloadedStoreCallIsShed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := NewService(fs, set, nil)
-	cfg, err := Load([]File{{Name: "o.yaml", Content: []byte(`
-domain: o
-descriptors:
-  - key: user
-    rate_limit: {unit: day, requests_per_unit: 100}
-`)}}, LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetConfig(cfg)
-	req := &pb.RateLimitRequest{Domain: "o", Descriptors: []*rlv3.RateLimitDescriptor{
-		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}}}}
+	svc, req := userPerDay(t, fs, set)
 	call := func() (*pb.RateLimitResponse, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
