@@ -159,7 +159,7 @@ func run() error {
 			return err
 		}
 		if *md != "" {
-			body := fmt.Sprintf("Closed-loop capacity (%d callers over %d connections, deadline %v), then open loop at ¾ and 1.5× of it, each call's deadline %v; %d keys, %v window after %v warm-up, limit %d/second per descriptor; reference %s. *Refused*: answered before the deadline with an error (spillway: `SPILLWAY_LATE_ANSWER`); *local*: descriptors decided by the local share; *opened*: breaker openings; Redis µs: its CPU per call.\n\n",
+			body := fmt.Sprintf("Closed-loop capacity (calls answered OK or OVER_LIMIT per second, %d callers over %d connections, deadline %v), then open loop at ¾ and 1.5× of it, each call's deadline %v; %d keys, %v window after %v warm-up, limit %d/second per descriptor; reference %s. *Refused*: answered before the deadline with an error (spillway: `SPILLWAY_LATE_ANSWER`); *local*: descriptors decided by the local share; *opened*: breaker openings; Redis µs: its CPU per call. The do-nothing server (*nothing*, no Redis) is the control: what this machine, gRPC and the load generator allow under the same load.\n\n",
 				*callers, *conns, *callTimeout, overloadDeadline, *keys, *duration, *warmup, *limit, referenceVersion())
 			body += genmd.Table(overloadHeader, rows)
 			if err := genmd.Write(*md, commandLine(), startLoad, body); err != nil {
@@ -487,6 +487,21 @@ func (s *server) metric(name string) int64 {
 		}
 	}
 	return -1
+}
+
+// handlerTimes reads spillway's response-time histogram (the time its
+// handler took): the calls counted at most 5, 10 and 25 ms, and in all;
+// nil for the other servers or when it cannot.
+func (s *server) handlerTimes() []int64 {
+	var out []int64
+	for _, le := range []string{"0.005", "0.01", "0.025", "+Inf"} {
+		n := s.metric(`ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="` + le + `"}`)
+		if n < 0 {
+			return nil
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 // slowByStart counts slow calls by their start: the first 100 ms, the
@@ -909,13 +924,16 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 				if err != nil {
 					return nil, err
 				}
-				capacity := capRes.PerSecond()
+				// decided calls only: a call the server refused at once is no
+				// part of what it can serve
+				capacity := float64(capRes.OK+capRes.OverLimit) / capRes.Window.Seconds()
 				settle(ctx, s.cmd.Process.Pid, redisPid)
 				for _, f := range []float64{0.75, 1.5} {
 					if err := flush(ctx, rdb); err != nil {
 						return nil, err
 					}
 					deg0, open0 := s.degraded(), s.metric("spillway_rls_redis_breaker_opened_total")
+					h0 := s.handlerTimes()
 					cpu0 := cpuTimes(s.cmd.Process.Pid, redisPid)
 					res, err := rlsload.Run(ctx, rlsload.Config{
 						Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
@@ -943,6 +961,11 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 					printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s\n", toAny(row)...)
 					if res.FirstError != "" {
 						printf("#   first error: %s\n", res.FirstError)
+					}
+					if h1 := s.handlerTimes(); h0 != nil && h1 != nil {
+						all := h1[3] - h0[3]
+						printf("#   handler: %d calls, over 5 ms %d, over 10 ms %d, over 25 ms %d; client latency p50 %s p99 %s p99.9 %s\n",
+							all, all-(h1[0]-h0[0]), all-(h1[1]-h0[1]), all-(h1[2]-h0[2]), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Quantile(0.999)))
 					}
 					if err := s.alive(); err != nil {
 						return nil, err
