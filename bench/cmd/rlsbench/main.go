@@ -177,6 +177,7 @@ func run() error {
 		"round", "dsc", "server", "calls/s", "p50", "p99", "p99.9", "max", "ok", "over", "errors", "degraded", "cpu µs/call srv/rds/gen", "loadavg")
 
 	results := map[key][]*rlsload.Result{}
+	cpus := map[key][]usPerCall{}
 	for r := range *rounds {
 		for _, n := range counts {
 			order := rotate(names, r)
@@ -202,7 +203,11 @@ func run() error {
 				// degraded decisions) ends before the CPU is read and the
 				// next turn starts
 				settle(ctx, srvs[name].cmd.Process.Pid, redisPid)
-				cpu := cpuTimes(srvs[name].cmd.Process.Pid, redisPid).perCall(cpu0, res.Calls, *duration+*warmup, *duration)
+				cpu1 := cpuTimes(srvs[name].cmd.Process.Pid, redisPid)
+				cpu := cpu1.perCall(cpu0, res.Calls, *duration+*warmup, *duration)
+				if res.Calls > 0 {
+					cpus[key{name, n}] = append(cpus[key{name, n}], cpu1.usPer(cpu0, res.Calls, *duration+*warmup, *duration))
+				}
 				if prof != nil {
 					if err := <-prof; err != nil {
 						printf("# profile: %v\n", err)
@@ -246,7 +251,7 @@ func run() error {
 		}
 	}
 	if *md != "" {
-		body := markdown(names, counts, results, outageRows)
+		body := markdown(names, counts, results, cpus, outageRows)
 		if err := genmd.Write(*md, commandLine(), startLoad, body); err != nil {
 			return fmt.Errorf("-md: %w", err)
 		}
@@ -711,6 +716,18 @@ func cpuTimes(srvPid, redisPid int) cpu {
 	return cpu{srv: procCPU(srvPid), rds: procCPU(redisPid), gen: gen}
 }
 
+// usPerCall is the CPU time per call of the server, redis-server and this
+// load generator over one turn, in µs.
+type usPerCall struct{ srv, rds, gen float64 }
+
+// usPer is the CPU time used since c0 per call, the calls of the measured
+// window scaled to the whole turn (warm-up and window).
+func (c cpu) usPer(c0 cpu, calls int, turn, window time.Duration) usPerCall {
+	n := float64(calls) * float64(turn) / float64(window)
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 / n }
+	return usPerCall{us(c.srv - c0.srv), us(c.rds - c0.rds), us(c.gen - c0.gen)}
+}
+
 // perCall formats the CPU time used since c0 per call, the calls of the
 // measured window scaled to the whole turn (warm-up and window).
 func (c cpu) perCall(c0 cpu, calls int, turn, window time.Duration) string {
@@ -850,7 +867,7 @@ func outageTest(ctx context.Context, printf func(string, ...any), s *server, rdb
 
 // markdown is the body of the generated file -md writes: the settings, the
 // summary over the rounds and the outage test.
-func markdown(names []string, counts []int, results map[key][]*rlsload.Result, outageRows [][]string) string {
+func markdown(names []string, counts []int, results map[key][]*rlsload.Result, cpus map[key][]usPerCall, outageRows [][]string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d callers over %d connections, %d keys, %v window after %v warm-up, %s, limit %d/second per descriptor; reference %s; %d rounds, min–max over the rounds.\n\n",
 		*callers, *conns, *keys, *duration, *warmup, loop(), *limit, referenceVersion(), *rounds)
@@ -872,10 +889,22 @@ func markdown(names []string, counts []int, results map[key][]*rlsload.Result, o
 				}
 				ratio, p99 = strings.Join(rs, " "), strings.Join(ps, " ")
 			}
-			rows = append(rows, []string{strconv.Itoa(n), name, fmt.Sprintf("%.0f–%.0f", lo, hi), fmt.Sprintf("%.2f–%.2f", plo, phi), ratio, p99})
+			var us, vs []string
+			for i, c := range cpus[key{name, n}] {
+				us = append(us, fmt.Sprintf("%.0f/%.0f/%.0f", c.srv, c.rds, c.gen))
+				// spillway's criteria: its server's CPU ÷ the do-nothing
+				// server's, its Redis CPU ÷ the reference's
+				if nc, rc := cpus[key{"nothing", n}], cpus[key{"reference", n}]; name == "spillway" && i < len(nc) && i < len(rc) {
+					vs = append(vs, fmt.Sprintf("%.2f/%.2f", c.srv/nc[i].srv, c.rds/rc[i].rds))
+				}
+			}
+			rows = append(rows, []string{strconv.Itoa(n), name, fmt.Sprintf("%.0f–%.0f", lo, hi), fmt.Sprintf("%.2f–%.2f", plo, phi), ratio, p99,
+				strings.Join(us, " "), strings.Join(vs, " ")})
 		}
 	}
-	sb.WriteString(genmd.Table([]string{"descriptors", "server", "calls/s", "p99 ms", "spillway/reference calls/s by round", "spillway/reference p99 by round"}, rows))
+	sb.WriteString("CPU µs per call: server / redis-server / load generator, over each turn (warm-up included), by round; CPU ratios: spillway's server ÷ the do-nothing server's / spillway's Redis ÷ the reference's, by round.\n\n")
+	sb.WriteString(genmd.Table([]string{"descriptors", "server", "calls/s", "p99 ms", "spillway/reference calls/s by round", "spillway/reference p99 by round",
+		"CPU µs per call by round", "CPU ratios by round"}, rows))
 	if len(outageRows) > 0 {
 		fmt.Fprintf(&sb, "\nOutage: Redis stopped (SIGSTOP) while the callers call for %v, one descriptor; bound: budget %v + 20 ms; latencies in ms.\n\n", *outageWindow, *budget)
 		sb.WriteString(genmd.Table([]string{"server", "calls", "ok", "over", "errors", "degraded", ">bound", "first", "p50", "p99", "max", "after SIGCONT"}, outageRows))
