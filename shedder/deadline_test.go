@@ -189,30 +189,3 @@ func finish(dones []spillway.Done) {
 		d(spillway.Success)
 	}
 }
-
-// A free slot does not admit a request whose deadline leaves it less than
-// the mean hold: its work would end after its client gave up. One with
-// more time left than that is admitted.
-func TestQueueFreeSlotShorterThanTheHold(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		q, err := NewQueue(4, QueueSettings{MaxWait: time.Second})
-		require.NoError(t, err)
-		bg := context.Background()
-		held := fill(t, q, 1, spillway.Critical)
-		time.Sleep(40 * time.Millisecond)
-		finish(held) // work holds its slot 40 ms on average
-		require.Equal(t, 40*time.Millisecond, q.Hold())
-
-		short, cancel := context.WithTimeout(bg, 40*time.Millisecond)
-		defer cancel()
-		d, _, _ := q.Admit(short, preq(spillway.Critical, 1))
-		require.Equal(t, spillway.Decision{Reason: spillway.ReasonShed, Limiter: "queue", Limit: 4, Remaining: 4, RetryAfter: time.Second}, d)
-
-		long, cancel := context.WithTimeout(bg, 41*time.Millisecond)
-		defer cancel()
-		d, done, _ := q.Admit(long, preq(spillway.Critical, 1))
-		require.True(t, d.Allowed)
-		done(spillway.Success)
-		require.Equal(t, QueueStats{Admitted: 2, Late: 1, Slots: 4}, q.Stats())
-	})
-}

@@ -185,14 +185,6 @@ func (q *Queue) Admit(ctx context.Context, r *spillway.Request) (spillway.Decisi
 		overDeny = d
 	}
 	if c <= q.slots-q.used && !q.waitingFrom(p) { // never wraps, where used + c could
-		if dl, ok := ctx.Deadline(); ok && q.hold > 0 && dl.Sub(q.o.now()) <= q.hold {
-			// A free slot, but its work (the mean hold) would end after
-			// its client gave up: refuse it now, as a waiter would be.
-			d := q.deny()
-			q.mu.Unlock()
-			q.late.Add(1)
-			return d, spillway.Noop, nil
-		}
 		q.used += c
 		q.usedBy[p] += c
 		t := q.tenantFor(p, tname)
