@@ -369,6 +369,11 @@ func TestClusterPrimaryKilledIsABlipForItsSlots(t *testing.T) {
 		t.Logf("shard %s: %v since %v, %d failures, %d overloaded, %d rejected, opened %d, last error %v", sh.Name, sh.State, sh.Since.Sub(r.start), sh.Failures, sh.Overloaded, sh.Rejected, sh.Opened, sh.LastError)
 	}
 	changes.Range(func(k, v any) bool { t.Logf("state changes of %v: %d", k, v.(*atomic.Int64).Load()); return true })
+	recordFailover("Cluster", failoverFigure{
+		setup:   fmt.Sprintf("3 primaries + 3 replicas, node timeout %d ms, %d entities", redistest.NodeTimeout.Milliseconds(), len(r.entities)),
+		serving: serving - killed, errs: r.errs.Load(), p99: p99, worst: worst, back: max(0, lastV-serving),
+		off: missV, admitted: admittedV, offOther: missOther,
+	})
 
 	if r.errs.Load() != 0 {
 		t.Errorf("%d calls not answered", r.errs.Load())
@@ -462,6 +467,11 @@ func TestSentinelMasterKilledIsABlip(t *testing.T) {
 	t.Logf("master killed at %v; replica serving %v later; %d decisions (%d during the failover: p99 %v, max %v); %d degraded, the last %v after serving; errors %d; admitted %d, Redis off by %d; reconciled %d; health opened %d times, %d failures, %d overloaded",
 		killed.Round(time.Millisecond), (serving - killed).Round(time.Millisecond), len(all), len(during), p99, worst,
 		degraded, (last - serving).Round(time.Millisecond), r.errs.Load(), admitted, miss, st.Stats().Reconciled, hs.Opened, hs.Failures, hs.Overloaded)
+	recordFailover("Sentinel", failoverFigure{
+		setup:   fmt.Sprintf("master + replica + 3 sentinels, down after %d ms, %d entities", s.DownAfter.Milliseconds(), len(r.entities)),
+		serving: serving - killed, errs: r.errs.Load(), p99: p99, worst: worst, back: max(0, last-serving),
+		off: miss, admitted: admitted, offOther: -1,
+	})
 	if r.errs.Load() != 0 {
 		t.Errorf("%d calls not answered", r.errs.Load())
 	}

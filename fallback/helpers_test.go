@@ -2,6 +2,8 @@ package fallback_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/spillway-go/spillway"
 	"github.com/spillway-go/spillway/fallback"
 	"github.com/spillway-go/spillway/internal/faultproxy"
+	"github.com/spillway-go/spillway/internal/genmd"
 	"github.com/spillway-go/spillway/internal/redistest"
 	"github.com/spillway-go/spillway/internal/testclock"
 	"github.com/spillway-go/spillway/ratelimit"
@@ -157,7 +160,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestMain(m *testing.M) {
 	// go-redis logs every failed dial; the tests fail dials on purpose.
 	redis.SetLogger(quietLogger{})
-	m.Run()
+	load := genmd.LoadAvg()
+	code := m.Run()
+	if code == 0 {
+		// -md: the failover tests' figures, once every test passed
+		if err := writeFailoverFigures(load); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 type quietLogger struct{}
