@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,19 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	if c.inflight < c.max && len(c.queue) == 0 {
 		c.inflight++
 		c.mu.Unlock()
+		// The place is this call's. Under load other calls are ready to
+		// run: let them queue behind it first, and send them all in one
+		// coalesced call rather than this one alone and then the others
+		// (each script call costs far more CPU than an item in one).
+		runtime.Gosched()
+		c.mu.Lock()
+		joined := len(c.queue) > 0
+		c.mu.Unlock()
+		if joined {
+			if allowed, err, ok := c.lead(ctx, deadline, s, items, out); ok {
+				return allowed, err
+			}
+		}
 		allowed, err := s.decideBy(ctx, deadline, items, out)
 		c.release(s)
 		return allowed, err
@@ -128,6 +142,33 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 		expired = c.expiry(deadline)
 	}
 	return c.await(ctx, w, expired, out)
+}
+
+// lead queues a batch that holds a place (calls queued behind it while
+// it yielded) at the head of the queue and hands the queue to a flusher
+// with its place, as release does; ok is false, and nothing done, when the
+// batch cannot be coalesced (several slots): it then goes alone.
+func (c *coalescer) lead(ctx context.Context, deadline time.Time, s *RedisStore, items []Item, out []spillway.Decision) (allowed bool, err error, ok bool) {
+	w := waiterPool.Get().(*waiter)
+	if !w.prepare(s, items) {
+		waiterPool.Put(w)
+		return false, nil, false
+	}
+	w.ctx, w.deadline = ctx, deadline
+	c.mu.Lock()
+	c.queue = append(c.queue, nil)
+	copy(c.queue[1:], c.queue)
+	c.queue[0] = w
+	c.queued += len(items)
+	batch := c.take()
+	c.mu.Unlock()
+	go c.flushLoop(s, batch)
+	var expired <-chan struct{}
+	if !deadline.IsZero() {
+		expired = c.expiry(deadline)
+	}
+	allowed, err = c.await(ctx, w, expired, out)
+	return allowed, err, true
 }
 
 // await waits for the result of w, queued, and copies its decisions to
@@ -301,6 +342,13 @@ func (c *coalescer) flushLoop(s *RedisStore, batch []*waiter) {
 	for {
 		s.flush(batch)
 		c.mu.Lock()
+		if len(c.queue) == 0 {
+			// the calls just answered, and others ready to run, may
+			// queue again at once: keep the place through one yield
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
 		if len(c.queue) == 0 {
 			c.inflight--
 			c.mu.Unlock()
