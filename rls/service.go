@@ -508,14 +508,38 @@ type statusSlot struct {
 	dur durationpb.Duration
 }
 
+// newResponse returns an OK response with n statuses, and the slots
+// that hold them: for up to 3 descriptors (nearly every call) the
+// response, its statuses and their list are one allocation.
+func newResponse(n int) (*pb.RateLimitResponse, []statusSlot) {
+	switch {
+	case n == 1:
+		b := new(struct {
+			resp  pb.RateLimitResponse
+			slots [1]statusSlot
+			list  [1]*pb.RateLimitResponse_DescriptorStatus
+		})
+		b.resp.Statuses = b.list[:]
+		return &b.resp, b.slots[:]
+	case n <= 3:
+		b := new(struct {
+			resp  pb.RateLimitResponse
+			slots [3]statusSlot
+			list  [3]*pb.RateLimitResponse_DescriptorStatus
+		})
+		b.resp.Statuses = b.list[:n:n]
+		return &b.resp, b.slots[:n:n]
+	}
+	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
+	return resp, make([]statusSlot, n) // one allocation for the statuses and their durations
+}
+
 // answer builds the response and counts the stats. peeked says the batch
 // was only looked at (cost 0) because a requests_per_unit: 0 limit denied
 // the request; cached that the local cache of denials answered it.
 func (s *Service) answer(plans []plan, out, sout []spillway.Decision, allowed, peeked, cached bool) *pb.RateLimitResponse {
-	n := len(plans)
-	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}
-	slots := make([]statusSlot, n) // one allocation for the statuses and their durations
-	resp.Statuses = make([]*pb.RateLimitResponse_DescriptorStatus, n)
+	resp, slots := newResponse(len(plans))
+	resp.OverallCode = pb.RateLimitResponse_OK
 	now := s.now()
 	var closest *pb.RateLimitResponse_DescriptorStatus
 	closestRemaining := uint32(math.MaxUint32)
