@@ -772,14 +772,24 @@ func (h *Health) guard(ctx context.Context, deadline time.Time, own time.Duratio
 // context, for a call that passes it to a store's DecideBy instead
 // (no timer per call).
 func (h *Health) guardWith(ctx context.Context, deadline time.Time, own time.Duration, withDeadline bool) guardScope {
-	sc := guardScope{start: time.Now()}
+	var total time.Duration
+	if !deadline.IsZero() {
+		total = budget.Total(ctx)
+	}
+	return h.guardAt(ctx, time.Now(), deadline, total, own, withDeadline)
+}
+
+// guardAt is guardWith at now, with total the request budget's length
+// (budget.Total): for Store.Decide, which has read both already.
+func (h *Health) guardAt(ctx context.Context, now, deadline time.Time, total, own time.Duration, withDeadline bool) guardScope {
+	sc := guardScope{start: now}
 	if !deadline.IsZero() {
 		full := own
-		if t := budget.Total(ctx); t > 0 && (full <= 0 || t < full) {
+		if t := total; t > 0 && (full <= 0 || t < full) {
 			full = t
 		}
 		sc.deadline = deadline
-		left := time.Until(deadline)
+		left := deadline.Sub(now)
 		sc.short = full > 0 && left < full/2
 		// Redis is judged against the budget (its full allowance), not
 		// against a caller's shorter deadline: a call whose caller gives

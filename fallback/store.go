@@ -209,7 +209,9 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	if len(items) == 0 {
 		return true, nil
 	}
-	if err := callerGone(ctx); err != nil {
+	// one read of the clock for the checks, the budget and the guard
+	now := time.Now()
+	if err := callerGoneAt(ctx, now); err != nil {
 		// The caller has stopped waiting: refused at once, neither
 		// decided nor counted.
 		return false, &canceledError{err: err}
@@ -223,14 +225,14 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 	// the request's budget is spent. A boundedStore (a RedisStore) takes
 	// the budget's deadline as an argument: no context, and no timer, per
 	// call.
-	deadline, ok := budget.Deadline(ctx, s.set.Budget)
+	deadline, total, ok := budget.DeadlineAt(ctx, s.set.Budget, now)
 	if !ok {
 		return s.decideLocal(ctx, items, out, spillway.ErrBudgetSpent)
 	}
 	var allowed bool
 	done, err := s.br.allow()
 	if err == nil {
-		sc := s.br.guardWith(ctx, deadline, s.set.Budget, s.bounded == nil || !s.direct)
+		sc := s.br.guardAt(ctx, now, deadline, total, s.set.Budget, s.bounded == nil || !s.direct)
 		switch {
 		case !s.direct:
 			allowed, err = s.decideDetached(sc.ctx, deadline, items, out)
@@ -287,11 +289,14 @@ func (s *Store) Decide(ctx context.Context, items []ratelimit.Item, out []spillw
 // callerGone returns ctx's error, or context.DeadlineExceeded once its
 // deadline has passed even if its timer has not fired yet (a socket
 // deadline set to the same instant may end the call first).
-func callerGone(ctx context.Context) error {
+func callerGone(ctx context.Context) error { return callerGoneAt(ctx, time.Now()) }
+
+// callerGoneAt is callerGone at now.
+func callerGoneAt(ctx context.Context, now time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !now.Before(d) {
 		return context.DeadlineExceeded
 	}
 	return nil

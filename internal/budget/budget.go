@@ -221,16 +221,31 @@ func Total(ctx context.Context) time.Duration {
 // bound and no budget). ok is false when the budget is already spent: the
 // block must not call the store and decides locally (cause spillway.ErrBudgetSpent).
 func Deadline(ctx context.Context, own time.Duration) (deadline time.Time, ok bool) {
-	end, has := End(ctx)
-	if !has && own <= 0 {
-		return time.Time{}, true
+	deadline, _, ok = DeadlineAt(ctx, own, time.Time{})
+	return deadline, ok
+}
+
+// DeadlineAt is Deadline at now (the zero time: read the clock when
+// needed), for a caller that has read the clock already, and it returns
+// Total(ctx) too: one walk of ctx's values, one read of the clock, per
+// call on a hot path.
+func DeadlineAt(ctx context.Context, own time.Duration, now time.Time) (deadline time.Time, total time.Duration, ok bool) {
+	var end time.Time
+	b, has := ctx.Value(budgetKey{}).(*budgetCtx)
+	if has = has && b.live(); has {
+		end, total = b.ends(), b.total
 	}
-	now := time.Now()
+	if !has && own <= 0 {
+		return time.Time{}, 0, true
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
 	if own > 0 {
 		deadline = now.Add(own)
 	}
 	if has && (deadline.IsZero() || end.Before(deadline)) {
 		deadline = end
 	}
-	return deadline, deadline.After(now)
+	return deadline, total, deadline.After(now)
 }
