@@ -208,13 +208,15 @@ func BenchmarkServiceRedis(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 			b.ReportMetric(float64((redistest.ServerCPU(b, rs.Client(b))-rcpu0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
-			var script float64
+			var script, calls float64
 			for name, st := range redistest.ReadCommandStats(b, rc) {
 				if name == "evalsha" || name == "eval" {
 					script += st.Usec
+					calls += st.Calls
 				}
 			}
 			b.ReportMetric(script/float64(b.N), "script-µs/op")
+			b.ReportMetric(calls/float64(b.N), "scripts/op")
 			if d := svc.stats.Degraded.Swap(0); d > 0 {
 				b.Errorf("%d descriptors degraded", d)
 			}

@@ -324,7 +324,9 @@ func (h *redisErrors) DialHook(next redis.DialHook) redis.DialHook {
 func (h *redisErrors) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		h.note(cmd.Name(), err)
+		if err != nil {
+			h.note(cmd.Name(), err)
+		}
 		return err
 	}
 }
@@ -333,7 +335,9 @@ func (h *redisErrors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			h.note(c.Name(), c.Err())
+			if err := c.Err(); err != nil {
+				h.note(c.Name(), err)
+			}
 		}
 		return err
 	}
