@@ -72,6 +72,7 @@ var (
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
 	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
 	overload     = flag.Bool("overload", false, "instead of the rounds: for each server and descriptor count, its closed-loop capacity, then open loop at 3/4 and 1.5 times it with 20 ms deadlines (calls answered in time, deadline exceeded, refused at once, descriptors decided locally, breaker openings); -md writes that table")
+	profileMD    = flag.String("profile-md", "", "with -profile: write a markdown table of the spillway server's own functions by CPU per call (before and after, with -base-src) to this file (relative to bench/, e.g. ../docs/figures/rls-profile.md)")
 	md           = flag.String("md", "", "write the summary and the outage test as markdown to this file (relative to bench/, e.g. ../docs/figures/rls-bench.md), with a header naming the command, date, commit and load average")
 	keep         = flag.Bool("keep", false, "keep the temporary directory (binaries, config, logs)")
 )
@@ -88,6 +89,9 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *profileMD != "" && *profile == "" {
+		return errors.New("-profile-md needs -profile")
+	}
 	names, err := servers(*only)
 	if err != nil {
 		return err
@@ -234,6 +238,16 @@ func run() error {
 	}
 	printf("\n")
 	summary(printf, names, counts, results)
+	if *profileMD != "" && *profile != "" {
+		body, err := profileMarkdown(counts, results)
+		if err != nil {
+			return err
+		}
+		if err := genmd.Write(*profileMD, commandLine(), startLoad, body); err != nil {
+			return fmt.Errorf("-profile-md: %w", err)
+		}
+		printf("# wrote %s\n", *profileMD)
+	}
 
 	var outageRows [][]string
 	if *outage {
