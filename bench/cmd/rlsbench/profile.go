@@ -80,7 +80,7 @@ func profileMarkdown(counts []int, results map[key][]*rlsload.Result) (string, e
 	}
 	secs := float64(max(1, int((*duration / 2).Seconds()))) // takeProfile's length
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "CPU profile of the server (the middle %v of each window of the run's first round: %d callers over %d connections, %d keys, %s): the functions of spillway, its go-redis script call and the runtime costs its code causes, by cumulative CPU per call (the profile's time over its calls; a function's time includes the functions it calls); *all* is the whole server, gRPC included.\n",
+	fmt.Fprintf(&sb, "CPU profile of the server (the middle %v of each window of the run's first round: %d callers over %d connections, %d keys, %s): the functions of spillway, its go-redis script call and the runtime costs its code causes, by cumulative CPU per call (the profile's time over its calls; a function's time includes the functions it calls; of functions with the same time in every profile, a wrapper and what it calls, only the first is shown); *all* is the whole server, gRPC included.\n",
 		time.Duration(secs)*time.Second, *callers, *conns, *keys, loop())
 	for _, n := range counts {
 		tops := make([]*pprofTop, len(servers))
@@ -117,7 +117,26 @@ func profileMarkdown(counts []int, results map[key][]*rlsload.Result) (string, e
 			}
 			return strings.Compare(a, b)
 		})
-		fns = fns[:min(len(fns), profileRows)]
+		// a wrapper and the one function it calls have the same time in
+		// every profile: one row says it
+		same := func(a, b string) bool {
+			for _, t := range tops {
+				if t.cum[a] != t.cum[b] {
+					return false
+				}
+			}
+			return true
+		}
+		var rowsFns []string
+		for _, fn := range fns {
+			if len(rowsFns) == profileRows {
+				break
+			}
+			if !slices.ContainsFunc(rowsFns, func(r string) bool { return same(r, fn) }) {
+				rowsFns = append(rowsFns, fn)
+			}
+		}
+		fns = rowsFns
 		cell := func(i int, d time.Duration) string {
 			return fmt.Sprintf("%.1f (%.1f%%)", d.Seconds()*perCall[i], 100*d.Seconds()/tops[i].total.Seconds())
 		}
