@@ -70,7 +70,7 @@ var (
 	baseSrc      = flag.String("base-src", "", "another checkout of spillway (e.g. the main branch) whose cmd/spillway-ratelimit is measured in the same run as server \"base\", with spillway's environment: an A/B of two versions under the same load")
 	refEnv       = flag.String("reference-env", "", "extra environment of the reference, comma-separated (e.g. REDIS_PIPELINE_WINDOW=150us,REDIS_PIPELINE_LIMIT=8)")
 	spillwayEnv  = flag.String("spillway-env", "", "extra environment of spillway's server, comma-separated (e.g. SPILLWAY_BUDGET=1s)")
-	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (e.g. RLSNOP_STREAM_WORKERS=2,GOGC=400, the gRPC and GC settings of spillway's binary)")
+	nothingEnv   = flag.String("nothing-env", "", "extra environment of the do-nothing server, comma-separated (it runs with RLSNOP_STREAM_WORKERS=256,GOGC=400, the gRPC and GC settings of spillway's binary; e.g. RLSNOP_STREAM_WORKERS=0 for grpc's default)")
 	overload     = flag.Bool("overload", false, "instead of the rounds: for each server and descriptor count, its closed-loop capacity, then open loop at 3/4 and 1.5 times it with 20 ms deadlines (calls answered in time, deadline exceeded, refused at once, descriptors decided locally, breaker openings); -md writes that table")
 	profileMD    = flag.String("profile-md", "", "with -profile: write a markdown table of the spillway server's own functions by CPU per call (before and after, with -base-src) to this file (relative to bench/, e.g. ../docs/figures/rls-profile.md)")
 	md           = flag.String("md", "", "write the summary and the outage test as markdown to this file (relative to bench/, e.g. ../docs/figures/rls-bench.md), with a header naming the command, date, commit and load average")
@@ -438,6 +438,9 @@ func start(ctx context.Context, name, bin, dir, redisAddr, runtimeRoot string) (
 	case "reference":
 		env = append(env, extraEnv(*refEnv)...)
 	case "nothing":
+		// spillway's binary's gRPC workers and GC setting: the control
+		// differs from it by the decision alone
+		env = append(env, "RLSNOP_STREAM_WORKERS=256", "GOGC=400")
 		env = append(env, extraEnv(*nothingEnv)...)
 	}
 	logf, err := os.Create(s.log)
