@@ -32,7 +32,8 @@ type coalescer struct {
 	mu       sync.Mutex
 	inflight int
 	queue    []*waiter
-	queued   int // items in queue
+	queued   int  // items in queue
+	crowded  bool // a call queued since a yield last found nobody to join it
 
 	exp atomic.Pointer[expiry] // the latest shared expiry
 }
@@ -97,18 +98,24 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	c.mu.Lock()
 	if c.inflight < c.max && len(c.queue) == 0 {
 		c.inflight++
+		crowded := c.crowded
 		c.mu.Unlock()
-		// The place is this call's. Under load other calls are ready to
-		// run: let them queue behind it first, and send them all in one
-		// coalesced call rather than this one alone and then the others
-		// (each script call costs far more CPU than an item in one).
-		runtime.Gosched()
-		c.mu.Lock()
-		joined := len(c.queue) > 0
-		c.mu.Unlock()
-		if joined {
-			if allowed, err, ok := c.lead(ctx, deadline, s, items, out); ok {
-				return allowed, err
+		if crowded {
+			// The place is this call's. Under load other calls are ready
+			// to run: let them queue behind it first, and send them all
+			// in one coalesced call rather than this one alone and then
+			// the others (each script call costs far more CPU than an
+			// item in one). A lone caller, who never queues, never
+			// yields: the yield would cost it 10% of its calls/s.
+			runtime.Gosched()
+			c.mu.Lock()
+			joined := len(c.queue) > 0
+			c.crowded = joined
+			c.mu.Unlock()
+			if joined {
+				if allowed, err, ok := c.lead(ctx, deadline, s, items, out); ok {
+					return allowed, err
+				}
 			}
 		}
 		allowed, err := s.decideBy(ctx, deadline, items, out)
@@ -137,6 +144,7 @@ func (c *coalescer) decide(ctx context.Context, deadline time.Time, s *RedisStor
 	}
 	c.queue = append(c.queue, w)
 	c.queued += len(items)
+	c.crowded = true
 	c.mu.Unlock()
 	if !deadline.IsZero() {
 		expired = c.expiry(deadline)
@@ -237,6 +245,7 @@ func (c *coalescer) reserve(ctx context.Context, s *RedisStore, h *Hold, ttlUS i
 	}
 	c.queue = append(c.queue, w)
 	c.queued += len(w.items)
+	c.crowded = true
 	c.mu.Unlock()
 	return c.await(ctx, w, nil, nil)
 }
