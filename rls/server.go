@@ -310,11 +310,11 @@ func (srv *server) listenHTTP(addr string, h http.Handler) error {
 
 // serverOptions are the gRPC server's options: GRPC_MAX_CONNECTION_AGE and
 // its grace, and a pool of worker goroutines, one per call the door lets
-// in (SPILLWAY_MAX_IN_FLIGHT, 256 when it is off, at most 1024). gRPC runs a call on a
-// new goroutine when every worker is busy, and a short call like this one
-// pays for a new goroutine's stack growth: with a worker per CPU,
-// runtime.copystack was 11% of the server's CPU under rlsbench (64
-// callers), with 256 workers 3%.
+// in (SPILLWAY_MAX_IN_FLIGHT, 256 when it is off, at most 1024). gRPC
+// runs a call on a new goroutine when every worker is busy, and a short
+// call like this one then pays for a new goroutine's stack growth (with a
+// worker per CPU, most calls did: rlsbench -profile shows it as
+// runtime.copystack).
 func serverOptions(s Settings) []grpc.ServerOption {
 	workers := s.MaxInFlight
 	if workers <= 0 {

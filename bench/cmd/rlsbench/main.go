@@ -207,10 +207,11 @@ func run() error {
 				// degraded decisions) ends before the CPU is read and the
 				// next turn starts
 				settle(ctx, srvs[name].cmd.Process.Pid, redisPid)
-				cpu1 := cpuTimes(srvs[name].cmd.Process.Pid, redisPid)
-				cpu := cpu1.perCall(cpu0, res.Calls, *duration+*warmup, *duration)
+				cpu := "-"
 				if res.Calls > 0 {
-					cpus[key{name, n}] = append(cpus[key{name, n}], cpu1.usPer(cpu0, res.Calls, *duration+*warmup, *duration))
+					u := cpuTimes(srvs[name].cmd.Process.Pid, redisPid).usPer(cpu0, res.Calls, *duration+*warmup, *duration)
+					cpus[key{name, n}] = append(cpus[key{name, n}], u)
+					cpu = u.String()
 				}
 				if prof != nil {
 					if err := <-prof; err != nil {
@@ -745,16 +746,8 @@ func (c cpu) usPer(c0 cpu, calls int, turn, window time.Duration) usPerCall {
 	return usPerCall{us(c.srv - c0.srv), us(c.rds - c0.rds), us(c.gen - c0.gen)}
 }
 
-// perCall formats the CPU time used since c0 per call, the calls of the
-// measured window scaled to the whole turn (warm-up and window).
-func (c cpu) perCall(c0 cpu, calls int, turn, window time.Duration) string {
-	if calls == 0 {
-		return "-"
-	}
-	n := float64(calls) * float64(turn) / float64(window)
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 / n }
-	return fmt.Sprintf("%.0f/%.0f/%.0f", us(c.srv-c0.srv), us(c.rds-c0.rds), us(c.gen-c0.gen))
-}
+// String is u as rlsbench prints it: server/redis/generator µs.
+func (u usPerCall) String() string { return fmt.Sprintf("%.0f/%.0f/%.0f", u.srv, u.rds, u.gen) }
 
 // procCPU reads utime + stime of a process from /proc (clock ticks of
 // 10 ms), 0 when it cannot.
@@ -908,7 +901,7 @@ func markdown(names []string, counts []int, results map[key][]*rlsload.Result, c
 			}
 			var us, vs []string
 			for i, c := range cpus[key{name, n}] {
-				us = append(us, fmt.Sprintf("%.0f/%.0f/%.0f", c.srv, c.rds, c.gen))
+				us = append(us, c.String())
 				// spillway's criteria: its server's CPU ÷ the do-nothing
 				// server's, its Redis CPU ÷ the reference's
 				if nc, rc := cpus[key{"nothing", n}], cpus[key{"reference", n}]; name == "spillway" && i < len(nc) && i < len(rc) {
