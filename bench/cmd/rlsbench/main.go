@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,8 +164,8 @@ func run() error {
 			return err
 		}
 		if *md != "" {
-			body := fmt.Sprintf("Closed-loop capacity (calls answered OK or OVER_LIMIT per second, %d callers over %d connections, deadline %v), then open loop at ¾ and 1.5× of it, each call's deadline %v; %d keys, %v window after %v warm-up, limit %d/second per descriptor; reference %s. *Refused*: answered before the deadline with an error (spillway: `SPILLWAY_LATE_ANSWER`); *local*: descriptors decided by the local share; *opened*: breaker openings; Redis µs: its CPU per call. The do-nothing server (*nothing*, no Redis) is the control: what this machine, gRPC and the load generator allow under the same load.\n\n",
-				*callers, *conns, *callTimeout, overloadDeadline, *keys, *duration, *warmup, *limit, referenceVersion())
+			body := fmt.Sprintf("Closed-loop capacity (calls answered OK or OVER_LIMIT per second, %d callers over %d connections, deadline %v), then open loop at ¾ and 1.5× of it, each call's deadline %v; %d keys, %v window after %v warm-up, limit %d/second per descriptor; reference %s. *Refused*: answered before the deadline with an error (spillway: `SPILLWAY_LATE_ANSWER`); *local*: descriptors decided by the local share; *opened*: breaker openings; Redis µs: its CPU per call; *CPU cores*: CPU seconds per second of the turn of the server, redis-server and the load generator, which share this machine's %d cores. The do-nothing server (*nothing*, no Redis) is the control: what this machine, gRPC and the load generator allow under the same load.\n\n",
+				*callers, *conns, *callTimeout, overloadDeadline, *keys, *duration, *warmup, *limit, referenceVersion(), runtime.NumCPU())
 			body += genmd.Table(overloadHeader, rows)
 			if err := genmd.Write(*md, commandLine(), startLoad, body); err != nil {
 				return fmt.Errorf("-md: %w", err)
@@ -938,16 +939,16 @@ func commandLine() string {
 // -overload: Envoy's default timeout for its rate limit service.
 const overloadDeadline = 20 * time.Millisecond
 
-var overloadHeader = []string{"round", "descriptors", "server", "capacity calls/s", "offered calls/s", "calls", "answered in time", "in time/s ÷ capacity", "deadline exceeded", "refused", "local", "opened", "Redis µs/call"}
+var overloadHeader = []string{"round", "descriptors", "server", "capacity calls/s", "offered calls/s", "calls", "answered in time", "in time/s ÷ capacity", "deadline exceeded", "refused", "local", "opened", "Redis µs/call", "CPU cores: server/Redis/generator"}
 
 // overloadTest is -overload: for each round, descriptor count and server,
 // the server's closed-loop capacity, then open loop at ¾ and 1.5× of it
 // with overloadDeadline per call. It prints and returns the rows.
 func overloadTest(ctx context.Context, printf func(string, ...any), names []string, counts []int, srvs map[string]*server, rdb *redistest.Server, redisPid int) ([][]string, error) {
 	printf("# overload: closed-loop capacity, then open loop at 3/4 and 1.5x of it, each call's deadline %v\n", overloadDeadline)
-	printf("# refused: answered with an error before the call's deadline; local: descriptors decided by the local share; opened: breaker openings (spillway's metrics)\n")
-	printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s\n",
-		"round", "dsc", "server", "capacity", "offered", "calls", "in time", "ratio", "expired", "refused", "local", "opened", "rds µs")
+	printf("# refused: answered with an error before the call's deadline; local: descriptors decided by the local share; opened: breaker openings (spillway's metrics); cores: CPU seconds per second of the turn of the server, redis-server and this load generator\n")
+	printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s %14s\n",
+		"round", "dsc", "server", "capacity", "offered", "calls", "in time", "ratio", "expired", "refused", "local", "opened", "rds µs", "cores s/r/g")
 	var rows [][]string
 	for r := range *rounds {
 		for _, n := range counts {
@@ -973,7 +974,7 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 					}
 					deg0, open0 := s.degraded(), s.metric("spillway_rls_redis_breaker_opened_total")
 					h0 := s.handlerTimes()
-					cpu0 := cpuTimes(s.cmd.Process.Pid, redisPid)
+					cpu0, t0 := cpuTimes(s.cmd.Process.Pid, redisPid), time.Now()
 					res, err := rlsload.Run(ctx, rlsload.Config{
 						Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
 						Warmup: *warmup, Duration: *duration, Rate: f * capacity, CallTimeout: overloadDeadline, Seed: uint64(r),
@@ -982,7 +983,8 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 						return nil, err
 					}
 					settle(ctx, s.cmd.Process.Pid, redisPid)
-					cpu := cpuTimes(s.cmd.Process.Pid, redisPid)
+					cpu, wall := cpuTimes(s.cmd.Process.Pid, redisPid), time.Since(t0).Seconds()
+					cores := func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()/wall) }
 					rds := "-"
 					if res.Calls > 0 {
 						turns := float64(res.Calls) * float64(*duration+*warmup) / float64(*duration)
@@ -995,9 +997,10 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 					}
 					row := []string{strconv.Itoa(r + 1), strconv.Itoa(n), name, fmt.Sprintf("%.0f", capacity), fmt.Sprintf("%.0f", f*capacity),
 						strconv.Itoa(res.Calls), strconv.Itoa(inTime), ratio, strconv.Itoa(res.Expired), strconv.Itoa(res.Errors - res.Expired),
-						count(since(deg0, s.degraded())), count(since(open0, s.metric("spillway_rls_redis_breaker_opened_total"))), rds}
+						count(since(deg0, s.degraded())), count(since(open0, s.metric("spillway_rls_redis_breaker_opened_total"))), rds,
+						cores(cpu.srv-cpu0.srv) + "/" + cores(cpu.rds-cpu0.rds) + "/" + cores(cpu.gen-cpu0.gen)}
 					rows = append(rows, row)
-					printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s\n", toAny(row)...)
+					printf("%-5s %-3s %-10s %9s %9s %8s %8s %6s %8s %8s %8s %6s %8s %14s\n", toAny(row)...)
 					if res.FirstError != "" {
 						printf("#   first error: %s\n", res.FirstError)
 					}
