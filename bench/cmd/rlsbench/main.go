@@ -974,6 +974,7 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 					}
 					deg0, open0 := s.degraded(), s.metric("spillway_rls_redis_breaker_opened_total")
 					h0 := s.handlerTimes()
+					seen0, late0, shed0 := s.metric(`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}`), s.metric("spillway_rls_late_total"), s.metric("spillway_rls_shed_total")
 					cpu0, t0 := cpuTimes(s.cmd.Process.Pid, redisPid), time.Now()
 					res, err := rlsload.Run(ctx, rlsload.Config{
 						Target: s.grpcAddr, Conns: *conns, Callers: *callers, Keys: *keys, Descriptors: n,
@@ -1008,6 +1009,8 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 						all := h1[3] - h0[3]
 						printf("#   handler: %d calls, over 5 ms %d, over 10 ms %d, over 25 ms %d; client latency p50 %s p99 %s p99.9 %s\n",
 							all, all-(h1[0]-h0[0]), all-(h1[1]-h0[1]), all-(h1[2]-h0[2]), ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.Quantile(0.999)))
+						printf("#   server: %d calls seen, %d refused as late (deadline passed on arrival or while decided), %d shed (could not be served by the deadline)\n",
+							s.metric(`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}`)-seen0, s.metric("spillway_rls_late_total")-late0, s.metric("spillway_rls_shed_total")-shed0)
 					}
 					if err := s.alive(); err != nil {
 						return nil, err
