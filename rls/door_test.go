@@ -40,12 +40,12 @@ func (s *slowStore) Decide(ctx context.Context, items []ratelimit.Item, out []sp
 func userPerDay(t *testing.T, store ratelimit.Store, set Settings) (*Service, *pb.RateLimitRequest) {
 	t.Helper()
 	svc := NewService(store, set, nil)
-	cfg, err := Load([]File{{Name: "user.yaml", Content: []byte(`
+	cfg, err := load(t, `
 domain: door
 descriptors:
   - key: user
     rate_limit: {unit: day, requests_per_unit: 100}
-`)}}, LoadOptions{})
+`)
 	if err != nil {
 		t.Fatal(err)
 	}

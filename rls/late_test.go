@@ -16,12 +16,12 @@ import (
 // A call whose deadline has passed when it comes is answered at once,
 // undecided (nothing charged), as SPILLWAY_LATE_ANSWER says, and counted.
 func TestLateCallIsRefusedUndecided(t *testing.T) {
-	cfg, err := Load([]File{{Name: "late.yaml", Content: []byte(`
+	cfg, err := load(t, `
 domain: late
 descriptors:
   - key: remote_address
     rate_limit: {unit: day, requests_per_unit: 2}
-`)}}, LoadOptions{})
+`)
 	if err != nil {
 		t.Fatal(err)
 	}

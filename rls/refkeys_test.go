@@ -29,14 +29,14 @@ func TestReferenceKeys(t *testing.T) {
 	store, err := newStore(client, set)
 	require.NoError(t, err)
 	svc := NewService(store, set, nil)
-	c, err := Load([]File{{Name: "r.yaml", Content: []byte(`
+	c, err := load(t, `
 domain: d
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 4}
   - key: api
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window_counter}
-`)}}, LoadOptions{})
+`)
 	require.NoError(t, err)
 	svc.SetConfig(c)
 	ctx := context.Background()
@@ -106,7 +106,7 @@ func TestReferenceKeysCluster(t *testing.T) {
 	store, err := newStore(client, set)
 	require.NoError(t, err)
 	svc := NewService(store, set, nil)
-	c, err := Load([]File{{Name: "c.yaml", Content: []byte("domain: c\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")}}, LoadOptions{})
+	c, err := load(t, "domain: c\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")
 	require.NoError(t, err)
 	svc.SetConfig(c)
 	ctx := context.Background()
