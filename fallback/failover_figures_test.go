@@ -101,7 +101,7 @@ func writeFailoverFigures(load string) error {
 	body := fmt.Sprintf("What a failover costs: `fallback.NewStore` over a real Redis whose primary gets SIGKILL under 16 callers "+
 		"(default settings: 50 ms budget, K = 5, `OpenTimeout` 1 s; a limit of 1,000 a day per entity). "+
 		"Runs: %s; a range is the lowest–highest over them.\n\n", strings.Join(counts, ", "))
-	return genmd.Write(*failoverMD, failoverCommand(), load, body+genmd.Table(header, rows))
+	return genmd.Write(*failoverMD, genmd.TestCommand("cd fallback && go test", raceEnabled), load, body+genmd.Table(header, rows))
 }
 
 // spanInt formats the lowest and highest of f over runs ("3" or "0–3").
@@ -141,35 +141,4 @@ func thousands(n int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
-}
-
-// failoverCommand is the command line that ran the tests, as typed in
-// fallback/: the flags set, without the test binary's bookkeeping ones.
-func failoverCommand() string {
-	parts := []string{"cd fallback && go test"}
-	if raceEnabled {
-		parts = append(parts, "-race")
-	}
-	var md string
-	flag.Visit(func(f *flag.Flag) {
-		name, ok := strings.CutPrefix(f.Name, "test.")
-		switch name {
-		case "paniconexit0", "testlogfile", "timeout", "gocoverdir":
-			return
-		}
-		v := f.Value.String()
-		if v == "" || strings.ContainsAny(v, " \t'\"$^*|") {
-			v = "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
-		}
-		arg := "-" + name + " " + v
-		if b, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool && b.IsBoolFlag() && v == "true" {
-			arg = "-" + name
-		}
-		if !ok && name == "md" {
-			md = arg
-			return
-		}
-		parts = append(parts, arg)
-	})
-	return strings.Join(append(parts, md), " ")
 }

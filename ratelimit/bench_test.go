@@ -8,12 +8,20 @@ package ratelimit
 // included on both sides (rate.Limiter.Allow reads time.Now too).
 // 10kKeys: 10,000 keys, b.RunParallel: a MemoryStore against the usual
 // hand-rolled alternative, a mutex-guarded map of rate.Limiters.
+//
+// -md FILE writes what they measured as a markdown table:
+//
+//	cd ratelimit && go test -run '^$' -bench 'OneKey|10kKeys' -benchmem -count 3 -md ../docs/figures/ratelimit-memory.md
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,7 +29,24 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/spillway-go/spillway/internal/genmd"
 )
+
+var memoryMD = flag.String("md", "", "BenchmarkOneKey, BenchmarkOneKeyFixedClock and Benchmark10kKeys: write their wall and CPU ns/op, every run of -count, as markdown to this file (relative to ratelimit/, e.g. ../docs/figures/ratelimit-memory.md), with a header naming the command, date, commit and load average")
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	load := genmd.LoadAvg()
+	code := m.Run()
+	if *memoryMD != "" && code == 0 {
+		if err := genmd.Write(*memoryMD, genmd.TestCommand("cd ratelimit && go test", false), load, memoryMarkdown()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 func BenchmarkOneKey(b *testing.B) {
 	ctx := context.Background()
@@ -107,8 +132,9 @@ const benchKeys = 10_000
 // processes held the cores, CPU time does not. who is RUSAGE_THREAD for a
 // single goroutine locked to its thread, RUSAGE_SELF for parallel runs.
 type cpuMeter struct {
-	who   int
-	start time.Duration
+	who     int
+	start   time.Duration
+	mallocs uint64
 }
 
 func cpuTime(who int) time.Duration {
@@ -124,17 +150,104 @@ func startCPU(b *testing.B, who int) *cpuMeter {
 	if who == rusageThread {
 		runtime.LockOSThread()
 	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
 	b.ResetTimer()
-	return &cpuMeter{who: who, start: cpuTime(who)}
+	return &cpuMeter{who: who, start: cpuTime(who), mallocs: ms.Mallocs}
 }
 
 func (m *cpuMeter) stop(b *testing.B) {
 	used := cpuTime(m.who) - m.start
 	b.StopTimer()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
 	if m.who == rusageThread {
 		runtime.UnlockOSThread()
 	}
-	b.ReportMetric(float64(used.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	cpu := float64(used.Nanoseconds()) / float64(b.N)
+	b.ReportMetric(cpu, "cpu-ns/op")
+	benchRuns.record(b.Name(), benchRun{n: b.N, wall: float64(b.Elapsed().Nanoseconds()) / float64(b.N), cpu: cpu,
+		allocs: float64(ms.Mallocs-m.mallocs) / float64(b.N)})
+}
+
+// benchRun is one reported run of a benchmark: the last call of its ramp.
+type benchRun struct {
+	n         int
+	wall, cpu float64 // ns/op
+	allocs    float64 // per op
+}
+
+// runs holds every benchmark's reported runs, in order. The testing
+// package calls a benchmark with a rising b.N until the run is long
+// enough and reports the last call; a call whose b.N is not above the one
+// before starts the next run of -count.
+type runs struct {
+	mu  sync.Mutex
+	by  map[string][]benchRun
+	ord []string
+}
+
+var benchRuns = runs{by: map[string][]benchRun{}}
+
+func (r *runs) record(name string, run benchRun) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := r.by[name]
+	if len(rs) == 0 {
+		r.ord = append(r.ord, name)
+	}
+	if len(rs) == 0 || run.n <= rs[len(rs)-1].n {
+		rs = append(rs, benchRun{})
+	}
+	rs[len(rs)-1] = run
+	r.by[name] = rs
+}
+
+// memoryMarkdown is the -md table: per benchmark, the median wall ns/op
+// (bold), every run's, the median CPU ns/op and the most allocations per
+// op of any run.
+func memoryMarkdown() string {
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "Wall ns/op, the median (bold) and every run's, the median CPU time per operation (getrusage: the thread's for one goroutine, the process's for `b.RunParallel` at GOMAXPROCS %d), which a loaded machine inflates less, and allocations per operation (the most of any run). One key, one goroutine: `BenchmarkOneKey` (the clock read included on both sides), `BenchmarkOneKeyFixedClock` (a constant time). 10,000 keys in parallel: `Benchmark10kKeys`, the memory store against a mutex-guarded map of `x/time/rate` limiters.\n\n", runtime.GOMAXPROCS(0))
+	rows := [][]string{}
+	for _, name := range benchRuns.ord {
+		rs := benchRuns.by[name]
+		walls, cpus := make([]float64, len(rs)), make([]float64, len(rs))
+		allocs := 0.0
+		for i, r := range rs {
+			walls[i], cpus[i] = r.wall, r.cpu
+			allocs = max(allocs, r.allocs)
+		}
+		w := median(walls)
+		all := []string{}
+		for _, x := range walls {
+			all = append(all, fmt.Sprintf("%.0f", x))
+		}
+		rows = append(rows, []string{"`" + name + "`", fmt.Sprintf("**%.0f** (%s)", w, strings.Join(all, ", ")), fmt.Sprintf("%.0f", median(cpus)), fmt.Sprintf("%.0f", allocs)})
+	}
+	sb.WriteString(genmd.Table([]string{"benchmark", "wall ns/op: median (every run)", "CPU ns/op (median)", "allocs/op"}, rows))
+	// The targets' ratios, run by run: the memory store's decisions per
+	// second over its rival's (wall time).
+	for _, p := range [][3]string{
+		{"one key", "BenchmarkOneKey/memory/token_bucket", "BenchmarkOneKey/x_time_rate"},
+		{"10,000 keys in parallel", "Benchmark10kKeys/memory", "Benchmark10kKeys/x_time_rate_mutex_map"},
+	} {
+		mine, theirs := benchRuns.by[p[1]], benchRuns.by[p[2]]
+		if len(mine) == 0 || len(mine) != len(theirs) {
+			continue
+		}
+		var by []string
+		for i := range mine {
+			by = append(by, fmt.Sprintf("%.2f", theirs[i].wall/mine[i].wall))
+		}
+		fmt.Fprintf(&sb, "\n%s: `%s` ÷ `%s` wall ns/op, by run: %s×.\n", p[0], p[2], p[1], strings.Join(by, " "))
+	}
+	return sb.String()
 }
 
 const rusageThread = 1 // RUSAGE_THREAD (Linux)

@@ -8,6 +8,7 @@
 package genmd
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -97,4 +98,41 @@ func Table(header []string, rows [][]string) string {
 		line(r)
 	}
 	return sb.String()
+}
+
+// TestCommand is the command line that ran a test binary, as typed in the
+// package's directory: prefix ("cd fallback && go test"), "-race" when
+// race, then the flags set without the test binary's bookkeeping ones
+// (-test.paniconexit0, -test.timeout, …) and with their "test." prefix
+// cut, the package's own -md flag last.
+func TestCommand(prefix string, race bool) string {
+	parts := []string{prefix}
+	if race {
+		parts = append(parts, "-race")
+	}
+	var md string
+	flag.Visit(func(f *flag.Flag) {
+		name, ok := strings.CutPrefix(f.Name, "test.")
+		switch name {
+		case "paniconexit0", "testlogfile", "timeout", "gocoverdir":
+			return
+		}
+		v := f.Value.String()
+		if v == "" || strings.ContainsAny(v, " \t'\"$^*|") {
+			v = "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
+		}
+		arg := "-" + name + " " + v
+		if b, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool && b.IsBoolFlag() && v == "true" {
+			arg = "-" + name
+		}
+		if !ok && name == "md" {
+			md = arg
+			return
+		}
+		parts = append(parts, arg)
+	})
+	if md != "" {
+		parts = append(parts, md)
+	}
+	return strings.Join(parts, " ")
 }
