@@ -11,7 +11,7 @@ package ratelimit
 //
 // -md FILE writes what they measured as a markdown table:
 //
-//	cd ratelimit && go test -run '^$' -bench 'OneKey|10kKeys' -benchmem -count 3 -md ../docs/figures/ratelimit-memory.md
+//	cd ratelimit && go test -run '^$' -bench 'OneKey|10kKeys' -benchmem -count 5 -md ../docs/figures/ratelimit-memory.md
 
 import (
 	"context"
@@ -245,7 +245,7 @@ func memoryMarkdown() string {
 		for i := range mine {
 			by = append(by, fmt.Sprintf("%.2f", theirs[i].wall/mine[i].wall))
 		}
-		fmt.Fprintf(&sb, "\n%s: `%s` ÷ `%s` wall ns/op, by run: %s×.\n", p[0], p[2], p[1], strings.Join(by, " "))
+		fmt.Fprintf(&sb, "\n%s: `%s` ÷ `%s` wall ns/op, run i of one over run i of the other (a benchmark's runs follow each other, the two benchmarks' are not interleaved): %s×.\n", p[0], p[2], p[1], strings.Join(by, " "))
 	}
 	return sb.String()
 }
