@@ -40,6 +40,10 @@ func TestMain(m *testing.M) {
 	load := genmd.LoadAvg()
 	code := m.Run()
 	if *memoryMD != "" && code == 0 {
+		if len(benchRuns.ord) == 0 {
+			fmt.Fprintln(os.Stderr, "-md: no benchmark ran (give -bench 'OneKey|10kKeys'); nothing written")
+			os.Exit(1)
+		}
 		if err := genmd.Write(*memoryMD, genmd.TestCommand("cd ratelimit && go test", false), load, memoryMarkdown()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1

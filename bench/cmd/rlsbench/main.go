@@ -988,8 +988,7 @@ func overloadTest(ctx context.Context, printf func(string, ...any), names []stri
 					cores := func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()/wall) }
 					rds := "-"
 					if res.Calls > 0 {
-						turns := float64(res.Calls) * float64(*duration+*warmup) / float64(*duration)
-						rds = fmt.Sprintf("%.1f", float64(cpu.rds-cpu0.rds)/1e3/turns)
+						rds = fmt.Sprintf("%.1f", cpu.usPer(cpu0, res.Calls, *duration+*warmup, *duration).rds)
 					}
 					inTime := res.OK + res.OverLimit
 					ratio := "-"
